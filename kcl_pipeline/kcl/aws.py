@@ -1,0 +1,63 @@
+"""boto3 clients for the consumer, honouring explicit endpoints and the standard AWS_ENDPOINT_URL* variables.
+
+Against real AWS nothing is needed but the usual credential chain and region. botocore's `standard`
+retry mode handles throttling (ProvisionedThroughputExceeded, DynamoDB throttling) with jittered back-off.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import boto3
+from botocore.config import Config
+
+_SERVICE_ENV = {
+    "kinesis": "AWS_ENDPOINT_URL_KINESIS",
+    "dynamodb": "AWS_ENDPOINT_URL_DYNAMODB",
+    "s3": "AWS_ENDPOINT_URL_S3",
+    "cloudwatch": "AWS_ENDPOINT_URL_CLOUDWATCH",
+}
+
+
+@dataclass(frozen=True)
+class AwsSettings:
+    """Where the AWS APIs are. Empty means the SDK's own resolution (env vars, config files, AWS)."""
+
+    region: str | None = None
+    endpoint_url: str | None = None  # one endpoint for every service (e.g. LocalStack)
+    endpoint_urls: dict[str, str] = field(default_factory=dict)  # per service, wins over endpoint_url
+    max_attempts: int = 8
+
+    def endpoint_for(self, service: str) -> str | None:
+        return (
+            self.endpoint_urls.get(service)
+            or self.endpoint_url
+            or os.environ.get(_SERVICE_ENV.get(service, ""))
+            or os.environ.get("AWS_ENDPOINT_URL")
+            or None
+        )
+
+    def resolved_region(self) -> str:
+        return self.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+
+    def to_env(self) -> dict[str, str]:
+        """Environment that reproduces these settings in a child process."""
+        env = {"AWS_REGION": self.resolved_region(), "AWS_DEFAULT_REGION": self.resolved_region()}
+        for service, var in _SERVICE_ENV.items():
+            url = self.endpoint_for(service)
+            if url:
+                env[var] = url
+        return env
+
+
+def client(service: str, settings: AwsSettings | None = None, *, max_attempts: int | None = None,
+           read_timeout: float = 20.0):
+    settings = settings or AwsSettings()
+    cfg = Config(
+        region_name=settings.resolved_region(),
+        retries={"mode": "standard", "max_attempts": max_attempts or settings.max_attempts},
+        connect_timeout=5,
+        read_timeout=read_timeout,
+        max_pool_connections=20,
+    )
+    return boto3.session.Session().client(service, endpoint_url=settings.endpoint_for(service), config=cfg)

@@ -1,0 +1,118 @@
+"""The consumer's configuration: one validated object, with errors that say which setting is wrong."""
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+
+from .aws import AwsSettings
+from .model import AT_TIMESTAMP, LATEST, TRIM_HORIZON, Checkpoint
+
+_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,255}")
+
+
+class ConfigError(ValueError):
+    """A setting is invalid; the message names it and says what is allowed."""
+
+
+@dataclass(frozen=True)
+class InitialPosition:
+    """Where a lease created for a shard with no history starts (TRIM_HORIZON, LATEST or AT_TIMESTAMP)."""
+
+    kind: str = TRIM_HORIZON
+    timestamp_ms: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in (TRIM_HORIZON, LATEST, AT_TIMESTAMP):
+            raise ConfigError(f"initial position must be TRIM_HORIZON, LATEST or AT_TIMESTAMP, got {self.kind!r}")
+        if (self.kind == AT_TIMESTAMP) != (self.timestamp_ms is not None):
+            raise ConfigError("initial position AT_TIMESTAMP needs a timestamp, and only it takes one")
+
+    @classmethod
+    def parse(cls, kind: str, timestamp: str | None = None) -> "InitialPosition":
+        kind = kind.upper()
+        if kind != AT_TIMESTAMP:
+            if timestamp:
+                raise ConfigError(f"--timestamp is only valid with AT_TIMESTAMP, not {kind}")
+            return cls(kind)
+        if not timestamp:
+            raise ConfigError("AT_TIMESTAMP needs --timestamp (ISO 8601, e.g. 2026-11-22T03:00:00Z)")
+        try:
+            dt = datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+        except ValueError as exc:
+            raise ConfigError(f"--timestamp {timestamp!r} is not ISO 8601: {exc}") from None
+        if dt.tzinfo is None:
+            dt = dt.replace(tzinfo=timezone.utc)
+        return cls(AT_TIMESTAMP, int(dt.timestamp() * 1000))
+
+    def checkpoint(self) -> Checkpoint:
+        return Checkpoint(self.kind, self.timestamp_ms or 0)
+
+
+@dataclass(frozen=True)
+class ConsumerConfig:
+    """Everything one consumer (a peer of the fleet) needs.
+
+    Defaults suit sharing a lease table with Java KCL 2.x: Java expires a lease after 10 s without a
+    counter change, so we heartbeat every 3 s; our own expiry matches Java's.
+    """
+
+    stream: str
+    application: str
+    worker_id: str = field(default_factory=lambda: f"kclpy-{uuid.uuid4()}")
+    initial_position: InitialPosition = field(default_factory=InitialPosition)
+    leases_to_acquire: int = 1
+    max_leases: int = 64
+    heartbeat_seconds: float = 3.0
+    lease_expiry_seconds: float = 10.0
+    cycle_seconds: float = 20.0
+    # Probability that a cycle lists shards (bounds ListShards calls across a large fleet); the first
+    # cycle, cycles after a local shard end, and cycles with no leases always list.
+    list_shards_probability: float = 1.0
+    polling_interval_seconds: float = 0.2  # >= 0.2: Kinesis allows 5 GetRecords/s per shard
+    idle_interval_seconds: float = 2.0
+    max_records_per_call: int = 10000
+    metrics_namespace: str | None = None  # CloudWatch namespace; None = metrics kept locally only
+    metrics_interval_seconds: float = 10.0
+    aws: AwsSettings = field(default_factory=AwsSettings)
+
+    def __post_init__(self) -> None:
+        for name in ("stream", "application"):
+            value = getattr(self, name)
+            if not value or not _NAME_RE.fullmatch(value):
+                raise ConfigError(f"{name} {value!r} must be 1-255 characters of letters, digits, '_', '.', '-'")
+        if not self.worker_id or len(self.worker_id) > 255:
+            raise ConfigError("worker_id must be 1-255 characters")
+        if self.leases_to_acquire < 1:
+            raise ConfigError(f"leases_to_acquire must be >= 1, got {self.leases_to_acquire}")
+        if self.max_leases < 1:
+            raise ConfigError(f"max_leases must be >= 1, got {self.max_leases}")
+        if self.heartbeat_seconds <= 0:
+            raise ConfigError(f"heartbeat_seconds must be > 0, got {self.heartbeat_seconds}")
+        if self.lease_expiry_seconds < 2 * self.heartbeat_seconds:
+            raise ConfigError(
+                f"lease_expiry_seconds ({self.lease_expiry_seconds}) must be at least twice heartbeat_seconds "
+                f"({self.heartbeat_seconds}), or a live lease will look expired to its peers"
+            )
+        if self.cycle_seconds <= 0:
+            raise ConfigError(f"cycle_seconds must be > 0, got {self.cycle_seconds}")
+        if not 0 < self.list_shards_probability <= 1:
+            raise ConfigError(f"list_shards_probability must be in (0, 1], got {self.list_shards_probability}")
+        if self.polling_interval_seconds < 0.2:
+            raise ConfigError(
+                f"polling_interval_seconds must be >= 0.2 (Kinesis allows 5 GetRecords/s per shard), "
+                f"got {self.polling_interval_seconds}"
+            )
+        if self.idle_interval_seconds < self.polling_interval_seconds:
+            raise ConfigError("idle_interval_seconds must be >= polling_interval_seconds")
+        if not 1 <= self.max_records_per_call <= 10000:
+            raise ConfigError(f"max_records_per_call must be in 1..10000, got {self.max_records_per_call}")
+
+    @property
+    def lease_table(self) -> str:
+        """Java KCL names the lease table after the application."""
+        return self.application
+
+    def with_(self, **changes) -> "ConsumerConfig":
+        return replace(self, **changes)

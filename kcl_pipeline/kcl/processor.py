@@ -1,0 +1,51 @@
+"""The record-processor API users implement, in the spirit of the Java KCL's ShardRecordProcessor.
+
+One processor instance lives in one worker process and sees one lease (shard). The worker calls
+`initialize` once, `process_records` for every batch of deaggregated user records (in shard order,
+after the (sequence, sub-sequence) filter), then exactly one of `lease_lost`, `shard_ended` or
+`shutdown_requested`. Checkpointing is the processor's choice: it calls the checkpointer it is given.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+from .model import Checkpoint, UserRecord
+
+
+class Checkpointer(Protocol):
+    def checkpoint(self, sequence_number: str | None = None, sub_sequence_number: int = 0) -> bool:
+        """Advance the lease checkpoint; no argument = the last record delivered. False if it did not advance."""
+
+    def end_shard(self) -> None:
+        """Write SHARD_END (only valid from `shard_ended`, once every record is processed)."""
+
+
+@dataclass(frozen=True)
+class InitializationInput:
+    shard_id: str
+    worker_id: str
+    checkpoint: Checkpoint
+    child_shard_ids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ProcessRecordsInput:
+    records: Sequence[UserRecord]
+    millis_behind_latest: int | None
+    checkpointer: Checkpointer
+
+
+class RecordProcessor(Protocol):
+    def initialize(self, init: InitializationInput) -> None: ...
+
+    def process_records(self, batch: ProcessRecordsInput) -> None: ...
+
+    def lease_lost(self) -> None:
+        """The lease is gone (heartbeat failed or taken): stop at once; checkpointing is still allowed."""
+
+    def shard_ended(self, checkpointer: Checkpointer) -> None:
+        """Every record of the shard was delivered: finish, then call checkpointer.end_shard()."""
+
+    def shutdown_requested(self, checkpointer: Checkpointer) -> None:
+        """Graceful stop (SIGTERM/SIGINT): flush and checkpoint what was processed."""

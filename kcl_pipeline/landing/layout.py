@@ -1,0 +1,119 @@
+"""Where landed batches live: the zone URI and the deterministic key scheme.
+
+Layout (the same for S3 and a local directory; `/` separated, relative to the zone root):
+
+    <stream>/dt=YYYY-MM-DD/hh=HH/mm=MM/<shard_id>/<firstSeq>_<firstSub>-<lastSeq>_<lastSub>.parquet
+
+* grouped by the records' ApproximateArrivalTimestamp minute (seeds/002), so a batch's key never depends
+  on when it was processed or on the window length: a window of any whole number of minutes is a set of
+  minute prefixes, and re-landing the same records (restart, hand-over, backfill) yields the same key;
+* a batch never spans two minutes (the writer flushes at every minute boundary);
+* named by the first and last (sequence, sub-sequence) it holds, so a listing alone shows which ranges
+  of a shard are landed (the sequence-range exclusion of seeds/002) without reading any object.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from urllib.parse import urlparse
+
+from ..kcl.model import Checkpoint
+
+MINUTE_MS = 60_000
+HOUR_MS = 3_600_000
+
+_KEY_RE = re.compile(
+    r"^(?P<stream>[^/]+)/dt=(?P<date>\d{4}-\d{2}-\d{2})/hh=(?P<hh>\d{2})/mm=(?P<mm>\d{2})/"
+    r"(?P<shard>[^/]+)/(?P<fs>\d+)_(?P<fss>\d+)-(?P<ls>\d+)_(?P<lss>\d+)\.parquet$"
+)
+
+
+@dataclass(frozen=True)
+class Zone:
+    """A landing zone: `s3://bucket/prefix` or a local directory (path or file:// URI)."""
+
+    uri: str
+    scheme: str  # "s3" or "file"
+    bucket: str | None
+    root: str  # S3 key prefix without trailing '/', or an absolute local path
+
+    @classmethod
+    def parse(cls, uri: str) -> "Zone":
+        if not uri:
+            raise ValueError("landing zone URI is empty; use s3://bucket/prefix or a local directory")
+        parsed = urlparse(uri)
+        if parsed.scheme == "s3":
+            if not parsed.netloc:
+                raise ValueError(f"landing zone {uri!r} has no bucket; use s3://bucket/prefix")
+            return cls(uri, "s3", parsed.netloc, parsed.path.strip("/"))
+        if parsed.scheme in ("", "file"):
+            path = parsed.path if parsed.scheme == "file" else uri
+            return cls(uri, "file", None, str(Path(path).expanduser().resolve()))
+        raise ValueError(f"landing zone {uri!r}: scheme {parsed.scheme!r} is not supported (s3:// or a directory)")
+
+    def full_key(self, key: str) -> str:
+        return f"{self.root}/{key}" if self.root else key
+
+
+@dataclass(frozen=True, order=True)
+class BatchKey:
+    stream: str
+    shard_id: str
+    minute_ms: int  # start of the arrival minute, epoch millis UTC
+    first: Checkpoint
+    last: Checkpoint
+
+    def key(self) -> str:
+        return f"{minute_prefix(self.stream, self.minute_ms)}{self.shard_id}/" \
+               f"{self.first.sequence_number}_{self.first.sub_sequence_number}-" \
+               f"{self.last.sequence_number}_{self.last.sub_sequence_number}.parquet"
+
+    def overlaps(self, other: "BatchKey") -> bool:
+        return self.shard_id == other.shard_id and not (
+            self.last.key() < other.first.key() or other.last.key() < self.first.key()
+        )
+
+
+def parse_batch_key(key: str) -> BatchKey | None:
+    """The batch a relative key names, or None if the key is not a batch (e.g. a temporary object)."""
+    m = _KEY_RE.match(key)
+    if not m:
+        return None
+    dt = datetime.strptime(f"{m['date']} {m['hh']}:{m['mm']}", "%Y-%m-%d %H:%M").replace(tzinfo=timezone.utc)
+    return BatchKey(
+        stream=m["stream"],
+        shard_id=m["shard"],
+        minute_ms=int(dt.timestamp() * 1000),
+        first=Checkpoint(m["fs"], int(m["fss"])),
+        last=Checkpoint(m["ls"], int(m["lss"])),
+    )
+
+
+def minute_of(ms: int) -> int:
+    return ms - ms % MINUTE_MS
+
+
+def minute_prefix(stream: str, minute_ms: int) -> str:
+    dt = datetime.fromtimestamp(minute_ms / 1000, tz=timezone.utc)
+    return f"{stream}/dt={dt:%Y-%m-%d}/hh={dt:%H}/mm={dt:%M}/"
+
+
+def hour_prefix(stream: str, ms: int) -> str:
+    dt = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+    return f"{stream}/dt={dt:%Y-%m-%d}/hh={dt:%H}/"
+
+
+def window_prefixes(stream: str, start_ms: int, end_ms: int) -> list[str]:
+    """The fewest prefixes covering the minutes of [start_ms, end_ms): whole hours, else single minutes."""
+    out: list[str] = []
+    t = minute_of(start_ms)
+    while t < end_ms:
+        if t % HOUR_MS == 0 and t + HOUR_MS <= end_ms:
+            out.append(hour_prefix(stream, t))
+            t += HOUR_MS
+        else:
+            out.append(minute_prefix(stream, t))
+            t += MINUTE_MS
+    return out
