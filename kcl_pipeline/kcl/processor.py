@@ -49,3 +49,7 @@ class RecordProcessor(Protocol):
 
     def shutdown_requested(self, checkpointer: Checkpointer) -> None:
         """Graceful stop (SIGTERM/SIGINT): flush and checkpoint what was processed."""
+
+    # Optional: `heartbeat_attributes() -> Mapping[str, Any]`. When a processor has it, the worker calls
+    # it before every heartbeat and writes the returned attributes on the same UpdateItem (progress rides
+    # on the heartbeat: no extra writes). Names must not collide with the Java KCL lease attributes.
