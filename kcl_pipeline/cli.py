@@ -1,0 +1,200 @@
+"""`kcl-pipeline …`: the consumer, the demo producer, the lease table, the local emulators, the landing zone."""
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import sys
+
+import click
+from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError
+
+from .kcl.aws import AwsSettings, client
+from .kcl.config import ConfigError, ConsumerConfig, InitialPosition
+
+log = logging.getLogger("kcl_pipeline")
+
+
+class UserError(click.ClickException):
+    exit_code = 2
+
+    def show(self, file=None) -> None:
+        click.echo(f"error: {self.format_message()}", err=True)
+
+
+def friendly_errors(fn):
+    """Known failures become one clear line on stderr and exit code 2 (no traceback)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from .kcl.lease_table import LeaseTableError
+        from .kcl.shards import KinesisUnavailable, StreamNotFound
+
+        try:
+            return fn(*args, **kwargs)
+        except (ConfigError, StreamNotFound, KinesisUnavailable, LeaseTableError, ValueError) as exc:
+            raise UserError(str(exc)) from None
+        except EndpointConnectionError as exc:
+            raise UserError(f"cannot reach the AWS endpoint: {exc}") from None
+        except NoCredentialsError:
+            raise UserError("no AWS credentials found (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile)") \
+                from None
+        except ClientError as exc:
+            err = exc.response.get("Error", {})
+            raise UserError(f"{exc.operation_name} failed: {err.get('Code')}: {err.get('Message')}") from None
+        except BotoCoreError as exc:
+            raise UserError(str(exc)) from None
+
+    return wrapper
+
+
+def aws_options(fn):
+    fn = click.option("--region", default=None, help="AWS region (default: AWS_REGION or us-east-1).")(fn)
+    fn = click.option("--endpoint-url", default=None,
+                      help="One endpoint for every AWS service (default: AWS_ENDPOINT_URL[_<SERVICE>] or AWS).")(fn)
+    return fn
+
+
+def _settings(region, endpoint_url) -> AwsSettings:
+    return AwsSettings(region=region, endpoint_url=endpoint_url)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-v", "--verbose", count=True, help="More logging (-v: debug).")
+def main(verbose: int) -> None:
+    """kcl_pipeline: a leaderless, Java-KCL-v2-compatible Kinesis consumer and its Dagster pipeline."""
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    for noisy in ("botocore", "urllib3", "boto3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+@main.command()
+@click.option("--stream", required=True, help="Kinesis stream name.")
+@click.option("--application", required=True, help="Application name = lease table name (shared by the fleet).")
+@click.option("--initial-position", type=click.Choice(["TRIM_HORIZON", "LATEST", "AT_TIMESTAMP"],
+              case_sensitive=False), default="TRIM_HORIZON", show_default=True,
+              help="Where leases of shards with no history start.")
+@click.option("--timestamp", default=None, help="ISO 8601 timestamp for AT_TIMESTAMP.")
+@click.option("--worker-id", default=None, help="This consumer's unique id (default: a new UUID).")
+@click.option("--max-leases", type=int, default=64, show_default=True)
+@click.option("--leases-to-acquire", type=int, default=1, show_default=True, help="Leases taken per cycle.")
+@click.option("--heartbeat-seconds", type=float, default=3.0, show_default=True)
+@click.option("--lease-expiry-seconds", type=float, default=10.0, show_default=True)
+@click.option("--cycle-seconds", type=float, default=20.0, show_default=True)
+@click.option("--metrics-namespace", default=None, help="Publish metrics to this CloudWatch namespace.")
+@click.option("--sink", default=None, help="jsonl:DIR — one JSON line per record in DIR/<shard_id>.jsonl.")
+@click.option("--landing", default=None,
+              help="Land records as Parquet in s3://bucket/prefix or a directory (exactly once; checkpoints after "
+                   "each landed batch when run without Dagster).")
+@aws_options
+@friendly_errors
+def consume(stream, application, initial_position, timestamp, worker_id, max_leases, leases_to_acquire,
+            heartbeat_seconds, lease_expiry_seconds, cycle_seconds, metrics_namespace, sink, landing, region,
+            endpoint_url):
+    """Run a headless consumer: a full peer of the fleet sharing the lease table. Stops on SIGTERM/SIGINT."""
+    from .kcl.consumer import run_consumer
+    from .kcl.jsonl_sink import parse_sink
+
+    if bool(sink) == bool(landing):
+        raise UserError("give exactly one of --sink jsonl:DIR or --landing URI")
+    kwargs = {}
+    if worker_id:
+        kwargs["worker_id"] = worker_id
+    config = ConsumerConfig(
+        stream=stream, application=application,
+        initial_position=InitialPosition.parse(initial_position, timestamp),
+        max_leases=max_leases, leases_to_acquire=leases_to_acquire, heartbeat_seconds=heartbeat_seconds,
+        lease_expiry_seconds=lease_expiry_seconds, cycle_seconds=cycle_seconds,
+        metrics_namespace=metrics_namespace, aws=_settings(region, endpoint_url), **kwargs)
+    if sink:
+        spec = parse_sink(sink)
+    else:
+        from .landing.sink import landing_processor_spec
+
+        spec = landing_processor_spec(landing, stream, config.aws, standalone=True)
+    sys.exit(run_consumer(config, spec))
+
+
+@main.command()
+@click.option("--stream", required=True)
+@click.option("--count", type=int, default=1000, show_default=True, help="User records to produce.")
+@click.option("--rate", type=float, default=None, help="User records per second (default: as fast as possible).")
+@click.option("--aggregate", type=int, default=1, show_default=True,
+              help="User records per KPL aggregate (1 = plain records).")
+@click.option("--create-shards", type=int, default=None, help="Create the stream with N shards if it is missing.")
+@click.option("--poison-every", type=int, default=None, help="Make every k-th payload invalid JSON.")
+@aws_options
+@friendly_errors
+def produce(stream, count, rate, aggregate, create_shards, poison_every, region, endpoint_url):
+    """The demo producer: JSON payloads, plain or KPL-aggregated."""
+    from .local.producer import produce as run_produce
+
+    if count < 0 or aggregate < 1:
+        raise UserError("--count must be >= 0 and --aggregate >= 1")
+    kinesis = client("kinesis", _settings(region, endpoint_url))
+    report = run_produce(kinesis, stream, count=count, rate=rate, aggregate=aggregate, payload=None,
+                         poison_every=poison_every, create_shards=create_shards)
+    click.echo(json.dumps({k: v for k, v in vars(report).items() if k != "ids"}, default=str))
+
+
+@main.command()
+@click.option("--application", required=True, help="Application name = lease table name.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per lease, for scripts.")
+@aws_options
+@friendly_errors
+def leases(application, as_json, region, endpoint_url):
+    """Show the lease table: owner, counter, checkpoint, parents, landing progress."""
+    from .kcl.lease_table import LeaseTable
+
+    table = LeaseTable(application, client("dynamodb", _settings(region, endpoint_url)))
+    rows = sorted(table.scan(), key=lambda lease: lease.lease_key)
+    if as_json:
+        for lease in rows:
+            click.echo(json.dumps({
+                "leaseKey": lease.lease_key, "leaseOwner": lease.lease_owner, "leaseCounter": lease.lease_counter,
+                "checkpoint": lease.checkpoint.sequence_number,
+                "checkpointSubSequenceNumber": lease.checkpoint.sub_sequence_number,
+                "ownerSwitchesSinceCheckpoint": lease.owner_switches_since_checkpoint,
+                "parentShardIds": list(lease.parent_shard_ids), "childShardIds": list(lease.child_shard_ids),
+                "extra": lease.extra}, default=str))
+        return
+    if not rows:
+        click.echo(f"lease table {application} is empty")
+        return
+    header = f"{'lease':<24} {'owner':<40} {'counter':>7}  checkpoint"
+    click.echo(header)
+    for lease in rows:
+        cp = lease.checkpoint
+        cps = cp.sequence_number if cp.is_sentinel and cp.sequence_number != "AT_TIMESTAMP" else str(cp)
+        click.echo(f"{lease.lease_key:<24} {lease.lease_owner or '-':<40} {lease.lease_counter:>7}  {cps}")
+
+
+@main.group()
+def local() -> None:
+    """The embedded AWS emulators on loopback (kinesis-local, dynalite, moto)."""
+
+
+@local.command("up")
+@click.option("--state-dir", default=".kcl_local", show_default=True, help="Logs and the endpoints file.")
+@friendly_errors
+def local_up(state_dir):
+    """Start the emulators in the foreground; print the endpoints; Ctrl-C stops them."""
+    from .local.emulators import run_stack_foreground
+
+    run_stack_foreground(state_dir)
+
+
+@local.command("down")
+@click.option("--state-dir", default=".kcl_local", show_default=True)
+@friendly_errors
+def local_down(state_dir):
+    """Stop emulators started by `local up` in another terminal."""
+    from .local.emulators import stop_stack_from_state
+
+    stopped = stop_stack_from_state(state_dir)
+    click.echo(f"stopped {stopped} process(es)")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,38 @@
+"""A headless consumer: one lease manager driven on its own timer until SIGTERM/SIGINT.
+
+Shutdown: stop cycling, ask every worker to stop (each checkpoints what it processed and releases its
+lease), wait for them, exit 0.
+"""
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+
+from .config import ConsumerConfig
+from .manager import LeaseManager
+from .worker import ProcessorSpec
+
+log = logging.getLogger(__name__)
+
+
+def run_consumer(config: ConsumerConfig, spec: ProcessorSpec, stop: threading.Event | None = None,
+                 install_signal_handlers: bool = True) -> int:
+    stop = stop or threading.Event()
+    if install_signal_handlers:
+        def _on_signal(signum, _frame):
+            log.info("signal %s: stopping consumer %s", signal.Signals(signum).name, config.worker_id)
+            stop.set()
+
+        signal.signal(signal.SIGTERM, _on_signal)
+        signal.signal(signal.SIGINT, _on_signal)
+    manager = LeaseManager(config, spec)
+    manager.start()
+    log.info("consumer %s on stream %s, lease table %s", config.worker_id, config.stream, config.lease_table)
+    try:
+        manager.run_forever(stop)
+    finally:
+        results = manager.shutdown(timeout=max(30.0, 3 * config.heartbeat_seconds))
+        for r in results:
+            log.info("worker %s stopped: %s %s", r.lease_key, r.outcome, r.detail)
+    return 0
