@@ -1,0 +1,260 @@
+"""The lease manager's decisions, as pure functions: which leases to delete, create, acquire or steal.
+
+No clock and no I/O here: the manager (manager.py) scans the table, lists the shards and feeds the results
+in; the same functions run in the conformance tests and in the fleet simulation. Everything is linear in
+the number of shards and leases (dicts and sets, one graph walk per question), so a 10,000-shard stream
+with 100 consumers plans in a few milliseconds.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Collection, Mapping, Sequence
+
+from .model import AT_TIMESTAMP, LATEST, TRIM_HORIZON, Checkpoint, Lease, Shard
+from .shard_graph import ShardGraph
+
+
+# -- deleting ------------------------------------------------------------------------------------
+
+def leases_to_delete(leases: Sequence[Lease], shards: Sequence[Shard]) -> list[str]:
+    """Keys of leases whose shard is no longer listed (trimmed out of the stream).
+
+    The caller lists shards AFTER scanning leases, so a shard created in between is never mistaken for a
+    gone one. An empty listing deletes nothing: a stream always has an open shard, so an empty result is
+    a failed or misdirected call, never evidence that every lease is obsolete.
+    """
+    if not shards:
+        return []
+    listed = {shard.shard_id for shard in shards}
+    return [lease.lease_key for lease in leases if lease.lease_key not in listed]
+
+
+# -- creating ------------------------------------------------------------------------------------
+
+def _starting_positions(initial: Checkpoint) -> tuple[Checkpoint, Checkpoint]:
+    """(first use, child of an ended parent). Children start at TRIM_HORIZON so that nothing between the
+    parent's end and the child's first record is skipped; AT_TIMESTAMP keeps its timestamp (Java and
+    Disney agree), which still reads the child from its start when the timestamp is older."""
+    if initial.sequence_number not in (TRIM_HORIZON, LATEST, AT_TIMESTAMP):
+        raise ValueError(
+            f"initial position must be TRIM_HORIZON, LATEST or AT_TIMESTAMP, got {initial.sequence_number!r}"
+        )
+    if initial.sequence_number == AT_TIMESTAMP:
+        return initial, initial
+    return initial, Checkpoint(TRIM_HORIZON)
+
+
+def _new_lease(shard: Shard, checkpoint: Checkpoint) -> Lease:
+    hkr = shard.hash_key_range
+    return Lease(
+        lease_key=shard.shard_id,
+        checkpoint=checkpoint,
+        lease_owner=None,
+        lease_counter=0,
+        parent_shard_ids=shard.parent_ids,
+        starting_hash_key=hkr.starting_hash_key if hkr else None,
+        ending_hash_key=hkr.ending_hash_key if hkr else None,
+    )
+
+
+def _listed_leases(graph: ShardGraph, leases: Sequence[Lease]) -> dict[str, Lease]:
+    # A lease whose shard is not listed is about to be deleted: its shard is gone, nothing waits for it.
+    return {lease.lease_key: lease for lease in leases if lease.lease_key in graph}
+
+
+def _parents_done(graph: ShardGraph, shard_id: str, leases: Mapping[str, Lease], ended: str | None = None) -> bool:
+    """Every parent has a SHARD_END lease or is gone from the listing (`ended` counts as SHARD_END)."""
+    for parent in graph.parents(shard_id):
+        if parent == ended or parent not in graph:
+            continue
+        lease = leases.get(parent)
+        if lease is None or not lease.is_ended:
+            return False
+    return True
+
+
+def leases_to_create(initial: Checkpoint, shards: Sequence[Shard], leases: Sequence[Lease]) -> list[Lease]:
+    """The leases missing from the table, in listing order (conditional puts: the first creator wins).
+
+    One rule, for an empty table and a running fleet alike. Never a lease for a shard with a leased
+    descendant (it was processed, or deliberately skipped) nor for a child of a parent lease that has not
+    reached SHARD_END (its records would overtake the parent's). Otherwise a shard gets a lease when:
+      * all its listed parents' leases are SHARD_END: the child of ended parents, from TRIM_HORIZON
+        (AT_TIMESTAMP keeps the timestamp); the worker that ended the parent usually made it already;
+      * TRIM_HORIZON / AT_TIMESTAMP: it is a root (oldest generation present) — read the whole history;
+      * LATEST, for a shard descending from no lease: it is open (the newest data), or it is the parent
+        of an unleased descendant of a lease — Java's gap fill, without which that descendant's other
+        parent would never be read and the descendant never unblocked.
+    """
+    first_use, after_parent = _starting_positions(initial)
+    graph = ShardGraph(shards)
+    by_key = _listed_leases(graph, leases)
+    # Both sets come from one linear walk each, so the loop below does O(1) work per shard.
+    has_leased_descendant = graph.strict_ancestors_of(by_key)
+    under_a_lease = graph.descendants_of(by_key)  # leased shards and everything below them
+    latest = initial.sequence_number == LATEST
+
+    created: list[Lease] = []
+    for shard in graph:
+        shard_id = shard.shard_id
+        if shard_id in by_key or shard_id in has_leased_descendant:
+            continue
+        listed_parents = graph.listed_parents(shard_id)
+        parent_leases = [by_key[p] for p in listed_parents if p in by_key]
+        if any(not lease.is_ended for lease in parent_leases):
+            continue  # a parent is still being read
+        if parent_leases and len(parent_leases) == len(listed_parents):
+            created.append(_new_lease(shard, after_parent))
+        elif not latest:
+            if not listed_parents:
+                created.append(_new_lease(shard, first_use))
+        elif shard_id not in under_a_lease and (
+            graph.is_open(shard_id)
+            or any(c not in by_key and c in under_a_lease for c in graph.children(shard_id))
+        ):
+            created.append(_new_lease(shard, first_use))
+    return created
+
+
+def child_leases_on_end(
+    ended_shard_id: str, shards: Sequence[Shard], leases: Sequence[Lease], initial: Checkpoint
+) -> list[Lease]:
+    """The leases the worker that just ended `ended_shard_id` creates for its children.
+
+    `leases` may predate the SHARD_END write, so the ended shard counts as ended whatever it says. A merged
+    child waits until every other parent is SHARD_END or gone; whichever parent ends last creates it.
+    """
+    _, after_parent = _starting_positions(initial)
+    graph = ShardGraph(shards)
+    by_key = _listed_leases(graph, leases)
+    children = [c for c in graph.children(ended_shard_id) if c not in by_key]
+    has_leased_descendant = graph.strict_ancestors_of(by_key)
+    return [
+        _new_lease(graph.shard(child), after_parent)
+        for child in children
+        if child not in has_leased_descendant and _parents_done(graph, child, by_key, ended=ended_shard_id)
+    ]
+
+
+# -- lease ages (expiry by this consumer's own clock) -----------------------------------------------
+
+class LeaseAges:
+    """When this consumer last saw each lease's (counter, owner) change.
+
+    The table holds no timestamps (Java KCL's design): a lease is expired when its counter and owner have
+    not changed for the expiry, as measured on the observer's own clock. A lease seen for the first time
+    is therefore young, not expired: a consumer that just started cannot tell a dead owner from a live one
+    until a full expiry has passed (Java behaves the same). Leases missing from a scan are forgotten.
+    """
+
+    def __init__(self) -> None:
+        self._seen: dict[str, tuple[tuple[int, str | None], float]] = {}
+
+    def observe(self, leases: Sequence[Lease], now: float) -> None:
+        seen: dict[str, tuple[tuple[int, str | None], float]] = {}
+        for lease in leases:
+            state = (lease.lease_counter, lease.lease_owner)
+            previous = self._seen.get(lease.lease_key)
+            seen[lease.lease_key] = previous if previous is not None and previous[0] == state else (state, now)
+        self._seen = seen
+
+    def age(self, key: str, now: float) -> float | None:
+        """Seconds since the lease last changed, or None if it was never observed."""
+        entry = self._seen.get(key)
+        return None if entry is None else now - entry[1]
+
+    def expired(self, key: str, now: float, expiry: float) -> bool:
+        age = self.age(key, now)
+        return age is not None and age > expiry
+
+    def ages(self, now: float) -> dict[str, float]:
+        return {key: now - since for key, (_, since) in self._seen.items()}
+
+
+# -- acquiring and stealing ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class AcquirePlan:
+    """Leases to acquire this cycle (each with the owner seen, for the conditional update)."""
+
+    take: list[Lease] = field(default_factory=list)
+    steal: Lease | None = None
+
+    @property
+    def leases(self) -> list[Lease]:
+        return self.take + ([self.steal] if self.steal is not None else [])
+
+
+def leases_to_acquire(
+    worker_id: str,
+    leases: Sequence[Lease],
+    heartbeat_ages: Mapping[str, float],
+    *,
+    expiry_seconds: float,
+    leases_to_acquire: int,
+    max_leases: int,
+    recently_ended_by_us: Collection[str] = (),
+    locally_worked: Collection[str] = (),
+    rng: random.Random,
+) -> AcquirePlan:
+    """What this consumer tries to acquire this cycle.
+
+    Candidates are leases not at SHARD_END and not worked here that are unowned or expired (age greater
+    than the expiry; a lease absent from `heartbeat_ages` never expires), our own expired leases
+    included (a worker that died without releasing). At most `leases_to_acquire` per cycle and never
+    beyond `max_leases` held (held = leases worked here plus live leases the table gives us). When this
+    consumer just ended shards, only their children are taken this cycle: it read the parents, so it is
+    the natural reader of the children. If nothing is taken, steal one lease, at random, from the most
+    loaded live owner when it holds at least max(avg + 1, ours + 2), avg being the integer mean over live
+    owners, us included. The integer mean guarantees that any spread of 2 or more gets stolen from,
+    so the fleet settles with max - min <= 1; ours + 2 means a steal never reverses the imbalance.
+    """
+    if leases_to_acquire < 0 or max_leases < 0:
+        raise ValueError(f"leases_to_acquire ({leases_to_acquire}) and max_leases ({max_leases}) must be >= 0")
+    local = set(locally_worked)
+    ended_by_us = set(recently_ended_by_us)
+    held = len(local)
+    candidates: list[Lease] = []
+    owned: dict[str, list[Lease]] = {}
+    for lease in leases:
+        if lease.is_ended or lease.lease_key in local:
+            continue
+        age = heartbeat_ages.get(lease.lease_key)
+        if lease.lease_owner is None or (age is not None and age > expiry_seconds):
+            candidates.append(lease)
+        elif lease.lease_owner == worker_id:
+            held += 1  # ours and live, but no local worker: another process of ours, or a restart
+        else:
+            owned.setdefault(lease.lease_owner, []).append(lease)
+
+    capacity = min(leases_to_acquire, max_leases - held)
+    if capacity <= 0:
+        return AcquirePlan()
+    if ended_by_us:
+        children = [lease for lease in candidates if ended_by_us.intersection(lease.parent_shard_ids)]
+        candidates = children or candidates
+    if candidates:
+        # Sorted first so that the pick depends on the rng alone, not on scan order.
+        candidates.sort(key=lambda lease: lease.lease_key)
+        return AcquirePlan(take=rng.sample(candidates, min(capacity, len(candidates))))
+
+    if not owned:
+        return AcquirePlan()
+    counts = {owner: len(held_by) for owner, held_by in owned.items()}
+    average = (sum(counts.values()) + held) // (len(counts) + 1)
+    richest = max(counts.values())
+    if richest < max(average + 1, held + 2):
+        return AcquirePlan()
+    victim = rng.choice(sorted(owner for owner, count in counts.items() if count == richest))
+    return AcquirePlan(steal=rng.choice(sorted(owned[victim], key=lambda lease: lease.lease_key)))
+
+
+__all__ = [
+    "AcquirePlan",
+    "LeaseAges",
+    "child_leases_on_end",
+    "leases_to_acquire",
+    "leases_to_create",
+    "leases_to_delete",
+]

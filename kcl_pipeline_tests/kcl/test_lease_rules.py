@@ -1,0 +1,139 @@
+"""Pure lease transitions: each DynamoDB condition passing and failing, and what each write leaves."""
+from __future__ import annotations
+
+import pytest
+
+from kcl_pipeline.kcl import lease_rules as rules
+from kcl_pipeline.kcl.model import AT_TIMESTAMP, LATEST, SHARD_END, TRIM_HORIZON, Checkpoint, Lease
+
+SEQ56 = "49590338271490256608559692538361571095921575989136588898"  # a real-sized Kinesis sequence number
+assert len(SEQ56) == 56
+
+
+def lease(cp="100", sub=0, owner="w1", counter=7, switches=2, **kw) -> Lease:
+    return Lease("shardId-000000000001", Checkpoint(cp, sub), owner, counter, switches,
+                 parent_shard_ids=("shardId-000000000000",), **kw)
+
+
+# -- create ------------------------------------------------------------------------------------------
+
+def test_create_only_when_absent_and_copies():
+    new = Lease("s", Checkpoint(TRIM_HORIZON), extra={"x": 1})
+    made = rules.create(None, new)
+    assert made == new and made is not new and made.extra is not new.extra
+    assert rules.create(lease(), new) is None
+
+
+# -- acquire -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("owner, last_owner", [(None, None), (None, "w9"), ("w1", "w1")])
+def test_acquire_passes_when_free_or_still_held_by_the_owner_seen(owner, last_owner):
+    before = lease(owner=owner, extra={"pendingCheckpoint": "5", "checkpointOwner": "w1", "progress": "kept"},
+                   child_shard_ids=("c1",))
+    after = rules.acquire(before, "w2", last_owner)
+    assert after.lease_owner == "w2" and after.lease_counter == 1
+    assert after.owner_switches_since_checkpoint == before.owner_switches_since_checkpoint + 1
+    assert after.extra == {"progress": "kept"}  # Java handover fields removed, unknown ones preserved
+    assert after.child_shard_ids == ()
+    assert after.checkpoint == before.checkpoint
+    assert before.lease_owner == owner and "pendingCheckpoint" in before.extra  # input untouched
+
+
+@pytest.mark.parametrize("owner, last_owner", [("w1", None), ("w1", "w3")])
+def test_acquire_fails_when_someone_else_got_there_first(owner, last_owner):
+    assert rules.acquire(lease(owner=owner), "w2", last_owner) is None
+
+
+def test_acquire_never_upserts_and_needs_an_owner():
+    assert rules.acquire(None, "w2", None) is None
+    with pytest.raises(ValueError):
+        rules.acquire(lease(), "", "w1")
+
+
+# -- heartbeat ---------------------------------------------------------------------------------------
+
+def test_heartbeat_passes_for_the_owner_and_carries_progress():
+    after = rules.heartbeat(lease(extra={"a": 1}), "w1", {"landedTo": "42"})
+    assert after.lease_counter == 8 and after.lease_owner == "w1"
+    assert after.extra == {"a": 1, "landedTo": "42"}
+
+
+@pytest.mark.parametrize("before", [lease(owner="w2"), lease(owner=None), lease(cp=SHARD_END), None])
+def test_heartbeat_fails_when_not_ours_ended_or_missing(before):
+    assert rules.heartbeat(before, "w1") is None
+
+
+def test_heartbeat_attributes_must_not_clobber_the_lease():
+    with pytest.raises(ValueError, match="leaseCounter"):
+        rules.heartbeat(lease(), "w1", {"leaseCounter": 0})
+
+
+# -- checkpoint --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "current, new",
+    [
+        ((TRIM_HORIZON, 0), ("5", 0)),
+        ((LATEST, 0), ("5", 0)),
+        ((AT_TIMESTAMP, 1_700_000_000_000), ("5", 0)),  # the sub-sequence there is a timestamp
+        (("9", 0), ("10", 0)),                            # numeric, not lexicographic
+        (("99999", 3), (SEQ56, 0)),                      # 56 digits beat any shorter number
+        ((SEQ56, 0), (SEQ56[:-1] + "9", 0)),
+        ((SEQ56, 3), (SEQ56, 4)),                         # mid-aggregate: same sequence, later sub
+        (("5", 9), ("6", 0)),                             # a later sequence resets the sub-sequence
+    ],
+)
+def test_checkpoint_advances(current, new):
+    before = lease(*current)
+    after = rules.checkpoint(before, Checkpoint(*new))
+    assert after.checkpoint == Checkpoint(*new)
+    assert after.owner_switches_since_checkpoint == 0
+    assert (after.lease_owner, after.lease_counter) == (before.lease_owner, before.lease_counter)
+
+
+@pytest.mark.parametrize(
+    "current, new",
+    [
+        (("10", 0), ("9", 0)),
+        ((SEQ56, 0), ("99999", 0)),
+        ((SEQ56, 0), (SEQ56, 0)),                          # equal is not an advance
+        ((SEQ56, 4), (SEQ56, 3)),
+        ((SEQ56[:-1] + "9", 0), (SEQ56, 7)),
+        ((SHARD_END, 0), ("5", 0)),                         # SHARD_END is final
+    ],
+)
+def test_checkpoint_never_regresses(current, new):
+    assert rules.checkpoint(lease(*current), Checkpoint(*new)) is None
+
+
+def test_checkpoint_by_a_non_owner_is_allowed_and_missing_items_are_not_created():
+    assert rules.checkpoint(lease(owner="someone-else"), Checkpoint("200")).checkpoint == Checkpoint("200")
+    assert rules.checkpoint(None, Checkpoint("200")) is None
+
+
+@pytest.mark.parametrize("sentinel", [SHARD_END, TRIM_HORIZON, LATEST, AT_TIMESTAMP])
+def test_checkpoint_refuses_sentinels(sentinel):
+    with pytest.raises(ValueError):
+        rules.checkpoint(lease(), Checkpoint(sentinel))
+
+
+# -- end and release -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("owner", ["w1", "w2", None])
+def test_end_is_unconditional_and_lets_the_lease_go(owner):
+    after = rules.end(lease(owner=owner, sub=3))
+    assert after.checkpoint.is_shard_end and after.checkpoint.sub_sequence_number == 3
+    assert after.lease_owner is None and after.owner_switches_since_checkpoint == 0
+    assert after.lease_counter == 7
+    assert rules.end(None) is None
+    # Once ended, a lease cannot be heartbeated nor checkpointed.
+    assert rules.heartbeat(rules.acquire(after, "w3", None), "w3") is None
+    assert rules.checkpoint(after, Checkpoint("999")) is None
+
+
+def test_release_passes_for_the_owner_only():
+    after = rules.release(lease(), "w1")
+    assert after.lease_owner is None and after.lease_counter == 0 and after.checkpoint == Checkpoint("100")
+    assert rules.release(lease(), "w2") is None
+    assert rules.release(lease(owner=None), "w1") is None
+    assert rules.release(None, "w1") is None
