@@ -1,0 +1,119 @@
+"""Shard discovery: ListShards (paginated), the stream's ARN and status, and the errors they raise.
+
+The order ListShards returns is kept: the lease planner relies on it (parents are listed before their
+children). Errors name the stream, the region and the endpoint, because the usual cause of a missing
+stream is a consumer pointed at the wrong account, region or emulator.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from botocore.exceptions import ClientError, ConnectionError as BotoConnectionError, HTTPClientError
+
+from .model import Shard
+
+
+class KinesisError(Exception):
+    """Base of the errors this package raises for Kinesis calls."""
+
+
+class StreamNotFound(KinesisError):
+    """The stream does not exist where the client looks for it."""
+
+
+class KinesisUnavailable(KinesisError):
+    """The Kinesis endpoint could not be reached or kept failing after botocore's retries."""
+
+
+def where(kinesis: Any) -> str:
+    """`region R (endpoint E)` of a client, for error messages."""
+    endpoint = getattr(kinesis.meta, "endpoint_url", None) or "default AWS endpoint"
+    return f"region {kinesis.meta.region_name} (endpoint {endpoint})"
+
+
+def error_code(exc: ClientError) -> str:
+    return exc.response.get("Error", {}).get("Code", "")
+
+
+def http_status(exc: ClientError) -> int:
+    return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+
+
+def is_connection_error(exc: BaseException) -> bool:
+    return isinstance(exc, (BotoConnectionError, HTTPClientError))
+
+
+def unavailable(kinesis: Any, operation: str, exc: BaseException) -> KinesisUnavailable:
+    attempts = ""
+    if isinstance(exc, ClientError):
+        retries = exc.response.get("ResponseMetadata", {}).get("RetryAttempts")
+        attempts = f" after {int(retries) + 1} attempts" if retries is not None else ""
+    return KinesisUnavailable(f"Kinesis {operation} failed in {where(kinesis)}{attempts}: {exc}")
+
+
+def _call(kinesis: Any, stream: str, operation: str, fn: Callable[..., dict], **kwargs: Any) -> dict:
+    """One API call with its failures translated into this module's errors."""
+    try:
+        return fn(**kwargs)
+    except ClientError as exc:
+        if error_code(exc) == "ResourceNotFoundException":
+            raise StreamNotFound(f"Kinesis stream {stream} does not exist in {where(kinesis)}") from exc
+        if http_status(exc) >= 500:
+            raise unavailable(kinesis, operation, exc) from exc
+        raise
+    except (BotoConnectionError, HTTPClientError) as exc:
+        raise unavailable(kinesis, operation, exc) from exc
+
+
+def _stream_kwargs(stream: str) -> dict[str, str]:
+    # Both names and ARNs are accepted everywhere a stream is named.
+    return {"StreamARN": stream} if stream.startswith("arn:") else {"StreamName": stream}
+
+
+def list_shards(kinesis: Any, stream: str) -> list[Shard]:
+    """Every shard of the stream (open and closed, within retention), in the API's order.
+
+    The first page is asked by stream; later pages by NextToken only (the API rejects both together).
+    """
+    shards: list[Shard] = []
+    kwargs: dict[str, Any] = _stream_kwargs(stream)
+    while True:
+        page = _call(kinesis, stream, "ListShards", kinesis.list_shards, **kwargs)
+        shards.extend(Shard.from_api(item) for item in page.get("Shards", []))
+        token = page.get("NextToken")
+        if not token:
+            return shards
+        kwargs = {"NextToken": token}
+
+
+def describe_stream_summary(kinesis: Any, stream: str) -> dict[str, Any]:
+    resp = _call(kinesis, stream, "DescribeStreamSummary", kinesis.describe_stream_summary, **_stream_kwargs(stream))
+    return resp["StreamDescriptionSummary"]
+
+
+def stream_arn(kinesis: Any, stream: str) -> str:
+    return describe_stream_summary(kinesis, stream)["StreamARN"]
+
+
+def wait_stream_active(kinesis: Any, stream: str, timeout: float = 60.0, *, poll_interval: float = 0.25,
+                       sleep: Callable[[float], None] = time.sleep,
+                       monotonic: Callable[[], float] = time.monotonic) -> dict[str, Any]:
+    """Wait until the stream is ACTIVE (created or resharded); returns its summary.
+
+    A stream that is DELETING, or that does not become ACTIVE within `timeout`, is an error.
+    """
+    deadline = monotonic() + timeout
+    while True:
+        summary = describe_stream_summary(kinesis, stream)
+        status = summary.get("StreamStatus")
+        if status == "ACTIVE":
+            return summary
+        if status == "DELETING":
+            raise StreamNotFound(f"Kinesis stream {stream} is being deleted in {where(kinesis)}")
+        remaining = deadline - monotonic()
+        if remaining <= 0:
+            raise KinesisError(
+                f"Kinesis stream {stream} in {where(kinesis)} is still {status} after {timeout:g} s"
+            )
+        sleep(min(poll_interval, remaining))
