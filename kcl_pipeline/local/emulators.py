@@ -1,0 +1,433 @@
+"""The embedded AWS emulators: Kinesis, DynamoDB, S3 and CloudWatch over HTTP on 127.0.0.1.
+
+One entry point for the README command, the CLI (`kcl-pipeline local up`) and the tests:
+
+- Kinesis: kinesis-local (npm, the Scala.js build of kinesis-mock) — AWS-like sequence numbers, resharding
+  with ChildShards, ListShards paging. Run through `node -r loopback.js` because it always binds 0.0.0.0.
+- DynamoDB: dynalite (npm), in memory — the strictest about expressions.
+- S3 and CloudWatch: one moto server, as a separate process (never in-process). The same server also
+  answers DynamoDB, which the tests use as a second opinion on the lease table.
+
+Every emulator is a child process in its own session, logs to a file under `log_dir`, is bound to
+127.0.0.1 on a free port, is ready only once it has answered a real API call, and exits by itself when the
+Python process that started it is gone. See ../shared/EMULATORS.md for why these emulators.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Mapping
+
+import boto3
+from botocore.config import Config
+
+from kcl_pipeline.kcl.aws import AwsSettings
+
+SERVICES: tuple[str, ...] = ("kinesis", "dynamodb", "s3", "cloudwatch")
+NODE_MODULES_ENV = "KCL_PIPELINE_NODE_MODULES"
+PARENT_PID_ENV = "KCL_PIPELINE_PARENT_PID"
+LOOPBACK = "127.0.0.1"
+DEFAULT_REGION = "us-east-1"
+# The npm packages (pinned in package.json / package-lock.json at the repo root).
+NODE_PACKAGES = ("kinesis-local", "dynalite")
+
+_LOOPBACK_JS = Path(__file__).with_name("loopback.js")
+# kinesis-local state transitions; "0ms" makes stream creation and resharding immediate.
+_KINESIS_DURATIONS = (
+    "CREATE_STREAM_DURATION", "DELETE_STREAM_DURATION", "SPLIT_SHARD_DURATION", "MERGE_SHARDS_DURATION",
+    "UPDATE_SHARD_COUNT_DURATION", "UPDATE_STREAM_MODE_DURATION", "REGISTER_STREAM_CONSUMER_DURATION",
+    "DEREGISTER_STREAM_CONSUMER_DURATION", "START_STREAM_ENCRYPTION_DURATION", "STOP_STREAM_ENCRYPTION_DURATION",
+)
+_PORT_IN_USE_MARKERS = ("EADDRINUSE", "Address already in use")
+
+
+class EmulatorError(RuntimeError):
+    """An emulator could not be found, started or reached."""
+
+
+class NodeModulesMissing(EmulatorError):
+    """The npm emulators are not installed."""
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """Where the running emulators answer (None: that service was not started)."""
+
+    kinesis: str | None
+    dynamodb: str | None
+    s3: str | None
+    cloudwatch: str | None
+    region: str = DEFAULT_REGION
+    # The moto server behind s3/cloudwatch; it answers DynamoDB too (a second opinion for tests).
+    moto: str | None = None
+
+    def endpoint_urls(self) -> dict[str, str]:
+        urls = {"kinesis": self.kinesis, "dynamodb": self.dynamodb, "s3": self.s3, "cloudwatch": self.cloudwatch}
+        return {service: url for service, url in urls.items() if url}
+
+    def aws_settings(self) -> AwsSettings:
+        return AwsSettings(region=self.region, endpoint_urls=self.endpoint_urls())
+
+    def env(self) -> dict[str, str]:
+        """Environment variables pointing the AWS SDKs (and kcl/aws.py) at these emulators."""
+        env = {f"AWS_ENDPOINT_URL_{service.upper()}": url for service, url in self.endpoint_urls().items()}
+        env["AWS_REGION"] = self.region
+        env["AWS_DEFAULT_REGION"] = self.region
+        # The emulators accept any credentials, but the SDKs refuse to sign without some.
+        if not os.environ.get("AWS_ACCESS_KEY_ID"):
+            env["AWS_ACCESS_KEY_ID"] = "test"
+            env["AWS_SECRET_ACCESS_KEY"] = "test"
+        return env
+
+    def export_lines(self) -> list[str]:
+        return [f"export {name}={value}" for name, value in self.env().items()]
+
+
+def find_node_modules(start: Path | None = None) -> Path:
+    """The node_modules holding kinesis-local and dynalite.
+
+    KCL_PIPELINE_NODE_MODULES wins; otherwise walk up from this package to the directory holding
+    package.json (the repo root) and use its node_modules.
+    """
+    override = os.environ.get(NODE_MODULES_ENV)
+    if override:
+        path = Path(override).expanduser().resolve()
+        missing = [p for p in NODE_PACKAGES if not (path / p / "package.json").is_file()]
+        if missing:
+            raise NodeModulesMissing(
+                f"{NODE_MODULES_ENV}={override} does not hold {', '.join(missing)}: run npm ci in the "
+                f"directory holding kcl_pipeline's package.json, or point {NODE_MODULES_ENV} at its node_modules"
+            )
+        return path
+    here = (start or Path(__file__)).resolve()
+    for directory in (here, *here.parents):
+        if (directory / "package.json").is_file() and (directory / "kcl_pipeline").is_dir():
+            node_modules = directory / "node_modules"
+            missing = [p for p in NODE_PACKAGES if not (node_modules / p / "package.json").is_file()]
+            if missing:
+                raise NodeModulesMissing(
+                    f"the local emulators are not installed ({', '.join(missing)} missing from {node_modules}): "
+                    f"run npm ci in {directory}"
+                )
+            return node_modules
+    raise NodeModulesMissing(
+        f"no package.json found above {here}: set {NODE_MODULES_ENV} to a node_modules holding "
+        f"{' and '.join(NODE_PACKAGES)} (npm ci in a kcl_pipeline checkout)"
+    )
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class _Child:
+    name: str  # "kinesis", "dynamodb" or "moto"
+    command: list[str]
+    env: dict[str, str]
+    log_path: Path
+    port: int
+    popen: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+    def start(self) -> None:
+        with open(self.log_path, "ab") as log:
+            log.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(self.command)}\n".encode())
+            log.flush()
+            # Own session: a terminal's Ctrl-C reaches only us, and we stop the children in order.
+            self.popen = subprocess.Popen(
+                self.command, env=self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def _probe_client(service: str, url: str, region: str):
+    session = boto3.session.Session(aws_access_key_id="test", aws_secret_access_key="test", region_name=region)
+    config = Config(retries={"mode": "standard", "max_attempts": 1}, connect_timeout=1, read_timeout=2)
+    return session.client(service, endpoint_url=url, config=config)
+
+
+# A real API call per service: listening is not enough (node and moto accept connections before serving).
+_PROBES: dict[str, Callable] = {
+    "kinesis": lambda c: c.list_streams(Limit=1),
+    "dynamodb": lambda c: c.list_tables(Limit=1),
+    "s3": lambda c: c.list_buckets(),
+    "cloudwatch": lambda c: c.list_metrics(Namespace="kcl_pipeline/probe"),
+}
+
+
+class EmulatorStack:
+    """Starts and stops the local emulators. Use as a context manager or call start() / stop()."""
+
+    def __init__(
+        self,
+        log_dir: str | os.PathLike,
+        *,
+        services: Iterable[str] = SERVICES,
+        fast_resharding: bool = True,
+        region: str = DEFAULT_REGION,
+        ports: Mapping[str, int] | None = None,
+        kinesis_log_level: str = "WARN",
+        shard_limit: int = 1000,
+        startup_timeout: float = 60.0,
+        stop_grace: float = 2.0,
+    ) -> None:
+        self.services = tuple(dict.fromkeys(services))
+        unknown = [s for s in self.services if s not in SERVICES]
+        if unknown:
+            raise ValueError(f"unknown emulator services {unknown}; known: {', '.join(SERVICES)}")
+        if not self.services:
+            raise ValueError("no emulator services requested")
+        self.log_dir = Path(log_dir)
+        self.fast_resharding = fast_resharding
+        self.region = region
+        self.ports = dict(ports or {})  # "kinesis" / "dynamodb" / "moto" → fixed port (else a free one)
+        self.kinesis_log_level = kinesis_log_level
+        self.shard_limit = shard_limit
+        self.startup_timeout = startup_timeout
+        self.stop_grace = stop_grace
+        self._children: list[_Child] = []
+        self.endpoints: Endpoints | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+
+    def start(self) -> Endpoints:
+        if self.endpoints is not None:
+            return self.endpoints
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        needs_node = "kinesis" in self.services or "dynamodb" in self.services
+        node_modules = find_node_modules() if needs_node else None
+        node = shutil.which("node") if needs_node else None
+        if needs_node and not node:
+            raise EmulatorError("node (>= 20) is not on PATH; it runs the Kinesis and DynamoDB emulators")
+        children = []
+        if "kinesis" in self.services:
+            children.append(self._kinesis_child(node, node_modules))
+        if "dynamodb" in self.services:
+            children.append(self._dynalite_child(node, node_modules))
+        if "s3" in self.services or "cloudwatch" in self.services:
+            children.append(self._moto_child())
+        self._children = children
+        try:
+            for child in children:
+                child.start()
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        by_name = {c.name: c.url for c in children}
+        moto = by_name.get("moto")
+        self.endpoints = Endpoints(
+            kinesis=by_name.get("kinesis"),
+            dynamodb=by_name.get("dynamodb"),
+            s3=moto if "s3" in self.services else None,
+            cloudwatch=moto if "cloudwatch" in self.services else None,
+            region=self.region,
+            moto=moto,
+        )
+        return self.endpoints
+
+    def stop(self) -> None:
+        """SIGTERM every emulator, SIGKILL what is left after a short grace, reap them all."""
+        running = [c for c in self._children if c.popen is not None and c.popen.poll() is None]
+        for child in running:
+            _signal_group(child.popen, signal.SIGTERM)
+        deadline = time.monotonic() + self.stop_grace
+        for child in running:
+            try:
+                child.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for child in running:
+            # Each child leads its own session: kill the group so nothing it spawned survives.
+            _signal_group(child.popen, signal.SIGKILL)
+            child.popen.wait()
+        self.endpoints = None
+
+    def pids(self) -> dict[str, int]:
+        return {c.name: c.popen.pid for c in self._children if c.popen is not None}
+
+    def exited(self) -> dict[str, int]:
+        """Emulators that have exited, with their exit codes."""
+        return {c.name: c.popen.returncode for c in self._children if c.popen is not None and c.popen.poll() is not None}
+
+    def log_paths(self) -> dict[str, Path]:
+        return {c.name: c.log_path for c in self._children}
+
+    def __enter__(self) -> Endpoints:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- the children ----------------------------------------------------------------------------------
+
+    def _base_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env[PARENT_PID_ENV] = str(os.getpid())
+        env["AWS_REGION"] = self.region
+        env["AWS_DEFAULT_REGION"] = self.region
+        return env
+
+    def _port(self, name: str) -> int:
+        return self.ports.get(name) or free_port()
+
+    def _kinesis_child(self, node: str, node_modules: Path) -> _Child:
+        package = node_modules / "kinesis-local"
+        port = self._port("kinesis")
+        env = self._base_env()
+        env.update({
+            "KINESIS_MOCK_PLAIN_PORT": str(port),
+            "KINESIS_MOCK_TLS_PORT": str(free_port()),  # unused (HTTP only), but it always opens one
+            "KINESIS_MOCK_CERT_PATH": str(package / "server.json"),  # or it crashes outside its directory
+            "SHARD_LIMIT": str(self.shard_limit),  # account-wide and closed shards count: 50 is too few
+            "LOG_LEVEL": self.kinesis_log_level,
+        })
+        if self.fast_resharding:
+            env.update({name: "0ms" for name in _KINESIS_DURATIONS})
+        command = [node, "-r", str(_LOOPBACK_JS), str(package / "main.js")]
+        return _Child("kinesis", command, env, self.log_dir / "kinesis-local.log", port)
+
+    def _dynalite_child(self, node: str, node_modules: Path) -> _Child:
+        port = self._port("dynamodb")
+        command = [node, "-r", str(_LOOPBACK_JS), str(node_modules / "dynalite" / "cli.js"),
+                   "--host", LOOPBACK, "--port", str(port)]
+        if self.fast_resharding:
+            command += ["--createTableMs", "0", "--deleteTableMs", "0", "--updateTableMs", "0"]
+        return _Child("dynamodb", command, self._base_env(), self.log_dir / "dynalite.log", port)
+
+    def _moto_child(self) -> _Child:
+        port = self._port("moto")
+        command = [sys.executable, "-m", "kcl_pipeline.local.moto_process", "-H", LOOPBACK, "-p", str(port)]
+        return _Child("moto", command, self._base_env(), self.log_dir / "moto.log", port)
+
+    def _probes(self, child: _Child) -> list[str]:
+        if child.name == "moto":
+            return [s for s in ("s3", "cloudwatch") if s in self.services]
+        return [child.name]
+
+    def _wait_ready(self) -> None:
+        pending = {(child.name, service): child for child in self._children for service in self._probes(child)}
+        clients = {key: _probe_client(key[1], child.url, self.region) for key, child in pending.items()}
+        restarts = 0
+        deadline = time.monotonic() + self.startup_timeout
+        last_error: dict[tuple[str, str], str] = {}
+        while pending:
+            for key, child in list(pending.items()):
+                if child.popen.poll() is not None:
+                    # A free port can be taken between choosing and binding it: retry on a new one.
+                    tail = child.log_tail()
+                    if restarts < 3 and child.name not in self.ports and any(m in tail for m in _PORT_IN_USE_MARKERS):
+                        restarts += 1
+                        self._rebind(child)
+                        clients.update({k: _probe_client(k[1], child.url, self.region)
+                                        for k, c in pending.items() if c is child})
+                        continue
+                    raise EmulatorError(
+                        f"the {child.name} emulator exited with code {child.popen.returncode} while starting "
+                        f"(log {child.log_path}):\n{tail}"
+                    )
+                try:
+                    _PROBES[key[1]](clients[key])
+                except Exception as exc:  # not serving yet
+                    last_error[key] = f"{type(exc).__name__}: {exc}"
+                else:
+                    del pending[key]
+            if not pending:
+                break
+            if time.monotonic() > deadline:
+                waiting = "; ".join(f"{svc} at {c.url} ({last_error.get((n, svc), 'no answer')}, log {c.log_path})"
+                                    for (n, svc), c in pending.items())
+                raise EmulatorError(f"emulators not ready after {self.startup_timeout:.0f}s: {waiting}")
+            time.sleep(0.1)
+
+    def _rebind(self, child: _Child) -> None:
+        new_port = free_port()
+        child.command = [str(new_port) if part == str(child.port) else part for part in child.command]
+        if child.name == "kinesis":
+            child.env["KINESIS_MOCK_PLAIN_PORT"] = str(new_port)
+            child.env["KINESIS_MOCK_TLS_PORT"] = str(free_port())
+        child.port = new_port
+        child.start()
+
+
+def _signal_group(popen: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(popen.pid, sig)
+    except ProcessLookupError:
+        pass
+    except PermissionError:  # the group is gone and its id reused: fall back to the process itself
+        try:
+            popen.send_signal(sig)
+        except ProcessLookupError:
+            pass
+
+
+DEFAULT_LOG_DIR = Path(".kcl_local") / "logs"
+
+
+def run_stack_foreground(
+    log_dir: str | os.PathLike = DEFAULT_LOG_DIR,
+    *,
+    services: Iterable[str] = SERVICES,
+    fast_resharding: bool = True,
+    region: str = DEFAULT_REGION,
+    ports: Mapping[str, int] | None = None,
+    env_file: str | os.PathLike | None = None,
+    out=None,
+) -> int:
+    """Start the emulators, print their endpoints and `export` lines, run until Ctrl-C / SIGTERM, stop.
+
+    `env_file` (optional) receives the export lines, for `source` in another shell. Returns an exit code.
+    """
+    out = out or sys.stdout
+    stopping = {"signal": None}
+
+    def _on_signal(signum, _frame):
+        stopping["signal"] = signum
+
+    previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    stack = EmulatorStack(log_dir, services=services, fast_resharding=fast_resharding, region=region, ports=ports)
+    try:
+        endpoints = stack.start()
+        for service, url in endpoints.endpoint_urls().items():
+            print(f"{service:<11} {url}", file=out)
+        print(f"logs        {Path(log_dir).resolve()}", file=out)
+        print("", file=out)
+        for line in endpoints.export_lines():
+            print(line, file=out)
+        if env_file:
+            Path(env_file).write_text("\n".join(endpoints.export_lines()) + "\n")
+            print(f"# written to {env_file}", file=out)
+        print("# Ctrl-C stops the emulators", file=out, flush=True)
+        while stopping["signal"] is None:
+            exited = stack.exited()
+            if exited:
+                for name, code in exited.items():
+                    print(f"the {name} emulator exited with code {code}; log {stack.log_paths()[name]}",
+                          file=sys.stderr)
+                return 1
+            time.sleep(0.5)
+        return 0
+    finally:
+        stack.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

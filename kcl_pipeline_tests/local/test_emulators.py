@@ -1,0 +1,296 @@
+"""The local emulator stack: every service answers real API calls, only on 127.0.0.1, and stops cleanly."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kcl_pipeline.kcl.aws import client
+from kcl_pipeline.local import emulators as emulators_module
+from kcl_pipeline.local.emulators import (
+    NODE_MODULES_ENV,
+    EmulatorError,
+    EmulatorStack,
+    Endpoints,
+    NodeModulesMissing,
+    find_node_modules,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _alive(pid: int) -> bool:
+    """True while the process exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _wait_gone(pids, deadline_s: float = 20.0) -> list[int]:
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        alive = [p for p in pids if _alive(p)]
+        if not alive:
+            return []
+        time.sleep(0.1)
+    return [p for p in pids if _alive(p)]
+
+
+def _listening_addresses(pid: int) -> list[tuple[str, int]]:
+    """(address, port) of every TCP socket the process listens on, from /proc (Linux)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:["):-1])
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            next(f)
+            for line in f:
+                parts = line.split()
+                local, state, inode = parts[1], parts[3], parts[9]
+                if state == "0A" and inode in inodes:  # 0A = LISTEN
+                    address_hex, port_hex = local.split(":")
+                    if len(address_hex) == 8:
+                        address = socket.inet_ntop(socket.AF_INET, bytes.fromhex(address_hex)[::-1])
+                    else:
+                        raw = bytes.fromhex(address_hex)
+                        address = socket.inet_ntop(
+                            socket.AF_INET6, b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4)))
+                    found.append((address, int(port_hex, 16)))
+    return found
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+# -- the session stack (the conftest fixtures other tests use) ----------------------------------------------
+
+def test_session_stack_every_service_answers(emulators, aws_settings, kinesis_client, dynamodb_client, s3_client,
+                                             cloudwatch_client, unique_name):
+    assert {emulators.kinesis, emulators.dynamodb, emulators.s3, emulators.cloudwatch} <= {
+        u for u in (emulators.kinesis, emulators.dynamodb, emulators.moto) if u.startswith("http://127.0.0.1:")}
+
+    stream = unique_name("emu")
+    kinesis_client.create_stream(StreamName=stream, ShardCount=1)
+    kinesis_client.get_waiter("stream_exists").wait(StreamName=stream, WaiterConfig={"Delay": 0.2})
+    seq = kinesis_client.put_record(StreamName=stream, Data=b"x", PartitionKey="p")["SequenceNumber"]
+    assert len(seq) == 56  # kinesis-local, not moto (short integers)
+
+    table = unique_name("emu")
+    dynamodb_client.create_table(TableName=table, BillingMode="PAY_PER_REQUEST",
+                                 AttributeDefinitions=[{"AttributeName": "k", "AttributeType": "S"}],
+                                 KeySchema=[{"AttributeName": "k", "KeyType": "HASH"}])
+    assert table in dynamodb_client.list_tables()["TableNames"]
+
+    bucket = unique_name("emu")
+    s3_client.create_bucket(Bucket=bucket)
+    s3_client.put_object(Bucket=bucket, Key="a", Body=b"1")
+    assert s3_client.get_object(Bucket=bucket, Key="a")["Body"].read() == b"1"
+
+    cloudwatch_client.put_metric_data(Namespace=bucket, MetricData=[{"MetricName": "m", "Value": 1.0}])
+    assert [m["MetricName"] for m in cloudwatch_client.list_metrics(Namespace=bucket)["Metrics"]] == ["m"]
+
+
+def test_moto_endpoints_serve_dynamodb_as_second_opinion(moto_settings, emulators, unique_name):
+    ddb = client("dynamodb", moto_settings)
+    table = unique_name("emu")
+    ddb.create_table(TableName=table, BillingMode="PAY_PER_REQUEST",
+                     AttributeDefinitions=[{"AttributeName": "k", "AttributeType": "S"}],
+                     KeySchema=[{"AttributeName": "k", "KeyType": "HASH"}])
+    assert table in ddb.list_tables()["TableNames"]
+    # A different server from dynalite: the table exists only on moto.
+    assert table not in client("dynamodb", emulators.aws_settings()).list_tables()["TableNames"]
+
+
+# -- a private stack: binding, stopping, failure paths -----------------------------------------------------
+
+def test_stack_binds_only_loopback_and_stop_leaves_no_process(tmp_path):
+    stack = EmulatorStack(tmp_path / "logs")
+    with stack as endpoints:
+        pids = stack.pids()
+        assert set(pids) == {"kinesis", "dynamodb", "moto"}
+        ports = {int(url.rsplit(":", 1)[1]) for url in endpoints.endpoint_urls().values()}
+        seen_ports = set()
+        for name, pid in pids.items():
+            addresses = _listening_addresses(pid)
+            assert addresses, f"{name} listens on nothing"
+            assert {a for a, _ in addresses} == {"127.0.0.1"}, (name, addresses)
+            seen_ports |= {p for _, p in addresses}
+        assert ports <= seen_ports
+        assert all(_port_open(p) for p in ports)
+        assert {p.name for p in (tmp_path / "logs").iterdir()} == {"kinesis-local.log", "dynalite.log", "moto.log"}
+    assert not [p for p in pids.values() if _alive(p)]  # stop() reaps them: no grace needed
+    assert not [p for p in ports if _port_open(p)]
+    assert stack.endpoints is None
+
+
+def test_services_subset_starts_only_what_is_asked(tmp_path):
+    with EmulatorStack(tmp_path, services=["dynamodb"]) as endpoints:
+        assert endpoints.dynamodb and endpoints.kinesis is None and endpoints.s3 is None and endpoints.moto is None
+        assert endpoints.endpoint_urls() == {"dynamodb": endpoints.dynamodb}
+
+
+def test_unknown_service_is_rejected(tmp_path):
+    with pytest.raises(ValueError, match="unknown emulator services \\['sqs'\\]"):
+        EmulatorStack(tmp_path, services=["dynamodb", "sqs"])
+    with pytest.raises(ValueError, match="no emulator services"):
+        EmulatorStack(tmp_path, services=[])
+
+
+def test_fixed_port_in_use_fails_with_the_emulator_log(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        stack = EmulatorStack(tmp_path, services=["dynamodb"], ports={"dynamodb": port})
+        with pytest.raises(EmulatorError, match=r"(?s)dynamodb emulator exited with code .*EADDRINUSE"):
+            stack.start()
+    assert stack.pids() and not [p for p in stack.pids().values() if _alive(p)]
+
+
+def test_random_port_taken_meanwhile_is_retried_on_another(tmp_path, monkeypatch):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        real_free_port = emulators_module.free_port
+        handed_out = []
+
+        def first_busy_then_free() -> int:
+            port = busy if not handed_out else real_free_port()
+            handed_out.append(port)
+            return port
+
+        monkeypatch.setattr(emulators_module, "free_port", first_busy_then_free)
+        with EmulatorStack(tmp_path, services=["dynamodb"]) as endpoints:
+            assert handed_out[0] == busy and len(handed_out) == 2
+            assert endpoints.dynamodb == f"http://127.0.0.1:{handed_out[1]}"
+            assert "EADDRINUSE" in (tmp_path / "dynalite.log").read_text()
+
+
+def test_emulators_exit_when_their_parent_is_killed(tmp_path):
+    code = (
+        "import json, sys, time\n"
+        "from kcl_pipeline.local.emulators import EmulatorStack\n"
+        f"stack = EmulatorStack({str(tmp_path)!r})\n"
+        "stack.start()\n"
+        "print(json.dumps(stack.pids()), flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT)
+    try:
+        pids = json.loads(parent.stdout.readline())
+    finally:
+        parent.kill()
+        parent.wait()
+    assert set(pids) == {"kinesis", "dynamodb", "moto"}
+    leftover = _wait_gone(pids.values())
+    for pid in leftover:  # clean up before failing
+        os.kill(pid, signal.SIGKILL)
+    assert leftover == []
+
+
+def test_foreground_runner_prints_exports_and_stops_on_sigterm(tmp_path):
+    env_file = tmp_path / "emulators.env"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kcl_pipeline.local", "--services", "dynamodb,s3", "--log-dir", str(tmp_path / "logs"),
+         "--env-file", str(env_file), "--region", "eu-west-1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT)
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+            if line.startswith("# Ctrl-C"):
+                break
+        exports = dict(l[len("export "):].split("=", 1) for l in lines if l.startswith("export "))
+        assert set(exports) >= {"AWS_ENDPOINT_URL_DYNAMODB", "AWS_ENDPOINT_URL_S3", "AWS_REGION"}
+        assert "AWS_ENDPOINT_URL_KINESIS" not in exports
+        assert exports["AWS_REGION"] == "eu-west-1"
+        assert env_file.read_text().splitlines() == [l for l in lines if l.startswith("export ")]
+        ddb = client("dynamodb", Endpoints(None, exports["AWS_ENDPOINT_URL_DYNAMODB"], None, None,
+                                           region="eu-west-1").aws_settings())
+        assert ddb.list_tables()["TableNames"] == []
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    port = int(exports["AWS_ENDPOINT_URL_DYNAMODB"].rsplit(":", 1)[1])
+    assert not _port_open(port)
+
+
+def test_foreground_runner_reports_a_bad_service_list():
+    result = subprocess.run([sys.executable, "-m", "kcl_pipeline.local", "--services", "sqs"],
+                            capture_output=True, text=True, cwd=REPO_ROOT, timeout=60)
+    assert result.returncode == 2
+    assert "unknown emulator services ['sqs']" in result.stderr
+
+
+# -- pure parts: Endpoints, finding node_modules ---------------------------------------------------------
+
+def test_endpoints_settings_and_env(monkeypatch):
+    endpoints = Endpoints(kinesis="http://127.0.0.1:1", dynamodb="http://127.0.0.1:2", s3="http://127.0.0.1:3",
+                          cloudwatch="http://127.0.0.1:3", region="eu-west-1")
+    settings = endpoints.aws_settings()
+    assert settings.region == "eu-west-1"
+    assert {s: settings.endpoint_for(s) for s in ("kinesis", "dynamodb", "s3", "cloudwatch")} == {
+        "kinesis": "http://127.0.0.1:1", "dynamodb": "http://127.0.0.1:2", "s3": "http://127.0.0.1:3",
+        "cloudwatch": "http://127.0.0.1:3"}
+
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID", raising=False)
+    env = endpoints.env()
+    assert env == {
+        "AWS_ENDPOINT_URL_KINESIS": "http://127.0.0.1:1", "AWS_ENDPOINT_URL_DYNAMODB": "http://127.0.0.1:2",
+        "AWS_ENDPOINT_URL_S3": "http://127.0.0.1:3", "AWS_ENDPOINT_URL_CLOUDWATCH": "http://127.0.0.1:3",
+        "AWS_REGION": "eu-west-1", "AWS_DEFAULT_REGION": "eu-west-1",
+        "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+    }
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "mine")
+    assert "AWS_ACCESS_KEY_ID" not in endpoints.env()  # never overrides the user's credentials
+    assert endpoints.export_lines()[0] == "export AWS_ENDPOINT_URL_KINESIS=http://127.0.0.1:1"
+
+
+def test_node_modules_found_from_the_package():
+    assert find_node_modules() == REPO_ROOT / "node_modules"
+
+
+def test_node_modules_missing_says_run_npm_ci(tmp_path, monkeypatch):
+    monkeypatch.delenv(NODE_MODULES_ENV, raising=False)
+    (tmp_path / "package.json").write_text("{}")
+    (tmp_path / "kcl_pipeline" / "local").mkdir(parents=True)
+    with pytest.raises(NodeModulesMissing, match=f"run npm ci in {tmp_path}$"):
+        find_node_modules(tmp_path / "kcl_pipeline" / "local" / "emulators.py")
+
+
+def test_no_checkout_above_asks_for_the_env_var(tmp_path, monkeypatch):
+    monkeypatch.delenv(NODE_MODULES_ENV, raising=False)
+    with pytest.raises(NodeModulesMissing, match=NODE_MODULES_ENV):
+        find_node_modules(tmp_path / "site-packages" / "kcl_pipeline" / "local" / "emulators.py")
+
+
+def test_env_var_overrides_and_is_checked(tmp_path, monkeypatch):
+    monkeypatch.setenv(NODE_MODULES_ENV, str(REPO_ROOT / "node_modules"))
+    assert find_node_modules(tmp_path / "x.py") == REPO_ROOT / "node_modules"
+    monkeypatch.setenv(NODE_MODULES_ENV, str(tmp_path))
+    with pytest.raises(NodeModulesMissing, match="does not hold kinesis-local, dynalite: run npm ci"):
+        find_node_modules()
+    with pytest.raises(NodeModulesMissing):
+        EmulatorStack(tmp_path / "logs", services=["kinesis"]).start()
