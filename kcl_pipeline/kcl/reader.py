@@ -17,7 +17,7 @@ import logging
 import random
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, Callable
 
 from botocore.exceptions import ClientError
@@ -239,7 +239,7 @@ class ShardReader:
 
     def _get_iterator(self) -> bool:
         request = self._iterator_request()
-        taken_at_ms = int(self._clock() * 1000)
+        taken_at_ms = round(self._clock() * 1000)
         try:
             resp = self.kinesis.get_shard_iterator(**request)
         except ClientError as exc:
@@ -315,4 +315,5 @@ class ShardReader:
 
 
 def _utc(epoch_millis: int) -> datetime:
-    return datetime.fromtimestamp(epoch_millis / 1000, tz=timezone.utc)
+    # Integer arithmetic: a float division can land a microsecond below the millisecond.
+    return datetime.fromtimestamp(epoch_millis // 1000, tz=timezone.utc) + timedelta(milliseconds=epoch_millis % 1000)
