@@ -198,9 +198,10 @@ class LeaseWorker:
             if not state.valid():
                 return self._lost(state)
             if batch.records:
+                # checkpoint() with no argument means "the last record of this batch" (Java KCL's meaning).
+                self.last_delivered = batch.records[-1].checkpoint
                 self.processor.process_records(
                     ProcessRecordsInput(batch.records, batch.millis_behind_latest, checkpointer))
-                self.last_delivered = batch.records[-1].checkpoint
             self.metrics.record_lease(self.lease_key, batch.millis_behind_latest, batch.bytes, len(batch.records))
             self.metrics.flush_due()
             if batch.shard_ended:
