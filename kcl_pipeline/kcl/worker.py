@@ -132,9 +132,11 @@ class LeaseWorker:
         self.stop = stop or threading.Event()
         self.kinesis = client("kinesis", config.aws)
         self.table = LeaseTable(config.lease_table, client("dynamodb", config.aws))
-        cw = client("cloudwatch", config.aws) if config.metrics_namespace else None
+        # Few retries for metrics: a CloudWatch outage must not stall delivery.
+        cw = client("cloudwatch", config.aws, max_attempts=2) if config.metrics_namespace else None
         self.metrics = Metrics(config.metrics_namespace, cw, config.application, config.worker_id)
         self.kpl_stats = KplStats()
+        self._counted: dict[str, int] = {}
         self.last_delivered: Checkpoint | None = None
         self.checkpointed: Checkpoint | None = None
         self.shard_end_reached = False
@@ -203,6 +205,7 @@ class LeaseWorker:
                 self.processor.process_records(
                     ProcessRecordsInput(batch.records, batch.millis_behind_latest, checkpointer))
             self.metrics.record_lease(self.lease_key, batch.millis_behind_latest, batch.bytes, len(batch.records))
+            self._count_operational(reader)
             self.metrics.flush_due()
             if batch.shard_ended:
                 self.shard_end_reached = True
@@ -210,6 +213,16 @@ class LeaseWorker:
                     return self._lost(state)
                 self.processor.shard_ended(checkpointer)
                 return self._finish_ended(state, checkpointer, lease)
+
+    def _count_operational(self, reader: ShardReader) -> None:
+        """Feed the deltas of the reader's and the deaggregator's counters to the metrics."""
+        current = {**self.kpl_stats.as_metrics(), "throttles": reader.stats.throttles,
+                   "expired_iterators": reader.stats.expired_iterators}
+        delta = {name: value - self._counted.get(name, 0) for name, value in current.items()
+                 if value != self._counted.get(name, 0)}
+        if delta:
+            self.metrics.count_many(delta, self.lease_key)
+            self._counted = current
 
     def _finish_ended(self, state: _Lease, checkpointer: _Checkpointer, lease: Lease) -> WorkerResult:
         """After the last record: create the children's leases once the lease is SHARD_END.
