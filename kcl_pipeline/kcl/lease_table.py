@@ -1,0 +1,469 @@
+"""The lease table in DynamoDB, item for item what Java KCL 2.x reads and writes.
+
+Item attributes (Java's names and types; seeds/001, 004):
+
+    leaseKey S (hash key, the shard id)        leaseOwner S (absent when free; an explicit NULL reads as free)
+    leaseCounter N                             checkpoint S (sequence number or a sentinel)
+    checkpointSubSequenceNumber N              ownerSwitchesSinceCheckpoint N
+    parentShardId SS (singular, as Java)       childShardIds SS
+    startingHashKey S / endingHashKey S        anything else: kept in Lease.extra, never overwritten
+
+Every write is one conditional request whose condition is the rule in lease_rules.py (the pure mirror the
+simulation uses); a failed condition is an answer (False / None), not an error. Other failures raise a
+LeaseTableError subclass. Throttling is retried by botocore's standard retry mode (kcl/aws.py) before
+it surfaces here as LeaseTableUnavailable.
+"""
+from __future__ import annotations
+
+import math
+import time
+from decimal import Decimal
+from typing import Any, Mapping
+
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectionClosedError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+    ReadTimeoutError,
+)
+
+from .lease_rules import JAVA_HANDOVER_ATTRIBUTES, LEASE_ATTRIBUTES
+from .model import AT_TIMESTAMP, LATEST, SHARD_END, TRIM_HORIZON, Checkpoint, Lease
+
+LEASE_ENTITY_TYPE = "LEASE"
+
+# Attributes the codec maps onto Lease fields; everything else goes to / comes from Lease.extra.
+_MODELLED = frozenset({
+    "leaseKey", "leaseOwner", "leaseCounter", "checkpoint", "checkpointSubSequenceNumber",
+    "ownerSwitchesSinceCheckpoint", "parentShardId", "childShardIds", "startingHashKey", "endingHashKey",
+})
+
+_THROTTLING_CODES = frozenset({
+    "ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded",
+    "LimitExceededException", "InternalServerError", "ServiceUnavailable", "TransactionInProgressException",
+})
+_UNREACHABLE = (EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError, ConnectionClosedError)
+
+
+class LeaseTableError(RuntimeError):
+    """The lease table could not be used (not a lost race: those are False / None answers)."""
+
+
+class LeaseTableMissing(LeaseTableError):
+    """The table does not exist (ResourceNotFoundException)."""
+
+
+class LeaseTableUnavailable(LeaseTableError):
+    """DynamoDB unreachable, or still throttling after botocore's retries."""
+
+
+class LeaseItemInvalid(LeaseTableError, ValueError):
+    """An item in the lease table is not a lease this code can read."""
+
+
+# -- codec: python values <-> DynamoDB attribute values ----------------------------------------------------
+
+def encode_value(value: Any) -> dict | None:
+    """A plain python value as a DynamoDB attribute value; None for "no attribute" (None, empty set).
+
+    str→S, bool→BOOL, int/float→N, bytes→B, list/tuple→L, dict→M, set of str→SS, set of numbers→NS.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool):  # before int: bool is an int
+        return {"BOOL": value}
+    if isinstance(value, str):
+        return {"S": value}
+    if isinstance(value, (int, Decimal)):
+        return {"N": str(value)}
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"DynamoDB numbers cannot hold {value}")
+        return {"N": repr(value)}
+    if isinstance(value, (bytes, bytearray)):
+        return {"B": bytes(value)}
+    if isinstance(value, (set, frozenset)):
+        if not value:
+            return None  # DynamoDB rejects empty sets
+        if all(isinstance(v, str) for v in value):
+            return {"SS": sorted(value)}
+        if all(isinstance(v, (int, float, Decimal)) and not isinstance(v, bool) for v in value):
+            return {"NS": sorted(encode_value(v)["N"] for v in value)}
+        if all(isinstance(v, (bytes, bytearray)) for v in value):
+            return {"BS": sorted(bytes(v) for v in value)}
+        raise ValueError(f"a set must hold only strings, only numbers or only bytes: {value!r}")
+    if isinstance(value, (list, tuple)):
+        return {"L": [encode_value(v) or {"NULL": True} for v in value]}
+    if isinstance(value, Mapping):
+        return {"M": {str(k): encode_value(v) or {"NULL": True} for k, v in value.items()}}
+    raise ValueError(f"cannot store {type(value).__name__} {value!r} in DynamoDB")
+
+
+def _number(text: str) -> int | float:
+    try:
+        return int(text)
+    except ValueError:
+        number = Decimal(text)
+        return int(number) if number == number.to_integral_value() and "." not in text else float(number)
+
+
+def decode_value(attribute: Mapping[str, Any]) -> Any:
+    """A DynamoDB attribute value as a plain python value (N → int or float, SS → set, NULL → None)."""
+    (kind, value), = attribute.items()
+    if kind == "S":
+        return value
+    if kind == "N":
+        return _number(value)
+    if kind == "BOOL":
+        return bool(value)
+    if kind == "NULL":
+        return None
+    if kind == "B":
+        return bytes(value)
+    if kind == "SS":
+        return set(value)
+    if kind == "NS":
+        return {_number(v) for v in value}
+    if kind == "BS":
+        return {bytes(v) for v in value}
+    if kind == "L":
+        return [decode_value(v) for v in value]
+    if kind == "M":
+        return {k: decode_value(v) for k, v in value.items()}
+    raise ValueError(f"unknown DynamoDB attribute type {kind}")
+
+
+def lease_to_item(lease: Lease) -> dict[str, dict]:
+    """The full item for a new lease (PutItem). Absent values and empty sets are left out."""
+    item: dict[str, dict] = {
+        "leaseKey": {"S": lease.lease_key},
+        "leaseCounter": {"N": str(lease.lease_counter)},
+        "checkpoint": {"S": lease.checkpoint.sequence_number},
+        "checkpointSubSequenceNumber": {"N": str(lease.checkpoint.sub_sequence_number)},
+        "ownerSwitchesSinceCheckpoint": {"N": str(lease.owner_switches_since_checkpoint)},
+    }
+    if lease.lease_owner is not None:
+        item["leaseOwner"] = {"S": lease.lease_owner}
+    if lease.parent_shard_ids:
+        item["parentShardId"] = {"SS": sorted(set(lease.parent_shard_ids))}
+    if lease.child_shard_ids:
+        item["childShardIds"] = {"SS": sorted(set(lease.child_shard_ids))}
+    if lease.starting_hash_key is not None:
+        item["startingHashKey"] = {"S": lease.starting_hash_key}
+    if lease.ending_hash_key is not None:
+        item["endingHashKey"] = {"S": lease.ending_hash_key}
+    for name, value in lease.extra.items():
+        if name in _MODELLED:
+            raise ValueError(f"lease {lease.lease_key}: extra attribute {name} shadows a lease field")
+        # None was read from an explicit NULL: write it back as one (a faithful copy of what was read).
+        encoded = {"NULL": True} if value is None else encode_value(value)
+        if encoded is not None:
+            item[name] = encoded
+    return item
+
+
+def _typed(item: Mapping[str, dict], name: str, kind: str, key: str) -> Any:
+    attribute = item.get(name)
+    if attribute is None or "NULL" in attribute:
+        return None
+    if kind not in attribute:
+        raise LeaseItemInvalid(f"lease {key}: attribute {name} should be of type {kind}, got {attribute!r}")
+    return attribute[kind]
+
+
+def _int(item: Mapping[str, dict], name: str, key: str, default: int = 0) -> int:
+    value = _typed(item, name, "N", key)
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise LeaseItemInvalid(f"lease {key}: attribute {name} should be an integer, got {value!r}") from None
+
+
+def lease_from_item(item: Mapping[str, dict]) -> Lease | None:
+    """A lease from its item; None for the other entities KCL 3.x keeps in the same table."""
+    entity = item.get("entityType")
+    if entity is not None and entity.get("S") != LEASE_ENTITY_TYPE:
+        return None
+    key = _typed(item, "leaseKey", "S", "?")
+    if not key:
+        raise LeaseItemInvalid(f"lease item without a leaseKey string: {dict(item)!r}")
+    sequence = _typed(item, "checkpoint", "S", key)
+    if sequence is None:
+        raise LeaseItemInvalid(f"lease {key} has no checkpoint")
+    try:
+        checkpoint = Checkpoint(sequence, _int(item, "checkpointSubSequenceNumber", key))
+    except ValueError as exc:
+        raise LeaseItemInvalid(f"lease {key}: {exc}") from None
+    return Lease(
+        lease_key=key,
+        checkpoint=checkpoint,
+        lease_owner=_typed(item, "leaseOwner", "S", key),
+        lease_counter=_int(item, "leaseCounter", key),
+        owner_switches_since_checkpoint=_int(item, "ownerSwitchesSinceCheckpoint", key),
+        parent_shard_ids=tuple(sorted(_typed(item, "parentShardId", "SS", key) or ())),
+        child_shard_ids=tuple(sorted(_typed(item, "childShardIds", "SS", key) or ())),
+        starting_hash_key=_typed(item, "startingHashKey", "S", key),
+        ending_hash_key=_typed(item, "endingHashKey", "S", key),
+        extra={name: decode_value(value) for name, value in item.items() if name not in _MODELLED},
+    )
+
+
+# -- the table -----------------------------------------------------------------------------------------
+
+_STARTING_SENTINEL_VALUES = {":LATEST": {"S": LATEST}, ":TRIM_HORIZON": {"S": TRIM_HORIZON},
+                             ":AT_TIMESTAMP": {"S": AT_TIMESTAMP}}
+_ONE = {"N": "1"}
+_ZERO = {"N": "0"}
+_SHARD_END = {"S": SHARD_END}
+
+# A free lease has no owner; Java may have written an explicit NULL, which also means free.
+_FREE = "(attribute_not_exists(leaseOwner) OR attribute_type(leaseOwner, :NULL))"
+
+# The portable checkpoint condition of EMULATORS.md: size() takes a path, so the new sequence's length
+# is its own number placeholder; AND binds tighter than OR.
+CHECKPOINT_CONDITION = (
+    "attribute_exists(checkpoint) AND checkpoint <> :SHARD_END AND "
+    "(checkpoint IN (:LATEST, :TRIM_HORIZON, :AT_TIMESTAMP) "
+    "OR size(checkpoint) < :seqlen "
+    "OR (size(checkpoint) = :seqlen AND checkpoint < :seq) "
+    "OR (checkpoint = :seq AND checkpointSubSequenceNumber < :sub))"
+)
+
+
+class LeaseTable:
+    """One lease table. Methods answer False / None when their condition fails (someone else won)."""
+
+    def __init__(self, table_name: str, dynamodb_client, *, wait_timeout: float = 120.0,
+                 scan_page_size: int | None = None):
+        if not table_name:
+            raise ValueError("a lease table needs a name")
+        self.table_name = table_name
+        self.client = dynamodb_client
+        self.wait_timeout = wait_timeout
+        self.scan_page_size = scan_page_size  # Scan Limit; None lets DynamoDB fill 1 MB pages
+
+    # -- table lifecycle ----------------------------------------------------------------------------
+
+    def ensure_table(self) -> bool:
+        """Create the table when missing (PAY_PER_REQUEST, hash key leaseKey), wait until ACTIVE.
+
+        True if this call created it. Consumers race to create it: losing that race is fine.
+        """
+        created = False
+        description = self._describe()
+        if description is None:
+            try:
+                self._call("create_table", TableName=self.table_name, BillingMode="PAY_PER_REQUEST",
+                           AttributeDefinitions=[{"AttributeName": "leaseKey", "AttributeType": "S"}],
+                           KeySchema=[{"AttributeName": "leaseKey", "KeyType": "HASH"}])
+                created = True
+            except _ConditionFailed:  # ResourceInUseException: another consumer is creating it
+                pass
+            description = self._describe()
+        self._check_schema(description)
+        deadline = time.monotonic() + self.wait_timeout
+        delay = 0.05
+        while description is None or description.get("TableStatus") != "ACTIVE":
+            if time.monotonic() > deadline:
+                status = description.get("TableStatus") if description else "missing"
+                raise LeaseTableUnavailable(
+                    f"lease table {self.table_name} not ACTIVE after {self.wait_timeout:.0f}s (status {status})")
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+            description = self._describe()
+        return created
+
+    def _describe(self) -> dict | None:
+        try:
+            return self._call("describe_table", TableName=self.table_name)["Table"]
+        except LeaseTableMissing:
+            return None
+
+    def _check_schema(self, description: dict | None) -> None:
+        if not description:
+            return
+        keys = [(k["AttributeName"], k["KeyType"]) for k in description.get("KeySchema", [])]
+        types = {a["AttributeName"]: a["AttributeType"] for a in description.get("AttributeDefinitions", [])}
+        if keys != [("leaseKey", "HASH")] or types.get("leaseKey") != "S":
+            raise LeaseTableError(
+                f"table {self.table_name} is not a lease table: its key is {keys} (expected leaseKey S as the "
+                f"only hash key)")
+
+    # -- reads ---------------------------------------------------------------------------------------
+
+    def scan(self) -> list[Lease]:
+        """Every lease (consistent read, all pages); other KCL 3.x entities are skipped."""
+        leases: list[Lease] = []
+        request: dict[str, Any] = {"TableName": self.table_name, "ConsistentRead": True}
+        if self.scan_page_size:
+            request["Limit"] = self.scan_page_size
+        while True:
+            page = self._call("scan", **request)
+            for item in page.get("Items", []):
+                lease = lease_from_item(item)
+                if lease is not None:
+                    leases.append(lease)
+            if not page.get("LastEvaluatedKey"):
+                return leases
+            request["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+    def get(self, key: str) -> Lease | None:
+        item = self._call("get_item", TableName=self.table_name, Key=_key(key), ConsistentRead=True).get("Item")
+        return lease_from_item(item) if item else None
+
+    # -- writes --------------------------------------------------------------------------------------
+
+    def create(self, lease: Lease) -> bool:
+        """Put a new lease; False if one already exists for the key (another consumer created it)."""
+        return self._write("put_item", TableName=self.table_name, Item=lease_to_item(lease),
+                           ConditionExpression="attribute_not_exists(leaseKey)")
+
+    def acquire(self, key: str, new_owner: str, last_owner: str | None) -> Lease | None:
+        """Take the lease if it is free or still held by `last_owner`; the updated lease, or None."""
+        if not new_owner:
+            raise ValueError("acquire needs a worker id")
+        values: dict[str, dict] = {":new": {"S": new_owner}, ":one": _ONE, ":NULL": {"S": "NULL"}}
+        condition = f"attribute_exists(leaseKey) AND {_FREE}"
+        if last_owner is not None:
+            condition = f"attribute_exists(leaseKey) AND ({_FREE} OR leaseOwner = :last)"
+            values[":last"] = {"S": last_owner}
+        try:
+            response = self.client.update_item(
+                TableName=self.table_name, Key=_key(key),
+                UpdateExpression=("SET leaseOwner = :new, leaseCounter = :one "
+                                  "ADD ownerSwitchesSinceCheckpoint :one "
+                                  f"REMOVE {', '.join(JAVA_HANDOVER_ATTRIBUTES)}"),
+                ConditionExpression=condition, ExpressionAttributeValues=values, ReturnValues="ALL_NEW")
+        except Exception as exc:
+            if _is_condition_failure(exc):
+                return None
+            raise self._error("update_item", exc) from exc
+        return lease_from_item(response["Attributes"])
+
+    def heartbeat(self, key: str, owner: str, extra: Mapping[str, Any] | None = None) -> bool:
+        """Bump leaseCounter if we still own the lease and it is not ended; `extra` rides along.
+
+        Extra values: str→S, int/float→N, bool→BOOL (and bytes, lists, dicts, sets); None removes.
+        """
+        extra = dict(extra or {})
+        clash = sorted(LEASE_ATTRIBUTES.intersection(extra) | _MODELLED.intersection(extra))
+        if clash:
+            raise ValueError(f"heartbeat attributes must not overwrite lease attributes: {', '.join(clash)}")
+        names: dict[str, str] = {}
+        values: dict[str, dict] = {":one": _ONE, ":me": {"S": owner}, ":SHARD_END": _SHARD_END}
+        sets, removes = [], []
+        for i, (name, value) in enumerate(sorted(extra.items())):
+            names[f"#x{i}"] = name
+            encoded = encode_value(value)
+            if encoded is None:
+                removes.append(f"#x{i}")
+            else:
+                values[f":x{i}"] = encoded
+                sets.append(f"#x{i} = :x{i}")
+        update = "ADD leaseCounter :one"
+        if sets:
+            update += " SET " + ", ".join(sets)
+        if removes:
+            update += " REMOVE " + ", ".join(removes)
+        request: dict[str, Any] = dict(
+            TableName=self.table_name, Key=_key(key), UpdateExpression=update,
+            ConditionExpression="leaseOwner = :me AND checkpoint <> :SHARD_END", ExpressionAttributeValues=values)
+        if names:
+            request["ExpressionAttributeNames"] = names
+        return self._write("update_item", **request)
+
+    def checkpoint(self, key: str, cp: Checkpoint) -> bool:
+        """Advance the checkpoint if `cp` is strictly after it (any process may); False otherwise."""
+        if cp.is_sentinel:
+            raise ValueError(
+                f"checkpoint takes a sequence number, not {cp.sequence_number} (use end() for SHARD_END)")
+        seq = cp.sequence_number
+        return self._write(
+            "update_item", TableName=self.table_name, Key=_key(key),
+            UpdateExpression=("SET checkpoint = :seq, checkpointSubSequenceNumber = :sub, "
+                              "ownerSwitchesSinceCheckpoint = :zero"),
+            ConditionExpression=CHECKPOINT_CONDITION,
+            ExpressionAttributeValues={
+                ":seq": {"S": seq}, ":sub": {"N": str(cp.sub_sequence_number)}, ":seqlen": {"N": str(len(seq))},
+                ":zero": _ZERO, ":SHARD_END": _SHARD_END, **_STARTING_SENTINEL_VALUES,
+            })
+
+    def end(self, key: str) -> bool:
+        """Mark the shard finished (SHARD_END is final) and let the lease go; False if the lease is gone."""
+        return self._write(
+            "update_item", TableName=self.table_name, Key=_key(key),
+            UpdateExpression="SET checkpoint = :SHARD_END, ownerSwitchesSinceCheckpoint = :zero REMOVE leaseOwner",
+            ConditionExpression="attribute_exists(leaseKey)",
+            ExpressionAttributeValues={":SHARD_END": _SHARD_END, ":zero": _ZERO})
+
+    def release(self, key: str, owner: str) -> bool:
+        """Give the lease up (graceful shutdown); False if someone else holds it now."""
+        return self._write(
+            "update_item", TableName=self.table_name, Key=_key(key),
+            UpdateExpression="SET leaseCounter = :zero REMOVE leaseOwner",
+            ConditionExpression="leaseOwner = :me",
+            ExpressionAttributeValues={":zero": _ZERO, ":me": {"S": owner}})
+
+    def delete(self, key: str) -> None:
+        self._call("delete_item", TableName=self.table_name, Key=_key(key))
+
+    # -- plumbing ------------------------------------------------------------------------------------
+
+    def _write(self, operation: str, **request) -> bool:
+        try:
+            getattr(self.client, operation)(**request)
+        except Exception as exc:
+            if _is_condition_failure(exc):
+                return False
+            raise self._error(operation, exc) from exc
+        return True
+
+    def _call(self, operation: str, **request) -> dict:
+        try:
+            return getattr(self.client, operation)(**request)
+        except Exception as exc:
+            if operation == "create_table" and _code(exc) == "ResourceInUseException":
+                raise _ConditionFailed() from exc
+            raise self._error(operation, exc) from exc
+
+    def _error(self, operation: str, exc: Exception) -> Exception:
+        """The LeaseTableError that says what went wrong; anything unexpected passes through unchanged."""
+        code = _code(exc)
+        if code == "ResourceNotFoundException":
+            return LeaseTableMissing(f"lease table {self.table_name} does not exist ({operation})")
+        if code in _THROTTLING_CODES:
+            attempts = 1 + int(exc.response.get("ResponseMetadata", {}).get("RetryAttempts", 0))
+            return LeaseTableUnavailable(
+                f"lease table {self.table_name}: DynamoDB still answered {code} to {operation} after "
+                f"{attempts} attempt(s); raise the table's capacity or lower the consumer's write rate")
+        if isinstance(exc, _UNREACHABLE):
+            return LeaseTableUnavailable(
+                f"lease table {self.table_name}: DynamoDB unreachable during {operation} ({exc})")
+        if isinstance(exc, ClientError):
+            message = exc.response.get("Error", {}).get("Message", "")
+            return LeaseTableError(f"lease table {self.table_name}: {operation} failed: {code}: {message}")
+        if isinstance(exc, BotoCoreError):
+            return LeaseTableError(f"lease table {self.table_name}: {operation} failed: {exc}")
+        return exc
+
+
+class _ConditionFailed(Exception):
+    pass
+
+
+def _code(exc: Exception) -> str | None:
+    if isinstance(exc, ClientError):
+        return exc.response.get("Error", {}).get("Code")
+    return None
+
+
+def _is_condition_failure(exc: Exception) -> bool:
+    return _code(exc) == "ConditionalCheckFailedException"
+
+
+def _key(key: str) -> dict:
+    return {"leaseKey": {"S": key}}
