@@ -451,25 +451,39 @@ class Aggregator:
         """Size of the current aggregate as it would be put (data + outer partition key)."""
         return len(MAGIC) + self._body_size + DIGEST_SIZE + self._outer_pk_size
 
-    def _growth(self, pk: str, ehk: str | None, data: bytes) -> int:
+    def _growth(self, pk: str, ehk: str | None, data: bytes, empty: bool = False) -> int:
+        """Bytes the protobuf grows by when this record is added (to an empty aggregate if `empty`)."""
+        pks, ehks = ({}, {}) if empty else (self._pks, self._ehks)
         grow = 0
-        pk_index = self._pks.get(pk)
+        pk_index = pks.get(pk)
         if pk_index is None:
-            pk_index = len(self._pks)
+            pk_index = len(pks)
             n = len(pk.encode())
             grow += 1 + _varint_size(n) + n
         inner = 1 + _varint_size(pk_index) + 1 + _varint_size(len(data)) + len(data)
         if ehk is not None:
-            ehk_index = self._ehks.get(ehk)
+            ehk_index = ehks.get(ehk)
             if ehk_index is None:
-                ehk_index = len(self._ehks)
+                ehk_index = len(ehks)
                 grow += 1 + _varint_size(len(ehk)) + len(ehk)
             inner += 1 + _varint_size(ehk_index)
         return grow + 1 + _varint_size(inner) + inner
 
     def add(self, partition_key: str, explicit_hash_key: str | None, data: bytes) -> Aggregate | None:
+        """Add one user record; returns the previous aggregate if this record closed it, else None.
+
+        A record too large for any aggregate raises ValueError and leaves the pending aggregate intact.
+        """
         _check_user_record(partition_key, explicit_hash_key, data)
         data = bytes(data)
+        if self.max_bytes is not None:
+            alone = (len(MAGIC) + self._growth(partition_key, explicit_hash_key, data, empty=True)
+                     + DIGEST_SIZE + len(partition_key.encode()))
+            if alone > self.max_bytes:
+                raise ValueError(
+                    f"user record ({len(data)} bytes of data) does not fit in one aggregate of "
+                    f"{self.max_bytes} bytes"
+                )
         done = None
         if self._entries:
             full = self.max_records is not None and len(self._entries) >= self.max_records
@@ -478,14 +492,6 @@ class Aggregator:
                 full = grown > self.max_bytes
             if full:
                 done = self.flush()
-        if not self._entries and self.max_bytes is not None:
-            alone = (len(MAGIC) + self._growth(partition_key, explicit_hash_key, data) + DIGEST_SIZE
-                     + len(partition_key.encode()))
-            if alone > self.max_bytes:
-                raise ValueError(
-                    f"user record ({len(data)} bytes of data) does not fit in one aggregate of "
-                    f"{self.max_bytes} bytes"
-                )
         self._body_size += self._growth(partition_key, explicit_hash_key, data)
         pk_index = self._pks.setdefault(partition_key, len(self._pks))
         ehk_index = None
