@@ -161,7 +161,7 @@ class _Child:
 
 def _probe_client(service: str, url: str, region: str):
     session = boto3.session.Session(aws_access_key_id="test", aws_secret_access_key="test", region_name=region)
-    config = Config(retries={"mode": "standard", "max_attempts": 1}, connect_timeout=1, read_timeout=2)
+    config = Config(retries={"mode": "standard", "total_max_attempts": 1}, connect_timeout=1, read_timeout=2)
     return session.client(service, endpoint_url=url, config=config)
 
 
