@@ -73,7 +73,7 @@ class LeaseManager:
         self.leases: list[Lease] = []
         self.kinesis = client("kinesis", config.aws)
         self.table = LeaseTable(config.lease_table, client("dynamodb", config.aws))
-        cw = client("cloudwatch", config.aws) if config.metrics_namespace else None
+        cw = client("cloudwatch", config.aws, max_attempts=2) if config.metrics_namespace else None
         self.metrics = Metrics(config.metrics_namespace, cw, config.application, config.worker_id)
 
     # -- lifecycle ---------------------------------------------------------------------------

@@ -1,0 +1,210 @@
+"""The fleet, for real: `kcl-pipeline consume` processes on kinesis-local + dynalite over HTTP.
+
+Three consumers share a 6-shard stream carrying KPL and plain records; one is killed with SIGKILL (its
+whole process group, as a crashed host) and its shards are taken; a shard is split and two are merged
+while records flow; a fourth consumer joins and the fleet rebalances. A monitor thread polls the lease
+table throughout and checks the protocol's invariants as they happen.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from kcl_pipeline.kcl.lease_table import LeaseTable
+from kcl_pipeline.kcl.model import Checkpoint
+from kcl_pipeline.kcl.shards import list_shards, wait_stream_active
+from kcl_pipeline.local.producer import produce
+
+pytestmark = [pytest.mark.emulator, pytest.mark.slow]
+
+HEARTBEAT, EXPIRY, CYCLE = 1.0, 3.0, 1.0
+
+
+class LeaseMonitor(threading.Thread):
+    """Polls the lease table; records checkpoint regressions, SHARD_END times and first-owned times."""
+
+    def __init__(self, table: LeaseTable):
+        super().__init__(daemon=True)
+        self.table = table
+        self.stop = threading.Event()
+        self.last: dict[str, Checkpoint] = {}
+        self.regressions: list[str] = []
+        self.ended_at: dict[str, float] = {}
+        self.first_owned_at: dict[str, float] = {}
+        self.parents: dict[str, tuple[str, ...]] = {}
+        self.owners: dict[str, str | None] = {}
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                leases = self.table.scan()
+            except Exception:
+                time.sleep(0.1)
+                continue
+            now = time.monotonic()
+            for lease in leases:
+                key, cp = lease.lease_key, lease.checkpoint
+                self.parents[key] = lease.parent_shard_ids
+                self.owners[key] = lease.lease_owner
+                prev = self.last.get(key)
+                if prev is not None and not _not_before(prev, cp):
+                    self.regressions.append(f"{key}: {prev} -> {cp}")
+                self.last[key] = cp
+                if cp.is_shard_end:
+                    self.ended_at.setdefault(key, now)
+                if lease.lease_owner:
+                    self.first_owned_at.setdefault(key, now)
+            time.sleep(0.1)
+
+
+def _not_before(prev: Checkpoint, cp: Checkpoint) -> bool:
+    if prev.is_shard_end:
+        return cp.is_shard_end
+    if cp.is_shard_end or prev.is_starting_sentinel:
+        return True
+    if cp.is_starting_sentinel:
+        return False
+    return cp.key() >= prev.key()
+
+
+def _consume(env, stream, app, worker, out: Path, log: Path) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "kcl_pipeline.cli", "consume", "--stream", stream, "--application", app,
+           "--worker-id", worker, "--sink", f"jsonl:{out}", "--heartbeat-seconds", str(HEARTBEAT),
+           "--lease-expiry-seconds", str(EXPIRY), "--cycle-seconds", str(CYCLE), "--leases-to-acquire", "2"]
+    return subprocess.Popen(cmd, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _wait(predicate, timeout: float, what: str, interval: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def _delivered(out_dirs) -> dict[tuple[str, str, int], dict]:
+    seen = {}
+    for d in out_dirs:
+        for f in Path(d).glob("*.jsonl"):
+            for line in f.read_text().splitlines():
+                r = json.loads(line)
+                seen[(r["shard_id"], r["sequence_number"], r["sub_sequence_number"])] = r
+    return seen
+
+
+def _ids(records) -> set[int]:
+    return {json.loads(base64.b64decode(r["data_base64"]))["id"] for r in records}
+
+
+def test_fleet_failover_resharding_rebalance(emulators, kinesis_client, dynamodb_client, unique_name, tmp_path):
+    stream, app = unique_name("fleet"), unique_name("fleetapp")
+    kinesis_client.create_stream(StreamName=stream, ShardCount=6)
+    wait_stream_active(kinesis_client, stream)
+    env = {**os.environ, **emulators.env(), "PYTHONUNBUFFERED": "1"}
+    produced: set[int] = set()
+    next_id = [0]
+
+    def put(count: int, aggregate: int) -> None:
+        report = produce(kinesis_client, stream, count=count, rate=None, aggregate=aggregate,
+                         payload=lambda n: json.dumps({"id": n + next_id[0]}).encode(),
+                         poison_every=None, create_shards=None)
+        produced.update(n + next_id[0] for n in range(count))
+        assert report.user_records == count
+        next_id[0] += count
+
+    put(300, 1)
+    put(600, 20)
+
+    table = LeaseTable(app, dynamodb_client)
+    procs: dict[str, subprocess.Popen] = {}
+    outs = {w: tmp_path / w for w in ("c1", "c2", "c3", "c4")}
+    for w in ("c1", "c2", "c3"):
+        procs[w] = _consume(env, stream, app, w, outs[w], tmp_path / f"{w}.log")
+    monitor = None
+    try:
+        _wait(lambda: table.ensure_table() is False and len(table.scan()) == 6, 30, "six leases")
+        monitor = LeaseMonitor(table)
+        monitor.start()
+        _wait(lambda: all(lease.lease_owner for lease in table.scan()), 30, "every lease owned")
+
+        # Crash c1: SIGKILL its whole process group (manager and workers), as a host dying.
+        victims = {lease.lease_key for lease in table.scan() if lease.lease_owner == "c1"}
+        assert victims, "c1 should hold at least one lease in a 3-consumer fleet of 6 shards"
+        os.killpg(procs["c1"].pid, signal.SIGKILL)
+        procs["c1"].wait()
+        killed_at = time.monotonic()
+        _wait(lambda: all(monitor.owners.get(k) not in (None, "c1") for k in victims), EXPIRY + 4 * CYCLE + 20,
+              "c1's leases taken by the survivors")
+        failover = time.monotonic() - killed_at
+        print(f"failover after SIGKILL: {failover:.1f}s = {failover / EXPIRY:.2f}x the lease expiry")
+
+        # Reshard while records flow: split one shard, merge two adjacent ones.
+        shards = {s.shard_id: s for s in list_shards(kinesis_client, stream)}
+        ordered = sorted(shards.values(), key=lambda s: int(s.hash_key_range.starting_hash_key))
+        split = ordered[0]
+        mid = (int(split.hash_key_range.starting_hash_key) + int(split.hash_key_range.ending_hash_key)) // 2
+        kinesis_client.split_shard(StreamName=stream, ShardToSplit=split.shard_id, NewStartingHashKey=str(mid))
+        wait_stream_active(kinesis_client, stream)
+        put(200, 1)
+        kinesis_client.merge_shards(StreamName=stream, ShardToMerge=ordered[2].shard_id,
+                                    AdjacentShardToMerge=ordered[3].shard_id)
+        wait_stream_active(kinesis_client, stream)
+        put(200, 10)
+
+        # A fourth consumer joins.
+        procs["c4"] = _consume(env, stream, app, "c4", outs["c4"], tmp_path / "c4.log")
+
+        def balanced():
+            live = [lease for lease in table.scan() if not lease.is_ended]
+            counts = {w: 0 for w in ("c2", "c3", "c4")}
+            for lease in live:
+                if lease.lease_owner not in counts:
+                    return False
+                counts[lease.lease_owner] += 1
+            return max(counts.values()) - min(counts.values()) <= 1 and counts
+
+        counts = _wait(balanced, 90, "the fleet to rebalance to max-min <= 1")
+        print(f"balanced: {counts}")
+
+        def all_delivered():
+            return produced <= _ids(_delivered(outs.values()).values())
+
+        _wait(all_delivered, 90, "every produced record delivered")
+    finally:
+        if monitor is not None:
+            monitor.stop.set()
+        for w, p in procs.items():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for w, p in procs.items():
+            try:
+                p.wait(40)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+    for w in ("c2", "c3", "c4"):
+        assert procs[w].returncode == 0, (tmp_path / f"{w}.log").read_text()[-3000:]
+    delivered = _delivered(outs.values())
+    assert produced <= _ids(delivered.values())
+    assert monitor.regressions == []
+    # No child before its parents ended: a child lease is owned only after each parent is SHARD_END.
+    for child, parents in monitor.parents.items():
+        if child in monitor.first_owned_at and parents:
+            for parent in parents:
+                if parent in monitor.last:
+                    assert parent in monitor.ended_at, f"{child} owned while parent {parent} not ended"
+                    assert monitor.ended_at[parent] <= monitor.first_owned_at[child] + 0.11, (child, parent)
+    # Graceful stop released every lease.
+    assert all(not lease.lease_owner for lease in table.scan() if not lease.is_ended)
