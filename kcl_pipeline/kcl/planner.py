@@ -45,14 +45,14 @@ def _starting_positions(initial: Checkpoint) -> tuple[Checkpoint, Checkpoint]:
     return initial, Checkpoint(TRIM_HORIZON)
 
 
-def _new_lease(shard: Shard, checkpoint: Checkpoint) -> Lease:
+def _new_lease(graph: ShardGraph, shard: Shard, checkpoint: Checkpoint) -> Lease:
     hkr = shard.hash_key_range
     return Lease(
         lease_key=shard.shard_id,
         checkpoint=checkpoint,
         lease_owner=None,
         lease_counter=0,
-        parent_shard_ids=shard.parent_ids,
+        parent_shard_ids=graph.parents(shard.shard_id),
         starting_hash_key=hkr.starting_hash_key if hkr else None,
         ending_hash_key=hkr.ending_hash_key if hkr else None,
     )
@@ -96,24 +96,25 @@ def leases_to_create(initial: Checkpoint, shards: Sequence[Shard], leases: Seque
     latest = initial.sequence_number == LATEST
 
     created: list[Lease] = []
-    for shard in graph:
-        shard_id = shard.shard_id
+    for shard_id, shard in graph.shards.items():
         if shard_id in by_key or shard_id in has_leased_descendant:
             continue
         listed_parents = graph.listed_parents(shard_id)
-        parent_leases = [by_key[p] for p in listed_parents if p in by_key]
-        if any(not lease.is_ended for lease in parent_leases):
-            continue  # a parent is still being read
-        if parent_leases and len(parent_leases) == len(listed_parents):
-            created.append(_new_lease(shard, after_parent))
+        if listed_parents:
+            parent_leases = [by_key.get(p) for p in listed_parents]
+            if any(lease is not None and not lease.is_ended for lease in parent_leases):
+                continue  # a parent is still being read
+            if all(lease is not None for lease in parent_leases):
+                created.append(_new_lease(graph, shard, after_parent))
+                continue
         elif not latest:
-            if not listed_parents:
-                created.append(_new_lease(shard, first_use))
-        elif shard_id not in under_a_lease and (
+            created.append(_new_lease(graph, shard, first_use))  # a root: TRIM_HORIZON / AT_TIMESTAMP start here
+            continue
+        if latest and shard_id not in under_a_lease and (
             graph.is_open(shard_id)
             or any(c not in by_key and c in under_a_lease for c in graph.children(shard_id))
         ):
-            created.append(_new_lease(shard, first_use))
+            created.append(_new_lease(graph, shard, first_use))
     return created
 
 
@@ -131,7 +132,7 @@ def child_leases_on_end(
     children = [c for c in graph.children(ended_shard_id) if c not in by_key]
     has_leased_descendant = graph.strict_ancestors_of(by_key)
     return [
-        _new_lease(graph.shard(child), after_parent)
+        _new_lease(graph, graph.shard(child), after_parent)
         for child in children
         if child not in has_leased_descendant and _parents_done(graph, child, by_key, ended=ended_shard_id)
     ]

@@ -22,10 +22,24 @@ class ShardGraph:
             if shard.shard_id in self.shards:
                 raise ValueError(f"shard {shard.shard_id} is listed twice")
             self.shards[shard.shard_id] = shard
+        # Precomputed once: the planner asks these questions for every shard of every cycle.
+        self._parents: dict[str, tuple[str, ...]] = {}
+        self._listed_parents: dict[str, tuple[str, ...]] = {}
         self._children: dict[str, list[str]] = {}
-        for shard in self.shards.values():
-            for parent in shard.parent_ids:
-                self._children.setdefault(parent, []).append(shard.shard_id)
+        listed = self.shards
+        children = self._children
+        for shard_id, shard in listed.items():
+            parent, adjacent = shard.parent_shard_id, shard.adjacent_parent_shard_id
+            if not parent and not adjacent:
+                self._parents[shard_id] = self._listed_parents[shard_id] = ()
+                continue
+            parents = self._parents[shard_id] = shard.parent_ids
+            self._listed_parents[shard_id] = tuple([p for p in parents if p in listed])
+            for p in parents:
+                if p in children:
+                    children[p].append(shard_id)
+                else:
+                    children[p] = [shard_id]
 
     def __contains__(self, shard_id: object) -> bool:
         return shard_id in self.shards
@@ -44,10 +58,16 @@ class ShardGraph:
 
     def parents(self, shard_id: str) -> tuple[str, ...]:
         """Parent ids in the order (parent, adjacent parent); they may be absent from the listing."""
-        return self.shard(shard_id).parent_ids
+        try:
+            return self._parents[shard_id]
+        except KeyError:
+            raise KeyError(f"shard {shard_id} is not in the listing") from None
 
     def listed_parents(self, shard_id: str) -> tuple[str, ...]:
-        return tuple(p for p in self.parents(shard_id) if p in self.shards)
+        try:
+            return self._listed_parents[shard_id]
+        except KeyError:
+            raise KeyError(f"shard {shard_id} is not in the listing") from None
 
     def children(self, shard_id: str) -> tuple[str, ...]:
         """Listed shards that name `shard_id` as a parent (it need not be listed itself)."""
@@ -68,7 +88,7 @@ class ShardGraph:
 
     def roots(self) -> list[str]:
         """The oldest generation present: shards with no listed parent."""
-        return [s for s in self.shards if not self.listed_parents(s)]
+        return [s for s, parents in self._listed_parents.items() if not parents]
 
     def leaves(self) -> list[str]:
         """Shards with no listed child."""
@@ -92,19 +112,22 @@ class ShardGraph:
     def strict_ancestors_of(self, shard_ids: Iterable[str]) -> set[str]:
         """Listed shards that are an ancestor of at least one of `shard_ids`."""
         todo: deque[str] = deque()
+        listed_parents = self._listed_parents
         for s in shard_ids:
-            if s in self.shards:
-                todo.extend(self.listed_parents(s))
+            parents = listed_parents.get(s)
+            if parents:
+                todo.extend(parents)
         return self._walk_up(todo)
 
     def _walk_up(self, todo: deque[str]) -> set[str]:
         seen: set[str] = set()
+        listed_parents = self._listed_parents
         while todo:
             current = todo.popleft()
             if current in seen:
                 continue
             seen.add(current)
-            todo.extend(p for p in self.shards[current].parent_ids if p in self.shards and p not in seen)
+            todo.extend(listed_parents[current])
         return seen
 
     def descendants_of(self, shard_ids: Iterable[str]) -> set[str]:
@@ -120,11 +143,14 @@ class ShardGraph:
 
     def _walk_down(self, todo: deque[str]) -> set[str]:
         seen: set[str] = set()
+        children = self._children
         while todo:
             current = todo.popleft()
             if current in seen:
                 continue
             if current in self.shards:
                 seen.add(current)
-            todo.extend(c for c in self._children.get(current, ()) if c not in seen)
+            below = children.get(current)
+            if below:
+                todo.extend(below)
         return seen
