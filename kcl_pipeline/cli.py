@@ -176,24 +176,51 @@ def local() -> None:
 
 
 @local.command("up")
-@click.option("--state-dir", default=".kcl_local", show_default=True, help="Logs and the endpoints file.")
+@click.option("--state-dir", default=".kcl_local", show_default=True,
+              help="Logs, the endpoints file (env.sh, for `source`) and the pid file used by `local down`.")
 @friendly_errors
 def local_up(state_dir):
-    """Start the emulators in the foreground; print the endpoints; Ctrl-C stops them."""
+    """Start the emulators in the foreground; print the endpoints; Ctrl-C (or `local down`) stops them."""
+    import os
+    from pathlib import Path
+
     from .local.emulators import run_stack_foreground
 
-    run_stack_foreground(state_dir)
+    state = Path(state_dir)
+    state.mkdir(parents=True, exist_ok=True)
+    pid_file = state / "local.pid"
+    pid_file.write_text(str(os.getpid()))
+    try:
+        code = run_stack_foreground(state / "logs", env_file=state / "env.sh")
+    finally:
+        pid_file.unlink(missing_ok=True)
+    sys.exit(code)
 
 
 @local.command("down")
 @click.option("--state-dir", default=".kcl_local", show_default=True)
 @friendly_errors
 def local_down(state_dir):
-    """Stop emulators started by `local up` in another terminal."""
-    from .local.emulators import stop_stack_from_state
+    """Stop the emulators started by `local up` in another terminal."""
+    import os
+    import signal
+    import time
+    from pathlib import Path
 
-    stopped = stop_stack_from_state(state_dir)
-    click.echo(f"stopped {stopped} process(es)")
+    pid_file = Path(state_dir) / "local.pid"
+    if not pid_file.exists():
+        raise UserError(f"no running `kcl-pipeline local up` found ({pid_file} is missing)")
+    pid = int(pid_file.read_text().strip())
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pid_file.unlink(missing_ok=True)
+        raise UserError(f"`local up` (pid {pid}) is not running any more") from None
+    for _ in range(100):
+        if not pid_file.exists():
+            break
+        time.sleep(0.1)
+    click.echo(f"stopped the emulators (pid {pid})")
 
 
 if __name__ == "__main__":  # pragma: no cover
