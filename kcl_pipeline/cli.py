@@ -79,8 +79,11 @@ def main(verbose: int) -> None:
 @click.option("--worker-id", default=None, help="This consumer's unique id (default: a new UUID).")
 @click.option("--max-leases", type=int, default=64, show_default=True)
 @click.option("--leases-to-acquire", type=int, default=1, show_default=True, help="Leases taken per cycle.")
-@click.option("--heartbeat-seconds", type=float, default=3.0, show_default=True)
-@click.option("--lease-expiry-seconds", type=float, default=10.0, show_default=True)
+@click.option("--heartbeat-seconds", type=float, default=None, help="Lease heartbeat period [default: 10].")
+@click.option("--lease-expiry-seconds", type=float, default=None,
+              help="A lease unchanged this long is free for others [default: 30].")
+@click.option("--java-compatible", is_flag=True,
+              help="Heartbeat 3 s / expiry 10 s: required when Java KCL consumers share the lease table.")
 @click.option("--cycle-seconds", type=float, default=20.0, show_default=True)
 @click.option("--metrics-namespace", default=None, help="Publish metrics to this CloudWatch namespace.")
 @click.option("--sink", default=None, help="jsonl:DIR — one JSON line per record in DIR/<shard_id>.jsonl.")
@@ -90,7 +93,7 @@ def main(verbose: int) -> None:
 @aws_options
 @friendly_errors
 def consume(stream, application, initial_position, timestamp, worker_id, max_leases, leases_to_acquire,
-            heartbeat_seconds, lease_expiry_seconds, cycle_seconds, metrics_namespace, sink, landing, region,
+            heartbeat_seconds, lease_expiry_seconds, java_compatible, cycle_seconds, metrics_namespace, sink, landing, region,
             endpoint_url):
     """Run a headless consumer: a full peer of the fleet sharing the lease table. Stops on SIGTERM/SIGINT."""
     from .kcl.consumer import run_consumer
@@ -101,11 +104,16 @@ def consume(stream, application, initial_position, timestamp, worker_id, max_lea
     kwargs = {}
     if worker_id:
         kwargs["worker_id"] = worker_id
+    if java_compatible:
+        kwargs.update(heartbeat_seconds=3.0, lease_expiry_seconds=10.0)
+    if heartbeat_seconds is not None:
+        kwargs["heartbeat_seconds"] = heartbeat_seconds
+    if lease_expiry_seconds is not None:
+        kwargs["lease_expiry_seconds"] = lease_expiry_seconds
     config = ConsumerConfig(
         stream=stream, application=application,
         initial_position=InitialPosition.parse(initial_position, timestamp),
-        max_leases=max_leases, leases_to_acquire=leases_to_acquire, heartbeat_seconds=heartbeat_seconds,
-        lease_expiry_seconds=lease_expiry_seconds, cycle_seconds=cycle_seconds,
+        max_leases=max_leases, leases_to_acquire=leases_to_acquire, cycle_seconds=cycle_seconds,
         metrics_namespace=metrics_namespace, aws=_settings(region, endpoint_url), **kwargs)
     if sink:
         spec = parse_sink(sink)

@@ -104,8 +104,7 @@ class LeaseManager:
                 leases = self.table.scan()
                 self.ages.observe(leases, now)
         self.leases = leases
-        ages = {lease.lease_key: self.ages.age(lease.lease_key, now) for lease in leases
-                if self.ages.age(lease.lease_key, now) is not None}
+        ages = self.ages.ages(now)
         plan = leases_to_acquire(
             self.config.worker_id, leases, ages, expiry_seconds=self.config.lease_expiry_seconds,
             leases_to_acquire=self.config.leases_to_acquire, max_leases=self.config.max_leases,
@@ -143,16 +142,40 @@ class LeaseManager:
             self._wait_next_cycle(stop)
 
     def _wait_next_cycle(self, stop: threading.Event) -> None:
-        """Sleep a cycle, waking at once when a local worker ended a shard (its children are ready)."""
-        deadline = time.monotonic() + self.config.cycle_seconds
+        """Sleep a cycle, waking at once when a local worker ended a shard (its children are ready) or
+        when a peer's lease expired.
+
+        Between cycles the table is re-scanned every expiry/4 (reads only, no ListShards): the planner
+        measures a lease's age from when this consumer saw its counter change, so without these scans a
+        dead peer's lease would be noticed up to a whole cycle late (failover = expiry + cycle).
+        """
+        now = time.monotonic()
+        deadline = now + self.config.cycle_seconds
+        next_watch = now + self.config.lease_expiry_seconds / 4
         while not stop.is_set() and time.monotonic() < deadline:
             try:
-                result = self._results.get(timeout=min(0.5, max(0.01, deadline - time.monotonic())))
+                result = self._results.get(timeout=min(0.5, max(0.01, min(deadline, next_watch) - time.monotonic())))
+                self._pending.append(result)
+                if result.outcome == "shard_ended":
+                    return
             except queue.Empty:
-                continue
-            self._pending.append(result)
-            if result.outcome == "shard_ended":
-                return
+                pass
+            if time.monotonic() >= next_watch:
+                next_watch = time.monotonic() + self.config.lease_expiry_seconds / 4
+                if self._peer_lease_expired():
+                    return
+
+    def _peer_lease_expired(self) -> bool:
+        try:
+            leases = self.table.scan()
+        except Exception as exc:
+            log.warning("lease scan between cycles failed: %s", exc)
+            return False
+        now = time.monotonic()
+        self.ages.observe(leases, now)
+        return any(not lease.is_ended and lease.lease_key not in self.workers
+                   and self.ages.expired(lease.lease_key, now, self.config.lease_expiry_seconds)
+                   for lease in leases)
 
     def shutdown(self, timeout: float = 30.0) -> list[WorkerResult]:
         """Ask every worker to stop gracefully (SIGTERM: checkpoint, release), then wait for them."""
