@@ -1,0 +1,91 @@
+"""The command line as a person uses it: --help everywhere, one clear line and exit 2 on bad input."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from kcl_pipeline.cli import main
+
+COMMANDS = [[], ["consume"], ["produce"], ["leases"], ["local"], ["local", "up"], ["local", "down"]]
+
+
+@pytest.mark.parametrize("args", COMMANDS, ids=lambda a: " ".join(a) or "main")
+def test_every_command_has_help(args):
+    result = CliRunner().invoke(main, [*args, "--help"])
+    assert result.exit_code == 0, result.output
+    assert "Usage:" in result.output
+
+
+def _run(args, env_extra=None, timeout=120):
+    env = {**os.environ, **(env_extra or {})}
+    return subprocess.run([sys.executable, "-m", "kcl_pipeline.cli", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout)
+
+
+def _one_error_line(proc):
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:") or "Error" in line]
+    assert lines, proc.stderr
+    assert "Traceback" not in proc.stderr
+    return proc.stderr
+
+
+def test_bad_flags_exit_2():
+    err = _one_error_line(_run(["consume", "--stream", "s", "--application", "a"]))
+    assert "--sink" in err and "--landing" in err
+    err = _one_error_line(_run(["consume", "--stream", "s", "--application", "a", "--sink", "csv:/tmp/x"]))
+    assert "jsonl:DIR" in err
+    err = _one_error_line(_run(["consume", "--stream", "s", "--application", "a", "--sink", "jsonl:/tmp/x",
+                                "--initial-position", "AT_TIMESTAMP"]))
+    assert "--timestamp" in err
+    err = _one_error_line(_run(["consume", "--stream", "s", "--application", "a", "--sink", "jsonl:/tmp/x",
+                                "--heartbeat-seconds", "5", "--lease-expiry-seconds", "6"]))
+    assert "lease_expiry_seconds" in err
+    err = _one_error_line(_run(["consume", "--stream", "bad name!", "--application", "a", "--sink", "jsonl:/x"]))
+    assert "stream" in err
+    _one_error_line(_run(["consume", "--max-leases", "many"]))
+
+
+def test_unreachable_endpoint_is_one_clear_line(tmp_path):
+    proc = _run(["leases", "--application", "a", "--endpoint-url", "http://127.0.0.1:9"],
+                {"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x"})
+    err = _one_error_line(proc)
+    assert "127.0.0.1:9" in err
+
+
+@pytest.mark.emulator
+def test_missing_stream_and_table(emulators, tmp_path):
+    env = emulators.env()
+    err = _one_error_line(_run(["consume", "--stream", "no-such-stream", "--application", "cliapp",
+                                "--sink", f"jsonl:{tmp_path}"], env))
+    assert "no-such-stream" in err and "does not exist" in err
+    err = _one_error_line(_run(["leases", "--application", "no-such-table"], env))
+    assert "no-such-table" in err
+
+
+@pytest.mark.emulator
+def test_produce_then_leases_json(emulators, unique_name, tmp_path, dynamodb_client):
+    env = emulators.env()
+    stream = unique_name("cli")
+    proc = _run(["produce", "--stream", stream, "--count", "50", "--aggregate", "5", "--create-shards", "2"], env)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["user_records"] == 50
+    from kcl_pipeline.kcl.lease_table import LeaseTable
+    from kcl_pipeline.kcl.model import Checkpoint, Lease
+
+    app = unique_name("cliapp")
+    table = LeaseTable(app, dynamodb_client)
+    table.ensure_table()
+    table.create(Lease("shardId-000000000000", Checkpoint("12345", 2), lease_owner="w1", lease_counter=3))
+    proc = _run(["leases", "--application", app, "--json"], env)
+    assert proc.returncode == 0, proc.stderr
+    row = json.loads(proc.stdout.strip())
+    assert row["leaseKey"] == "shardId-000000000000" and row["checkpoint"] == "12345"
+    assert row["checkpointSubSequenceNumber"] == 2 and row["leaseOwner"] == "w1"
+    proc = _run(["leases", "--application", app], env)
+    assert "shardId-000000000000" in proc.stdout and "12345/2" in proc.stdout
