@@ -6,18 +6,20 @@ number *i*. Anything that does not verify (magic present but too short, MD5 mism
 does not decode, a table index out of range, an aggregate without records) is delivered whole as ONE
 plain user record and counted in :class:`KplStats` — never raised, never dropped.
 
-``kpl_pb2.py`` is generated and checked in; regenerate it from the repository root with::
+``kpl_pb2.py`` and ``kpl_columns_pb2.py`` are generated and checked in; regenerate both from the
+repository root with::
 
-    .venv/bin/python -m grpc_tools.protoc -I. --python_out=. kcl_pipeline/kcl/kpl.proto
+    .venv/bin/python -m grpc_tools.protoc -I. --python_out=. kcl_pipeline/kcl/kpl*.proto
 
-(kcl_pipeline_tests/kcl/test_kpl.py checks the checked-in module against a fresh generation.) The
-generated module demands a protobuf runtime at least as new as the protoc that generated it
-(``# Protobuf Python Version`` in its header).
+(kcl_pipeline_tests/kcl/test_kpl.py checks the checked-in modules against a fresh generation.) Generated
+code refuses a protobuf runtime older than the protoc that generated it (``# Protobuf Python Version``
+in its header): pyproject's protobuf lower bound follows it (a test checks that too).
 
-Speed: the protobuf is parsed by the runtime's upb backend; the per-record work is kept out of
-Python bytecode where it can be (C-level ``map`` over the parsed records) and UserRecords are built
-without running the frozen dataclass ``__init__`` (see ``_fast_user_records``), which is most of the
-cost of a naive loop.
+Speed: MD5 (OpenSSL) and the upb parser do the byte work. A second parse with the columnar schema
+(kpl_columns.proto) hands over every record's fields as flat lists, so no Python object is made per
+protobuf record (see ``_columns`` for when that is provably exact), and UserRecords are built without
+the frozen dataclass ``__init__`` (see ``_fast_user_records``). benchmarks/bench_kpl.py measures it
+against aws-kinesis-agg.
 """
 from __future__ import annotations
 

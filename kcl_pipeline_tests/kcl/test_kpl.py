@@ -158,9 +158,12 @@ def test_aws_kinesis_agg_vectors(name):
 
 
 # -- the peer: aws-kinesis-agg 1.2.3 ----------------------------------------------------------------------
-pytest.importorskip("six")  # aws-kinesis-agg imports six without declaring it
-from aws_kinesis_agg.aggregator import RecordAggregator  # noqa: E402
-from aws_kinesis_agg.deaggregator import iter_deaggregate_records  # noqa: E402
+try:  # a dev dependency; it imports six without declaring it
+    from aws_kinesis_agg.aggregator import RecordAggregator
+    from aws_kinesis_agg.deaggregator import iter_deaggregate_records
+except ImportError:
+    RecordAggregator = iter_deaggregate_records = None
+needs_peer = pytest.mark.skipif(RecordAggregator is None, reason="aws-kinesis-agg (or six) is not installed")
 
 partition_keys = st.text(min_size=1, max_size=24)
 hash_keys = st.integers(0, 2**128 - 1).map(str)
@@ -173,6 +176,7 @@ uniform_users = st.one_of(
 )
 
 
+@needs_peer
 @given(uniform_users)
 def test_peer_aggregates_deaggregate_with_ours(users):
     peer = RecordAggregator()
@@ -184,6 +188,7 @@ def test_peer_aggregates_deaggregate_with_ours(users):
     assert [r.sub_sequence_number for r in out] == list(range(len(users)))
 
 
+@needs_peer
 @given(uniform_users)
 def test_our_aggregates_deaggregate_with_the_peer(users):
     record = kinesis_record(aggregate(users), pk=users[0][0])
