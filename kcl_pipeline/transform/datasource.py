@@ -1,0 +1,352 @@
+"""Spark 4 Python data sources: read one landing-zone window, write one output partition — S3 without s3a.
+
+Reader `kcl_landing` (`spark.read.format("kcl_landing").options(...).load()`):
+    zone               s3://bucket/prefix or a local directory
+    stream             the stream whose batches to read
+    window_start_ms    window [start, end) in epoch millis UTC, whole minutes (batches are grouped by
+    window_end_ms      arrival minute: a batch belongs to the window iff its minute does)
+    s3_endpoint_url, s3_region, s3_aws_access_key_id, ... (see storage.S3Options; explicit because
+                       executors do not inherit the driver's environment on a cluster)
+    max_partition_bytes  bound of one input partition (default 64 MiB)
+  The planner lists the window's minute prefixes (layout.window_prefixes) and packs the batch keys, in key
+  order, into input partitions of at most max_partition_bytes; executors fetch each object and yield Arrow
+  record batches in LANDING_SCHEMA (the fast path: no per-row Python).
+
+Writer `kcl_window_output` (`df.write.format("kcl_window_output").mode("overwrite").options(...).save()`):
+    path               dataset root URI (s3://… or a directory), e.g. <output_uri>/transformed
+    partition          one directory under it, e.g. window=20240501T120000Z
+  Each task writes one Parquet file to <path>/_staging/<job>/; commit moves them into <path>/<partition>/,
+  writes <partition>/_manifest.json naming exactly the files of this job, then deletes what the partition
+  held before (listed before publishing, so a concurrent writer's files are never deleted). An empty input
+  still publishes one empty Parquet file, so the partition exists with its schema. Abort removes staging
+  and anything this job published. `_`-prefixed names are ignored by Parquet dataset readers, so a reader of
+  the directory sees old files, then old + new briefly, then new; the manifest always names one complete set.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import uuid
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Sequence
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import StructType
+
+from ..landing.layout import MINUTE_MS, parse_batch_key, window_prefixes
+from .storage import S3Options, open_store
+
+LANDING_FORMAT = "kcl_landing"
+OUTPUT_FORMAT = "kcl_window_output"
+MANIFEST = "_manifest.json"
+STAGING = "_staging"
+DEFAULT_MAX_PARTITION_BYTES = 64 * 1024 * 1024
+
+# The landed batch schema (landing/batch.py) as Spark sees it. Spark's Arrow timestamps are microseconds;
+# batches are written in milliseconds and cast on read.
+LANDING_ARROW_SCHEMA = pa.schema([
+    pa.field("stream", pa.string()),
+    pa.field("shard_id", pa.string()),
+    pa.field("sequence_number", pa.string()),
+    pa.field("sub_sequence_number", pa.int64()),
+    pa.field("partition_key", pa.string()),
+    pa.field("explicit_hash_key", pa.string()),
+    pa.field("approximate_arrival_timestamp", pa.timestamp("us", tz="UTC")),
+    pa.field("data", pa.binary()),
+])
+LANDING_SCHEMA_DDL = (
+    "stream STRING, shard_id STRING, sequence_number STRING, sub_sequence_number BIGINT, "
+    "partition_key STRING, explicit_hash_key STRING, approximate_arrival_timestamp TIMESTAMP, data BINARY"
+)
+_OPTIONAL_COLUMNS = frozenset({"stream", "explicit_hash_key"})
+
+
+class LandingBatchError(ValueError):
+    """A landed object that is not a readable batch of the landing schema."""
+
+
+# ---------------------------------------------------------------- pure planning
+
+@dataclass(frozen=True)
+class WindowBatch:
+    key: str  # relative to the zone root
+    size: int
+
+
+def select_window_batches(listing: Iterable[tuple[str, int]], stream: str,
+                          start_ms: int, end_ms: int) -> list[WindowBatch]:
+    """The batches of `stream` whose arrival minute lies in [start_ms, end_ms), in key order.
+
+    Objects that are not batch keys (temporaries, markers) are ignored, like landing does."""
+    out = []
+    for key, size in listing:
+        batch = parse_batch_key(key)
+        if batch is not None and batch.stream == stream and start_ms <= batch.minute_ms < end_ms:
+            out.append(WindowBatch(key, size))
+    return sorted(set(out), key=lambda b: b.key)
+
+
+def plan_partitions(batches: Sequence[WindowBatch], max_bytes: int) -> list[tuple[WindowBatch, ...]]:
+    """Consecutive groups of at most `max_bytes` (a larger batch gets a group of its own)."""
+    if max_bytes <= 0:
+        raise ValueError(f"max_partition_bytes must be > 0, got {max_bytes}")
+    groups: list[tuple[WindowBatch, ...]] = []
+    current: list[WindowBatch] = []
+    size = 0
+    for batch in batches:
+        if current and size + batch.size > max_bytes:
+            groups.append(tuple(current))
+            current, size = [], 0
+        current.append(batch)
+        size += batch.size
+    if current:
+        groups.append(tuple(current))
+    return groups
+
+
+def check_window(start_ms: int, end_ms: int) -> None:
+    if end_ms <= start_ms:
+        raise ValueError(f"window end {end_ms} must be after its start {start_ms}")
+    if start_ms % MINUTE_MS or end_ms % MINUTE_MS:
+        raise ValueError(
+            f"window [{start_ms}, {end_ms}) is not whole minutes: landing batches are grouped by arrival minute")
+
+
+def conform_batch(table: pa.Table, key: str, stream: str) -> pa.Table:
+    """`table` in LANDING_ARROW_SCHEMA: columns selected and ordered, types cast (ms → us timestamps,
+    large/dictionary strings), optional columns filled. Anything else is a LandingBatchError naming the key."""
+    columns = []
+    for field in LANDING_ARROW_SCHEMA:
+        if field.name in table.column_names:
+            column = table.column(field.name)
+            try:
+                columns.append(column if column.type == field.type else column.cast(field.type))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise LandingBatchError(
+                    f"landed batch {key}: column {field.name} of type {column.type} cannot be read as "
+                    f"{field.type}: {exc}") from exc
+        elif field.name in _OPTIONAL_COLUMNS:
+            fill = stream if field.name == "stream" else None
+            columns.append(pa.array([fill] * table.num_rows, field.type))
+        else:
+            raise LandingBatchError(f"landed batch {key}: column {field.name} is missing "
+                                    f"(has {', '.join(table.column_names)})")
+    for name in ("shard_id", "sequence_number", "sub_sequence_number", "data"):
+        column = columns[LANDING_ARROW_SCHEMA.get_field_index(name)]
+        if column.null_count:
+            raise LandingBatchError(f"landed batch {key}: column {name} has {column.null_count} null values")
+    return pa.Table.from_arrays(columns, schema=LANDING_ARROW_SCHEMA)
+
+
+# ---------------------------------------------------------------- reader
+
+@dataclass(frozen=True)
+class WindowRead:
+    zone: str
+    stream: str
+    start_ms: int
+    end_ms: int
+    s3: S3Options
+    max_partition_bytes: int = DEFAULT_MAX_PARTITION_BYTES
+
+    @classmethod
+    def from_options(cls, options) -> "WindowRead":
+        opts = {str(k).lower(): v for k, v in options.items()}
+        missing = [k for k in ("zone", "stream", "window_start_ms", "window_end_ms") if not opts.get(k)]
+        if missing:
+            raise ValueError(f"{LANDING_FORMAT}: missing option(s) {', '.join(missing)}")
+        try:
+            start, end = int(opts["window_start_ms"]), int(opts["window_end_ms"])
+            max_bytes = int(opts.get("max_partition_bytes") or DEFAULT_MAX_PARTITION_BYTES)
+        except ValueError as exc:
+            raise ValueError(f"{LANDING_FORMAT}: window_start_ms, window_end_ms and max_partition_bytes "
+                             f"are integers: {exc}") from exc
+        check_window(start, end)
+        return cls(opts["zone"], opts["stream"], start, end, S3Options.from_options(opts), max_bytes)
+
+    def list_batches(self) -> list[WindowBatch]:
+        store = open_store(self.zone, self.s3)
+        store.check_exists()
+        listing = (item for prefix in window_prefixes(self.stream, self.start_ms, self.end_ms)
+                   for item in store.list(prefix))
+        return select_window_batches(listing, self.stream, self.start_ms, self.end_ms)
+
+
+class LandingPartition(InputPartition):
+    def __init__(self, batches: tuple[WindowBatch, ...]) -> None:
+        super().__init__([b.key for b in batches])
+        self.batches = batches
+
+
+class LandingDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return LANDING_FORMAT
+
+    def schema(self) -> str:
+        return LANDING_SCHEMA_DDL
+
+    def reader(self, schema: StructType) -> "LandingReader":
+        return LandingReader(WindowRead.from_options(self.options))
+
+
+class LandingReader(DataSourceReader):
+    def __init__(self, window: WindowRead) -> None:
+        self.window = window
+
+    def partitions(self) -> list[InputPartition]:
+        groups = plan_partitions(self.window.list_batches(), self.window.max_partition_bytes)
+        # An empty list makes Spark plan one partition with value None; say so explicitly.
+        return [LandingPartition(g) for g in groups] or [LandingPartition(())]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        batches = getattr(partition, "batches", None) or ()
+        if not batches:
+            return
+        store = open_store(self.window.zone, self.window.s3)
+        for batch in batches:
+            path = store.local_path(batch.key)
+            try:
+                source = path if path else pa.BufferReader(store.get(batch.key))
+                table = pq.read_table(source)
+            except (pa.ArrowInvalid, OSError) as exc:
+                raise LandingBatchError(f"landed batch {batch.key} in {self.window.zone} is not readable "
+                                        f"Parquet: {exc}") from exc
+            yield from conform_batch(table, batch.key, self.window.stream).to_batches()
+
+
+# ---------------------------------------------------------------- writer
+
+class StagedFile(WriterCommitMessage):
+    def __init__(self, task: int, staged_key: str | None, rows: int) -> None:
+        self.task = task
+        self.staged_key = staged_key
+        self.rows = rows
+
+
+@dataclass(frozen=True)
+class PartitionTarget:
+    path: str
+    partition: str
+    s3: S3Options
+
+    @classmethod
+    def from_options(cls, options) -> "PartitionTarget":
+        opts = {str(k).lower(): v for k, v in options.items()}
+        path, partition = opts.get("path"), opts.get("partition")
+        if not path or not partition:
+            raise ValueError(f"{OUTPUT_FORMAT}: options path (the dataset root) and partition "
+                             f"(e.g. window=20240501T120000Z) are required")
+        if "/" in partition or partition.startswith(("_", ".")):
+            raise ValueError(f"{OUTPUT_FORMAT}: partition {partition!r} must be one visible directory name")
+        return cls(path, partition, S3Options.from_options(opts))
+
+
+class WindowOutputDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return OUTPUT_FORMAT
+
+    def writer(self, schema: StructType, overwrite: bool) -> "PartitionWriter":
+        if not overwrite:
+            raise ValueError(f"{OUTPUT_FORMAT} replaces one partition; use mode('overwrite')")
+        return PartitionWriter(PartitionTarget.from_options(self.options), schema)
+
+
+class PartitionWriter(DataSourceArrowWriter):
+    def __init__(self, target: PartitionTarget, schema: StructType) -> None:
+        self.target = target
+        self.schema = schema
+        self.job_id = uuid.uuid4().hex[:16]  # made on the driver; travels to tasks and commit by pickling
+
+    @property
+    def staging_prefix(self) -> str:
+        return f"{STAGING}/{self.job_id}/"
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedFile:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        task = ctx.partitionId() if ctx else 0
+        attempt = ctx.attemptNumber() if ctx else 0
+        key = f"{self.staging_prefix}part-{task:05d}-{attempt}.parquet"
+        store = open_store(self.target.path, self.target.s3)
+        path = store.local_path(key)
+        if path:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+        sink = path or io.BytesIO()
+        writer = None
+        rows = 0
+        try:
+            for batch in iterator:
+                if batch.num_rows == 0:
+                    continue
+                if writer is None:
+                    writer = pq.ParquetWriter(sink, batch.schema)
+                writer.write_batch(batch)
+                rows += batch.num_rows
+        finally:
+            if writer is not None:
+                writer.close()
+        if writer is None:
+            return StagedFile(task, None, 0)
+        if path is None:
+            store.put(key, sink.getvalue())
+        return StagedFile(task, key, rows)
+
+    def commit(self, messages: list[StagedFile | None]) -> None:
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        store = open_store(self.target.path, self.target.s3)
+        part = f"{self.target.partition}/"
+        previous = [key for key, _ in store.list(part)]
+        files, rows = [], 0
+        for msg in sorted((m for m in messages if m is not None), key=lambda m: m.task):
+            rows += msg.rows
+            if msg.staged_key:
+                name = f"part-{self.job_id}-{msg.task:05d}.parquet"
+                store.move(msg.staged_key, part + name)
+                files.append(name)
+        if not files:
+            name = f"part-{self.job_id}-empty.parquet"
+            buf = io.BytesIO()
+            pq.write_table(to_arrow_schema(self.schema, timezone="UTC").empty_table(), buf)
+            store.put(part + name, buf.getvalue())
+            files.append(name)
+        manifest = {
+            "job_id": self.job_id,
+            "partition": self.target.partition,
+            "files": files,
+            "rows": rows,
+            "schema": [[f.name, f.dataType.simpleString()] for f in self.schema.fields],
+        }
+        store.put(part + MANIFEST, json.dumps(manifest, indent=1).encode())
+        keep = {part + name for name in files} | {part + MANIFEST}
+        store.delete([key for key in previous if key not in keep])
+        store.delete_prefix(self.staging_prefix)
+
+    def abort(self, messages: list[StagedFile | None]) -> None:
+        store = open_store(self.target.path, self.target.s3)
+        store.delete_prefix(self.staging_prefix)
+        part = f"{self.target.partition}/"
+        raw = store.get_optional(part + MANIFEST)
+        if raw is None or json.loads(raw).get("job_id") != self.job_id:  # our files were not committed
+            store.delete([k for k, _ in store.list(f"{part}part-{self.job_id}-")])
+
+
+def register(spark) -> None:
+    """Register both data sources with `spark` (once per session object)."""
+    if getattr(spark, "_kcl_pipeline_sources", None) is spark.sparkContext._jsc:
+        return
+    spark.dataSource.register(LandingDataSource)
+    spark.dataSource.register(WindowOutputDataSource)
+    spark._kcl_pipeline_sources = spark.sparkContext._jsc

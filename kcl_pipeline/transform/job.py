@@ -1,0 +1,292 @@
+"""The Spark transform of one window: read the landed batches, drop duplicates, decode, quarantine, write.
+
+Output layout under `output_uri` (s3://bucket/prefix or a directory), one partition per window start:
+
+    transformed/window=<YYYYMMDDTHHMMSSZ>/part-*.parquet + _manifest.json
+        shard_id, sequence_number, sub_sequence_number, partition_key, approximate_arrival_timestamp,
+        window_start, payload, [the decoder's further fields]
+    quarantine/window=<…>/…
+        shard_id, sequence_number, sub_sequence_number, partition_key, approximate_arrival_timestamp,
+        window_start, reason, data (the raw bytes)
+
+The window name is ISO 8601 basic format (no ':' — Hadoop paths reject it). Re-running a window replaces
+both partitions (datasource.PartitionWriter), so outputs never duplicate. Sequence numbers stay strings.
+
+Counting is exact by construction: one pass groups the window by (shard_id, sequence_number,
+sub_sequence_number), counting copies, and every distinct record then lands in exactly one of the outputs:
+rows_in = rows_out + duplicates_dropped + quarantined. Duplicates are the same Kinesis record landed twice
+(overlapping batches after a restart or a backfill), so which copy is kept does not matter.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, NamedTuple, Union
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import StringType, StructType
+
+from ..kcl.model import Checkpoint
+from .datasource import (
+    LANDING_FORMAT,
+    MANIFEST,
+    OUTPUT_FORMAT,
+    check_window,
+    register,
+)
+from .decoders import DecoderFn, get_decoder
+from .storage import S3Options, StorageNotFoundError, open_store
+
+RECORD_KEY = ("shard_id", "sequence_number", "sub_sequence_number")
+_CARRIED = ("partition_key", "approximate_arrival_timestamp", "data")
+OUTPUT_BASE = ("shard_id", "sequence_number", "sub_sequence_number", "partition_key",
+               "approximate_arrival_timestamp", "window_start")
+TRANSFORMED = "transformed"
+QUARANTINE = "quarantine"
+
+
+class OutputNotFoundError(FileNotFoundError):
+    """A window partition with no committed output."""
+
+
+class ShardRange(NamedTuple):
+    """A shard's records in the window (after dropping duplicates; output + quarantine)."""
+
+    first: Checkpoint
+    last: Checkpoint
+    rows: int
+
+
+@dataclass(frozen=True)
+class TransformReport:
+    window_start_ms: int
+    window_end_ms: int
+    rows_in: int
+    rows_out: int
+    duplicates_dropped: int
+    quarantined: int
+    schema: list[tuple[str, str]]
+    per_shard: dict[str, ShardRange] = field(default_factory=dict)
+    output_path: str = ""
+    quarantine_path: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready (for asset metadata)."""
+        return {
+            "window_start_ms": self.window_start_ms, "window_end_ms": self.window_end_ms,
+            "rows_in": self.rows_in, "rows_out": self.rows_out,
+            "duplicates_dropped": self.duplicates_dropped, "quarantined": self.quarantined,
+            "schema": [list(item) for item in self.schema],
+            "per_shard": {
+                shard: {"first": [r.first.sequence_number, r.first.sub_sequence_number],
+                        "last": [r.last.sequence_number, r.last.sub_sequence_number], "rows": r.rows}
+                for shard, r in sorted(self.per_shard.items())
+            },
+            "output_path": self.output_path, "quarantine_path": self.quarantine_path,
+        }
+
+
+def window_partition(window_start_ms: int) -> str:
+    """`window=20240501T120000Z` for the window starting at `window_start_ms`."""
+    start = datetime.fromtimestamp(window_start_ms / 1000, tz=timezone.utc)
+    return f"window={start:%Y%m%dT%H%M%SZ}"
+
+
+def spark_session_conf(python_executable: str = sys.executable, *, shuffle_partitions: int = 4) -> dict[str, str]:
+    """The SparkSession settings the transform needs (for dagster-pyspark's PySparkResource or a builder).
+
+    Also set PYSPARK_PYTHON in the driver's environment before the session starts, or call
+    `use_configured_python(spark)` (transform_window does): PySpark ignores spark.pyspark.python for the
+    Python workers it starts itself (UDFs, Python data sources)."""
+    return {
+        "spark.pyspark.python": python_executable,
+        "spark.pyspark.driver.python": python_executable,
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        # local[*]: a few shuffle partitions (AQE coalesces further); raise it on a cluster.
+        "spark.sql.shuffle.partitions": str(shuffle_partitions),
+        "spark.sql.adaptive.enabled": "true",
+        "spark.ui.showConsoleProgress": "false",
+    }
+
+
+def build_local_session(master: str = "local[2]", app_name: str = "kcl-pipeline-transform",
+                        **extra_conf: str) -> SparkSession:
+    """A SparkSession for tests, benchmarks and the CLI (Dagster builds its own through PySparkResource).
+
+    Sets PYSPARK_PYTHON to this interpreter in the environment first (see spark_session_conf)."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for key, value in {**spark_session_conf(os.environ["PYSPARK_PYTHON"]), "spark.ui.enabled": "false",
+                       **extra_conf}.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+def use_configured_python(spark: SparkSession) -> None:
+    """Make the Python workers this session starts use spark.pyspark.python when it is set.
+
+    Classic PySpark takes the worker interpreter from PYSPARK_PYTHON (default "python3") when the context
+    starts; a session built only with the conf would run Python data sources under another interpreter."""
+    configured = spark.conf.get("spark.pyspark.python", None)
+    if configured and spark.sparkContext.pythonExec != configured:
+        spark.sparkContext.pythonExec = configured
+
+
+def _dataset_uri(output_uri: str, name: str) -> str:
+    return f"{output_uri.rstrip('/')}/{name}"
+
+
+def _decode(distinct: DataFrame, decoder: DecoderFn) -> tuple[DataFrame, list[str]]:
+    """`distinct` with `payload`, `reason` and the decoder's further fields as columns."""
+    decoded = distinct.withColumn("_decoded", decoder(F.col("data")))
+    dtype = decoded.schema["_decoded"].dataType
+    names = [f.name for f in dtype.fields] if isinstance(dtype, StructType) else []
+    if not isinstance(dtype, StructType) or not {"payload", "reason"} <= set(names):
+        raise TypeError(f"a decoder returns STRUCT<payload STRING, reason STRING, ...>, got {dtype.simpleString()}")
+    for name in ("payload", "reason"):
+        if not isinstance(dtype[name].dataType, StringType):
+            raise TypeError(f"decoder field {name} must be STRING, got {dtype[name].dataType.simpleString()}")
+    extra = [n for n in names if n not in ("payload", "reason")]
+    clash = set(extra) & (set(OUTPUT_BASE) | {"data", "_copies"})
+    if clash or len(set(names)) != len(names):
+        raise ValueError(f"decoder fields {sorted(clash) or names} clash with the output's own columns")
+    return decoded.select("*", *[F.col(f"_decoded.{n}").alias(n) for n in names]).drop("_decoded"), extra
+
+
+def _per_shard(rows) -> dict[str, ShardRange]:
+    return {
+        r["shard_id"]: ShardRange(
+            Checkpoint(r["first"]["sequence_number"], r["first"]["sub_sequence_number"]),
+            Checkpoint(r["last"]["sequence_number"], r["last"]["sub_sequence_number"]),
+            r["distinct"],
+        )
+        for r in rows
+    }
+
+
+def transform_window(
+    spark: SparkSession,
+    *,
+    zone: str,
+    stream: str,
+    window_start_ms: int,
+    window_end_ms: int,
+    output_uri: str,
+    decoder: Union[str, DecoderFn] = "json",
+    s3_options: S3Options | None = None,
+    max_partition_bytes: int | None = None,
+) -> TransformReport:
+    """Transform the window [window_start_ms, window_end_ms) of `stream` landed in `zone` into `output_uri`.
+
+    Raises StorageNotFoundError when the zone (bucket or directory) or the output bucket does not exist,
+    ValueError for a window that is not whole minutes or an unknown decoder."""
+    check_window(window_start_ms, window_end_ms)
+    decode_fn = get_decoder(decoder)
+    s3 = s3_options or S3Options()
+    open_store(zone, s3).check_exists()
+    out_store = open_store(output_uri, s3)
+    if out_store.local_path("") is not None:  # a local output directory is created; a bucket must exist
+        os.makedirs(out_store.local_path(""), exist_ok=True)
+    out_store.check_exists()
+
+    use_configured_python(spark)
+    register(spark)
+    options = {"zone": zone, "stream": stream, "window_start_ms": str(window_start_ms),
+               "window_end_ms": str(window_end_ms), **s3.to_options()}
+    if max_partition_bytes:
+        options["max_partition_bytes"] = str(max_partition_bytes)
+
+    raw = spark.read.format(LANDING_FORMAT).options(**options).load()
+    distinct = raw.groupBy(*RECORD_KEY).agg(
+        F.count(F.lit(1)).alias("_copies"), *[F.any_value(c).alias(c) for c in _CARRIED])
+    decoded, extra = _decode(distinct, decode_fn)
+    decoded = decoded.withColumn("window_start", F.timestamp_millis(F.lit(window_start_ms)))
+    decoded.persist(StorageLevel.MEMORY_AND_DISK)  # three actions below; read and parse once
+    try:
+        position = F.struct(F.length("sequence_number").alias("len"), "sequence_number", "sub_sequence_number")
+        shard_rows = decoded.groupBy("shard_id").agg(
+            F.sum("_copies").alias("rows_in"),
+            F.count(F.lit(1)).alias("distinct"),
+            F.count_if(F.col("reason").isNull()).alias("rows_out"),
+            F.min(position).alias("first"),
+            F.max(position).alias("last"),
+        ).collect()
+        transformed = decoded.where(F.col("reason").isNull()).select(*OUTPUT_BASE, "payload", *extra)
+        quarantine = decoded.where(F.col("reason").isNotNull()).select(*OUTPUT_BASE, "reason", "data")
+        partition = window_partition(window_start_ms)
+        for frame, name in ((transformed, TRANSFORMED), (quarantine, QUARANTINE)):
+            (frame.write.format(OUTPUT_FORMAT).mode("overwrite")
+             .options(path=_dataset_uri(output_uri, name), partition=partition, **s3.to_options()).save())
+    finally:
+        decoded.unpersist()
+
+    rows_in = sum(r["rows_in"] for r in shard_rows)
+    distinct_rows = sum(r["distinct"] for r in shard_rows)
+    rows_out = sum(r["rows_out"] for r in shard_rows)
+    return TransformReport(
+        window_start_ms=window_start_ms,
+        window_end_ms=window_end_ms,
+        rows_in=rows_in,
+        rows_out=rows_out,
+        duplicates_dropped=rows_in - distinct_rows,
+        quarantined=distinct_rows - rows_out,
+        schema=[(f.name, f.dataType.simpleString()) for f in transformed.schema.fields],
+        per_shard=_per_shard(shard_rows),
+        output_path=f"{_dataset_uri(output_uri, TRANSFORMED)}/{partition}/",
+        quarantine_path=f"{_dataset_uri(output_uri, QUARANTINE)}/{partition}/",
+    )
+
+
+# ---------------------------------------------------------------- reading the output back
+
+@dataclass(frozen=True)
+class WindowOutput:
+    transformed: Any  # pyarrow.Table, or a Spark DataFrame when read through a SparkSession
+    quarantine: Any
+    manifests: dict[str, dict]
+
+
+def read_partition(output_uri: str, dataset: str, window_start_ms: int,
+                   s3: S3Options | None = None) -> tuple[pa.Table, dict]:
+    """The committed files of one partition (as its manifest names them) as one Arrow table."""
+    store = open_store(_dataset_uri(output_uri, dataset), s3)
+    partition = window_partition(window_start_ms)
+    raw = store.get_optional(f"{partition}/{MANIFEST}")
+    if raw is None:
+        raise OutputNotFoundError(f"{_dataset_uri(output_uri, dataset)}/{partition}: no committed output")
+    manifest = json.loads(raw)
+    tables = []
+    for name in manifest["files"]:
+        key = f"{partition}/{name}"
+        path = store.local_path(key)
+        tables.append(pq.read_table(path if path else pa.BufferReader(store.get(key))))
+    return pa.concat_tables(tables), manifest
+
+
+def read_output(engine: Any, output_uri: str, window_start_ms: int,
+                s3: S3Options | None = None) -> WindowOutput:
+    """Both outputs of a window: Arrow tables, or Spark DataFrames when `engine` is a SparkSession
+    (pass the pyarrow module or None for tables). For tests and the lineage audit."""
+    results = {name: read_partition(output_uri, name, window_start_ms, s3) for name in (TRANSFORMED, QUARANTINE)}
+    tables = {name: table for name, (table, _) in results.items()}
+    if isinstance(engine, SparkSession):
+        tables = {name: engine.createDataFrame(table) for name, table in tables.items()}
+    return WindowOutput(tables[TRANSFORMED], tables[QUARANTINE],
+                        {name: manifest for name, (_, manifest) in results.items()})
+
+
+__all__ = [
+    "OutputNotFoundError", "ShardRange", "build_local_session", "StorageNotFoundError", "TransformReport", "WindowOutput",
+    "read_output", "read_partition", "spark_session_conf", "transform_window", "use_configured_python",
+    "window_partition",
+]

@@ -1,0 +1,196 @@
+from __future__ import annotations
+
+import pytest
+
+from kcl_pipeline.kcl.model import Checkpoint
+from kcl_pipeline.transform.decoders import json_object_decoder
+from kcl_pipeline.transform.job import (
+    OutputNotFoundError,
+    ShardRange,
+    read_output,
+    spark_session_conf,
+    transform_window,
+    window_partition,
+)
+from kcl_pipeline.transform.storage import S3Options, StorageNotFoundError
+
+from .landing_batches import MINUTE, SHARD0, SHARD1, T0, Rec, seq, write_local, write_s3
+
+WINDOW = (T0, T0 + 2 * MINUTE)
+BASE_SCHEMA = [("shard_id", "string"), ("sequence_number", "string"), ("sub_sequence_number", "bigint"),
+               ("partition_key", "string"), ("approximate_arrival_timestamp", "timestamp"),
+               ("window_start", "timestamp"), ("payload", "string")]
+
+
+def run(spark, zone, out, window=WINDOW, **kw):
+    return transform_window(spark, zone=str(zone), stream="s1", window_start_ms=window[0],
+                            window_end_ms=window[1], output_uri=str(out), **kw)
+
+
+def keys(table) -> list[tuple[str, str, int]]:
+    return sorted(zip(*(table.column(c).to_pylist() for c in ("shard_id", "sequence_number", "sub_sequence_number"))))
+
+
+def good(i: int) -> bytes:
+    return b'{"i":%d,"text":"record %d"}' % (i, i)
+
+
+@pytest.fixture
+def landed(tmp_path):
+    """Two shards over two minutes of the window; shard 0's second batch overlaps its first by 2 records (a
+    re-landed range), with a KPL-style sub-sequence; one poison record per kind; records just outside."""
+    zone = tmp_path / "zone"
+    write_local(zone, "s1", [Rec(SHARD0, seq(i), good(i), T0 + i) for i in range(1, 6)])
+    write_local(zone, "s1", [Rec(SHARD0, seq(i), good(i), T0 + i) for i in range(4, 8)]
+                + [Rec(SHARD0, seq(7), good(70), T0 + 7, sub_sequence_number=1)])
+    write_local(zone, "s1", [Rec(SHARD1, seq(10), good(10), T0 + MINUTE + 1),
+                             Rec(SHARD1, seq(11), b"\xff\xfe", T0 + MINUTE + 2),
+                             Rec(SHARD1, seq(12), b'{"i":12', T0 + MINUTE + 3),
+                             Rec(SHARD1, seq(13), b"[12]", T0 + MINUTE + 4),
+                             Rec(SHARD1, seq(14), good(14), T0 + MINUTE + 5)])
+    write_local(zone, "s1", [Rec(SHARD1, seq(20), good(20), T0 + 2 * MINUTE)])  # the next window
+    write_local(zone, "s1", [Rec(SHARD1, seq(0), good(0), T0 - 1)])  # the previous window
+    write_local(zone, "other", [Rec(SHARD0, seq(1), good(1), T0 + 1)])  # another stream
+    return zone
+
+
+def test_transform_local_window(spark, landed, tmp_path):
+    out = tmp_path / "out"
+    report = run(spark, landed, out)
+    assert (report.rows_in, report.rows_out, report.duplicates_dropped, report.quarantined) == (15, 10, 2, 3)
+    assert report.schema == BASE_SCHEMA
+    assert report.per_shard == {
+        SHARD0: ShardRange(Checkpoint(seq(1)), Checkpoint(seq(7), 1), 8),
+        SHARD1: ShardRange(Checkpoint(seq(10)), Checkpoint(seq(14)), 5),
+    }
+    output = read_output(None, str(out), T0)
+    rows = sorted(output.transformed.to_pylist(), key=lambda r: (r["shard_id"], r["sequence_number"],
+                                                                   r["sub_sequence_number"]))
+    expected = [(SHARD0, seq(i), 0, good(i).decode()) for i in range(1, 8)] + [(SHARD0, seq(7), 1, good(70).decode())] \
+        + [(SHARD1, seq(10), 0, good(10).decode()), (SHARD1, seq(14), 0, good(14).decode())]
+    assert [(r["shard_id"], r["sequence_number"], r["sub_sequence_number"], r["payload"]) for r in rows] == expected
+    assert all(len(r["sequence_number"]) == 56 for r in rows)  # exact, as strings
+    assert {r["window_start"].timestamp() * 1000 for r in rows} == {T0}
+    assert rows[0]["approximate_arrival_timestamp"].timestamp() * 1000 == T0 + 1
+    assert [(c, str(t)) for c, t in zip(output.transformed.column_names, output.transformed.schema.types)][:3] == [
+        ("shard_id", "string"), ("sequence_number", "string"), ("sub_sequence_number", "int64")]
+
+    poison = {r["sequence_number"]: r for r in output.quarantine.to_pylist()}
+    assert sorted(poison) == [seq(11), seq(12), seq(13)]
+    assert poison[seq(11)]["reason"].startswith("invalid_utf8:") and poison[seq(11)]["data"] == b"\xff\xfe"
+    assert poison[seq(12)]["reason"].startswith("invalid_json:") and poison[seq(12)]["data"] == b'{"i":12'
+    assert poison[seq(13)]["reason"] == "not_a_json_object: top-level value is an array"
+    assert report.output_path == f"{out}/transformed/{window_partition(T0)}/"
+    assert report.quarantine_path == f"{out}/quarantine/{window_partition(T0)}/"
+
+
+def test_rerun_replaces_the_window_never_duplicates(spark, landed, tmp_path):
+    out = tmp_path / "out"
+    first = run(spark, landed, out)
+    files_before = set(read_output(None, str(out), T0).manifests["transformed"]["files"])
+    second = run(spark, landed, out)
+    after = read_output(None, str(out), T0)
+    assert second == first
+    assert after.transformed.num_rows == 10 and after.quarantine.num_rows == 3
+    assert not files_before & set(after.manifests["transformed"]["files"])
+    on_disk = {p.name for p in (out / "transformed" / window_partition(T0)).iterdir()}
+    assert on_disk == set(after.manifests["transformed"]["files"]) | {"_manifest.json"}
+
+
+def test_windows_are_separate_partitions(spark, landed, tmp_path):
+    out = tmp_path / "out"
+    run(spark, landed, out)
+    report = run(spark, landed, out, window=(T0 + 2 * MINUTE, T0 + 3 * MINUTE))
+    assert (report.rows_in, report.rows_out) == (1, 1)
+    assert keys(read_output(None, str(out), T0 + 2 * MINUTE).transformed) == [(SHARD1, seq(20), 0)]
+    assert read_output(None, str(out), T0).transformed.num_rows == 10  # untouched
+
+
+def test_empty_window_writes_empty_partitions(spark, landed, tmp_path):
+    out = tmp_path / "out"
+    report = run(spark, landed, out, window=(T0 + 60 * MINUTE, T0 + 120 * MINUTE))
+    assert (report.rows_in, report.rows_out, report.duplicates_dropped, report.quarantined, report.per_shard) \
+        == (0, 0, 0, 0, {})
+    output = read_output(None, str(out), T0 + 60 * MINUTE)
+    assert output.transformed.num_rows == 0 and output.quarantine.num_rows == 0
+    assert output.transformed.column_names == [name for name, _ in BASE_SCHEMA]
+    assert output.quarantine.column_names[-2:] == ["reason", "data"]
+
+
+def test_decoder_schema_adds_columns(spark, landed, tmp_path):
+    out = tmp_path / "out"
+    report = run(spark, landed, out, decoder=json_object_decoder("i BIGINT, text STRING"))
+    assert report.schema == BASE_SCHEMA + [("i", "bigint"), ("text", "string")]
+    table = read_output(spark, str(out), T0).transformed
+    assert sorted(r["i"] for r in table.select("i").collect()) == [1, 2, 3, 4, 5, 6, 7, 10, 14, 70]
+
+
+@pytest.mark.parametrize("decoder,error,message", [
+    ("nope", ValueError, "unknown decoder 'nope'"),
+    (lambda data: data, TypeError, "a decoder returns STRUCT<payload STRING, reason STRING"),
+    (lambda data: __import__("pyspark.sql.functions").sql.functions.struct(
+        data.alias("payload"), data.alias("reason")), TypeError, "payload must be STRING"),
+    (lambda data: __import__("pyspark.sql.functions").sql.functions.struct(
+        data.cast("string").alias("payload"), data.cast("string").alias("reason"),
+        data.alias("shard_id")), ValueError, "clash with the output's own columns"),
+])
+def test_bad_decoders_are_refused(spark, landed, tmp_path, decoder, error, message):
+    with pytest.raises(error, match=message):
+        run(spark, landed, tmp_path / "out", decoder=decoder)
+    assert not (tmp_path / "out" / "transformed").exists()
+
+
+def test_bad_windows_and_locations(spark, landed, tmp_path):
+    with pytest.raises(ValueError, match="not whole minutes"):
+        run(spark, landed, tmp_path / "out", window=(T0, T0 + 1000))
+    with pytest.raises(StorageNotFoundError, match="does not exist"):
+        run(spark, tmp_path / "no-zone", tmp_path / "out")
+    with pytest.raises(OutputNotFoundError, match="no committed output"):
+        read_output(None, str(tmp_path / "out"), T0)
+
+
+def test_session_conf():
+    conf = spark_session_conf("/opt/py/bin/python")
+    assert conf["spark.pyspark.python"] == "/opt/py/bin/python"
+    assert conf["spark.sql.session.timeZone"] == "UTC"
+    assert conf["spark.sql.execution.arrow.pyspark.enabled"] == "true"
+
+
+# ------------------------------------------------------------------ S3 on the emulator (moto over HTTP)
+
+@pytest.fixture
+def s3(emulators) -> S3Options:
+    return S3Options.from_aws_settings(emulators.aws_settings(), env_credentials=True)
+
+
+def test_transform_s3_window(spark, s3_client, s3, unique_name):
+    bucket = unique_name("landing")
+    s3_client.create_bucket(Bucket=bucket)
+    write_s3(s3_client, bucket, "zone", "s1", [Rec(SHARD0, seq(i), good(i), T0 + i) for i in range(1, 4)])
+    write_s3(s3_client, bucket, "zone", "s1", [Rec(SHARD0, seq(i), good(i), T0 + i) for i in range(3, 5)])
+    write_s3(s3_client, bucket, "zone", "s1", [Rec(SHARD1, seq(9), b"nope", T0 + MINUTE)])
+    write_s3(s3_client, bucket, "zone", "s1", [Rec(SHARD1, seq(8), good(8), T0 - MINUTE)])  # outside
+    out = f"s3://{bucket}/out"
+    for _ in range(2):  # the second run replaces the first
+        report = run(spark, f"s3://{bucket}/zone", out, s3_options=s3)
+        assert (report.rows_in, report.rows_out, report.duplicates_dropped, report.quarantined) == (6, 4, 1, 1)
+    output = read_output(None, out, T0, s3)
+    assert keys(output.transformed) == [(SHARD0, seq(i), 0) for i in range(1, 5)]
+    assert output.quarantine.column("reason").to_pylist()[0].startswith("invalid_json:")
+    listed = s3_client.list_objects_v2(Bucket=bucket, Prefix="out/")["Contents"]
+    names = sorted(o["Key"] for o in listed)
+    assert names == sorted(
+        [f"out/transformed/{window_partition(T0)}/{f}" for f in output.manifests["transformed"]["files"]]
+        + [f"out/quarantine/{window_partition(T0)}/{f}" for f in output.manifests["quarantine"]["files"]]
+        + [f"out/transformed/{window_partition(T0)}/_manifest.json",
+           f"out/quarantine/{window_partition(T0)}/_manifest.json"])  # staging is gone
+
+
+def test_missing_bucket_is_a_clear_error(spark, s3_client, s3, unique_name, tmp_path):
+    missing = unique_name("missing")
+    with pytest.raises(StorageNotFoundError, match=f"bucket '{missing}' does not exist"):
+        run(spark, f"s3://{missing}/zone", tmp_path / "out", s3_options=s3)
+    bucket = unique_name("landing")
+    s3_client.create_bucket(Bucket=bucket)
+    with pytest.raises(StorageNotFoundError, match=f"bucket '{missing}' does not exist"):
+        run(spark, f"s3://{bucket}/zone", f"s3://{missing}/out", s3_options=s3)
