@@ -1,28 +1,25 @@
 """The `jsonl:DIR` sink: one JSON line per user record in DIR/<shard_id>.jsonl, checkpointed after fsync.
 
 At-least-once: a record is checkpointed only once its line is on disk, so a crash re-delivers (never
-loses) the records after the last checkpoint. Lines are synced every batch, but the checkpoint is written
-at most every `checkpoint_seconds` (and at shutdown and shard end): a checkpoint per GetRecords call would
-cost up to 5 DynamoDB writes per second per shard.
+loses) the records after the last checkpoint. Lines are synced every batch and the checkpoint rides on
+the lease's next heartbeat (flushed at shutdown, shard end and lease loss): a checkpoint write per
+GetRecords call would cost up to 5 DynamoDB writes per second per shard.
 """
 from __future__ import annotations
 
 import base64
 import json
 import os
-import time
 from pathlib import Path
 
 from .processor import Checkpointer, InitializationInput, ProcessRecordsInput
 
 
 class JsonlSink:
-    def __init__(self, directory: str, checkpoint_seconds: float = 30.0):
+    def __init__(self, directory: str):
         self.directory = Path(directory)
-        self.checkpoint_seconds = checkpoint_seconds
         self._file = None
         self.shard_id = ""
-        self._next_checkpoint = 0.0
 
     def initialize(self, init: InitializationInput) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -40,9 +37,7 @@ class JsonlSink:
         }, separators=(",", ":")) + "\n" for r in batch.records]
         self._file.write("".join(lines))
         self._sync()
-        if time.monotonic() >= self._next_checkpoint:
-            batch.checkpointer.checkpoint()
-            self._next_checkpoint = time.monotonic() + self.checkpoint_seconds
+        batch.checkpointer.checkpoint_at_next_heartbeat()
 
     def _sync(self) -> None:
         self._file.flush()
@@ -57,8 +52,7 @@ class JsonlSink:
         self._close()
 
     def shutdown_requested(self, checkpointer: Checkpointer) -> None:
-        # Every delivered line was synced in process_records: checkpoint the last of them.
-        checkpointer.checkpoint()
+        # Every delivered line was synced in process_records; the worker flushes the pending checkpoint.
         self._close()
 
     def _close(self) -> None:

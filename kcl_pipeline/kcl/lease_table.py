@@ -344,10 +344,14 @@ class LeaseTable:
             raise self._error("update_item", exc) from exc
         return lease_from_item(response["Attributes"])
 
-    def heartbeat(self, key: str, owner: str, extra: Mapping[str, Any] | None = None) -> bool:
+    def heartbeat(self, key: str, owner: str, extra: Mapping[str, Any] | None = None,
+                  checkpoint: Checkpoint | None = None) -> bool:
         """Bump leaseCounter if we still own the lease and it is not ended; `extra` rides along.
 
         Extra values: str→S, int/float→N, bool→BOOL (and bytes, lists, dicts, sets); None removes.
+        With `checkpoint`, the owner's checkpoint rides on the same write (one write instead of two), under
+        the checkpoint's own condition too: False then means "not owner, or the checkpoint would not
+        advance" — retry without it to tell the two apart.
         """
         extra = dict(extra or {})
         clash = sorted(LEASE_ATTRIBUTES.intersection(extra) | _MODELLED.intersection(extra))
@@ -364,6 +368,15 @@ class LeaseTable:
             else:
                 values[f":x{i}"] = encoded
                 sets.append(f"#x{i} = :x{i}")
+        condition = "leaseOwner = :me AND checkpoint <> :SHARD_END"
+        if checkpoint is not None:
+            if checkpoint.is_sentinel:
+                raise ValueError(f"heartbeat checkpoint takes a sequence number, not {checkpoint.sequence_number}")
+            seq = checkpoint.sequence_number
+            sets += ["checkpoint = :seq", "checkpointSubSequenceNumber = :sub", "ownerSwitchesSinceCheckpoint = :zero"]
+            values.update({":seq": {"S": seq}, ":sub": {"N": str(checkpoint.sub_sequence_number)},
+                           ":seqlen": {"N": str(len(seq))}, ":zero": _ZERO, **_STARTING_SENTINEL_VALUES})
+            condition = f"leaseOwner = :me AND {CHECKPOINT_CONDITION}"
         update = "ADD leaseCounter :one"
         if sets:
             update += " SET " + ", ".join(sets)
@@ -371,7 +384,7 @@ class LeaseTable:
             update += " REMOVE " + ", ".join(removes)
         request: dict[str, Any] = dict(
             TableName=self.table_name, Key=_key(key), UpdateExpression=update,
-            ConditionExpression="leaseOwner = :me AND checkpoint <> :SHARD_END", ExpressionAttributeValues=values)
+            ConditionExpression=condition, ExpressionAttributeValues=values)
         if names:
             request["ExpressionAttributeNames"] = names
         return self._write("update_item", **request)

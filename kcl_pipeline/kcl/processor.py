@@ -17,6 +17,10 @@ class Checkpointer(Protocol):
     def checkpoint(self, sequence_number: str | None = None, sub_sequence_number: int = 0) -> bool:
         """Advance the lease checkpoint; no argument = the last record delivered. False if it did not advance."""
 
+    def checkpoint_at_next_heartbeat(self, sequence_number: str | None = None, sub_sequence_number: int = 0) -> None:
+        """Checkpoint on the lease's next heartbeat write (no extra DynamoDB write). Flushed at shutdown,
+        shard end and lease loss; use it for routine progress, `checkpoint` when it must be durable now."""
+
     def end_shard(self) -> None:
         """Write SHARD_END (only valid from `shard_ended`, once every record is processed)."""
 

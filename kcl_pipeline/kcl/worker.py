@@ -110,6 +110,12 @@ class _Checkpointer:
         log.debug("checkpoint %s %s -> %s", self._w.lease_key, cp, ok)
         return ok
 
+    def checkpoint_at_next_heartbeat(self, sequence_number: str | None = None, sub_sequence_number: int = 0) -> None:
+        cp = self._w.last_delivered if sequence_number is None else Checkpoint(sequence_number, sub_sequence_number)
+        if cp is not None:
+            with self._w.pending_lock:
+                self._w.pending_checkpoint = cp
+
     def end_shard(self) -> None:
         if not self._w.shard_end_reached:
             raise RuntimeError("end_shard() is only valid once every record of the shard was delivered")
@@ -141,6 +147,8 @@ class LeaseWorker:
         self.checkpointed: Checkpoint | None = None
         self.shard_end_reached = False
         self.ended = False
+        self.pending_checkpoint: Checkpoint | None = None
+        self.pending_lock = threading.Lock()
         self._parent_pid = os.getppid()
 
     # -- the lease's life ----------------------------------------------------------------------
@@ -211,6 +219,7 @@ class LeaseWorker:
                 self.shard_end_reached = True
                 if not state.valid():
                     return self._lost(state)
+                self._flush_pending_checkpoint()
                 self.processor.shard_ended(checkpointer)
                 return self._finish_ended(state, checkpointer, lease)
 
@@ -255,11 +264,19 @@ class LeaseWorker:
                 created.append(child.lease_key)
         return tuple(created)
 
+    def _flush_pending_checkpoint(self) -> None:
+        """Write a checkpoint still waiting for a heartbeat (allowed whoever owns the lease now)."""
+        with self.pending_lock:
+            cp, self.pending_checkpoint = self.pending_checkpoint, None
+        if cp is not None and self.table.checkpoint(self.lease_key, cp):
+            self.checkpointed = cp
+
     def _shutdown(self, state: _Lease, checkpointer: _Checkpointer) -> WorkerResult:
         if state.valid():
             self.processor.shutdown_requested(checkpointer)
         else:
             self.processor.lease_lost()
+        self._flush_pending_checkpoint()
         released = self.table.release(self.lease_key, self.config.worker_id)
         log.info("%s: shut down; lease released=%s, checkpoint %s", self.lease_key, released, self.checkpointed)
         return WorkerResult(self.lease_key, "shutdown", f"released={released}")
@@ -267,6 +284,7 @@ class LeaseWorker:
     def _lost(self, state: _Lease) -> WorkerResult:
         log.warning("%s: lease lost (%s); stopped delivering", self.lease_key, state.reason)
         self.processor.lease_lost()
+        self._flush_pending_checkpoint()
         return WorkerResult(self.lease_key, "lease_lost", state.reason)
 
     # -- heartbeat thread ----------------------------------------------------------------------
@@ -274,11 +292,21 @@ class LeaseWorker:
         period = self.config.heartbeat_seconds
         while not self.stop.wait(period):
             attrs_fn = getattr(self.processor, "heartbeat_attributes", None)
+            with self.pending_lock:
+                pending, self.pending_checkpoint = self.pending_checkpoint, None
             try:
                 attrs = attrs_fn() if attrs_fn else None
-                ok = self.table.heartbeat(self.lease_key, self.config.worker_id, attrs)
+                ok = self.table.heartbeat(self.lease_key, self.config.worker_id, attrs, checkpoint=pending)
+                if ok and pending is not None:
+                    self.checkpointed = pending
+                elif pending is not None:
+                    # Not owner, or the checkpoint is not ahead of the table's: tell them apart.
+                    ok = self.table.heartbeat(self.lease_key, self.config.worker_id, attrs)
+                    if not ok:
+                        self._restore_pending(pending)  # flushed by _lost: the records were processed
             except Exception as exc:  # transient: the lease stays valid until the expiry passes
                 log.warning("%s: heartbeat error (%s); lease valid until expiry", self.lease_key, exc)
+                self._restore_pending(pending)
                 state.valid()
                 continue
             if ok:
@@ -286,6 +314,11 @@ class LeaseWorker:
             else:
                 state.lose("heartbeat condition failed: lease taken by another consumer or shard ended")
                 return
+
+    def _restore_pending(self, cp: Checkpoint | None) -> None:
+        with self.pending_lock:
+            if cp is not None and self.pending_checkpoint is None:
+                self.pending_checkpoint = cp
 
     # -- stopping ----------------------------------------------------------------------------------
     def _should_stop(self) -> bool:

@@ -515,3 +515,30 @@ def test_lease_rules_and_the_table_agree(table):
             elif isinstance(answer, Lease) and answer != after:
                 mismatches.append(f"{state_name} / {op_name}: acquire returned {answer}, table holds {after}")
     assert mismatches == []
+
+
+# -- checkpoint riding on the heartbeat -------------------------------------------------------------------
+
+@pytest.mark.parametrize("current, new, advances", CHECKPOINT_CASES)
+def test_heartbeat_with_checkpoint_uses_both_conditions(table, current, new, advances):
+    assert table.create(lease(cp=current[0], sub=current[1], owner="w1", counter=4))
+    before = raw(table)
+    assert table.heartbeat(KEY, "w1", {"landedRows": 3}, checkpoint=Checkpoint(*new)) is advances
+    after = table.get(KEY)
+    if advances:
+        assert after.lease_counter == 5 and after.checkpoint == Checkpoint(*new)
+        assert after.owner_switches_since_checkpoint == 0 and after.extra["landedRows"] == 3
+    else:
+        assert raw(table) == before
+
+
+def test_heartbeat_with_checkpoint_needs_ownership(table):
+    assert table.create(lease(cp="100", owner="w2"))
+    before = raw(table)
+    assert table.heartbeat(KEY, "w1", checkpoint=Checkpoint("200")) is False
+    assert raw(table) == before
+
+
+def test_heartbeat_with_a_sentinel_checkpoint_is_rejected(table):
+    with pytest.raises(ValueError, match="sequence number"):
+        table.heartbeat(KEY, "w1", checkpoint=Checkpoint(TRIM_HORIZON))

@@ -208,3 +208,37 @@ def test_processor_failure_is_reported_not_raised(setup):
 
 def test_clients_honour_settings(emulators):
     assert client("kinesis", emulators.aws_settings()).meta.endpoint_url == emulators.kinesis
+
+
+class LazyRecorder(Recorder):
+    def process_records(self, batch):
+        self.records.extend(batch.records)
+        batch.checkpointer.checkpoint_at_next_heartbeat()
+        self.got_records.set()
+
+
+def test_checkpoint_rides_on_the_next_heartbeat(setup):
+    config, table, (shard,) = setup(records=12)
+    proc = LazyRecorder()
+    worker = LeaseWorker(config, shard, None, proc)
+    t, out = _start(worker)
+    _wait(lambda: len(proc.records) == 12)
+    # Still owned, and the checkpoint arrived with a heartbeat (no separate checkpoint write).
+    _wait(lambda: table.get(shard).checkpoint == proc.records[-1].checkpoint)
+    assert table.get(shard).lease_owner == "me"
+    worker.stop.set()
+    t.join(10)
+    assert out[0].outcome == "shutdown" and worker.checkpointed == proc.records[-1].checkpoint
+
+
+def test_pending_checkpoint_is_flushed_when_the_lease_is_lost(setup):
+    config, table, (shard,) = setup(records=6)
+    proc = LazyRecorder()
+    worker = LeaseWorker(config.with_(heartbeat_seconds=5.0, lease_expiry_seconds=10.0), shard, None, proc)
+    t, out = _start(worker)
+    _wait(lambda: len(proc.records) == 6)
+    assert table.acquire(shard, "thief", "me")
+    t.join(20)
+    assert out[0].outcome == "lease_lost"
+    # The records were processed: their checkpoint is written even though the lease moved on.
+    assert table.get(shard).checkpoint == proc.records[-1].checkpoint
