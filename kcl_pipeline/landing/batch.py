@@ -1,0 +1,231 @@
+"""The landed batch: one Parquet object holding consecutive user records of one shard and one arrival minute.
+
+Columns (in this order): stream, shard_id, sequence_number (string), sub_sequence_number (int64),
+partition_key (string), explicit_hash_key (string, the only nullable column),
+approximate_arrival_timestamp (timestamp[ms, UTC]), data (binary). Sequence numbers stay strings.
+
+Parquet key-value metadata (all values are strings; positions are written `<sequence>_<sub-sequence>`,
+as in the key):
+
+    kcl_pipeline.batch_format  "1"
+    kcl_pipeline.stream / kcl_pipeline.shard_id
+    kcl_pipeline.prev          the position delivered just before the first record ("" when unknown);
+                               a starting sentinel (e.g. "TRIM_HORIZON_0") when the batch starts the shard's
+                               consumption — the link that makes batches a verifiable chain
+    kcl_pipeline.first / kcl_pipeline.last / kcl_pipeline.rows
+    kcl_pipeline.minute        the arrival minute (epoch millis) the batch belongs to
+    kcl_pipeline.first_arrival_ms / kcl_pipeline.last_arrival_ms
+
+Within a batch the records are consecutive in the shard (every record between first and last is in
+it), so a key's range alone says which records it holds (seeds/002's sequence-range exclusion).
+"""
+from __future__ import annotations
+
+import io
+import struct
+from dataclasses import dataclass
+from typing import Sequence
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..kcl.model import Checkpoint, UserRecord
+from .errors import CorruptBatchError
+from .layout import BatchKey, minute_of
+
+FORMAT_VERSION = "1"
+_META = "kcl_pipeline."
+COMPRESSIONS = ("zstd", "snappy", "gzip", "lz4", "none")
+
+SCHEMA = pa.schema([
+    pa.field("stream", pa.string(), nullable=False),
+    pa.field("shard_id", pa.string(), nullable=False),
+    pa.field("sequence_number", pa.string(), nullable=False),
+    pa.field("sub_sequence_number", pa.int64(), nullable=False),
+    pa.field("partition_key", pa.string(), nullable=False),
+    pa.field("explicit_hash_key", pa.string(), nullable=True),
+    pa.field("approximate_arrival_timestamp", pa.timestamp("ms", tz="UTC"), nullable=False),
+    pa.field("data", pa.binary(), nullable=False),
+])
+
+# A footer larger than this is read with a second ranged GET (row groups x columns x stats; ours are small).
+TAIL_BYTES = 64 * 1024
+
+
+def format_position(cp: Checkpoint | None) -> str:
+    return "" if cp is None else f"{cp.sequence_number}_{cp.sub_sequence_number}"
+
+
+def parse_position(text: str) -> Checkpoint | None:
+    if not text:
+        return None
+    seq, sep, sub = text.rpartition("_")
+    if not sep or not sub.isdigit():
+        raise ValueError(f"not a position: {text!r}")
+    return Checkpoint(seq, int(sub))
+
+
+@dataclass(frozen=True)
+class EncodedBatch:
+    key: BatchKey
+    body: bytes
+    rows: int
+    prev: Checkpoint | None
+    last_arrival_ms: int
+
+
+@dataclass(frozen=True)
+class BatchInfo:
+    """What a landed batch says about itself (its Parquet footer), checked against its key."""
+
+    key: BatchKey
+    prev: Checkpoint | None
+    rows: int
+    first_arrival_ms: int
+    last_arrival_ms: int
+    size: int
+
+    @property
+    def starts_consumption(self) -> bool:
+        """The batch's predecessor is a starting sentinel: nothing before it was read by this consumer."""
+        return self.prev is not None and self.prev.is_starting_sentinel
+
+
+def encode_batch(stream: str, shard_id: str, records: Sequence[UserRecord], prev: Checkpoint | None,
+                 compression: str = "zstd") -> EncodedBatch:
+    """One batch object. `records` are consecutive records of `shard_id`, in shard order, of one minute."""
+    if not records:
+        raise ValueError("a batch needs at least one record")
+    first, last = records[0], records[-1]
+    minute = minute_of(first.approximate_arrival_timestamp_ms)
+    if minute_of(last.approximate_arrival_timestamp_ms) != minute:
+        # Cheap guard on the caller (the sink flushes at every minute change); a full scan would cost more.
+        raise ValueError(f"batch spans two arrival minutes ({first.approximate_arrival_timestamp_ms} .. "
+                         f"{last.approximate_arrival_timestamp_ms})")
+    n = len(records)
+    arrivals = [r.approximate_arrival_timestamp_ms for r in records]
+    ehks = [r.explicit_hash_key for r in records]
+    table = pa.Table.from_arrays([
+        pa.array([stream] * n, pa.string()),
+        pa.array([shard_id] * n, pa.string()),
+        pa.array([r.sequence_number for r in records], pa.string()),
+        pa.array([r.sub_sequence_number for r in records], pa.int64()),
+        pa.array([r.partition_key for r in records], pa.string()),
+        pa.array(ehks, pa.string()),
+        pa.array(arrivals, pa.timestamp("ms", tz="UTC")),
+        pa.array([r.data for r in records], pa.binary()),
+    ], schema=SCHEMA)
+    key = BatchKey(stream, shard_id, minute, first.checkpoint, last.checkpoint)
+    meta = {
+        "batch_format": FORMAT_VERSION, "stream": stream, "shard_id": shard_id,
+        "prev": format_position(prev), "first": format_position(key.first), "last": format_position(key.last),
+        "rows": str(n), "minute": str(minute),
+        "first_arrival_ms": str(min(arrivals)), "last_arrival_ms": str(max(arrivals)),
+    }
+    sink = io.BytesIO()
+    # store_schema=False: the Parquet types already say everything (UTC millis); a smaller footer.
+    with pq.ParquetWriter(sink, SCHEMA, compression=None if compression == "none" else compression,
+                          use_dictionary=["stream", "shard_id", "partition_key", "explicit_hash_key"],
+                          write_statistics=["sequence_number", "approximate_arrival_timestamp"],
+                          store_schema=False) as writer:
+        writer.write_table(table, row_group_size=n)
+        writer.add_key_value_metadata({f"{_META}{k}": v for k, v in meta.items()})
+    return EncodedBatch(key, sink.getvalue(), n, prev, max(arrivals))
+
+
+def decode_batch(body: bytes, key: str = "?") -> pa.Table:
+    """The rows of a batch object, in SCHEMA; CorruptBatchError if it is not one."""
+    try:
+        table = pq.read_table(pa.BufferReader(body))
+    except Exception as exc:
+        raise CorruptBatchError(f"landed object {key} is not readable Parquet: {exc}") from exc
+    if table.schema.remove_metadata() != SCHEMA.remove_metadata():
+        try:
+            table = table.select(SCHEMA.names).cast(SCHEMA)
+        except Exception as exc:
+            raise CorruptBatchError(f"landed object {key} does not have the batch schema: {exc}") from exc
+    return table
+
+
+def info_from_metadata(metadata: pq.FileMetaData, key: BatchKey, size: int, where: str) -> BatchInfo:
+    """Check a footer against its key: CorruptBatchError naming `where` if they disagree."""
+    kv = {k.decode(): v.decode() for k, v in (metadata.metadata or {}).items() if k.startswith(_META.encode())}
+    meta = {k[len(_META):]: v for k, v in kv.items()}
+    if meta.get("batch_format") != FORMAT_VERSION:
+        raise CorruptBatchError(f"{where}: not a landed batch (batch_format {meta.get('batch_format')!r})")
+    try:
+        prev = parse_position(meta.get("prev", ""))
+        first = parse_position(meta["first"])
+        last = parse_position(meta["last"])
+        rows = int(meta["rows"])
+        info = BatchInfo(key, prev, rows, int(meta["first_arrival_ms"]), int(meta["last_arrival_ms"]), size)
+    except (KeyError, ValueError) as exc:
+        raise CorruptBatchError(f"{where}: batch metadata unreadable ({exc})") from exc
+    problems = []
+    if (first, last) != (key.first, key.last):
+        problems.append(f"holds {first}..{last}, its key says {key.first}..{key.last}")
+    if meta.get("shard_id") != key.shard_id or meta.get("stream") != key.stream:
+        problems.append(f"holds {meta.get('stream')}/{meta.get('shard_id')}, its key says {key.stream}/{key.shard_id}")
+    if rows != metadata.num_rows:
+        problems.append(f"metadata says {rows} rows, the file has {metadata.num_rows}")
+    if str(key.minute_ms) != meta.get("minute"):
+        problems.append(f"minute {meta.get('minute')} is not the key's {key.minute_ms}")
+    if problems:
+        raise CorruptBatchError(f"{where}: " + "; ".join(problems))
+    return info
+
+
+def read_batch_info(store, key: BatchKey) -> BatchInfo:
+    """The footer of a landed batch, fetched with one ranged read (two for a large footer)."""
+    rel = key.key()
+    where = f"landing zone {store.uri}: object {rel}"
+    tail, size = store.get_tail(rel, TAIL_BYTES)
+    if size < 12 or tail[-4:] != b"PAR1":
+        raise CorruptBatchError(f"{where} is not a Parquet file ({size} bytes, no footer magic)")
+    footer_len = struct.unpack("<I", tail[-8:-4])[0]
+    if footer_len + 8 > size - 4:
+        raise CorruptBatchError(f"{where} has a truncated footer ({footer_len} bytes claimed, file {size})")
+    if footer_len + 8 > len(tail):
+        tail, size = store.get_tail(rel, footer_len + 8)
+    try:
+        metadata = pq.read_metadata(pa.PythonFile(_Tail(tail, size), mode="r"))
+    except Exception as exc:
+        raise CorruptBatchError(f"{where}: unreadable Parquet footer ({exc})") from exc
+    return info_from_metadata(metadata, key, size, where)
+
+
+class _Tail(io.RawIOBase):
+    """A read-only file of `size` bytes of which only the tail is known (enough for a Parquet footer)."""
+
+    def __init__(self, tail: bytes, size: int):
+        self._tail = tail
+        self._size = size
+        self._start = size - len(tail)
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self._pos, 2: self._size}[whence]
+        self._pos = base + offset
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def read(self, n: int = -1) -> bytes:
+        if self._pos < self._start:
+            raise OSError("read outside the fetched footer")
+        end = self._size if n is None or n < 0 else min(self._size, self._pos + n)
+        out = self._tail[self._pos - self._start:end - self._start]
+        self._pos = end
+        return out
+
+    def readinto(self, buffer) -> int:
+        data = self.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)

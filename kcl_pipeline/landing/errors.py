@@ -1,0 +1,31 @@
+"""What can go wrong in the landing zone. Every message names the zone URI (and the key, where one is involved).
+
+A failed landing never loses records: nothing is checkpointed past what landed, so the next owner of
+the lease re-reads them. These errors stop the worker with a reason an operator can act on.
+"""
+from __future__ import annotations
+
+
+class LandingError(RuntimeError):
+    """The landing zone could not be used."""
+
+
+class ZoneNotFoundError(LandingError):
+    """The bucket or directory of the zone does not exist (and creating it was not asked for)."""
+
+
+class ZoneAccessError(LandingError):
+    """The zone exists but this process may not read or write it (S3 AccessDenied, an unwritable directory)."""
+
+
+class ZoneUnavailableError(LandingError):
+    """The store did not answer (endpoint unreachable, still failing after the SDK's retries)."""
+
+
+class CorruptBatchError(LandingError):
+    """An object under the zone's batch keys is not a batch this code wrote (unreadable, or its content
+    disagrees with its key). Landing stops rather than trust or overwrite it."""
+
+
+class LandingConfigError(ValueError):
+    """A landing setting is invalid; the message names it and says what is allowed."""

@@ -1,0 +1,63 @@
+"""Sequence-range exclusion (seeds/002): which buffered records are already landed, and what is left to write.
+
+Pure. A landed batch holds every record of its shard between its first and last position (records are
+consecutive within a batch), so a listing of keys alone says which records are landed. The records left
+form runs of consecutive records; each run becomes its own batch, whose predecessor is the record
+delivered just before it (landed or not), so the chain of batches stays verifiable.
+"""
+from __future__ import annotations
+
+from bisect import bisect_right
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..kcl.model import Checkpoint, UserRecord
+from .layout import BatchKey
+
+
+@dataclass(frozen=True)
+class Run:
+    prev: Checkpoint | None
+    records: Sequence[UserRecord]
+
+
+@dataclass(frozen=True)
+class Exclusion:
+    runs: list[Run]  # what is left to write, in shard order
+    covering: list[BatchKey]  # the landed batches that held some of the records, in shard order
+    last_covered_by: BatchKey | None  # the batch holding the last record, when that record was landed
+
+
+def exclude_landed(records: Sequence[UserRecord], prev: Checkpoint | None,
+                   landed: Sequence[BatchKey]) -> Exclusion:
+    """Split `records` (consecutive, in shard order; `prev` delivered just before the first) around `landed`."""
+    if not landed:
+        return Exclusion([Run(prev, records)] if records else [], [], None)
+    spans = sorted(landed, key=lambda b: b.first.key())
+    firsts = [b.first.key() for b in spans]
+    # Running maximum of the lasts, so a (corrupt-zone) overlapping listing still counts as covering.
+    widest: list[BatchKey] = []
+    for b in spans:
+        widest.append(b if not widest or b.last.key() > widest[-1].last.key() else widest[-1])
+
+    runs: list[Run] = []
+    covering: list[BatchKey] = []
+    start = None
+    last_cover = None
+    for i, record in enumerate(records):
+        pos = record.position()
+        j = bisect_right(firsts, pos) - 1
+        cover = widest[j] if j >= 0 and widest[j].last.key() >= pos else None
+        if cover is None:
+            if start is None:
+                start, run_prev = i, (records[i - 1].checkpoint if i else prev)
+        else:
+            if start is not None:
+                runs.append(Run(run_prev, records[start:i]))
+                start = None
+            if not covering or covering[-1] != cover:
+                covering.append(cover)
+        last_cover = cover
+    if start is not None:
+        runs.append(Run(run_prev, records[start:]))
+    return Exclusion(runs, covering, last_cover)

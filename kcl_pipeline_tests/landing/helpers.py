@@ -1,0 +1,130 @@
+"""Records, checkpointers and drivers for the landing tests."""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from kcl_pipeline.kcl.model import Checkpoint, UserRecord
+from kcl_pipeline.kcl.processor import InitializationInput, ProcessRecordsInput
+from kcl_pipeline.landing.layout import MINUTE_MS
+
+T0 = 1_795_316_400_000  # 2026-11-22T03:00:00Z, a whole hour
+SHARD = "shardId-000000000000"
+STREAM = "orders"
+
+
+def seq(i: int) -> str:
+    """A 56-digit, AWS-like sequence number (string comparison bugs show up with these)."""
+    return f"4959{i:052d}"
+
+
+def make_records(n: int, *, shard: str = SHARD, start_ms: int = T0, per_minute: int | None = None,
+                 aggregate_every: int = 4, data_size: int = 64, seed: int = 7) -> list[UserRecord]:
+    """`n` consecutive user records of one shard: KPL aggregates of `aggregate_every` user records
+    (sub-sequences 0..k-1 under one sequence number), `per_minute` records per arrival minute."""
+    rng = random.Random(seed)
+    per_minute = per_minute or n
+    out = []
+    for i in range(n):
+        kinesis_index, sub = divmod(i, aggregate_every)
+        arrival = start_ms + (i // per_minute) * MINUTE_MS + (i % per_minute) * (MINUTE_MS // (per_minute + 1))
+        out.append(UserRecord(shard, seq(10 * kinesis_index + 3), sub, f"pk-{i % 7}",
+                              None if i % 3 else str(rng.getrandbits(100)), arrival,
+                              bytes(rng.getrandbits(8) for _ in range(data_size)) + f"#{i}".encode(),
+                              aggregated=aggregate_every > 1))
+    return out
+
+
+@dataclass
+class RecordingCheckpointer:
+    """Stands in for the worker's checkpointer (no lease table): records what the processor asked."""
+
+    checkpoints: list[Checkpoint] = field(default_factory=list)
+    ended: bool = False
+
+    def checkpoint(self, sequence_number: str | None = None, sub_sequence_number: int = 0) -> bool:
+        self.checkpoints.append(Checkpoint(sequence_number, sub_sequence_number))
+        return True
+
+    def end_shard(self) -> None:
+        self.ended = True
+
+
+def init(processor, checkpoint: Checkpoint = Checkpoint("TRIM_HORIZON"), shard: str = SHARD, **extra) -> None:
+    processor.initialize(InitializationInput(shard, "worker-1", checkpoint))
+
+
+def after(records: list[UserRecord], position: Checkpoint | None) -> list[UserRecord]:
+    """What a reader started after `position` delivers."""
+    if position is None or position.is_starting_sentinel:
+        return list(records)
+    return [r for r in records if r.position() > position.key()]
+
+
+def deliver(processor, records: list[UserRecord], chunk: int, checkpointer=None, millis_behind: int | None = 1000):
+    checkpointer = checkpointer or RecordingCheckpointer()
+    for i in range(0, len(records), chunk):
+        processor.process_records(ProcessRecordsInput(records[i:i + chunk], millis_behind, checkpointer))
+    return checkpointer
+
+
+class Clock:
+    """A settable wall clock (seconds) and monotonic clock for the sink."""
+
+    def __init__(self, ms: int):
+        self.ms = ms
+        self.mono = 1000.0
+
+    def time(self) -> float:
+        return self.ms / 1000
+
+    def monotonic(self) -> float:
+        return self.mono
+
+
+def run_unprivileged(fn):
+    """Run `fn()` where file permissions apply: as is for a normal user; as root (who ignores them), in
+    a forked child that switched to the `nobody` user. Returns fn's result or raises what it raised
+    (re-created from its type and message)."""
+    import os
+    import pickle
+    import traceback
+
+    if os.geteuid() != 0:
+        return fn()
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        os.close(read_fd)
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            payload = ("ok", fn())
+        except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
+            payload = ("err", (type(exc), str(exc), traceback.format_exc()))
+        try:
+            data = pickle.dumps(payload)
+        except Exception as exc:  # an unpicklable result
+            data = pickle.dumps(("err", (RuntimeError, f"unpicklable result: {exc}", "")))
+        with os.fdopen(write_fd, "wb") as f:
+            f.write(data)
+        os._exit(0)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    kind, value = pickle.loads(data)
+    if kind == "ok":
+        return value
+    exc_type, message, tb = value
+    raise exc_type(message)
+
+
+def shared_tmpdir():
+    """A directory every user can traverse (pytest's own tmp dirs are private to root)."""
+    import os
+    import tempfile
+
+    path = tempfile.mkdtemp(prefix="landing-perm-", dir="/tmp")
+    os.chmod(path, 0o755)
+    return path
