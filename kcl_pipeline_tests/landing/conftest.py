@@ -1,30 +1,46 @@
 """Landing-zone fixtures: a fresh zone per test, as a local directory or an S3 bucket on the moto server."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 
-from kcl_pipeline.kcl.aws import client
-from kcl_pipeline.landing.store import open_store
+from kcl_pipeline.kcl.aws import AwsSettings, client
+from kcl_pipeline.landing.store import ZoneStore, open_store
+
+
+@dataclass(frozen=True)
+class TestZone:
+    """An existing, empty zone: its URI, a store on it, and the AWS settings that reach it."""
+
+    uri: str
+    store: ZoneStore
+    aws: AwsSettings | None = None
+
+    def __iter__(self):  # `uri, store = zone`
+        return iter((self.uri, self.store))
+
+    def reopen(self) -> ZoneStore:
+        """A fresh store on the same zone (what a new worker process would build)."""
+        return open_store(self.uri, self.aws)
 
 
 @pytest.fixture
-def local_zone(tmp_path):
-    """(uri, store) of an existing, empty local-directory zone."""
+def local_zone(tmp_path) -> TestZone:
     root = tmp_path / "zone"
     root.mkdir()
-    return str(root), open_store(str(root))
+    return TestZone(str(root), open_store(str(root)))
 
 
 @pytest.fixture
-def s3_zone(aws_settings, unique_name):
-    """(uri, store) of an existing, empty bucket zone (with a key prefix) on the emulator's S3."""
+def s3_zone(aws_settings, unique_name) -> TestZone:
     bucket = unique_name("landing")
     client("s3", aws_settings).create_bucket(Bucket=bucket)
     uri = f"s3://{bucket}/zone"
-    return uri, open_store(uri, aws_settings)
+    return TestZone(uri, open_store(uri, aws_settings), aws_settings)
 
 
 @pytest.fixture(params=["local", "s3"])
-def any_zone(request):
+def any_zone(request) -> TestZone:
     """Both kinds of zone: the same behaviour is required of each."""
     return request.getfixturevalue(f"{request.param}_zone")

@@ -1,0 +1,170 @@
+"""The checkpoint plan (pure): what to commit to the lease table once windows have materialised downstream.
+
+Per shard, walking its landed batches in shard order from the lease checkpoint: the checkpoint advances
+through each batch whose window has materialised and stops at the first whose window has not. The result
+is the last landed record of the longest run of materialised windows starting at the checkpoint, so a
+window materialised out of order (a later window before an earlier one) moves nothing until the gap is
+filled. Windows are aligned to the epoch (`[k*window_ms, (k+1)*window_ms)`), like Dagster's time-window
+partitions; a batch belongs to the window of its arrival minute (batches never span minutes).
+
+Ending a shard (SHARD_END) needs its last record landed (progress `shard_end_landed`, and the batch
+holding that record is in the listing) and every batch of the shard materialised — except those in the
+window holding its last record. That one exception avoids a deadlock: the window in which a shard closes
+holds records of its children (they are born in it), so it cannot be complete until the children land;
+the children's leases are only created once the parent is SHARD_END (DESIGN §3, as in Java KCL). Ending the
+parent then is safe: its records are durably landed (the landing zone, not Kinesis, is the source of the
+window's transform), and the lineage audit must compare SHARD_END with the landed chain, not with the
+materialised windows.
+
+The listing passed in must hold every landed batch of each shard after its lease checkpoint (a batch
+missing from it would be stepped over). Batches at or below the checkpoint are ignored; overlapping
+batches stop the walk (the lineage audit reports them).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
+
+from ..kcl.model import TRIM_HORIZON, Checkpoint, Lease, Shard, checkpoint_advances
+from .layout import BatchKey
+from .progress import ShardProgress
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    shard_id: str
+    commit: Checkpoint | None  # advance the lease checkpoint to it (None: nothing new to commit)
+    end: bool  # then write SHARD_END
+    reason: str
+
+
+@dataclass(frozen=True)
+class CheckpointPlan:
+    shards: dict[str, ShardPlan]
+
+    @property
+    def commits(self) -> dict[str, Checkpoint]:
+        return {k: p.commit for k, p in self.shards.items() if p.commit is not None}
+
+    @property
+    def ends(self) -> list[str]:
+        return sorted(k for k, p in self.shards.items() if p.end)
+
+
+@dataclass(frozen=True)
+class Committed:
+    shard_id: str
+    checkpoint: Checkpoint | None
+    checkpointed: bool  # False: the table already had it or later (another committer won), or no commit
+    ended: bool
+    children_created: tuple[str, ...] = ()
+
+
+def window_of(minute_ms: int, window_ms: int) -> int:
+    return minute_ms - minute_ms % window_ms
+
+
+def plan_checkpoints(materialised: Iterable[tuple[int, int] | int], window_ms: int,
+                     batches: Mapping[str, Sequence[BatchKey]], progress: Mapping[str, ShardProgress],
+                     leases: Iterable[Lease] | Mapping[str, Lease]) -> CheckpointPlan:
+    """The plan for every leased shard. `materialised`: windows as (t0, t1) or t0 (aligned, `window_ms` long)."""
+    if window_ms <= 0 or window_ms % 60_000:
+        raise ValueError(f"window_ms must be a positive whole number of minutes, got {window_ms}")
+    done: set[int] = set()
+    for w in materialised:
+        t0, t1 = (w, w + window_ms) if isinstance(w, int) else w
+        if t1 - t0 != window_ms or t0 % window_ms:
+            raise ValueError(f"materialised window [{t0}, {t1}) is not an aligned {window_ms} ms window")
+        done.add(t0)
+    by_key = dict(leases) if isinstance(leases, Mapping) else {lease.lease_key: lease for lease in leases}
+    return CheckpointPlan({
+        key: _plan_shard(lease, batches.get(key, ()), progress.get(key), done, window_ms)
+        for key, lease in sorted(by_key.items())
+    })
+
+
+def _plan_shard(lease: Lease, batches: Sequence[BatchKey], progress: ShardProgress | None,
+                done: set[int], window_ms: int) -> ShardPlan:
+    key = lease.lease_key
+    if lease.is_ended:
+        return ShardPlan(key, None, False, "already SHARD_END")
+    current = lease.checkpoint
+    pending = sorted((b for b in batches if checkpoint_advances(current, b.last)), key=lambda b: b.first.key())
+    commit: Checkpoint | None = None
+    stop = None
+    previous: BatchKey | None = None
+    for b in pending:
+        if previous is not None and b.first.key() <= previous.last.key():
+            stop = f"overlapping batches {previous.key()} and {b.key()}: not advancing past them"
+            break
+        w = window_of(b.minute_ms, window_ms)
+        if w not in done:
+            stop = f"window starting {w} (batch {b.key()}) not materialised"
+            break
+        commit = b.last
+        previous = b
+
+    end = False
+    reason = stop or ("every landed batch is in a materialised window" if pending else "no landed batch after "
+                      f"the checkpoint {current}")
+    if progress is not None and progress.shard_end_landed:
+        end, why = _may_end(pending, progress, done, window_ms, current)
+        reason = f"{reason}; {why}"
+    return ShardPlan(key, commit, end, reason)
+
+
+def _may_end(pending: Sequence[BatchKey], progress: ShardProgress, done: set[int], window_ms: int,
+             current: Checkpoint) -> tuple[bool, str]:
+    landed = progress.landed
+    if landed is None or not checkpoint_advances(current, landed):
+        # Nothing landed after the checkpoint: the shard's last record (if any) is committed already.
+        return True, "shard end landed, nothing after the checkpoint: end"
+    holder = next((b for b in pending if b.first.key() <= landed.key() <= b.last.key()), None)
+    if holder is None:
+        return False, f"shard end landed at {landed}, but no listed batch holds it: not ending"
+    last_window = window_of(holder.minute_ms, window_ms)
+    missing = sorted({window_of(b.minute_ms, window_ms) for b in pending} - done - {last_window})
+    if missing:
+        return False, f"shard end landed; windows {missing} not materialised: not ending"
+    return True, (f"shard end landed; every earlier window materialised (its last window {last_window} may wait "
+                  f"for its children): end")
+
+
+def apply_plan(plan: CheckpointPlan, lease_table, *, shards: Sequence[Shard] | None = None,
+               initial: Checkpoint = Checkpoint(TRIM_HORIZON)) -> list[Committed]:
+    """Commit the plan with the lease table's conditional writes (any process may).
+
+    Checkpoints only move forward (the table's condition), so a stale plan is harmless. After ending a
+    shard, its children's leases are created (if `shards`, the stream's shard list, is given): the worker
+    holding the ended lease does the same when its heartbeat sees SHARD_END; creation is conditional.
+    """
+    from ..kcl.planner import child_leases_on_end  # kcl/ is below landing/: a plain import, kept local
+
+    out: list[Committed] = []
+    leases_now: list[Lease] | None = None
+    for key, shard_plan in sorted(plan.shards.items()):
+        if shard_plan.commit is None and not shard_plan.end:
+            continue
+        checkpointed = False
+        if shard_plan.commit is not None:
+            checkpointed = lease_table.checkpoint(key, shard_plan.commit)
+        ended = False
+        children: tuple[str, ...] = ()
+        if shard_plan.end:
+            ended = lease_table.end(key)
+            if ended and shards is not None:
+                if leases_now is None:
+                    leases_now = lease_table.scan()
+                created = []
+                for child in child_leases_on_end(key, shards, leases_now, initial):
+                    if lease_table.create(child):
+                        created.append(child.lease_key)
+                        leases_now.append(child)
+                children = tuple(created)
+        log.info("checkpoint plan %s: commit %s (%s), end %s, children %s — %s", key, shard_plan.commit,
+                 checkpointed, ended, list(children), shard_plan.reason)
+        out.append(Committed(key, shard_plan.commit, checkpointed, ended, children))
+    return out

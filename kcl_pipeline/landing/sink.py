@@ -1,0 +1,428 @@
+"""The landing sink: a record processor that lands a lease's records exactly once as Parquet batches.
+
+Exactly once, however often workers crash, restart or hand a lease over:
+
+* Deterministic keys (layout.py): a batch is named by its shard, arrival minute and first/last position.
+  The sink flushes at every arrival-minute change, so a batch never spans two minutes.
+* Before every flush it lists the shard's keys of the batch's minute and drops the buffered records an
+  existing batch already holds (seeds/002's sequence-range exclusion, exclusion.py); what is left is
+  written with a conditional put (`If-None-Match: *` / hard link), so an object is never replaced and a
+  partly written one is never visible.
+* On initialize it finds the last LANDED record (not only the lease checkpoint, which the pipeline
+  commits only after the transform, DESIGN §6) and `resume_position()` tells the worker to read after it.
+* It never checkpoints (the `kinesis_checkpoints` asset does, for materialised windows), except in
+  standalone mode (`checkpoint_after_flush=True`, `kcl-pipeline consume --landing` without Dagster),
+  where it checkpoints after each flush and ends the shard itself.
+
+Finding the last landed record cheaply. The key scheme puts the minute above the shard
+(`<stream>/dt/hh/mm/<shard>/…`), so one shard's batches cannot be listed in one call; the sink lists
+`<minute>/<shard>/` one minute at a time, forward, from the minute of the last landed record its
+lease says (the previous owner's progress, which rides on its heartbeats: at most a heartbeat behind),
+or, with no such hint, from `resume_lookback_minutes` ago. It stops at the current minute, or after
+`RESUME_EMPTY_MINUTES` empty minutes once it found batches. Stopping early can only UNDER-estimate
+the resume point, which is safe: the re-read records are dropped by the exclusion at flush time.
+(Over-estimating would lose records, and cannot happen: every record before a landed batch is
+landed, because batches are written in shard order from a point at or before the last landed record.)
+A typical hand-over costs 1-5 small LIST calls.
+
+Progress (progress.py) is published through `heartbeat_attributes()`, which the worker calls from its
+heartbeat thread: the sink only ever swaps an immutable ShardProgress there. The caught-up fact
+(polled_at, millis_behind_latest) is published only for polls all of whose records are landed; the
+worker should call `process_records` for empty polls too (or `tick()`), so idle shards report polls
+and old buffers flush on age.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Mapping
+
+from ..kcl.aws import AwsSettings
+from ..kcl.model import Checkpoint, UserRecord
+from ..kcl.processor import Checkpointer, InitializationInput, ProcessRecordsInput
+from .batch import COMPRESSIONS, BatchInfo, encode_batch, read_batch_info
+from .errors import CorruptBatchError, LandingConfigError
+from .exclusion import exclude_landed
+from .layout import MINUTE_MS, BatchKey, minute_of, minute_prefix, parse_batch_key
+from .progress import ShardProgress, merge_progress
+from .store import ZoneStore, open_store
+
+log = logging.getLogger(__name__)
+
+MiB = 1024 * 1024
+# 1 MB/s per shard (Kinesis' write limit): a batch every ~8 s at full speed, at least one per 30 s.
+DEFAULT_MAX_BATCH_BYTES = 8 * MiB
+DEFAULT_MAX_BATCH_AGE_SECONDS = 30.0
+DEFAULT_MAX_BATCH_RECORDS = 100_000
+DEFAULT_MEMORY_LIMIT_BYTES = 64 * MiB
+# Buffered records, their Arrow copy and the encoded object coexist during a flush.
+MEMORY_FACTOR = 3
+RECORD_OVERHEAD_BYTES = 48  # per-record estimate beyond data, partition key and sequence number
+RESUME_LOOKBACK_MINUTES = 15
+RESUME_EMPTY_MINUTES = 3
+
+
+@dataclass(frozen=True)
+class LandingSettings:
+    max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
+    max_batch_age_seconds: float = DEFAULT_MAX_BATCH_AGE_SECONDS
+    max_batch_records: int = DEFAULT_MAX_BATCH_RECORDS
+    compression: str = "zstd"
+    memory_limit_bytes: int = DEFAULT_MEMORY_LIMIT_BYTES
+    checkpoint_after_flush: bool = False
+    create_zone: bool = False
+    resume_lookback_minutes: int = RESUME_LOOKBACK_MINUTES
+
+    def __post_init__(self) -> None:
+        if self.max_batch_bytes < 1024:
+            raise LandingConfigError(f"max_batch_bytes must be >= 1024, got {self.max_batch_bytes}")
+        if self.max_batch_age_seconds <= 0:
+            raise LandingConfigError(f"max_batch_age_seconds must be > 0, got {self.max_batch_age_seconds}")
+        if self.max_batch_records < 1:
+            raise LandingConfigError(f"max_batch_records must be >= 1, got {self.max_batch_records}")
+        if self.compression not in COMPRESSIONS:
+            raise LandingConfigError(f"compression must be one of {', '.join(COMPRESSIONS)}, got {self.compression!r}")
+        if MEMORY_FACTOR * self.max_batch_bytes > self.memory_limit_bytes:
+            raise LandingConfigError(
+                f"max_batch_bytes {self.max_batch_bytes} needs about {MEMORY_FACTOR}x its size while flushing "
+                f"({MEMORY_FACTOR * self.max_batch_bytes} bytes), more than memory_limit_bytes "
+                f"{self.memory_limit_bytes}: lower max_batch_bytes or raise the limit")
+        if self.resume_lookback_minutes < 0:
+            raise LandingConfigError(f"resume_lookback_minutes must be >= 0, got {self.resume_lookback_minutes}")
+
+
+@dataclass
+class LandingStats:
+    batches_written: int = 0
+    rows_written: int = 0
+    bytes_written: int = 0
+    records_already_landed: int = 0  # dropped by the exclusion (re-delivered after a restart/hand-over)
+    batches_already_landed: int = 0  # conditional put found the object there
+    flushes: dict[str, int] = field(default_factory=dict)  # by reason
+
+
+class LandingProcessor:
+    """A RecordProcessor landing one shard's records under the zone. Build it with plain, picklable arguments
+    (it opens the store in `initialize`), so a ProcessorSpec can create it in a worker process."""
+
+    def __init__(self, zone: str | ZoneStore, stream: str, *,
+                 max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+                 max_batch_age_seconds: float = DEFAULT_MAX_BATCH_AGE_SECONDS,
+                 max_batch_records: int = DEFAULT_MAX_BATCH_RECORDS,
+                 compression: str = "zstd",
+                 memory_limit_bytes: int = DEFAULT_MEMORY_LIMIT_BYTES,
+                 checkpoint_after_flush: bool = False,
+                 create_zone: bool = False,
+                 resume_lookback_minutes: int = RESUME_LOOKBACK_MINUTES,
+                 aws: AwsSettings | None = None,
+                 progress_hint: ShardProgress | None = None,
+                 clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic):
+        if not stream or "/" in stream:
+            raise LandingConfigError(f"stream {stream!r} must be a non-empty name without '/'")
+        self.settings = LandingSettings(max_batch_bytes, max_batch_age_seconds, max_batch_records, compression,
+                                        memory_limit_bytes, checkpoint_after_flush, create_zone,
+                                        resume_lookback_minutes)
+        self._zone = zone
+        self.stream = stream
+        self._aws = aws
+        self._hint = progress_hint
+        self._clock = clock
+        self._monotonic = monotonic
+        self.store: ZoneStore | None = zone if isinstance(zone, ZoneStore) else None
+        self.shard_id = ""
+        self.stats = LandingStats()
+        self._progress: ShardProgress | None = None
+        self._resume: Checkpoint | None = None
+        self._skip_key: tuple | None = None  # records at or below it were landed before: dropped
+        self._start_prev: Checkpoint | None = None
+        self._last_delivered: UserRecord | None = None
+        self._buffer: list[UserRecord] = []
+        self._buffer_bytes = 0
+        self._buffer_minute = 0
+        self._buffer_prev: Checkpoint | None = None
+        self._buffer_started = 0.0
+        self._last_poll: tuple[int, int | None] | None = None
+        self._checkpointer: Checkpointer | None = None
+        self._validated: set[str] = set()
+        self._closed = False
+
+    # -- RecordProcessor ------------------------------------------------------------------------------
+
+    def initialize(self, init: InitializationInput) -> None:
+        self.shard_id = init.shard_id
+        if self.store is None:
+            self.store = open_store(self._zone, self._aws)
+        self.store.ensure_zone(create=self.settings.create_zone)
+        start = init.checkpoint
+        self._start_prev = None if start.is_shard_end else start
+        self._progress = ShardProgress(self.shard_id)
+        if start.is_shard_end:
+            return  # the worker only waits for children; nothing will be delivered
+        hint = self._hint or ShardProgress.from_attributes(
+            self.shard_id, getattr(init, "lease_attributes", None) or {})
+        found = self._find_last_landed(hint)
+        if found is not None:
+            key, info = found
+            landed = ShardProgress(self.shard_id, key.last, info.last_arrival_ms, last_batch_key=key.key())
+            if hint is not None and hint.landed is not None and hint.landed.key() <= key.last.key():
+                landed = merge_progress(landed, hint)  # the previous owner's poll facts still hold
+            self._progress = landed
+            if start.is_starting_sentinel or key.last.key() > start.key():
+                self._resume = key.last
+                self._start_prev = key.last
+        if self._resume is None and not start.is_starting_sentinel:
+            self._resume = start
+        self._skip_key = self._resume.key() if self._resume is not None else None
+        log.info("%s: landing into %s; lease checkpoint %s, last landed %s -> resume after %s",
+                 self.shard_id, self.store.uri, start, found[0].last if found else None, self._resume)
+
+    def resume_position(self) -> Checkpoint | None:
+        """Where the reader should start (after): the later of the lease checkpoint and the last landed record."""
+        return self._resume
+
+    def process_records(self, batch: ProcessRecordsInput) -> None:
+        if self._closed:
+            return
+        self._checkpointer = batch.checkpointer
+        records = batch.records
+        if records:
+            self._check_records(records)
+            self._buffer_records(records)
+        self._last_poll = (int(self._clock() * 1000), batch.millis_behind_latest)
+        self._flush_if_due()
+        if not self._buffer:
+            self._settle_poll()
+
+    def tick(self) -> None:
+        """Flush a buffer that is old enough (for workers that do not deliver empty polls)."""
+        if not self._closed:
+            self._flush_if_due()
+            if not self._buffer:
+                self._settle_poll()
+
+    def flush(self) -> None:
+        if self._buffer and not self._closed:
+            self._flush("requested")
+            self._settle_poll()
+
+    def shard_ended(self, checkpointer: Checkpointer) -> None:
+        self._checkpointer = checkpointer
+        if self._buffer:
+            self._flush("shard_end")
+        self._settle_poll()
+        self._progress = replace(self._progress, shard_end_landed=True)
+        log.info("%s: shard end landed (last record %s)", self.shard_id, self._progress.landed)
+        if self.settings.checkpoint_after_flush:
+            checkpointer.end_shard()  # standalone: nothing downstream decides when a shard is done
+
+    def shutdown_requested(self, checkpointer: Checkpointer) -> None:
+        self._checkpointer = checkpointer
+        if self._buffer:
+            self._flush("shutdown")
+        self._settle_poll()
+        self._closed = True
+
+    def lease_lost(self) -> None:
+        # Nothing was checkpointed past what landed: the next owner re-reads the buffered records.
+        dropped = len(self._buffer)
+        self._buffer = []
+        self._buffer_bytes = 0
+        self._closed = True
+        log.info("%s: lease lost; %d buffered records dropped (the next owner re-reads them)", self.shard_id, dropped)
+
+    def heartbeat_attributes(self) -> Mapping[str, Any]:
+        progress = self._progress  # one read of an immutable snapshot: safe from the heartbeat thread
+        return progress.to_attributes() if progress is not None else {}
+
+    @property
+    def progress(self) -> ShardProgress | None:
+        return self._progress
+
+    # -- buffering --------------------------------------------------------------------------------------
+
+    def _check_records(self, records) -> None:
+        first = records[0]
+        if first.shard_id != self.shard_id:
+            raise ValueError(f"landing processor of {self.shard_id} got a record of {first.shard_id}")
+
+    def _buffer_records(self, records) -> None:
+        if self._skip_key is not None or (
+                self._last_delivered is not None and records[0].position() <= self._last_delivered.position()):
+            records = self._drop_landed(records)
+        s = self.settings
+        max_bytes, max_records = s.max_batch_bytes, s.max_batch_records
+        buffer = self._buffer
+        for r in records:
+            arrival = r.approximate_arrival_timestamp_ms
+            minute = arrival - arrival % MINUTE_MS
+            size = len(r.data) + len(r.partition_key) + len(r.sequence_number) + RECORD_OVERHEAD_BYTES
+            if buffer:
+                if minute != self._buffer_minute:
+                    self._flush("minute")
+                    buffer = self._buffer
+                elif self._buffer_bytes + size > max_bytes:
+                    self._flush("bytes")
+                    buffer = self._buffer
+            if not buffer:
+                self._buffer_minute = minute
+                self._buffer_prev = self._last_delivered.checkpoint if self._last_delivered else self._start_prev
+                self._buffer_started = self._monotonic()
+            buffer.append(r)
+            self._buffer_bytes += size
+            self._last_delivered = r
+            if len(buffer) >= max_records:
+                self._flush("records")
+                buffer = self._buffer
+
+    def _drop_landed(self, records):
+        """The slow path after a resume: drop records at or below the resume point (or already delivered)."""
+        floor = self._skip_key
+        if self._last_delivered is not None:
+            delivered = self._last_delivered.position()
+            floor = delivered if floor is None or delivered > floor else floor
+        kept = [r for r in records if r.position() > floor]
+        if len(kept) < len(records):
+            self.stats.records_already_landed += len(records) - len(kept)
+            # The predecessor of the next buffered record is the last one dropped (records come in order).
+            self._last_delivered = [r for r in records if r.position() <= floor][-1]
+        if kept:
+            self._skip_key = None  # records arrive in shard order: nothing later is at or below it
+        return kept
+
+    def _flush_if_due(self) -> None:
+        if not self._buffer:
+            return
+        if self._monotonic() - self._buffer_started >= self.settings.max_batch_age_seconds:
+            self._flush("age")
+            return
+        poll = self._last_poll
+        # Caught up and the buffer's minute is over: no more records of that minute are coming.
+        if poll is not None and poll[1] == 0 and self._buffer_minute + MINUTE_MS <= poll[0]:
+            self._flush("minute_over")
+
+    def _settle_poll(self) -> None:
+        """Every record of every poll so far is landed: publish the newest poll."""
+        poll = self._last_poll
+        if poll is not None and poll[1] is not None and self._progress is not None:
+            self._progress = replace(self._progress, polled_at_ms=poll[0], millis_behind_latest=poll[1])
+
+    # -- flushing ----------------------------------------------------------------------------------------
+
+    def _flush(self, reason: str) -> None:
+        records, prev, minute = self._buffer, self._buffer_prev, self._buffer_minute
+        existing = self._list_minute(minute)
+        exclusion = exclude_landed(records, prev, existing)
+        for cover in exclusion.covering:
+            self._validate(cover)  # never drop records on the word of an unreadable object
+        covered = len(records) - sum(len(run.records) for run in exclusion.runs)
+        if covered:
+            self.stats.records_already_landed += covered
+            log.info("%s: %d of %d records were landed already (%s)", self.shard_id, covered, len(records),
+                     ", ".join(b.key() for b in exclusion.covering))
+        final_key: BatchKey | None = exclusion.last_covered_by
+        for run in exclusion.runs:
+            encoded = encode_batch(self.stream, self.shard_id, run.records, run.prev, self.settings.compression)
+            if self.store.put_if_absent(encoded.key.key(), encoded.body):
+                self.stats.batches_written += 1
+                self.stats.rows_written += encoded.rows
+                self.stats.bytes_written += len(encoded.body)
+            else:
+                # Same key = same range: someone landed exactly these records. Check it really holds them.
+                info = self._validate(encoded.key)
+                if info.rows != encoded.rows:
+                    raise CorruptBatchError(
+                        f"landing zone {self.store.uri}: object {encoded.key.key()} holds {info.rows} rows, "
+                        f"but {encoded.rows} records have that range")
+                self.stats.batches_already_landed += 1
+            final_key = encoded.key if run.records[-1] is records[-1] else final_key
+        last = records[-1]
+        arrival = last.approximate_arrival_timestamp_ms
+        prior = self._progress.landed_arrival_ms
+        self._progress = replace(
+            self._progress, landed=last.checkpoint,
+            landed_arrival_ms=arrival if prior is None or arrival > prior else prior,
+            last_batch_key=final_key.key() if final_key else self._progress.last_batch_key)
+        self._buffer = []
+        self._buffer_bytes = 0
+        self.stats.flushes[reason] = self.stats.flushes.get(reason, 0) + 1
+        if self.settings.checkpoint_after_flush and self._checkpointer is not None:
+            self._checkpointer.checkpoint(last.sequence_number, last.sub_sequence_number)
+
+    def _validate(self, key: BatchKey) -> BatchInfo:
+        info = read_batch_info(self.store, key)
+        self._validated.add(key.key())
+        return info
+
+    def _list_minute(self, minute_ms: int) -> list[BatchKey]:
+        prefix = f"{minute_prefix(self.stream, minute_ms)}{self.shard_id}/"
+        out = []
+        for rel in self.store.list_keys(prefix):
+            if not rel.endswith(".parquet"):
+                continue
+            try:
+                key = parse_batch_key(rel)
+            except ValueError:
+                key = None
+            if (key is None or key.shard_id != self.shard_id or key.minute_ms != minute_ms
+                    or key.first.key() > key.last.key()):
+                raise CorruptBatchError(
+                    f"landing zone {self.store.uri}: object {rel} under the shard's prefix is not a batch key "
+                    f"(<first>_<sub>-<last>_<sub>.parquet with first <= last); move it away to resume landing")
+            out.append(key)
+        return out
+
+    # -- resuming ------------------------------------------------------------------------------------------
+
+    def _find_last_landed(self, hint: ShardProgress | None) -> tuple[BatchKey, BatchInfo] | None:
+        now_minute = minute_of(int(self._clock() * 1000))
+        found = None
+        if hint is not None and hint.landed is not None and hint.landed_arrival_ms is not None:
+            start = min(minute_of(hint.landed_arrival_ms), now_minute)
+            found = self._walk(start, now_minute)
+            if found is None or found.last.key() < hint.landed.key():
+                log.warning("%s: the lease says %s was landed (batch %s) but the zone %s does not hold it; "
+                            "looking for landed batches of the last %d minutes instead", self.shard_id,
+                            hint.landed, hint.last_batch_key, self.store.uri, self.settings.resume_lookback_minutes)
+                found = None
+        if found is None:
+            found = self._walk(now_minute - self.settings.resume_lookback_minutes * MINUTE_MS, now_minute)
+        if found is None:
+            return None
+        return found, self._validate(found)
+
+    def _walk(self, start_minute: int, now_minute: int) -> BatchKey | None:
+        """The furthest batch of the shard from `start_minute` on (see the module docstring)."""
+        best: BatchKey | None = None
+        empty = 0
+        minute = start_minute
+        # One minute past the local clock: arrival timestamps are the service's clock, not ours.
+        while minute <= now_minute + MINUTE_MS:
+            keys = self._list_minute(minute)
+            if keys:
+                empty = 0
+                top = max(keys, key=lambda k: k.last.key())
+                if best is None or top.last.key() > best.last.key():
+                    best = top
+            elif best is not None:
+                empty += 1
+                if empty >= RESUME_EMPTY_MINUTES:
+                    break
+            minute += MINUTE_MS
+        return best
+
+
+def landing_spec(zone: str, stream: str, *, aws: AwsSettings | None = None, standalone: bool = False,
+                 **settings: Any):
+    """A picklable ProcessorSpec building a LandingProcessor in a worker process (for the CLI / Dagster).
+
+    Settings are checked here, in the parent, so a bad value fails before any worker starts.
+    """
+    from ..kcl.worker import ProcessorSpec  # lazily: the worker module pulls in the whole consumer
+
+    LandingSettings(checkpoint_after_flush=standalone, **settings)
+    kwargs: dict[str, Any] = {"zone": zone, "stream": stream, "checkpoint_after_flush": standalone, **settings}
+    if aws is not None:
+        kwargs["aws"] = aws
+    return ProcessorSpec("kcl_pipeline.landing.sink:LandingProcessor", kwargs)

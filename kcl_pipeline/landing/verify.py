@@ -1,0 +1,308 @@
+"""Reading the landing zone back: list and read a window's batches, and verify each shard's chain.
+
+The chain: every batch records the position delivered just before its first record (`prev`), so in
+shard order each batch's prev must equal the previous batch's last. A mismatch is a gap (records
+missing between them); ranges that intersect are an overlap (records landed twice). The first batch of
+a window chains to something outside it: its prev is reported (`starts_after`) so a caller can stitch
+windows together, or compare it with a lease checkpoint. This is the basis of the lineage audit.
+
+`verify_zone(uri, window)` is what `kcl-pipeline landing verify` prints (`ZoneReport.lines()`; exit 1
+when `not report.ok`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Iterable, Sequence
+
+import pyarrow as pa
+
+from ..kcl.aws import AwsSettings
+from ..kcl.model import Checkpoint
+from .batch import SCHEMA, BatchInfo, decode_batch, read_batch_info
+from .errors import CorruptBatchError
+from .layout import HOUR_MS, MINUTE_MS, BatchKey, minute_prefix, parse_batch_key, window_prefixes
+from .store import ZoneStore, open_store
+
+
+@dataclass(frozen=True)
+class Listing:
+    batches: list[BatchKey]  # sorted by (shard, first position)
+    bad_keys: list[str]  # .parquet objects whose names are not batch keys
+
+
+@dataclass(frozen=True)
+class Gap:
+    after: Checkpoint  # the last record of the earlier batch
+    next_prev: Checkpoint | None  # what the next batch says preceded it
+    next_key: str
+
+
+@dataclass(frozen=True)
+class Overlap:
+    first_key: str
+    second_key: str
+
+
+@dataclass
+class ChainReport:
+    shard_id: str
+    batches: int = 0
+    rows: int = 0
+    first: Checkpoint | None = None
+    last: Checkpoint | None = None
+    starts_after: Checkpoint | None = None  # the prev of the first batch (outside the window)
+    gaps: list[Gap] = field(default_factory=list)
+    overlaps: list[Overlap] = field(default_factory=list)
+    corrupt: dict[str, str] = field(default_factory=dict)  # key -> why it could not be read
+    duplicate_rows: int | None = None  # only when rows were read (deep)
+    row_errors: list[str] = field(default_factory=list)  # deep: rows that disagree with their batch
+
+    @property
+    def ok(self) -> bool:
+        return not (self.gaps or self.overlaps or self.corrupt or self.duplicate_rows or self.row_errors)
+
+
+@dataclass
+class ZoneReport:
+    uri: str
+    window: tuple[int, int] | None
+    streams: dict[str, dict[str, ChainReport]]
+    bad_keys: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.bad_keys and all(r.ok for shards in self.streams.values() for r in shards.values())
+
+    @property
+    def rows(self) -> int:
+        return sum(r.rows for shards in self.streams.values() for r in shards.values())
+
+    def lines(self) -> list[str]:
+        where = "all time" if self.window is None else f"[{_iso(self.window[0])}, {_iso(self.window[1])})"
+        out = [f"landing zone {self.uri}, window {where}"]
+        if not self.streams:
+            out.append("  no batches")
+        for stream, shards in sorted(self.streams.items()):
+            out.append(f"stream {stream}")
+            for shard_id, r in sorted(shards.items()):
+                status = "OK" if r.ok else "BROKEN"
+                out.append(f"  {shard_id}: {status} batches={r.batches} rows={r.rows} first={r.first} "
+                           f"last={r.last} starts_after={r.starts_after} gaps={len(r.gaps)} "
+                           f"overlaps={len(r.overlaps)}" + (f" duplicate_rows={r.duplicate_rows}"
+                                                            if r.duplicate_rows is not None else ""))
+                out += [f"    gap after {g.after}: next batch {g.next_key} says it follows {g.next_prev}"
+                        for g in r.gaps]
+                out += [f"    overlap: {o.first_key} and {o.second_key}" for o in r.overlaps]
+                out += [f"    corrupt: {k}: {why}" for k, why in sorted(r.corrupt.items())]
+                out += [f"    rows: {e}" for e in r.row_errors]
+        out += [f"  not a batch key: {k}" for k in self.bad_keys]
+        out.append(f"{'OK' if self.ok else 'BROKEN'}: {self.rows} rows")
+        return out
+
+
+# -- listing and reading --------------------------------------------------------------------------------
+
+def scan_batches(store: ZoneStore, stream: str, t0: int | None = None, t1: int | None = None,
+                 shard: str | None = None) -> Listing:
+    """The batches of `stream` whose arrival minute is in [t0, t1) (everything when no window)."""
+    if (t0 is None) != (t1 is None):
+        raise ValueError("give both ends of the window, or neither")
+    if t0 is None:
+        prefixes = [f"{stream}/"]
+    else:
+        _check_window(t0, t1)
+        if shard is not None:  # the shard sits below the minute: one small listing per minute
+            prefixes = [f"{minute_prefix(stream, m)}{shard}/" for m in range(t0, t1, MINUTE_MS)]
+        else:
+            prefixes = window_prefixes(stream, t0, t1)
+    batches, bad = [], []
+    for prefix in prefixes:
+        for rel in store.list_keys(prefix):
+            if not rel.endswith(".parquet"):
+                continue
+            try:
+                key = parse_batch_key(rel)
+            except ValueError:
+                key = None
+            if key is None or key.first.key() > key.last.key():
+                bad.append(rel)
+                continue
+            if key.stream == stream and (shard is None or key.shard_id == shard):
+                batches.append(key)
+    batches.sort(key=lambda b: (b.shard_id, b.first.key(), b.last.key()))
+    return Listing(batches, bad)
+
+
+def list_batches(store: ZoneStore, stream: str, t0: int | None = None, t1: int | None = None,
+                 shard: str | None = None) -> list[BatchKey]:
+    return scan_batches(store, stream, t0, t1, shard).batches
+
+
+def read_batches(store: ZoneStore, stream: str, t0: int | None = None, t1: int | None = None,
+                 shard: str | None = None) -> pa.Table:
+    """Every row landed for the window (and shard), in (shard, position) order of the batches."""
+    tables = [decode_batch(store.get(b.key()), b.key()) for b in list_batches(store, stream, t0, t1, shard)]
+    if not tables:
+        return SCHEMA.empty_table()
+    return pa.concat_tables(t.replace_schema_metadata(None) for t in tables)
+
+
+# -- the chain --------------------------------------------------------------------------------------------
+
+def verify_chain(infos: Sequence[BatchInfo], corrupt: dict[str, BatchKey | str] | None = None) -> dict[str, ChainReport]:
+    """Pure: per-shard chain status from batch footers (and keys that could not be read, key -> reason)."""
+    reports: dict[str, ChainReport] = {}
+    unreadable: dict[str, list[tuple[BatchKey, str]]] = {}
+    for rel, why in (corrupt or {}).items():
+        key = parse_batch_key(rel)
+        if key is not None:
+            unreadable.setdefault(key.shard_id, []).append((key, str(why)))
+    by_shard: dict[str, list[BatchInfo]] = {}
+    for info in infos:
+        by_shard.setdefault(info.key.shard_id, []).append(info)
+    for shard_id in sorted(set(by_shard) | set(unreadable)):
+        report = reports[shard_id] = ChainReport(shard_id)
+        # Unreadable batches keep their place in the chain (their key gives the range) but vouch for nothing.
+        items: list[tuple[BatchKey, BatchInfo | None]] = [(i.key, i) for i in by_shard.get(shard_id, ())]
+        for key, why in unreadable.get(shard_id, ()):
+            items.append((key, None))
+            report.corrupt[key.key()] = why
+        items.sort(key=lambda kv: (kv[0].first.key(), kv[0].last.key()))
+        previous: BatchKey | None = None
+        for key, info in items:
+            report.batches += 1
+            report.rows += info.rows if info else 0
+            if previous is None:
+                report.first = key.first
+                report.starts_after = info.prev if info else None
+            elif key.first.key() <= previous.last.key():
+                report.overlaps.append(Overlap(previous.key(), key.key()))
+            elif info is not None and info.prev != previous.last:
+                report.gaps.append(Gap(previous.last, info.prev, key.key()))
+            if previous is None or key.last.key() > previous.last.key():
+                report.last = key.last
+                previous = key
+    return reports
+
+
+def _deep_check(table: pa.Table, info: BatchInfo) -> list[str]:
+    """Rows against their footer: count, first/last, strictly increasing positions, shard and stream."""
+    key = info.key
+    problems = []
+    if table.num_rows != info.rows:
+        problems.append(f"{key.key()}: {table.num_rows} rows, footer says {info.rows}")
+    if table.num_rows:
+        seqs = table.column("sequence_number").to_pylist()
+        subs = table.column("sub_sequence_number").to_pylist()
+        positions = [(len(s), s, n) for s, n in zip(seqs, subs)]
+        if positions[0] != key.first.key() or positions[-1] != key.last.key():
+            problems.append(f"{key.key()}: rows run {seqs[0]}/{subs[0]}..{seqs[-1]}/{subs[-1]}")
+        if any(a >= b for a, b in zip(positions, positions[1:])):
+            problems.append(f"{key.key()}: positions are not strictly increasing")
+        if set(table.column("shard_id").to_pylist()) != {key.shard_id} or \
+                set(table.column("stream").to_pylist()) != {key.stream}:
+            problems.append(f"{key.key()}: rows of another shard or stream")
+    return problems
+
+
+def verify_batches(store: ZoneStore, batches: Iterable[BatchKey], *, deep: bool = False) -> dict[str, ChainReport]:
+    infos, corrupt = [], {}
+    tables: dict[str, list[tuple[pa.Table, BatchInfo]]] = {}
+    for b in batches:
+        try:
+            info = read_batch_info(store, b)
+            if deep:
+                tables.setdefault(b.shard_id, []).append((decode_batch(store.get(b.key()), b.key()), info))
+            infos.append(info)
+        except CorruptBatchError as exc:
+            corrupt[b.key()] = str(exc)
+    reports = verify_chain(infos, corrupt)
+    if deep:
+        for shard_id, items in tables.items():
+            report = reports[shard_id]
+            seen: set[tuple[str, int]] = set()
+            dups = 0
+            for table, info in items:
+                report.row_errors += _deep_check(table, info)
+                for s, n in zip(table.column("sequence_number").to_pylist(),
+                                table.column("sub_sequence_number").to_pylist()):
+                    if (s, n) in seen:
+                        dups += 1
+                    seen.add((s, n))
+            report.duplicate_rows = dups
+    return reports
+
+
+def verify_zone(uri: str, window: tuple[int, int] | str | None = None, *, stream: str | None = None,
+                shard: str | None = None, aws: AwsSettings | None = None, deep: bool = False,
+                store: ZoneStore | None = None) -> ZoneReport:
+    """Verify every shard's chain in the window (every stream of the zone unless `stream` is given)."""
+    store = store or open_store(uri, aws)
+    store.ensure_zone(create=False)
+    span = parse_window(window) if isinstance(window, str) else window
+    streams = [stream] if stream else store.list_dirs("")
+    report = ZoneReport(store.uri, span, {})
+    for name in streams:
+        listing = scan_batches(store, name, *(span or (None, None)), shard=shard)
+        report.bad_keys += listing.bad_keys
+        if listing.batches:
+            report.streams[name] = verify_batches(store, listing.batches, deep=deep)
+    return report
+
+
+# -- windows ----------------------------------------------------------------------------------------------
+
+def parse_window(text: str) -> tuple[int, int]:
+    """`START` (one hour), `START/END` or `START/PT<n>H|M` (ISO 8601 interval); UTC unless an offset is given.
+
+    e.g. 2026-11-22T03:00, 2026-11-22T03:00/2026-11-22T04:00, 2026-11-22T03:00/PT15M.
+    """
+    start_text, _, end_text = text.partition("/")
+    t0 = _parse_instant(start_text, text)
+    if not end_text:
+        t1 = t0 + HOUR_MS
+    elif end_text.upper().startswith("PT"):
+        t1 = t0 + _parse_duration(end_text, text)
+    else:
+        t1 = _parse_instant(end_text, text)
+    _check_window(t0, t1)
+    return t0, t1
+
+
+def _parse_instant(value: str, whole: str) -> int:
+    try:
+        dt = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"window {whole!r}: {value!r} is not an ISO 8601 time (e.g. 2026-11-22T03:00)") from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return int(dt.timestamp() * 1000)
+
+
+def _parse_duration(value: str, whole: str) -> int:
+    body = value.upper()[2:]
+    total, number = 0, ""
+    for ch in body:
+        if ch.isdigit():
+            number += ch
+        elif ch in "HM" and number:
+            total += int(number) * (HOUR_MS if ch == "H" else MINUTE_MS)
+            number = ""
+        else:
+            break
+    else:
+        if not number and total:
+            return total
+    raise ValueError(f"window {whole!r}: duration {value!r} must look like PT1H, PT15M or PT1H30M")
+
+
+def _check_window(t0: int, t1: int) -> None:
+    if t1 <= t0:
+        raise ValueError(f"window [{_iso(t0)}, {_iso(t1)}) is empty")
+    if t0 % MINUTE_MS or t1 % MINUTE_MS:
+        raise ValueError(f"window [{t0}, {t1}) must start and end on whole minutes (batches are per minute)")
+
+
+def _iso(ms: int) -> str:
+    return (datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(milliseconds=ms)).strftime("%Y-%m-%dT%H:%M:%SZ")
