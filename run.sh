@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# One entry point for a fresh clone:
+#   ./run.sh demo   — emulators + demo stream + KPL producer + `dagster dev` on 127.0.0.1:3000 (Ctrl-C stops all)
+#   ./run.sh test   — the whole test suite (add pytest args, e.g. ./run.sh test -m "not slow")
+# Both install what they need first (a .venv from requirements.lock, node_modules from package-lock.json);
+# a second run reuses them.
+set -euo pipefail
+cd "$(dirname "$0")"
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+
+setup() {
+  if [ ! -x .venv/bin/python ] || [ ! -f .venv/.installed ] || [ requirements.lock -nt .venv/.installed ] \
+      || [ pyproject.toml -nt .venv/.installed ]; then
+    echo "==> installing Python dependencies into .venv (first run takes a few minutes: pyspark builds locally)"
+    [ -x .venv/bin/python ] || "$PY" -m venv .venv
+    .venv/bin/pip install -q --upgrade pip
+    .venv/bin/pip install -q -c requirements.lock -e ".[dev]"
+    touch .venv/.installed
+  fi
+  if [ ! -d node_modules ] || [ package-lock.json -nt node_modules ]; then
+    echo "==> installing the emulators (npm ci)"
+    npm ci --no-audit --no-fund --loglevel=error
+    touch node_modules
+  fi
+}
+
+cmd=${1:-help}
+shift || true
+case "$cmd" in
+  test)
+    setup
+    exec .venv/bin/python -m pytest "$@"
+    ;;
+  demo)
+    setup
+    exec .venv/bin/kcl-pipeline demo "$@"
+    ;;
+  setup)
+    setup
+    ;;
+  *)
+    echo "usage: ./run.sh demo | test [pytest args] | setup" >&2
+    exit 2
+    ;;
+esac
