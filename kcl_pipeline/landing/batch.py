@@ -48,6 +48,12 @@ SCHEMA = pa.schema([
     pa.field("data", pa.binary(), nullable=False),
 ])
 
+# Arrow's default pool (mimalloc/jemalloc) keeps freed memory for reuse: after a few 8 MB flushes a worker
+# holds ~40 MB it does not use. The system allocator returns large blocks to the OS at once; encoding
+# speed is the same (benchmarks/bench_landing.py measures both speed and peak RSS).
+_POOL = pa.system_memory_pool()
+ROW_GROUP_BYTES = 2 * 1024 * 1024
+
 # A footer larger than this is read with a second ranged GET (row groups x columns x stats; ours are small).
 TAIL_BYTES = 64 * 1024
 
@@ -104,17 +110,6 @@ def encode_batch(stream: str, shard_id: str, records: Sequence[UserRecord], prev
                          f"{last.approximate_arrival_timestamp_ms})")
     n = len(records)
     arrivals = [r.approximate_arrival_timestamp_ms for r in records]
-    ehks = [r.explicit_hash_key for r in records]
-    table = pa.Table.from_arrays([
-        pa.array([stream] * n, pa.string()),
-        pa.array([shard_id] * n, pa.string()),
-        pa.array([r.sequence_number for r in records], pa.string()),
-        pa.array([r.sub_sequence_number for r in records], pa.int64()),
-        pa.array([r.partition_key for r in records], pa.string()),
-        pa.array(ehks, pa.string()),
-        pa.array(arrivals, pa.timestamp("ms", tz="UTC")),
-        pa.array([r.data for r in records], pa.binary()),
-    ], schema=SCHEMA)
     key = BatchKey(stream, shard_id, minute, first.checkpoint, last.checkpoint)
     meta = {
         "batch_format": FORMAT_VERSION, "stream": stream, "shard_id": shard_id,
@@ -122,15 +117,35 @@ def encode_batch(stream: str, shard_id: str, records: Sequence[UserRecord], prev
         "rows": str(n), "minute": str(minute),
         "first_arrival_ms": str(min(arrivals)), "last_arrival_ms": str(max(arrivals)),
     }
-    sink = io.BytesIO()
+    # Row groups of about ROW_GROUP_BYTES: only one group's Arrow copy of the records exists at a time.
+    data_bytes = sum(len(r.data) for r in records)
+    group = max(1, min(n, n * ROW_GROUP_BYTES // max(1, data_bytes)))
+    sink = pa.BufferOutputStream(memory_pool=_POOL)
     # store_schema=False: the Parquet types already say everything (UTC millis); a smaller footer.
     with pq.ParquetWriter(sink, SCHEMA, compression=None if compression == "none" else compression,
                           use_dictionary=["stream", "shard_id", "partition_key", "explicit_hash_key"],
                           write_statistics=["sequence_number", "approximate_arrival_timestamp"],
-                          store_schema=False) as writer:
-        writer.write_table(table, row_group_size=n)
+                          store_schema=False, memory_pool=_POOL) as writer:
+        for i in range(0, n, group):
+            writer.write_table(_table(stream, shard_id, records[i:i + group], arrivals[i:i + group]),
+                               row_group_size=group)
         writer.add_key_value_metadata({f"{_META}{k}": v for k, v in meta.items()})
-    return EncodedBatch(key, sink.getvalue(), n, prev, max(arrivals))
+    return EncodedBatch(key, sink.getvalue().to_pybytes(), n, prev, max(arrivals))
+
+
+def _table(stream: str, shard_id: str, records: Sequence[UserRecord], arrivals: list[int]) -> pa.Table:
+    n = len(records)
+    pool = _POOL
+    return pa.Table.from_arrays([
+        pa.array([stream] * n, pa.string(), memory_pool=pool),
+        pa.array([shard_id] * n, pa.string(), memory_pool=pool),
+        pa.array([r.sequence_number for r in records], pa.string(), memory_pool=pool),
+        pa.array([r.sub_sequence_number for r in records], pa.int64(), memory_pool=pool),
+        pa.array([r.partition_key for r in records], pa.string(), memory_pool=pool),
+        pa.array([r.explicit_hash_key for r in records], pa.string(), memory_pool=pool),
+        pa.array(arrivals, pa.timestamp("ms", tz="UTC"), memory_pool=pool),
+        pa.array([r.data for r in records], pa.binary(), memory_pool=pool),
+    ], schema=SCHEMA)
 
 
 def decode_batch(body: bytes, key: str = "?") -> pa.Table:

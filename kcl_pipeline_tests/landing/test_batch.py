@@ -143,3 +143,11 @@ def test_large_footer_needs_a_second_read(local_zone):
 
 def test_schema_is_the_one_documented():
     assert [(f.name, f.type) for f in SCHEMA] == EXPECTED_COLUMNS
+
+
+def test_big_batches_are_written_in_row_groups():
+    records = make_records(3000, data_size=1000)  # ~3 MB: two row groups of <= 2 MB
+    batch = encode_batch(STREAM, SHARD, records, None)
+    md = pq.read_metadata(pa.BufferReader(batch.body))
+    assert md.num_row_groups == 2 and md.num_rows == 3000
+    assert decode_batch(batch.body).column("data").to_pylist() == [r.data for r in records]
