@@ -11,9 +11,12 @@ Reasons are "<code>: <detail>" with code one of REASON_CODES, so they group by `
 JSON rules ("json"): the payload must be UTF-8 (no BOM) holding one RFC 8259 JSON text whose top-level value
 is an object; NaN/Infinity and trailing content are rejected; duplicate keys are allowed (RFC: SHOULD be
 unique) and kept verbatim, since `payload` is the original text. It runs as a Spark Arrow UDF with Python's
-json parser. "json_spark" uses only Spark SQL (try_parse_json): faster per row, but Spark's parser ignores
-content after the top-level value (`{"a":1} xyz` passes) and rejects duplicate keys and lone surrogate
-escapes. BENCHMARKS.md has both throughputs.
+json parser (one Arrow UTF-8 check per batch, then the C parser per record).
+"json_spark" uses only Spark SQL (try_parse_json + schema_of_variant). Measured on local[2] over 1M records
+(benchmarks/bench_transform.py) it is the slower of the two (~70-100k vs ~110-150k records/s end to end: it
+builds a variant per record), and its rules differ: Spark's parser ignores content after the top-level value
+(`{"a":1} xyz` passes) and rejects duplicate keys and lone surrogate escapes. Use it where Python workers
+must not decode.
 """
 from __future__ import annotations
 

@@ -210,8 +210,10 @@ def transform_window(
     distinct = raw.groupBy(*RECORD_KEY).agg(
         F.count(F.lit(1)).alias("_copies"), *[F.any_value(c).alias(c) for c in _CARRIED])
     decoded, extra = _decode(distinct, decode_fn)
-    decoded = decoded.withColumn("window_start", F.timestamp_millis(F.lit(window_start_ms)))
-    decoded.persist(StorageLevel.MEMORY_AND_DISK)  # three actions below; read and parse once
+    decoded = (decoded.withColumn("window_start", F.timestamp_millis(F.lit(window_start_ms)))
+               # only quarantined rows need their raw bytes: a good row's payload is the same text
+               .withColumn("data", F.when(F.col("reason").isNotNull(), F.col("data"))))
+    decoded.persist(StorageLevel.MEMORY_AND_DISK)  # three actions below; read, shuffle and parse once
     try:
         position = F.struct(F.length("sequence_number").alias("len"), "sequence_number", "sub_sequence_number")
         shard_rows = decoded.groupBy("shard_id").agg(

@@ -133,6 +133,9 @@ def test_decoder_schema_adds_columns(spark, landed, tmp_path):
     (lambda data: __import__("pyspark.sql.functions").sql.functions.struct(
         data.cast("string").alias("payload"), data.cast("string").alias("reason"),
         data.alias("shard_id")), ValueError, "clash with the output's own columns"),
+    (lambda data: __import__("pyspark.sql.functions").sql.functions.struct(
+        data.cast("string").alias("payload"), data.cast("string").alias("reason"),
+        data.cast("string").alias("payload")), ValueError, "clash with the output's own columns"),
 ])
 def test_bad_decoders_are_refused(spark, landed, tmp_path, decoder, error, message):
     with pytest.raises(error, match=message):
