@@ -12,7 +12,7 @@ Exactly once, however often workers crash, restart or hand a lease over:
   commits only after the transform, DESIGN §6) and `resume_position()` tells the worker to read after it.
 * It never checkpoints (the `kinesis_checkpoints` asset does, for materialised windows), except in
   standalone mode (`checkpoint_after_flush=True`, `kcl-pipeline consume --landing` without Dagster),
-  where it checkpoints after each flush and ends the shard itself.
+  where it checkpoints after each flush (on the next heartbeat write) and ends the shard itself.
 
 Finding the last landed record cheaply. The key scheme puts the minute above the shard
 (`<stream>/dt/hh/mm/<shard>/…`), so one shard's batches cannot be listed in one call; the sink lists
@@ -348,7 +348,10 @@ class LandingProcessor:
         self._buffer_bytes = 0
         self.stats.flushes[reason] = self.stats.flushes.get(reason, 0) + 1
         if self.settings.checkpoint_after_flush and self._checkpointer is not None:
-            self._checkpointer.checkpoint(last.sequence_number, last.sub_sequence_number)
+            # On the next heartbeat write when the worker offers it (no extra DynamoDB write): a checkpoint
+            # that lags only makes a successor re-read records the exclusion then drops.
+            commit = getattr(self._checkpointer, "checkpoint_at_next_heartbeat", None) or self._checkpointer.checkpoint
+            commit(last.sequence_number, last.sub_sequence_number)
 
     def _validate(self, key: BatchKey) -> BatchInfo:
         info = read_batch_info(self.store, key)

@@ -170,12 +170,23 @@ def test_pipeline_mode_never_checkpoints_and_marks_shard_end(local_zone):
     assert landed_rows(store) == expected_rows(records)
 
 
-def test_standalone_mode_checkpoints_after_each_flush_and_ends_the_shard(local_zone):
+class HeartbeatCheckpointer(RecordingCheckpointer):
+    """A worker checkpointer that can defer a checkpoint to its next heartbeat write."""
+
+    def checkpoint(self, sequence_number=None, sub_sequence_number=0):
+        raise AssertionError("the deferred form should be used when offered")
+
+    def checkpoint_at_next_heartbeat(self, sequence_number=None, sub_sequence_number=0):
+        self.checkpoints.append(Checkpoint(sequence_number, sub_sequence_number))
+
+
+@pytest.mark.parametrize("checkpointer", [RecordingCheckpointer, HeartbeatCheckpointer])
+def test_standalone_mode_checkpoints_after_each_flush_and_ends_the_shard(local_zone, checkpointer):
     uri, store = local_zone
     records = make_records(20)
     p = sink(uri, Clock(T0), max_batch_records=8, checkpoint_after_flush=True)
     init(p)
-    cp = deliver(p, records, 5)
+    cp = deliver(p, records, 5, checkpointer())
     p.shard_ended(cp)
     lasts = [k.last for k in sorted(list_batches(store, STREAM), key=lambda k: k.first.key())]
     assert cp.checkpoints == lasts and lasts[-1] == records[-1].checkpoint

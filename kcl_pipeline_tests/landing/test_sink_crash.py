@@ -21,7 +21,7 @@ from kcl_pipeline.landing.sink import LandingProcessor
 from kcl_pipeline.landing.store import ZoneStore, open_store
 from kcl_pipeline.landing.verify import list_batches, read_batches, verify_zone
 
-from .helpers import SHARD, STREAM, T0, Clock, RecordingCheckpointer, after, deliver, init, make_records
+from .helpers import SHARD, STREAM, T0, Clock, after, deliver, init, make_records
 
 TH = Checkpoint("TRIM_HORIZON")
 
