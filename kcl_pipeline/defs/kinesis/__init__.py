@@ -1,0 +1,1 @@
+"""Dagster wiring of the Kinesis pipeline (resources, sensor, assets, checks, schedule)."""

@@ -1,0 +1,40 @@
+"""The Kinesis domain's Definitions, built from PipelineSettings (the environment by default)."""
+from __future__ import annotations
+
+from dagster import AssetSelection, Definitions, define_asset_job, in_process_executor
+
+from .assets import CHECKPOINTS, LANDED, TRANSFORMED, build_assets, kinesis_stream
+from .checks import build_checks
+from .partitions import window_partitions
+from .resources import SPARK_RUN_TAG, build_resources
+from .schedules import build_backfill_schedule
+from .sensors import build_consumer_sensor
+from .settings import PipelineSettings
+
+WINDOW_JOB = "kinesis_window_job"
+BACKFILL_JOB = "kinesis_backfill_job"
+
+
+def build_definitions(settings: PipelineSettings | None = None) -> Definitions:
+    settings = settings or PipelineSettings.from_env()
+    partitions_def = window_partitions(settings)
+    landed, transformed, checkpoints = build_assets(partitions_def, settings.window_ms)
+    chain, counts, within = build_checks(partitions_def, settings.window_ms)
+    window_job = define_asset_job(
+        WINDOW_JOB, selection=AssetSelection.assets(TRANSFORMED, CHECKPOINTS) | AssetSelection.checks(chain),
+        partitions_def=partitions_def, tags={SPARK_RUN_TAG: "true"},
+        description="Transform a window the kinesis_consumer sensor reported complete, then commit its checkpoints.")
+    backfill_job = define_asset_job(
+        BACKFILL_JOB, selection=AssetSelection.assets(LANDED, TRANSFORMED), partitions_def=partitions_def,
+        tags={SPARK_RUN_TAG: "true"},
+        description="Re-land windows from Kinesis (bounded re-reads) and transform them; checkpoints untouched.")
+    return Definitions(
+        assets=[kinesis_stream, landed, transformed, checkpoints],
+        asset_checks=[chain, counts, within],
+        jobs=[window_job, backfill_job],
+        sensors=[build_consumer_sensor(partitions_def, window_job, settings.sensor_interval_seconds)],
+        schedules=[build_backfill_schedule(backfill_job, partitions_def, settings.window_ms)],
+        resources=build_resources(settings),
+        # Steps run one after another in the run's process: one SparkSession per run, no per-step start-up.
+        executor=in_process_executor,
+    )

@@ -1,0 +1,256 @@
+"""The `kinesis_consumer` sensor: this Dagster deployment's member of the consumer fleet.
+
+One tick = one lease-manager cycle (scan, list shards, delete/create leases, acquire, spawn one worker
+process per lease), then: read the fleet's landing progress from the lease table, report every window that
+became complete since the cursor as a `landed_records` materialisation, and request `transformed_records` +
+`kinesis_checkpoints` for it.
+
+State. The manager lives in a module-level registry (keyed by stream and application) so its workers
+survive from tick to tick inside the code server; everything that must outlive the process is elsewhere:
+leases and progress in the lease table, data in the landing zone, and this host's consumer id and the next
+window to report in the sensor cursor (JSON). When ticks stop (sensor off, code reloaded, server killed),
+the workers stop by themselves after `keepalive` without a cycle (3 sensor intervals), or at once when the
+code server exits, and release their leases; a new code server takes them over only once they are free or
+expired, so a reload never has two workers on one lease.
+"""
+
+import json
+import logging
+import socket
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from dagster import (
+    AssetMaterialization,
+    AssetObservation,
+    DefaultSensorStatus,
+    MetadataValue,
+    RunRequest,
+    SensorEvaluationContext,
+    SensorResult,
+    TimeWindowPartitionsDefinition,
+    sensor,
+)
+from dagster_aws.s3 import S3Resource
+
+from ...kcl.manager import LeaseManager
+from ...landing.completeness import window_complete
+from ...landing.progress import progress_from_leases
+from ...landing.window_report import earliest_landed_minute, iso, summarise_window
+from ...landing.window_scan import first_window, scan_windows
+from .assets import KINESIS_STREAM, LANDED, landing_store
+from .partitions import partition_key
+from .resources import SPARK_RUN_TAG, AwsResource, KinesisConsumerResource
+
+log = logging.getLogger(__name__)
+
+CURSOR_VERSION = 1
+OBSERVE_EVERY_MS = 60_000  # fleet observations (lag, leases per consumer): at most once a minute
+
+
+class CursorError(ValueError):
+    """The sensor cursor is not one this sensor wrote."""
+
+
+@dataclass(frozen=True)
+class Cursor:
+    worker_id: str | None = None
+    next_window_ms: int | None = None  # the first window not reported yet (None: not decided yet)
+    observed_at_ms: int | None = None
+
+    def to_json(self) -> str:
+        return json.dumps({"v": CURSOR_VERSION, **asdict(self)}, sort_keys=True)
+
+    @classmethod
+    def parse(cls, text: str | None) -> "Cursor":
+        if not text:
+            return cls()
+        try:
+            data = json.loads(text)
+            if not isinstance(data, dict) or data.get("v") != CURSOR_VERSION:
+                raise ValueError(f"version {data.get('v') if isinstance(data, dict) else None!r}")
+            return cls(worker_id=_opt(data.get("worker_id"), str), next_window_ms=_opt(data.get("next_window_ms"), int),
+                       observed_at_ms=_opt(data.get("observed_at_ms"), int))
+        except (ValueError, TypeError) as exc:
+            raise CursorError(
+                f"kinesis_consumer cursor {text[:200]!r} is not a v{CURSOR_VERSION} cursor ({exc}); clear the "
+                f"cursor in the UI to start afresh (windows already reported are not reported twice: runs are "
+                f"keyed by partition)") from None
+
+
+def _opt(value: Any, kind: type) -> Any:
+    if value is None:
+        return None
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise TypeError(f"expected an integer, got {value!r}")
+    if kind is str and not isinstance(value, str):
+        raise TypeError(f"expected a string, got {value!r}")
+    return value
+
+
+def new_worker_id() -> str:
+    return f"dagster-{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+
+
+# -- the hosted lease managers ------------------------------------------------------------------------------
+
+@dataclass
+class HostedConsumer:
+    manager: LeaseManager
+    worker_id: str
+
+
+_REGISTRY: dict[tuple[str, str], HostedConsumer] = {}
+_REGISTRY_LOCK = threading.Lock()
+
+
+def hosted_consumer(consumer: KinesisConsumerResource, aws: AwsResource, worker_id: str,
+                    interval_seconds: float) -> HostedConsumer:
+    """This process's lease manager for the consumer, created (and started) on first use."""
+    key = (consumer.stream, consumer.application)
+    with _REGISTRY_LOCK:
+        hosted = _REGISTRY.get(key)
+        if hosted is not None and hosted.worker_id == worker_id:
+            return hosted
+        if hosted is not None:  # the identity changed (cursor cleared and a new id set): hand over gracefully
+            log.info("consumer id changed from %s to %s: stopping the old workers", hosted.worker_id, worker_id)
+            hosted.manager.shutdown(timeout=min(20.0, interval_seconds))
+            del _REGISTRY[key]
+        settings = aws.settings()
+        manager = LeaseManager(consumer.consumer_config(settings, worker_id, float(interval_seconds)),
+                               consumer.processor_spec(settings), keepalive_timeout=3.0 * interval_seconds)
+        manager.start()  # a missing stream fails the tick here, with a message naming it
+        hosted = _REGISTRY[key] = HostedConsumer(manager, worker_id)
+        return hosted
+
+
+def shutdown_hosted(timeout: float = 30.0) -> None:
+    """Stop every hosted manager's workers (graceful: they release their leases). For tests and embedding."""
+    with _REGISTRY_LOCK:
+        for hosted in _REGISTRY.values():
+            hosted.manager.shutdown(timeout=timeout)
+        _REGISTRY.clear()
+
+
+# -- one tick ---------------------------------------------------------------------------------------------
+
+def consumer_tick(context: SensorEvaluationContext, consumer: KinesisConsumerResource, aws: AwsResource,
+                  s3: S3Resource | None, partitions_def: TimeWindowPartitionsDefinition, interval_seconds: float,
+                  *, now_ms: int | None = None) -> SensorResult:
+    started = time.monotonic()
+    cursor = Cursor.parse(context.cursor)
+    window_ms = consumer.window_ms
+    _check_window(partitions_def, window_ms)
+    with _REGISTRY_LOCK:
+        hosted = _REGISTRY.get((consumer.stream, consumer.application))
+    worker_id = consumer.worker_id or cursor.worker_id or (hosted.worker_id if hosted else None) or new_worker_id()
+    hosted = hosted_consumer(consumer, aws, worker_id, interval_seconds)
+    manager = hosted.manager
+    cycle = manager.run_cycle()
+    context.log.info(f"consumer {worker_id} cycle: {cycle.summary()}")
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    leases, shards = manager.leases, manager.shards
+    progress = progress_from_leases(leases)
+    grace_ms = int(consumer.grace_seconds * 1000)
+    store = landing_store(consumer, aws, s3)
+    partitions_start_ms = int(partitions_def.start.timestamp() * 1000)
+
+    events: list[Any] = []
+    next_window = cursor.next_window_ms
+    if next_window is None:
+        first = first_window(window_ms, earliest_landed_minute(store, consumer.stream), leases, progress, grace_ms,
+                             not_before_ms=partitions_start_ms)
+        if first.start_ms is None:
+            context.log.info(f"first window not decided yet: {first.reason}"
+                             + (f" ({', '.join(first.waiting_on)})" if first.waiting_on else ""))
+        else:
+            context.log.info(f"first window {iso(first.start_ms)}: {first.reason}")
+            next_window = first.start_ms
+    elif next_window < partitions_start_ms:
+        context.log.warning(f"the cursor's next window {iso(next_window)} precedes the first partition; "
+                            f"skipping to {iso(partitions_start_ms)}")
+        next_window = partitions_start_ms
+
+    run_requests: list[RunRequest] = []
+    if next_window is not None:
+        scan = scan_windows(next_window, window_ms, now_ms,
+                            lambda t0, t1: window_complete(t0, t1, shards, progress, leases, grace_ms),
+                            limit=max(1, consumer.max_windows_per_tick))
+        for status in scan.complete:
+            if time.monotonic() - started > consumer.tick_budget_seconds:
+                context.log.info(f"tick budget spent; window {iso(status.window_start_ms)} waits for the next tick")
+                break
+            key = partition_key(status.window_start_ms)
+            summary = summarise_window(store, consumer.stream, status.window_start_ms, status.window_end_ms)
+            events.append(AssetMaterialization(asset_key=LANDED, partition=key, metadata={
+                "rows": summary.rows,
+                "bytes": summary.bytes,
+                "batches": len(summary.keys),
+                "shards": len(summary.shards),
+                "chain_ok": summary.chain_ok,
+                "per_shard": MetadataValue.json(summary.per_shard()),
+                "keys": MetadataValue.json(summary.keys[:200]),
+                "completeness": MetadataValue.json(status.reasons),
+                "source": "kinesis_consumer sensor",
+            }))
+            run_requests.append(RunRequest(run_key=f"window-{key}", partition_key=key, tags={SPARK_RUN_TAG: "true"}))
+            next_window = status.window_end_ms
+            context.log.info(f"window {key} complete: {summary.rows} rows, {summary.bytes} bytes in "
+                             f"{len(summary.keys)} batches; transform requested")
+        if scan.stopped_by == "incomplete" and next_window == scan.next_start_ms and scan.blocking is not None:
+            waiting = "; ".join(f"{s}: {scan.blocking.reasons.get(s, '')}" for s in scan.blocking.waiting_on)
+            context.log.info(f"window {partition_key(scan.blocking.window_start_ms)} not complete yet, waiting on "
+                             f"{waiting}")
+
+    observed_at = cursor.observed_at_ms
+    if observed_at is None or now_ms - observed_at >= OBSERVE_EVERY_MS:
+        events.append(AssetObservation(asset_key=KINESIS_STREAM, metadata=_fleet_metadata(cycle, progress, leases)))
+        observed_at = now_ms
+    new_cursor = Cursor(worker_id, next_window, observed_at)
+    return SensorResult(run_requests=run_requests, asset_events=events, cursor=new_cursor.to_json())
+
+
+def _fleet_metadata(cycle, progress, leases) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "total_leases": cycle.total_leases,
+        "total_shards": cycle.total_shards if cycle.total_shards is not None else -1,
+        "unclaimed_leases": cycle.unclaimed_leases,
+        "worker_leases": cycle.worker_leases,
+        "consumers": len(cycle.owners),
+    }
+    for owner, count in sorted(cycle.owners.items()):
+        meta[f"leases.{owner}"] = count
+    lags = {}
+    for lease in leases:
+        p = progress.get(lease.lease_key)
+        if not lease.is_ended and p is not None and p.millis_behind_latest is not None:
+            lags[lease.lease_key] = p.millis_behind_latest
+    for shard_id, lag in sorted(lags.items()):
+        meta[f"lag_ms.{shard_id}"] = lag
+    meta["max_lag_ms"] = max(lags.values()) if lags else 0
+    return meta
+
+
+def _check_window(partitions_def: TimeWindowPartitionsDefinition, window_ms: int) -> None:
+    keys = partitions_def.get_first_partition_window()
+    if keys is not None:
+        length = round((keys.end - keys.start).total_seconds() * 1000)
+        if length != window_ms:
+            raise ValueError(f"the consumer resource's window ({window_ms // 60_000} min) differs from the "
+                             f"partitions' ({length // 60_000} min): build both from the same settings")
+
+
+def build_consumer_sensor(partitions_def: TimeWindowPartitionsDefinition, job, interval_seconds: int):
+    @sensor(name="kinesis_consumer", job=job, minimum_interval_seconds=interval_seconds,
+            default_status=DefaultSensorStatus.RUNNING,
+            description="This deployment's Kinesis consumer: one lease-manager cycle per tick (one worker process "
+                        "per held lease), then reports every window that became complete as landed_records and "
+                        "requests its transform and checkpoints.")
+    def kinesis_consumer(context: SensorEvaluationContext, consumer: KinesisConsumerResource, aws: AwsResource,
+                         s3: S3Resource) -> SensorResult:
+        return consumer_tick(context, consumer, aws, s3, partitions_def, interval_seconds)
+
+    return kinesis_consumer

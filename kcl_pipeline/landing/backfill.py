@@ -1,0 +1,240 @@
+"""Bounded re-reads: land a past time range again, isolated from the live consumer.
+
+For every shard the stream lists, a reader starts AT_TIMESTAMP at the range's start (TRIM_HORIZON when
+the start predates the stream's retention: there is nothing older to find) and reads until a record
+arrives at or after the range's end, the shard ends, or it is caught up. The records of the range go
+through the live landing writer (LandingProcessor) under the same deterministic keys, so records that
+are landed already are dropped by the sequence-range exclusion and nothing is duplicated.
+
+Never written: the lease table. No lease is taken, no checkpoint written, no progress published; the
+live consumer carries on undisturbed (a backfill's reads count against the shard's 5 GetRecords/s,
+so it paces itself like a worker).
+
+Never ahead of the live consumer. A live worker resumes after the furthest batch it finds, trusting that
+everything before it is landed; a backfill batch landed ahead of the live frontier would make it skip
+records. So a shard is re-read only when the live side is done with the range (the same test as window
+completeness, on a read-only snapshot of the lease table: ended, landed past the end, caught up after it,
+or never to be read); the others are left to the live consumer and reported as `live`.
+
+Reading every listed shard is correct without knowing when each one existed: a shard closed before
+the range ends at once (or serves only records before it); one born after the range serves its first
+record at or after the end, which stops its read.
+"""
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from ..kcl.aws import AwsSettings, client
+from ..kcl.model import AT_TIMESTAMP, TRIM_HORIZON, Checkpoint, Lease, UserRecord
+from ..kcl.processor import InitializationInput, ProcessRecordsInput
+from ..kcl.reader import ShardReader
+from ..kcl.shards import describe_stream_summary, list_shards
+from .completeness import window_complete
+from .layout import MINUTE_MS
+from .progress import progress_from_leases
+from .sink import LandingProcessor
+from .store import ZoneStore, open_store
+
+log = logging.getLogger(__name__)
+
+HOUR_MS = 3_600_000
+
+
+def start_position(start_ms: int, now_ms: int, retention_hours: int) -> Checkpoint:
+    """AT_TIMESTAMP at the range start, or TRIM_HORIZON when the start is beyond the stream's retention."""
+    if start_ms <= now_ms - retention_hours * HOUR_MS:
+        return Checkpoint(TRIM_HORIZON)
+    return Checkpoint(AT_TIMESTAMP, start_ms)
+
+
+@dataclass(frozen=True)
+class Cut:
+    """What to do with one polled batch of a bounded read (pure)."""
+
+    deliver: list[UserRecord]  # the records inside [start, end)
+    skipped_before: int  # records before the start (TRIM_HORIZON reads)
+    done: bool  # a record at or after the end was seen: stop reading
+    last_before: Checkpoint | None  # the last skipped record before the start (the first delivered one's predecessor)
+
+
+def cut_batch(records: list[UserRecord], start_ms: int, end_ms: int) -> Cut:
+    """Split a polled batch at the range. Arrival timestamps do not decrease along a shard, so the first
+    record at or after `end_ms` ends the read."""
+    deliver: list[UserRecord] = []
+    skipped = 0
+    last_before = None
+    for r in records:
+        arrival = r.approximate_arrival_timestamp_ms
+        if arrival >= end_ms:
+            return Cut(deliver, skipped, True, last_before)
+        if arrival < start_ms:
+            skipped += 1
+            last_before = r.checkpoint
+            continue
+        deliver.append(r)
+    return Cut(deliver, skipped, False, last_before)
+
+
+@dataclass
+class ShardBackfill:
+    shard_id: str
+    start: str  # AT_TIMESTAMP <ms> | TRIM_HORIZON
+    stopped_by: str = ""  # past_end | shard_end | caught_up | deadline | live (not read: see live_reason)
+    live_reason: str = ""
+    records_read: int = 0  # user records the reader returned
+    records_in_range: int = 0
+    records_landed: int = 0  # newly written
+    records_already_landed: int = 0  # dropped by the exclusion: landed before (live, or an earlier backfill)
+    batches_written: int = 0
+    bytes_written: int = 0
+    first: Checkpoint | None = None
+    last: Checkpoint | None = None
+    get_records_calls: int = 0
+
+
+@dataclass
+class BackfillReport:
+    stream: str
+    start_ms: int
+    end_ms: int
+    zone: str
+    shards: dict[str, ShardBackfill] = field(default_factory=dict)
+
+    @property
+    def records_in_range(self) -> int:
+        return sum(s.records_in_range for s in self.shards.values())
+
+    @property
+    def records_landed(self) -> int:
+        return sum(s.records_landed for s in self.shards.values())
+
+    @property
+    def records_already_landed(self) -> int:
+        return sum(s.records_already_landed for s in self.shards.values())
+
+    @property
+    def complete(self) -> bool:
+        """Every shard was read to the end of the range (none left to the live side or cut by the deadline)."""
+        return all(s.stopped_by not in ("deadline", "live") for s in self.shards.values())
+
+    @property
+    def left_to_live(self) -> dict[str, str]:
+        return {k: s.live_reason for k, s in sorted(self.shards.items()) if s.stopped_by == "live"}
+
+
+class _NoCheckpoints:
+    """A backfill never writes to the lease table; the pipeline-mode sink never calls these."""
+
+    def checkpoint(self, sequence_number: str | None = None, sub_sequence_number: int = 0) -> bool:
+        raise RuntimeError("a backfill never checkpoints (the live lease table is not touched)")
+
+    def end_shard(self) -> None:
+        raise RuntimeError("a backfill never ends a shard (the live lease table is not touched)")
+
+
+class _BackfillLanding(LandingProcessor):
+    """The live landing writer, without the resume-after-the-last-landed-record shortcut.
+
+    A live worker skips everything up to the shard's last landed record; a backfill must offer every record
+    of its range to the exclusion, so that records missing from the zone are landed whatever came after them.
+    """
+
+    def _find_last_landed(self, hint):  # noqa: D401 - see the class docstring
+        return None
+
+
+def backfill_range(stream: str, start_ms: int, end_ms: int, zone: str | ZoneStore, *,
+                   leases: Sequence[Lease] | None = None, grace_ms: int = 10_000,
+                   aws: AwsSettings | None = None, kinesis: Any = None, now_ms: int | None = None,
+                   deadline_seconds: float | None = None, polling_interval: float = 0.2,
+                   compression: str = "zstd", create_zone: bool = False,
+                   monotonic: Callable[[], float] = time.monotonic) -> BackfillReport:
+    """Land the records of `stream` that arrived in [start_ms, end_ms) (whole minutes) into `zone`.
+
+    `leases`: a snapshot of the live lease table (read by the caller; None or empty: no live consumer).
+    """
+    if end_ms <= start_ms or start_ms % MINUTE_MS or end_ms % MINUTE_MS:
+        raise ValueError(f"backfill range [{start_ms}, {end_ms}) must be non-empty and on whole minutes")
+    kinesis = kinesis or client("kinesis", aws)
+    store = zone if isinstance(zone, ZoneStore) else open_store(zone, aws)
+    store.ensure_zone(create=create_zone)
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    retention = int(describe_stream_summary(kinesis, stream).get("RetentionPeriodHours") or 24)
+    start = start_position(start_ms, now_ms, retention)
+    deadline = None if deadline_seconds is None else monotonic() + deadline_seconds
+    report = BackfillReport(stream, start_ms, end_ms, store.uri)
+    worker_id = f"backfill-{uuid.uuid4().hex[:12]}"
+    shards = list_shards(kinesis, stream)
+    live = live_shards(start_ms, end_ms, shards, leases or [], grace_ms)
+    for shard in shards:
+        if shard.shard_id in live:
+            report.shards[shard.shard_id] = ShardBackfill(shard.shard_id, str(start), "live", live_reason=live[shard.shard_id])
+            continue
+        report.shards[shard.shard_id] = _backfill_shard(
+            kinesis, store, stream, shard.shard_id, start, start_ms, end_ms, worker_id, deadline,
+            polling_interval, compression, monotonic)
+    log.info("backfill of %s [%s, %s) from %s: %d records in range, %d landed now, %d landed before",
+             stream, start_ms, end_ms, start, report.records_in_range, report.records_landed,
+             report.records_already_landed)
+    return report
+
+
+def live_shards(start_ms: int, end_ms: int, shards, leases: Sequence[Lease], grace_ms: int) -> dict[str, str]:
+    """Shards the live consumer may still land records of [start_ms, end_ms) for (shard -> why). Pure.
+
+    With no lease at all there is no live consumer of this application: nothing is left to it."""
+    if not leases:
+        return {}
+    status = window_complete(start_ms, end_ms, shards, progress_from_leases(leases), leases, grace_ms)
+    return {shard_id: status.reasons.get(shard_id, "") for shard_id in status.waiting_on}
+
+
+def _backfill_shard(kinesis, store: ZoneStore, stream: str, shard_id: str, start: Checkpoint, start_ms: int,
+                    end_ms: int, worker_id: str, deadline: float | None, polling_interval: float,
+                    compression: str, monotonic: Callable[[], float]) -> ShardBackfill:
+    result = ShardBackfill(shard_id, str(start.sequence_number if start.sequence_number == TRIM_HORIZON
+                                         else f"AT_TIMESTAMP {start_ms}"))
+    checkpointer = _NoCheckpoints()
+    reader = ShardReader(kinesis, stream, shard_id, start, polling_interval=polling_interval,
+                         idle_interval=max(polling_interval, 0.2), monotonic=monotonic)
+    sink: _BackfillLanding | None = None
+    last_before: Checkpoint | None = None
+    while True:
+        if deadline is not None and monotonic() > deadline:
+            result.stopped_by = "deadline"
+            break
+        batch = reader.poll()
+        result.records_read += len(batch.records)
+        cut = cut_batch(batch.records, start_ms, end_ms)
+        last_before = cut.last_before or last_before
+        if cut.deliver:
+            if sink is None:
+                # The sink starts after the last record skipped before the range (a TRIM_HORIZON read), so
+                # the first batch names its true predecessor; from AT_TIMESTAMP the predecessor is unknown.
+                sink = _BackfillLanding(store, stream, compression=compression)
+                sink.initialize(InitializationInput(shard_id, worker_id, last_before or start))
+            result.records_in_range += len(cut.deliver)
+            result.first = result.first or cut.deliver[0].checkpoint
+            result.last = cut.deliver[-1].checkpoint
+            sink.process_records(ProcessRecordsInput(cut.deliver, None, checkpointer))
+        if cut.done:
+            result.stopped_by = "past_end"
+            break
+        if batch.shard_ended:
+            result.stopped_by = "shard_end"
+            break
+        if not batch.records and batch.millis_behind_latest == 0:
+            result.stopped_by = "caught_up"
+            break
+    if sink is not None:
+        sink.shutdown_requested(checkpointer)  # flushes what is buffered
+        result.records_landed = sink.stats.rows_written
+        result.records_already_landed = result.records_in_range - sink.stats.rows_written
+        result.batches_written = sink.stats.batches_written
+        result.bytes_written = sink.stats.bytes_written
+    result.get_records_calls = reader.stats.get_records_calls
+    return result

@@ -1,0 +1,117 @@
+"""Which windows became complete since the last look (pure): the sensor's decision, kept out of Dagster.
+
+Windows are [t0, t1) aligned to multiples of their length since the epoch. They are reported strictly in
+order: a window is reported only once every earlier one was, so "every window before the cursor is
+landed" holds and the checkpoint plan can commit per shard up to the longest run of materialised windows.
+
+Where the first window is. The landing zone's earliest batch is not enough on its own: a shard whose
+worker has not landed anything yet may still hold older records than the earliest batch of the others.
+So the first window waits until every live lease has reported landing progress, and starts at the
+earliest of: the earliest landed batch's minute, and for shards that landed nothing, the time of their
+last settled poll (minus the grace: records arriving just before a poll may not be readable yet).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Mapping
+
+from ..kcl.model import Lease
+from .completeness import WindowStatus
+from .progress import ShardProgress
+
+
+def window_floor(ms: int, window_ms: int) -> int:
+    return ms - ms % window_ms
+
+
+@dataclass(frozen=True)
+class FirstWindow:
+    start_ms: int | None  # None: not decidable yet (see waiting_on), or nothing to report yet
+    waiting_on: list[str] = field(default_factory=list)  # live leases with no landing progress
+    reason: str = ""
+
+
+def first_window(window_ms: int, earliest_landed_ms: int | None, leases: Iterable[Lease],
+                 progress: Mapping[str, ShardProgress], grace_ms: int,
+                 not_before_ms: int | None = None) -> FirstWindow:
+    """The start of the first window to report, once it is known.
+
+    `earliest_landed_ms`: the minute of the earliest batch in the zone (None if the zone holds none).
+    `not_before_ms`: the first partition's start; earlier windows cannot be reported.
+    """
+    if window_ms <= 0:
+        raise ValueError(f"window_ms must be > 0, got {window_ms}")
+    waiting: list[str] = []
+    bounds: list[int] = [] if earliest_landed_ms is None else [earliest_landed_ms]
+    for lease in leases:
+        if lease.is_ended:
+            continue
+        p = progress.get(lease.lease_key)
+        if p is None or (p.landed is None and p.polled_at_ms is None and not p.shard_end_landed):
+            waiting.append(lease.lease_key)
+        elif p.landed is None and p.polled_at_ms is not None:
+            bounds.append(p.polled_at_ms - grace_ms)
+    if waiting:
+        return FirstWindow(None, sorted(waiting), f"{len(waiting)} lease(s) have not reported landing progress yet")
+    if not bounds:
+        return FirstWindow(None, [], "nothing landed and no shard has polled yet")
+    start = window_floor(min(bounds), window_ms)
+    if not_before_ms is not None and start < not_before_ms:
+        first = window_floor(not_before_ms + window_ms - 1, window_ms)  # the first whole window from it
+        return FirstWindow(first, [], f"records from {start} precede the first partition ({not_before_ms}): "
+                                      f"they are not reported (set an earlier partitions start to include them)")
+    return FirstWindow(start, [], "earliest landed record or settled poll")
+
+
+@dataclass(frozen=True)
+class WindowScan:
+    complete: list[WindowStatus]  # the windows to report now, in order
+    next_start_ms: int  # the first window not reported (the new cursor)
+    stopped_by: str  # "incomplete" | "now" | "limit"
+    blocking: WindowStatus | None = None  # the incomplete window, when stopped_by == "incomplete"
+
+
+def scan_windows(next_start_ms: int, window_ms: int, now_ms: int, status_of: Callable[[int, int], WindowStatus],
+                 limit: int) -> WindowScan:
+    """Complete windows from `next_start_ms` on, in order, at most `limit`, never a window ending after `now_ms`
+    (its partition does not exist yet)."""
+    if window_ms <= 0 or next_start_ms % window_ms:
+        raise ValueError(f"window start {next_start_ms} is not aligned to windows of {window_ms} ms")
+    if limit < 1:
+        raise ValueError(f"limit must be >= 1, got {limit}")
+    complete: list[WindowStatus] = []
+    t0 = next_start_ms
+    while True:
+        if t0 + window_ms > now_ms:
+            return WindowScan(complete, t0, "now")
+        if len(complete) >= limit:
+            return WindowScan(complete, t0, "limit")
+        status = status_of(t0, t0 + window_ms)
+        if not status.complete:
+            return WindowScan(complete, t0, "incomplete", status)
+        complete.append(status)
+        t0 += window_ms
+
+
+def plan_listing_start(zone_start_ms: int | None, frontier: Mapping[str, int], leases: Iterable[Lease]) -> int | None:
+    """Where the checkpoint plan's listing of landed batches must start (None: nothing landed or no live lease).
+
+    The plan needs every landed batch after each live lease's checkpoint: a batch missing from the listing
+    would be stepped over. `frontier` remembers, per shard, the window of the batch its last commit ended
+    (checkpoints only move forward, so an old frontier is merely early). A lease with nothing committed yet
+    starts at its parents' frontier (a child's records follow its parents'), else, like a checkpoint of
+    unknown origin, at the start of the zone (`zone_start_ms`: the window of its earliest batch).
+    """
+    if zone_start_ms is None:
+        return None
+    starts = []
+    for lease in leases:
+        if lease.is_ended:
+            continue
+        key = lease.lease_key
+        if not lease.checkpoint.is_sentinel:
+            starts.append(frontier.get(key, zone_start_ms))
+        else:
+            parents = [frontier[p] for p in lease.parent_shard_ids if p in frontier]
+            starts.append(min(parents) if parents else zone_start_ms)
+    return max(zone_start_ms, min(starts)) if starts else None
