@@ -1,0 +1,207 @@
+"""The lineage audit: each check passes and fails on purpose; the whole audit over a landed zone and an output."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from kcl_pipeline.kcl.model import Checkpoint, Lease
+from kcl_pipeline.landing.audit import (
+    AuditReport,
+    OutputCounts,
+    audit,
+    audit_window,
+    check_chain,
+    check_checkpoints,
+    check_counts,
+    materialised_windows,
+    output_partition,
+    read_output_counts,
+)
+from kcl_pipeline.landing.layout import MINUTE_MS, BatchKey
+from kcl_pipeline.landing.progress import ShardProgress
+from kcl_pipeline.landing.sink import LandingProcessor
+from kcl_pipeline.landing.store import open_store
+from kcl_pipeline.landing.verify import ChainReport, Gap, list_batches
+
+from .helpers import SHARD, STREAM, T0, Clock, deliver, init, make_records, seq
+
+W = 2 * MINUTE_MS
+SHARD1 = "shardId-000000000001"
+TH = Checkpoint("TRIM_HORIZON")
+
+
+def cp(i: int) -> Checkpoint:
+    return Checkpoint(seq(i))
+
+
+def chain(shard=SHARD, first=1, last=9, after: Checkpoint | None = cp(0), gaps=()) -> ChainReport:
+    return ChainReport(shard, batches=3, rows=9, first=cp(first), last=cp(last), starts_after=after, gaps=list(gaps))
+
+
+@pytest.mark.parametrize("reports,previous,ok", [
+    ({SHARD: chain()}, {}, True),  # nothing before it in the previous window: not stitched, not broken
+    ({SHARD: chain()}, {SHARD: cp(0)}, True),  # follows on from the previous window
+    ({SHARD: chain()}, {SHARD: cp(7)}, False),  # does not follow on
+    ({SHARD: chain(after=TH)}, {SHARD: cp(0)}, False),  # restarted from a sentinel although records precede it
+    ({SHARD: chain(gaps=[Gap(cp(3), cp(4), "k")])}, {}, False),
+    ({SHARD: chain(), SHARD1: chain(SHARD1)}, {SHARD1: cp(0)}, True),
+])
+def test_check_chain(reports, previous, ok):
+    outcome = check_chain(T0, T0 + W, reports, previous)
+    assert outcome.ok is ok and outcome.check == "chain"
+    assert outcome.metadata["shards"] == len(reports) and outcome.metadata["broken_shards"] == (0 if ok else 1)
+    assert any(SHARD in line for line in outcome.details)
+
+
+@pytest.mark.parametrize("landed,dups,output,transform,ok", [
+    (10, 0, None, None, True),  # not transformed yet: nothing to reconcile
+    (10, 0, OutputCounts(8, 2), None, True),
+    (12, 2, OutputCounts(8, 2), None, True),  # two records landed twice, dropped
+    (10, 0, OutputCounts(8, 1), None, False),  # a record went missing
+    (10, 0, OutputCounts(9, 2), None, False),  # one too many
+    (12, 2, OutputCounts(8, 2), {"rows_in": 12, "duplicates_dropped": 2, "rows_out": 8, "quarantined": 2}, True),
+    (12, 2, OutputCounts(8, 2), {"rows_in": 11, "duplicates_dropped": 2, "rows_out": 8, "quarantined": 2}, False),
+    (12, 2, OutputCounts(8, 2), {"duplicates_dropped": 1}, False),
+])
+def test_check_counts(landed, dups, output, transform, ok):
+    outcome = check_counts(T0, T0 + W, landed, dups, output, transform)
+    assert outcome.ok is ok and outcome.metadata["landed_rows"] == landed
+
+
+def key(shard: str, first: int, last: int, minute: int = T0) -> BatchKey:
+    return BatchKey(STREAM, shard, minute, cp(first), cp(last))
+
+
+WINDOW_BATCHES = [key(SHARD, 10, 19), key(SHARD, 20, 29, T0 + MINUTE_MS), key(SHARD1, 5, 8)]
+
+
+def lease(shard: str, checkpoint: Checkpoint, landed: int | None = 40) -> Lease:
+    extra = ShardProgress(shard, cp(landed), T0).to_attributes() if landed is not None else {}
+    return Lease(shard, checkpoint, lease_owner="w", extra=extra)
+
+
+@pytest.mark.parametrize("leases,materialised,ok", [
+    ([lease(SHARD, cp(29)), lease(SHARD1, cp(8))], True, True),  # committed through a materialised window
+    ([lease(SHARD, cp(9)), lease(SHARD1, cp(4))], False, True),  # not materialised, checkpoints before it
+    ([lease(SHARD, TH), lease(SHARD1, TH)], False, True),
+    ([lease(SHARD, cp(19)), lease(SHARD1, cp(4))], False, False),  # reaches into an unmaterialised window
+    ([lease(SHARD, cp(10))], False, False),
+    ([lease(SHARD, Checkpoint("SHARD_END"), landed=29)], False, True),  # its last record is in this window
+    ([lease(SHARD, Checkpoint("SHARD_END"), landed=45)], False, False),  # ended before this window materialised
+    ([lease(SHARD, cp(50), landed=40)], True, False),  # past the last landed record
+    ([lease("shardId-000000000009", cp(3))], False, True),  # no batch of it in this window
+])
+def test_check_checkpoints(leases, materialised, ok):
+    progress = {lz.lease_key: ShardProgress.from_lease(lz) for lz in leases if lz.extra}
+    outcome = check_checkpoints(T0, T0 + W, WINDOW_BATCHES, leases, progress, materialised)
+    assert outcome.ok is ok and outcome.metadata["violations"] == (0 if ok else 1)
+
+
+def test_output_partition_is_the_transforms():
+    from kcl_pipeline.transform.job import window_partition
+
+    for start in (T0, T0 + 7 * MINUTE_MS, 0):
+        assert output_partition(start) == window_partition(start)
+
+
+# -- over a landed zone ---------------------------------------------------------------------------------------
+
+@pytest.fixture
+def landed(local_zone, tmp_path):
+    """Two shards, three minutes each (30 records a minute), landed by the sink; an empty output directory."""
+    uri, store = local_zone
+    records = {}
+    for shard in (SHARD, SHARD1):
+        records[shard] = make_records(90, shard=shard, per_minute=30, seed=len(records))
+        p = LandingProcessor(uri, STREAM, max_batch_records=12, clock=Clock(T0).time)
+        init(p, shard=shard)
+        p.shutdown_requested(deliver(p, records[shard], 20))
+    out = tmp_path / "output"
+    out.mkdir()
+    return uri, store, str(out), records
+
+
+def write_output(out: str, start: int, transformed: int, quarantined: int) -> None:
+    for dataset, rows in (("transformed", transformed), ("quarantine", quarantined)):
+        path = os.path.join(out, dataset, output_partition(start))
+        os.makedirs(path, exist_ok=True)
+        with open(os.path.join(path, "_manifest.json"), "w") as f:
+            json.dump({"rows": rows, "files": []}, f)
+
+
+def test_audit_of_a_sound_window(landed):
+    uri, store, out, records = landed
+    write_output(out, T0, 110, 10)  # the first 2-minute window: 2 shards x 60 records
+    assert read_output_counts(open_store(out), T0) == OutputCounts(110, 10)
+    assert read_output_counts(open_store(out), T0 + W) is None
+    last = {s: r[59].checkpoint for s, r in records.items()}
+    leases = [Lease(s, c, extra=ShardProgress(s, records[s][-1].checkpoint, T0).to_attributes())
+              for s, c in last.items()]
+    report = audit(uri, out, STREAM, W, window=(T0, T0 + 2 * W), leases=leases)
+    assert report.ok, report.lines()
+    assert [(o.window_start_ms, o.check) for o in report.outcomes] == [
+        (T0, "chain"), (T0, "counts"), (T0, "checkpoints"), (T0 + W, "chain"), (T0 + W, "counts"),
+        (T0 + W, "checkpoints")]
+    text = "\n".join(report.lines())
+    assert "landed 120 = transformed 110 + duplicates 0 + quarantined 10" in text
+    assert "window not transformed yet" in text and "follows" in text and text.endswith("6 checks over 2 windows")
+
+
+def test_audit_finds_a_lost_batch_a_count_mismatch_and_an_early_checkpoint(landed):
+    uri, store, out, records = landed
+    write_output(out, T0, 110, 9)
+    batches = sorted(list_batches(store, STREAM, T0, T0 + W, SHARD), key=lambda b: b.first.key())
+    os.unlink(os.path.join(uri, batches[2].key()))
+    too_far = Lease(SHARD1, records[SHARD1][70].checkpoint)  # in the second window, which has no output
+    outcomes = audit_window(store, open_store(out), STREAM, T0, T0 + W, leases=[too_far])
+    by_check = {o.check: o for o in outcomes}
+    assert not by_check["chain"].ok and "gap after" in " ".join(by_check["chain"].details)
+    assert not by_check["counts"].ok
+    assert by_check["checkpoints"].ok  # the first window materialised
+    second = {o.check: o for o in audit_window(store, open_store(out), STREAM, T0 + W, T0 + 2 * W, leases=[too_far])}
+    assert not second["checkpoints"].ok and "reaches into this window" in second["checkpoints"].summary
+    report = AuditReport(outcomes + list(second.values()))
+    assert not report.ok and report.lines()[-1].startswith("FAILED: 6 checks over 2 windows, 3 failed")
+
+
+def test_audit_counts_records_landed_twice(landed):
+    from kcl_pipeline.landing.batch import encode_batch
+
+    uri, store, out, records = landed
+    dup = records[SHARD][5:9]
+    batch = encode_batch(STREAM, SHARD, dup, records[SHARD][4].checkpoint)
+    store.put_if_absent(batch.key.key(), batch.body)
+    write_output(out, T0, 110, 10)
+    counts, = audit_window(store, open_store(out), STREAM, T0, T0 + W, checks=["counts"])
+    assert counts.ok and counts.metadata["duplicate_rows"] == 4 and counts.metadata["landed_rows"] == 124
+    chain_check, = audit_window(store, open_store(out), STREAM, T0, T0 + W, checks=["chain"])
+    assert not chain_check.ok and "overlap" in " ".join(chain_check.details)
+
+
+def test_audit_defaults_to_the_last_materialised_windows(landed):
+    uri, store, out, _ = landed
+    write_output(out, T0, 110, 10)
+    write_output(out, T0 + W, 60, 0)
+    assert materialised_windows(open_store(out)) == [T0, T0 + W]
+    report = audit(uri, out, STREAM, W, last=1)
+    assert {o.window_start_ms for o in report.outcomes} == {T0 + W}
+    assert {o.check for o in report.outcomes} == {"chain", "counts", "checkpoints"}
+    assert "no lease table given" in report.outcomes[-1].summary
+
+
+def test_audit_rejects_bad_arguments(landed):
+    uri, store, out, _ = landed
+    with pytest.raises(ValueError, match="whole 2-minute windows"):
+        audit(uri, out, STREAM, W, window=(T0 + MINUTE_MS, T0 + W))
+    with pytest.raises(ValueError, match="window_ms"):
+        audit(uri, out, STREAM, 1000)
+    with pytest.raises(ValueError, match="unknown audit checks"):
+        audit_window(store, open_store(out), STREAM, T0, T0 + W, checks=["nope"])
+
+
+def test_a_missing_output_directory_means_nothing_materialised(landed, tmp_path):
+    uri, store, _, _ = landed
+    missing = open_store(str(tmp_path / "nowhere"))
+    assert materialised_windows(missing) == [] and read_output_counts(missing, T0) is None

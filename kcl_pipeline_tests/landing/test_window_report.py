@@ -1,0 +1,47 @@
+"""Window summaries from keys and footers, and where the zone's data begins (local directory and S3)."""
+from __future__ import annotations
+
+from kcl_pipeline.landing.layout import MINUTE_MS
+from kcl_pipeline.landing.sink import LandingProcessor
+from kcl_pipeline.landing.window_report import earliest_landed_minute, summarise_window
+
+from .helpers import SHARD, STREAM, T0, Clock, deliver, init, make_records
+
+SHARD1 = "shardId-000000000001"
+
+
+def land(zone, shard: str, n: int, start_ms: int) -> list:
+    records = make_records(n, shard=shard, per_minute=20, start_ms=start_ms, seed=n)
+    p = LandingProcessor(zone.store, STREAM, max_batch_records=8, clock=Clock(start_ms).time)
+    init(p, shard=shard)
+    p.shutdown_requested(deliver(p, records, 10))
+    return records
+
+
+def test_summary_and_earliest_minute(any_zone):
+    assert earliest_landed_minute(any_zone.store, STREAM) is None
+    a = land(any_zone, SHARD, 60, T0 + 3 * MINUTE_MS)  # minutes 3, 4, 5
+    land(any_zone, SHARD1, 20, T0 + 65 * MINUTE_MS)  # the next hour
+    assert earliest_landed_minute(any_zone.store, STREAM) == T0 + 3 * MINUTE_MS
+    assert earliest_landed_minute(any_zone.store, "other-stream") is None
+
+    summary = summarise_window(any_zone.store, STREAM, T0, T0 + 5 * MINUTE_MS)
+    assert summary.rows == 40 and summary.chain_ok and summary.bytes > 0
+    shard = summary.per_shard()[SHARD]
+    assert shard["first"] == [a[0].sequence_number, a[0].sub_sequence_number]
+    assert shard["last"] == [a[39].sequence_number, a[39].sub_sequence_number]
+    assert shard["rows"] == 40 and shard["starts_after"] == ["TRIM_HORIZON", 0] and shard["chain_ok"]
+    assert len(summary.keys) == shard["batches"] == 6  # 8-record batches, cut at minute boundaries
+    assert set(summarise_window(any_zone.store, STREAM, T0 + 60 * MINUTE_MS, T0 + 70 * MINUTE_MS).per_shard()) \
+        == {SHARD1}
+
+
+def test_summary_reports_an_unreadable_batch(local_zone):
+    land(local_zone, SHARD, 20, T0)
+    summary = summarise_window(local_zone.store, STREAM, T0, T0 + MINUTE_MS)
+    victim = summary.keys[1]
+    with open(f"{local_zone.uri}/{victim}", "r+b") as f:
+        f.truncate(10)
+    broken = summarise_window(local_zone.store, STREAM, T0, T0 + MINUTE_MS)
+    assert not broken.chain_ok and list(broken.shards[SHARD].corrupt) == [victim]
+    assert broken.rows == summary.rows - 8

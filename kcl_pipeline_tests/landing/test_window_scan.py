@@ -1,0 +1,115 @@
+"""The sensor's window decisions (pure): where reporting starts, which windows to report, what to list for the plan."""
+from __future__ import annotations
+
+import pytest
+
+from kcl_pipeline.kcl.model import Checkpoint, Lease
+from kcl_pipeline.landing.completeness import WindowStatus
+from kcl_pipeline.landing.progress import ShardProgress
+from kcl_pipeline.landing.window_scan import first_window, plan_listing_start, scan_windows, window_floor
+
+from .helpers import T0, seq
+
+W = 120_000  # 2-minute windows
+A, B = "shardId-000000000000", "shardId-000000000001"
+TH = Checkpoint("TRIM_HORIZON")
+
+
+def lease(key: str, cp: Checkpoint = TH, parents: tuple[str, ...] = ()) -> Lease:
+    return Lease(key, cp, lease_owner="w", parent_shard_ids=parents)
+
+
+def landed(shard: str, arrival: int) -> ShardProgress:
+    return ShardProgress(shard, Checkpoint(seq(1)), arrival)
+
+
+def polled(shard: str, at: int, behind: int = 0) -> ShardProgress:
+    return ShardProgress(shard, None, None, at, behind)
+
+
+@pytest.mark.parametrize("earliest,leases,progress,not_before,start,waiting", [
+    # nothing landed, nobody polled: undecided
+    (None, [], {}, None, None, []),
+    # a live lease without progress: wait for it (it may hold older records than the zone's earliest)
+    (T0 + 60_000, [lease(A), lease(B)], {A: landed(A, T0 + 70_000)}, None, None, [B]),
+    # every lease reported: the earliest landed minute, floored to its window
+    (T0 + 60_000, [lease(A), lease(B)], {A: landed(A, T0 + 70_000), B: landed(B, T0 + 200_000)}, None, T0, []),
+    # a shard that only polled (caught up, nothing landed) bounds the start too, minus the grace
+    (T0 + 300_000, [lease(A), lease(B)], {A: landed(A, T0 + 310_000), B: polled(B, T0 + 125_000)}, None,
+     T0 + 120_000, []),
+    (T0 + 300_000, [lease(A), lease(B)], {A: landed(A, T0 + 310_000), B: polled(B, T0 + 121_000)}, None, T0, []),
+    # ended leases are not waited for
+    (T0, [lease(A), lease(B, Checkpoint("SHARD_END"))], {A: landed(A, T0 + 1)}, None, T0, []),
+    # the first partition is later than the data: start at the first whole window from it
+    (T0, [lease(A)], {A: landed(A, T0 + 1)}, T0 + 240_000, T0 + 240_000, []),
+    (T0, [lease(A)], {A: landed(A, T0 + 1)}, T0 + 230_000, T0 + 240_000, []),
+    # the first partition is earlier: the data decides
+    (T0 + 480_000, [lease(A)], {A: landed(A, T0 + 490_000)}, T0, T0 + 480_000, []),
+])
+def test_first_window(earliest, leases, progress, not_before, start, waiting):
+    got = first_window(W, earliest, leases, progress, grace_ms=2_000, not_before_ms=not_before)
+    assert (got.start_ms, got.waiting_on) == (start, waiting)
+    assert got.reason
+
+
+def test_first_window_rejects_a_bad_window():
+    with pytest.raises(ValueError, match="window_ms"):
+        first_window(0, T0, [], {}, 0)
+
+
+def status_table(complete_until: int):
+    """A status function: windows ending at or before `complete_until` are complete; records the calls."""
+    calls = []
+
+    def status(t0: int, t1: int) -> WindowStatus:
+        calls.append(t0)
+        done = t1 <= complete_until
+        return WindowStatus(t0, t1, done, [] if done else [A], {A: "done" if done else "waiting"})
+
+    return status, calls
+
+
+@pytest.mark.parametrize("complete_until,now,limit,reported,next_start,stopped_by", [
+    (T0 + 3 * W, T0 + 10 * W, 10, 3, T0 + 3 * W, "incomplete"),
+    (T0 + 10 * W, T0 + 4 * W + 1, 10, 4, T0 + 4 * W, "now"),  # the 5th window has not ended yet
+    (T0 + 10 * W, T0 + 10 * W, 2, 2, T0 + 2 * W, "limit"),
+    (T0, T0 + 10 * W, 10, 0, T0, "incomplete"),
+    (T0 + 10 * W, T0 + W - 1, 10, 0, T0, "now"),
+])
+def test_scan_windows(complete_until, now, limit, reported, next_start, stopped_by):
+    status, calls = status_table(complete_until)
+    scan = scan_windows(T0, W, now, status, limit)
+    assert [s.window_start_ms for s in scan.complete] == [T0 + i * W for i in range(reported)]
+    assert (scan.next_start_ms, scan.stopped_by) == (next_start, stopped_by)
+    assert (scan.blocking is not None) == (stopped_by == "incomplete")
+    assert calls == [T0 + i * W for i in range(reported + (stopped_by == "incomplete"))]  # in order, no skipping
+
+
+@pytest.mark.parametrize("start,limit", [(T0 + 1, 5), (T0, 0)])
+def test_scan_windows_rejects_bad_arguments(start, limit):
+    with pytest.raises(ValueError):
+        scan_windows(start, W, T0 + 10 * W, status_table(T0)[0], limit)
+
+
+C = "shardId-000000000002"
+
+
+@pytest.mark.parametrize("zone_start,frontier,leases,expected", [
+    (None, {}, [lease(A)], None),  # nothing landed
+    (T0, {}, [], None),  # no lease
+    (T0, {}, [lease(A, Checkpoint("SHARD_END"))], None),  # only ended leases
+    (T0, {A: T0 + 5 * W}, [lease(A, Checkpoint(seq(9)))], T0 + 5 * W),  # committed: from its frontier
+    (T0, {}, [lease(A, Checkpoint(seq(9)))], T0),  # a checkpoint of unknown origin: from the zone's start
+    (T0, {A: T0 + 5 * W}, [lease(A, Checkpoint(seq(9))), lease(B)], T0),  # B committed nothing: whole zone
+    # a child with nothing committed starts at its parents' earliest frontier
+    (T0, {A: T0 + 5 * W, B: T0 + 7 * W}, [lease(A, Checkpoint("SHARD_END")), lease(B, Checkpoint(seq(3))),
+                                          lease(C, TH, (A, B))], T0 + 5 * W),
+    (T0, {A: T0 + 5 * W, B: T0 + 7 * W}, [lease(B, Checkpoint(seq(3)))], T0 + 7 * W),
+    (T0 + 9 * W, {A: T0 + 5 * W}, [lease(A, Checkpoint(seq(9)))], T0 + 9 * W),  # never before the zone's start
+])
+def test_plan_listing_start(zone_start, frontier, leases, expected):
+    assert plan_listing_start(zone_start, frontier, leases) == expected
+
+
+def test_window_floor():
+    assert window_floor(T0 + W + 5, W) == T0 + W and window_floor(T0, W) == T0
