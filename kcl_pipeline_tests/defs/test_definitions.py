@@ -1,0 +1,138 @@
+"""The Dagster project: definitions validate, the instance config loads, jobs/sensor/schedule are wired as meant."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from datetime import datetime, timezone
+
+import pytest
+from dagster import (
+    AssetCheckKey,
+    AssetKey,
+    DagsterInstance,
+    DefaultScheduleStatus,
+    DefaultSensorStatus,
+    build_resources,
+    build_schedule_context,
+)
+
+from kcl_pipeline.defs import build_definitions
+from kcl_pipeline.defs.home import WORKSPACE_YAML, prepare_dagster_home
+from kcl_pipeline.defs.kinesis.resources import SPARK_RUN_TAG, AwsResource, SparkResource, spark_config
+from kcl_pipeline.defs.kinesis.settings import PipelineSettings
+
+DAGSTER = os.path.join(os.path.dirname(sys.executable), "dagster")
+NOW = datetime(2026, 11, 22, 3, 17, tzinfo=timezone.utc)
+
+
+def validate(tmp_path, **extra_env: str) -> subprocess.CompletedProcess:
+    home = prepare_dagster_home(tmp_path / "home")
+    env = {**os.environ, "DAGSTER_HOME": str(home), **extra_env}
+    return subprocess.run([DAGSTER, "definitions", "validate", "-m", "kcl_pipeline.definitions"],
+                          capture_output=True, text=True, env=env, timeout=180, cwd=WORKSPACE_YAML.parent)
+
+
+def test_definitions_validate(tmp_path):
+    result = validate(tmp_path, KCL_PIPELINE_PROFILE="demo")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Validation successful for code location kcl_pipeline.definitions" in result.stdout + result.stderr
+
+
+def test_definitions_validate_fails_on_a_bad_setting(tmp_path):
+    result = validate(tmp_path, KCL_PIPELINE_WINDOW_MINUTES="7")
+    assert result.returncode != 0
+    assert "KCL_PIPELINE_WINDOW_MINUTES must divide an hour" in result.stdout + result.stderr
+
+
+def test_the_instance_config(tmp_path):
+    home = prepare_dagster_home(tmp_path / "home")
+    with DagsterInstance.from_config(str(home)) as instance:
+        queue = instance.run_coordinator.get_run_queue_config()
+        assert type(instance.run_coordinator).__name__ == "QueuedRunCoordinator"
+        assert {"key": SPARK_RUN_TAG, "limit": 1} in queue.tag_concurrency_limits
+        assert instance.get_settings("sensors")["use_threads"] is True
+        assert instance.get_settings("backfills")["use_threads"] is True
+        assert instance.get_settings("telemetry")["enabled"] is False
+    assert (home / "history" / "runs.db").exists()  # SQLite, under DAGSTER_HOME
+
+
+def test_prepare_dagster_home_needs_the_project_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="dagster.yaml"):
+        prepare_dagster_home(tmp_path / "home", source=tmp_path / "missing.yaml")
+
+
+@pytest.fixture(scope="module")
+def defs():
+    return build_definitions(PipelineSettings.from_env({"KCL_PIPELINE_PROFILE": "demo"}, now=NOW))
+
+
+def test_jobs_sensor_and_schedule(defs):
+    window_job = defs.resolve_job_def("kinesis_window_job")
+    assert set(window_job.asset_layer.selected_asset_keys) == {AssetKey("transformed_records"),
+                                                               AssetKey("kinesis_checkpoints")}
+    assert set(window_job.asset_layer.asset_graph.asset_check_keys) == {
+        AssetCheckKey(AssetKey("landed_records"), "chain_unbroken"),
+        AssetCheckKey(AssetKey("transformed_records"), "rows_reconcile"),
+        AssetCheckKey(AssetKey("kinesis_checkpoints"), "checkpoint_within_materialised")}
+    assert window_job.tags[SPARK_RUN_TAG] == "true"
+    backfill_job = defs.resolve_job_def("kinesis_backfill_job")
+    assert set(backfill_job.asset_layer.selected_asset_keys) == {AssetKey("landed_records"),
+                                                                 AssetKey("transformed_records")}
+    # A backfill never commits checkpoints: neither the asset nor its check is in the job.
+    assert set(backfill_job.asset_layer.asset_graph.asset_check_keys) == {
+        AssetCheckKey(AssetKey("landed_records"), "chain_unbroken"),
+        AssetCheckKey(AssetKey("transformed_records"), "rows_reconcile")}
+    sensor = defs.resolve_sensor_def("kinesis_consumer")
+    assert sensor.default_status == DefaultSensorStatus.RUNNING and sensor.minimum_interval_seconds == 20
+    schedule = defs.resolve_schedule_def("backfill_previous_day")
+    assert schedule.default_status == DefaultScheduleStatus.STOPPED
+
+
+def test_the_schedule_requests_yesterday_as_one_range_run(defs):
+    schedule = defs.resolve_schedule_def("backfill_previous_day")
+    context = build_schedule_context(scheduled_execution_time=datetime(2026, 11, 22, 1, 30, tzinfo=timezone.utc))
+    (request,) = schedule.evaluate_tick(context).run_requests
+    assert request.partition_key_range.start == "2026-11-21-00:00"
+    assert request.partition_key_range.end == "2026-11-21-23:58"
+    assert request.tags[SPARK_RUN_TAG] == "true"
+    too_early = build_schedule_context(scheduled_execution_time=datetime(2026, 11, 21, 1, 30, tzinfo=timezone.utc))
+    result = schedule.evaluate_tick(too_early)
+    assert not result.run_requests and "precedes the first partition" in result.skip_message
+
+
+def test_aws_resource_settings():
+    assert AwsResource().settings().endpoint_urls == {}
+    res = AwsResource(region="eu-west-1", endpoint_url="http://x", kinesis_endpoint_url="http://k")
+    s = res.settings()
+    assert (s.region, s.endpoint_for("kinesis"), s.endpoint_for("dynamodb")) == ("eu-west-1", "http://k", "http://x")
+
+
+def test_spark_config_sets_this_python_and_the_master():
+    s = PipelineSettings.from_env({"KCL_PIPELINE_SPARK_MASTER": "spark://h:7077",
+                                   "KCL_PIPELINE_SPARK_CONF": '{"spark.executor.memory": "2g"}'}, now=NOW)
+    conf = spark_config(s)
+    assert conf["spark.master"] == "spark://h:7077" and conf["spark.pyspark.python"] == sys.executable
+    assert conf["spark.executor.memory"] == "2g"
+
+
+class FakeSession:
+    def __init__(self):
+        self.stopped = False
+
+    def stop(self):
+        self.stopped = True
+
+
+@pytest.mark.parametrize("existed,stop_at_teardown,stopped", [(False, True, True), (True, True, False),
+                                                              (False, False, False)])
+def test_spark_resource_stops_only_the_session_it_started(monkeypatch, existed, stop_at_teardown, stopped):
+    import dagster_pyspark.resources
+    from pyspark import SparkContext
+
+    session = FakeSession()
+    monkeypatch.setattr(dagster_pyspark.resources, "spark_session_from_config", lambda conf: session)
+    monkeypatch.setattr(SparkContext, "_active_spark_context", object() if existed else None)
+    with build_resources({"pyspark": SparkResource(spark_config={}, stop_at_teardown=stop_at_teardown)}) as r:
+        assert r.pyspark.spark_session is session and not session.stopped
+    assert session.stopped is stopped

@@ -1,0 +1,125 @@
+"""Settings from the environment, window partitions, the schedule's day, the cursor: table-driven, no I/O."""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pytest
+
+from kcl_pipeline.defs.kinesis.partitions import partition_key, window_cron, window_of, window_partitions
+from kcl_pipeline.defs.kinesis.schedules import previous_day_keys
+from kcl_pipeline.defs.kinesis.sensors import Cursor, CursorError
+from kcl_pipeline.defs.kinesis.settings import PipelineSettings, check_window_minutes
+from kcl_pipeline.kcl.config import ConfigError
+
+NOW = datetime(2026, 11, 22, 3, 17, 41, tzinfo=timezone.utc)
+
+
+def env(**values: str) -> dict[str, str]:
+    return {f"KCL_PIPELINE_{k}": v for k, v in values.items()}
+
+
+def test_defaults():
+    s = PipelineSettings.from_env({}, now=NOW)
+    assert (s.stream, s.application, s.window_minutes, s.initial_position) == \
+        ("kcl-pipeline-demo", "kcl-pipeline", 60, "TRIM_HORIZON")
+    assert s.partitions_start == datetime(2026, 11, 15, tzinfo=timezone.utc)
+    assert (s.create_zones, s.sensor_interval_seconds, s.keepalive_seconds) == (False, 20, 60.0)
+    assert s.landing_uri.startswith("s3://") and s.spark_master == "local[*]" and s.worker_id is None
+
+
+def test_demo_profile_and_overrides():
+    s = PipelineSettings.from_env(env(PROFILE="demo"), now=NOW)
+    assert (s.window_minutes, s.create_zones) == (2, True)
+    assert s.partitions_start == datetime(2026, 11, 21, tzinfo=timezone.utc)
+    s = PipelineSettings.from_env(env(PROFILE="demo", WINDOW_MINUTES="5", CREATE_ZONES="no", STREAM="orders",
+                                      PARTITIONS_START="2026-11-22T03:00:00Z", INITIAL_POSITION="at_timestamp",
+                                      INITIAL_TIMESTAMP="2026-11-22T03:00:00Z", SPARK_CONF='{"spark.x": 1}',
+                                      WORKER_ID="me", LANDING_URI="/data/zone"), now=NOW)
+    assert (s.window_minutes, s.create_zones, s.stream, s.initial_position, s.worker_id) == \
+        (5, False, "orders", "AT_TIMESTAMP", "me")
+    assert s.partitions_start == datetime(2026, 11, 22, 3, tzinfo=timezone.utc)
+    assert s.spark_conf == {"spark.x": "1"} and s.landing_uri == "/data/zone"
+
+
+@pytest.mark.parametrize("values,message", [
+    (env(PROFILE="prod"), "PROFILE must be one of"),
+    (env(WINDOW_MINUTES="7"), "WINDOW_MINUTES must divide an hour"),
+    (env(WINDOW_MINUTES="90"), "WINDOW_MINUTES must divide an hour"),
+    (env(WINDOW_MINUTES="300"), "WINDOW_MINUTES must divide an hour"),
+    (env(WINDOW_MINUTES="two"), "WINDOW_MINUTES must be an integer"),
+    (env(PARTITIONS_START="yesterday"), "PARTITIONS_START 'yesterday' is not an ISO 8601"),
+    (env(PARTITIONS_START="2026-11-22T03:30:00Z"), "not on a 60-minute window boundary"),
+    (env(WINDOW_MINUTES="1", PARTITIONS_START="2026-01-01"), "exceed Dagster's 100000 per asset"),
+    (env(INITIAL_POSITION="AT_TIMESTAMP"), "AT_TIMESTAMP needs --timestamp"),
+    (env(INITIAL_POSITION="EARLIEST"), "initial position must be"),
+    (env(CREATE_ZONES="maybe"), "CREATE_ZONES must be true or false"),
+    (env(SENSOR_INTERVAL_SECONDS="2"), "SENSOR_INTERVAL_SECONDS must be >= 5"),
+    (env(HEARTBEAT_SECONDS="20"), "at least twice heartbeat_seconds"),
+    (env(HEARTBEAT_SECONDS="fast"), "HEARTBEAT_SECONDS must be a number"),
+    (env(SPARK_CONF="[1]"), "SPARK_CONF must be a JSON object"),
+    (env(SPARK_CONF="{"), "SPARK_CONF is not JSON"),
+    (env(STREAM="bad name!"), "stream 'bad name!' must be"),
+    (env(GRACE_SECONDS="-1"), "GRACE_SECONDS must be >= 0"),
+])
+def test_bad_settings_say_what_is_wrong(values, message):
+    with pytest.raises(ConfigError, match=message):
+        PipelineSettings.from_env(values, now=NOW)
+
+
+@pytest.mark.parametrize("minutes,ok", [(1, True), (2, True), (7, False), (15, True), (30, True), (45, False),
+                                        (60, True), (120, True), (180, True), (300, False), (720, True),
+                                        (1440, True), (0, False)])
+def test_window_minutes(minutes, ok):
+    if ok:
+        check_window_minutes(minutes)
+    else:
+        with pytest.raises(ConfigError):
+            check_window_minutes(minutes)
+
+
+@pytest.mark.parametrize("minutes,cron", [(1, "* * * * *"), (2, "*/2 * * * *"), (60, "0 * * * *"),
+                                          (180, "0 */3 * * *"), (1440, "0 0 * * *")])
+def test_window_cron(minutes, cron):
+    assert window_cron(minutes) == cron
+
+
+@pytest.mark.parametrize("minutes", [2, 15, 60, 180])
+def test_partitions_are_epoch_aligned_windows(minutes):
+    s = PipelineSettings.from_env(env(WINDOW_MINUTES=str(minutes), PARTITIONS_START="2026-11-21"), now=NOW)
+    pd = window_partitions(s)
+    keys = pd.get_partition_keys(current_time=NOW)
+    assert len(keys) == s.partition_count(NOW)
+    for key in (keys[0], keys[len(keys) // 2], keys[-1]):
+        t0, t1 = window_of(pd, key)
+        assert t1 - t0 == s.window_ms and t0 % s.window_ms == 0
+        assert partition_key(t0) == key
+    assert window_of(pd, keys[-1])[1] <= NOW.timestamp() * 1000  # only windows that have ended
+
+
+@pytest.mark.parametrize("scheduled,window,start,expected", [
+    (datetime(2026, 11, 22, 1, 30, tzinfo=timezone.utc), 60, "2026-11-01", ("2026-11-21-00:00", "2026-11-21-23:00")),
+    (datetime(2026, 11, 22, 1, 30, tzinfo=timezone.utc), 2, "2026-11-01", ("2026-11-21-00:00", "2026-11-21-23:58")),
+    (datetime(2026, 11, 22, 1, 30, tzinfo=timezone.utc), 60, "2026-11-21T06:00", ("2026-11-21-06:00",
+                                                                                 "2026-11-21-23:00")),
+    (datetime(2026, 11, 22, 1, 30, tzinfo=timezone.utc), 60, "2026-11-22", None),
+])
+def test_previous_day_keys(scheduled, window, start, expected):
+    start_ms = int(datetime.fromisoformat(start).replace(tzinfo=timezone.utc).timestamp() * 1000)
+    assert previous_day_keys(scheduled, window * 60_000, start_ms) == expected
+
+
+@pytest.mark.parametrize("text,cursor", [
+    (None, Cursor()),
+    ("", Cursor()),
+    ('{"v": 1, "worker_id": "w", "next_window_ms": 120000, "observed_at_ms": null}', Cursor("w", 120000)),
+])
+def test_cursor_round_trip(text, cursor):
+    assert Cursor.parse(text) == cursor
+    assert Cursor.parse(cursor.to_json()) == cursor
+
+
+@pytest.mark.parametrize("text", ["not json", "[1]", '{"v": 2}', '{"v": 1, "next_window_ms": "soon"}',
+                                  '{"v": 1, "worker_id": 5}', '{"v": 1, "next_window_ms": true}'])
+def test_a_foreign_cursor_is_a_clear_error(text):
+    with pytest.raises(CursorError, match="clear the cursor"):
+        Cursor.parse(text)
