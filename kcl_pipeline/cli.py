@@ -28,11 +28,12 @@ def friendly_errors(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         from .kcl.lease_table import LeaseTableError
-        from .kcl.shards import KinesisUnavailable, StreamNotFound
+        from .kcl.shards import KinesisError
+        from .landing.errors import LandingError
 
         try:
             return fn(*args, **kwargs)
-        except (ConfigError, StreamNotFound, KinesisUnavailable, LeaseTableError, ValueError) as exc:
+        except (ConfigError, KinesisError, LeaseTableError, LandingError, ValueError) as exc:
             raise UserError(str(exc)) from None
         except EndpointConnectionError as exc:
             raise UserError(f"cannot reach the AWS endpoint: {exc}") from None
@@ -90,17 +91,22 @@ def main(verbose: int) -> None:
 @click.option("--landing", default=None,
               help="Land records as Parquet in s3://bucket/prefix or a directory (exactly once; checkpoints after "
                    "each landed batch when run without Dagster).")
+@click.option("--batch-seconds", type=float, default=None,
+              help="With --landing: flush a batch once its oldest record waited this long [default: 30].")
+@click.option("--batch-mb", type=float, default=None, help="With --landing: flush a batch at this size [default: 8].")
 @aws_options
 @friendly_errors
 def consume(stream, application, initial_position, timestamp, worker_id, max_leases, leases_to_acquire,
-            heartbeat_seconds, lease_expiry_seconds, java_compatible, cycle_seconds, metrics_namespace, sink, landing, region,
-            endpoint_url):
+            heartbeat_seconds, lease_expiry_seconds, java_compatible, cycle_seconds, metrics_namespace, sink, landing,
+            batch_seconds, batch_mb, region, endpoint_url):
     """Run a headless consumer: a full peer of the fleet sharing the lease table. Stops on SIGTERM/SIGINT."""
     from .kcl.consumer import run_consumer
     from .kcl.jsonl_sink import parse_sink
 
     if bool(sink) == bool(landing):
         raise UserError("give exactly one of --sink jsonl:DIR or --landing URI")
+    if sink and (batch_seconds is not None or batch_mb is not None):
+        raise UserError("--batch-seconds and --batch-mb only apply to --landing")
     kwargs = {}
     if worker_id:
         kwargs["worker_id"] = worker_id
@@ -118,9 +124,19 @@ def consume(stream, application, initial_position, timestamp, worker_id, max_lea
     if sink:
         spec = parse_sink(sink)
     else:
-        from .landing.sink import landing_processor_spec
+        from .landing.layout import Zone
+        from .landing.sink import landing_spec
+        from .landing.store import open_store
 
-        spec = landing_processor_spec(landing, stream, config.aws, standalone=True)
+        # Fail fast (exit 2) on a missing bucket; a local directory is created.
+        local_zone = Zone.parse(landing).scheme == "file"
+        open_store(landing, config.aws).ensure_zone(create=local_zone)
+        settings = {}
+        if batch_seconds is not None:
+            settings["max_batch_age_seconds"] = batch_seconds
+        if batch_mb is not None:
+            settings["max_batch_bytes"] = int(batch_mb * 1024 * 1024)
+        spec = landing_spec(landing, stream, aws=config.aws, standalone=True, **settings)
     sys.exit(run_consumer(config, spec))
 
 
@@ -176,6 +192,30 @@ def leases(application, as_json, region, endpoint_url):
         cp = lease.checkpoint
         cps = cp.sequence_number if cp.is_sentinel and cp.sequence_number != "AT_TIMESTAMP" else str(cp)
         click.echo(f"{lease.lease_key:<24} {lease.lease_owner or '-':<40} {lease.lease_counter:>7}  {cps}")
+
+
+@main.group()
+def landing() -> None:
+    """The landing zone: verify the chain of landed batches."""
+
+
+@landing.command("verify")
+@click.option("--landing", "zone", required=True, help="s3://bucket/prefix or a local directory.")
+@click.option("--window", default=None,
+              help="START (one hour), START/END or START/PT15M, ISO 8601 UTC (default: everything).")
+@click.option("--stream", default=None, help="Only this stream (default: every stream in the zone).")
+@click.option("--shard", default=None, help="Only this shard.")
+@click.option("--deep", is_flag=True, help="Read every batch's rows, not only footers and keys.")
+@aws_options
+@friendly_errors
+def landing_verify(zone, window, stream, shard, deep, region, endpoint_url):
+    """Per-shard chain status, row counts, gaps and overlaps. Exit 1 on a gap or an overlap."""
+    from .landing.verify import verify_zone
+
+    report = verify_zone(zone, window, stream=stream, shard=shard, aws=_settings(region, endpoint_url), deep=deep)
+    for line in report.lines():
+        click.echo(line)
+    sys.exit(0 if report.ok else 1)
 
 
 @main.group()

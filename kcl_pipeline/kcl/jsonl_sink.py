@@ -27,6 +27,8 @@ class JsonlSink:
         self._file = open(self.directory / f"{init.shard_id}.jsonl", "a", encoding="utf-8")
 
     def process_records(self, batch: ProcessRecordsInput) -> None:
+        if not batch.records:
+            return
         lines = [json.dumps({
             "shard_id": r.shard_id,
             "sequence_number": r.sequence_number,

@@ -1,14 +1,15 @@
 """The record-processor API users implement, in the spirit of the Java KCL's ShardRecordProcessor.
 
 One processor instance lives in one worker process and sees one lease (shard). The worker calls
-`initialize` once, `process_records` for every batch of deaggregated user records (in shard order,
-after the (sequence, sub-sequence) filter), then exactly one of `lease_lost`, `shard_ended` or
+`initialize` once, `process_records` after every GetRecords call — with the deaggregated user records in
+shard order after the (sequence, sub-sequence) filter, and also when there were none, so a processor
+learns that its shard is idle or caught up (millis_behind_latest) — then exactly one of `lease_lost`, `shard_ended` or
 `shutdown_requested`. Checkpointing is the processor's choice: it calls the checkpointer it is given.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Protocol, Sequence
 
 from .model import Checkpoint, UserRecord
 
@@ -31,6 +32,8 @@ class InitializationInput:
     worker_id: str
     checkpoint: Checkpoint
     child_shard_ids: tuple[str, ...] = ()
+    # The lease item's other attributes (e.g. the previous owner's landing progress), read at acquire.
+    lease_attributes: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

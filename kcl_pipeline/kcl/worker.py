@@ -172,7 +172,7 @@ class LeaseWorker:
         checkpointer = _Checkpointer(self)
         try:
             self.processor.initialize(InitializationInput(
-                self.lease_key, self.config.worker_id, lease.checkpoint, lease.child_shard_ids))
+                self.lease_key, self.config.worker_id, lease.checkpoint, lease.child_shard_ids, dict(lease.extra)))
             if lease.is_ended:
                 return self._finish_ended(state, checkpointer, lease)
             outcome = self._deliver(lease, state, checkpointer)
@@ -210,8 +210,8 @@ class LeaseWorker:
             if batch.records:
                 # checkpoint() with no argument means "the last record of this batch" (Java KCL's meaning).
                 self.last_delivered = batch.records[-1].checkpoint
-                self.processor.process_records(
-                    ProcessRecordsInput(batch.records, batch.millis_behind_latest, checkpointer))
+            # Empty polls are delivered too: they tell the processor the shard is idle / caught up.
+            self.processor.process_records(ProcessRecordsInput(batch.records, batch.millis_behind_latest, checkpointer))
             self.metrics.record_lease(self.lease_key, batch.millis_behind_latest, batch.bytes, len(batch.records))
             self._count_operational(reader)
             self.metrics.flush_due()
