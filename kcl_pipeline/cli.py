@@ -194,6 +194,27 @@ def leases(application, as_json, region, endpoint_url):
         click.echo(f"{lease.lease_key:<24} {lease.lease_owner or '-':<40} {lease.lease_counter:>7}  {cps}")
 
 
+@main.command()
+@click.option("--port", type=int, default=3000, show_default=True, help="Dagster UI port on 127.0.0.1.")
+@click.option("--stream", default="kcl-pipeline-demo", show_default=True)
+@click.option("--shards", type=int, default=4, show_default=True)
+@click.option("--rate", type=float, default=40.0, show_default=True, help="Demo records per second.")
+@click.option("--window-minutes", type=int, default=2, show_default=True, help="Partition (window) length.")
+@click.option("--no-producer", is_flag=True, help="Do not run the demo producer (produce yourself).")
+@click.option("--state-dir", default=".kcl_local", show_default=True, help="Logs, DAGSTER_HOME, env.sh.")
+@friendly_errors
+def demo(port, stream, shards, rate, window_minutes, no_producer, state_dir):
+    """Emulators + demo stream + KPL producer + `dagster dev` with the consumer sensor on. Ctrl-C stops all."""
+    from pathlib import Path
+
+    from .local.demo import DemoOptions, run_demo
+
+    if shards < 1 or rate <= 0:
+        raise UserError("--shards must be >= 1 and --rate > 0")
+    sys.exit(run_demo(DemoOptions(state_dir=Path(state_dir), port=port, stream=stream, shards=shards, rate=rate,
+                                  window_minutes=window_minutes, producer=not no_producer)))
+
+
 @main.group()
 def landing() -> None:
     """The landing zone: verify the chain of landed batches."""

@@ -1,0 +1,171 @@
+"""The one-command demo: emulators on loopback, a demo stream with a KPL producer, and `dagster dev`.
+
+Everything it starts it stops (Ctrl-C / SIGTERM): the producer thread, `dagster dev` (its whole process
+group: webserver, daemon, code server and the sensor's lease workers), then the emulators.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ..kcl.aws import client
+from ..kcl.shards import StreamNotFound, wait_stream_active
+from .emulators import EmulatorStack, Endpoints
+from .producer import produce
+
+log = logging.getLogger(__name__)
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    state_dir: Path = Path(".kcl_local")
+    host: str = "127.0.0.1"
+    port: int = 3000
+    stream: str = "kcl-pipeline-demo"
+    shards: int = 4
+    rate: float = 40.0  # user records per second
+    aggregate: int = 10  # KPL: user records per aggregate (every other batch is sent plain)
+    poison_every: int = 97
+    window_minutes: int = 2
+    sensor_interval_seconds: int = 10
+    producer: bool = True
+
+
+def demo_env(endpoints: Endpoints, options: DemoOptions, dagster_home: Path) -> dict[str, str]:
+    """The environment `dagster dev` runs with: the emulators' endpoints and the demo profile."""
+    return {
+        **os.environ,
+        **endpoints.env(),
+        "DAGSTER_HOME": str(dagster_home),
+        "KCL_PIPELINE_PROFILE": "demo",
+        "KCL_PIPELINE_STREAM": options.stream,
+        "KCL_PIPELINE_WINDOW_MINUTES": str(options.window_minutes),
+        "KCL_PIPELINE_SENSOR_INTERVAL_SECONDS": str(options.sensor_interval_seconds),
+        # Short timings so the demo shows hand-overs quickly; still 3 heartbeats per expiry.
+        "KCL_PIPELINE_HEARTBEAT_SECONDS": "3",
+        "KCL_PIPELINE_LEASE_EXPIRY_SECONDS": "10",
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def ensure_stream(kinesis, stream: str, shards: int) -> None:
+    try:
+        wait_stream_active(kinesis, stream, timeout=30)
+    except StreamNotFound:
+        kinesis.create_stream(StreamName=stream, ShardCount=shards)
+        wait_stream_active(kinesis, stream, timeout=60)
+
+
+def _producer_loop(kinesis, options: DemoOptions, stop: threading.Event) -> None:
+    """Produces forever at `rate`, alternating KPL-aggregated and plain batches, with some poison payloads."""
+    next_id, plain = 0, False
+    batch = max(1, int(options.rate * 5))
+    while not stop.is_set():
+        try:
+            produce(kinesis, options.stream, count=batch, rate=options.rate,
+                    aggregate=1 if plain else options.aggregate, payload=None, poison_every=options.poison_every,
+                    create_shards=None, first_id=next_id)
+            next_id += batch
+            plain = not plain
+        except Exception as exc:  # keep the demo alive; say why it paused
+            log.warning("demo producer: %s; retrying in 5 s", exc)
+            stop.wait(5)
+
+
+def start_dagster(env: dict[str, str], options: DemoOptions, log_path: Path) -> subprocess.Popen:
+    cmd = [str(Path(sys.executable).with_name("dagster")), "dev", "-w", str(PROJECT_ROOT / "workspace.yaml"),
+           "-h", options.host, "-p", str(options.port)]
+    if not Path(cmd[0]).exists():
+        cmd = [sys.executable, "-m", "dagster", "dev", *cmd[2:]]
+    # Own process group: stopping it reaches the webserver, the daemon, the code server and its workers.
+    # SIGINT/SIGTERM are restored to their defaults in the child (a backgrounded parent may ignore them).
+    return subprocess.Popen(cmd, cwd=PROJECT_ROOT, env=env, stdout=open(log_path, "ab"), stderr=subprocess.STDOUT,
+                            start_new_session=True, preexec_fn=_default_signals)
+
+
+def _default_signals() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def stop_process_group(proc: subprocess.Popen, grace: float = 30.0) -> None:
+    if proc.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGINT, grace), (signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    # Children that outlived the group leader (e.g. the code server) still carry the group id.
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def run_demo(options: DemoOptions, *, ready: Callable[[Endpoints, str], None] | None = None,
+             stop: threading.Event | None = None) -> int:
+    """Run the whole demo until SIGINT/SIGTERM (or `stop`); returns an exit code."""
+    from ..defs.home import prepare_dagster_home
+
+    stop = stop or threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+    state = options.state_dir.resolve()
+    state.mkdir(parents=True, exist_ok=True)
+    stack = EmulatorStack(state / "logs")
+    dagster = None
+    producer = None
+    try:
+        endpoints = stack.start()
+        for name, url in endpoints.endpoint_urls().items():
+            print(f"{name:<11} {url}", flush=True)
+        kinesis = client("kinesis", endpoints.aws_settings())
+        ensure_stream(kinesis, options.stream, options.shards)
+        print(f"stream      {options.stream} ({options.shards} shards)", flush=True)
+        if options.producer:
+            producer = threading.Thread(target=_producer_loop, args=(kinesis, options, stop), daemon=True,
+                                        name="demo-producer")
+            producer.start()
+            print(f"producer    {options.rate:g} records/s, KPL aggregates of {options.aggregate} "
+                  f"alternating with plain records, every {options.poison_every}th payload poison", flush=True)
+        home = prepare_dagster_home(state / "dagster_home")
+        env = demo_env(endpoints, options, home)
+        (state / "env.sh").write_text("\n".join(endpoints.export_lines()) + "\n")
+        dagster = start_dagster(env, options, state / "logs" / "dagster.log")
+        url = f"http://{options.host}:{options.port}"
+        print(f"dagster     {url}  (log {state / 'logs' / 'dagster.log'}; starting, ~20 s)", flush=True)
+        print("Ctrl-C stops everything.", flush=True)
+        if ready:
+            ready(endpoints, url)
+        while not stop.is_set():
+            if dagster.poll() is not None:
+                print(f"dagster dev exited with code {dagster.returncode}; see {state / 'logs' / 'dagster.log'}",
+                      file=sys.stderr)
+                return 1
+            stop.wait(0.5)
+        return 0
+    finally:
+        stop.set()
+        if dagster is not None:
+            print("stopping dagster …", flush=True)
+            stop_process_group(dagster)
+        if producer is not None:
+            producer.join(10)
+        print("stopping the emulators …", flush=True)
+        stack.stop()
