@@ -1,0 +1,164 @@
+"""The assets with `materialize` on a real SparkSession, against the emulators over HTTP: a backfill lands a window,
+Spark transforms it, checkpoints are committed for it, and the asset checks pass — then fail on purpose."""
+from __future__ import annotations
+
+import shutil
+import time
+from datetime import datetime, timezone
+
+import pytest
+from dagster import (
+    AssetCheckKey,
+    AssetKey,
+    AssetSelection,
+    DagsterInstance,
+    TimeWindowPartitionsDefinition,
+    materialize,
+)
+from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
+from dagster_aws.s3 import S3Resource
+
+from kcl_pipeline.defs.kinesis.assets import build_assets, kinesis_stream
+from kcl_pipeline.defs.kinesis.checks import build_checks
+from kcl_pipeline.defs.kinesis.partitions import PARTITION_FMT, partition_key
+from kcl_pipeline.defs.kinesis.resources import AwsResource, KinesisConsumerResource, SparkResource, spark_config
+from kcl_pipeline.defs.kinesis.settings import PipelineSettings
+from kcl_pipeline.kcl.aws import client
+from kcl_pipeline.kcl.lease_table import LeaseTable
+from kcl_pipeline.kcl.model import Checkpoint, Lease
+from kcl_pipeline.landing.audit import output_partition
+from kcl_pipeline.landing.progress import ShardProgress
+from kcl_pipeline.landing.store import open_store
+from kcl_pipeline.landing.verify import list_batches, read_batches
+from kcl_pipeline.local.producer import produce
+
+pytestmark = pytest.mark.slow
+W = 60_000  # 1-minute windows: the records produced now fall in one or two of them
+
+
+@pytest.fixture
+def pipeline(emulators, aws_settings, unique_name, tmp_path):
+    """A 2-shard stream with 120 user records (KPL and plain, 10 poison), an S3 landing zone, a local output,
+    and the assets over 1-minute partitions that include the current minute."""
+    kinesis = client("kinesis", aws_settings)
+    stream, bucket = unique_name("assets"), unique_name("zone")
+    client("s3", aws_settings).create_bucket(Bucket=bucket)
+    before = int(time.time() * 1000)
+    produce(kinesis, stream, 60, aggregate=3, create_shards=2, poison_every=12, seed=1)
+    produce(kinesis, stream, 60, aggregate=1, poison_every=12, first_id=60, seed=2)
+    after = int(time.time() * 1000)
+    partitions = TimeWindowPartitionsDefinition(
+        start=datetime.fromtimestamp((before - before % W) / 1000 - 3600, tz=timezone.utc).replace(tzinfo=None),
+        fmt=PARTITION_FMT, cron_schedule="* * * * *", timezone="UTC", end_offset=1)
+    landed, transformed, checkpoints = build_assets(partitions, W)
+    checks = build_checks(partitions, W)
+    settings = PipelineSettings.from_env({"KCL_PIPELINE_WINDOW_MINUTES": "1"})
+    consumer = KinesisConsumerResource(stream=stream, application=unique_name("app"), window_minutes=1,
+                                       landing_uri=f"s3://{bucket}/landing", output_uri=str(tmp_path / "out"),
+                                       create_zones=True, grace_seconds=1.0)
+    resources = {
+        "consumer": consumer,
+        "aws": AwsResource(region=emulators.region, kinesis_endpoint_url=emulators.kinesis,
+                           dynamodb_endpoint_url=emulators.dynamodb, s3_endpoint_url=emulators.s3,
+                           cloudwatch_endpoint_url=emulators.cloudwatch),
+        "s3": S3Resource(endpoint_url=emulators.s3, region_name=emulators.region),
+        "pyspark": SparkResource(spark_config=spark_config(settings)),
+    }
+    first, last = before - before % W, after - after % W
+    return dict(stream=stream, consumer=consumer, resources=resources, assets=[kinesis_stream, landed, transformed,
+                checkpoints], checks=list(checks), first=first, last=last, aws=aws_settings,
+                instance=DagsterInstance.ephemeral(), windows=list(range(first, last + W, W)))
+
+
+def run(p, selection, checks=()):
+    keys = {"range": (partition_key(p["first"]), partition_key(p["last"]))}
+    chosen = AssetSelection.assets(*selection).without_checks() | AssetSelection.checks(*checks)
+    return materialize([*p["assets"], *p["checks"]], selection=chosen, resources=p["resources"],
+                       instance=p["instance"], raise_on_error=False,
+                       tags={ASSET_PARTITION_RANGE_START_TAG: keys["range"][0],
+                             ASSET_PARTITION_RANGE_END_TAG: keys["range"][1]})
+
+
+def materialization(result, key: str):
+    (event,) = [e for e in result.get_asset_materialization_events() if e.asset_key == AssetKey(key)][:1]
+    return event.step_materialization_data.materialization.metadata
+
+
+def evaluations(result) -> dict[str, bool]:
+    return {ev.check_name: ev.passed for ev in result.get_asset_check_evaluations()}
+
+
+def test_backfill_transform_checkpoint_and_audit(spark, pipeline, aws_settings):
+    p = pipeline
+    landed = run(p, [AssetKey("landed_records")], [AssetCheckKey(AssetKey("landed_records"), "chain_unbroken")])
+    assert landed.success
+    meta = materialization(landed, "landed_records")
+    assert meta["rows"].value == 120 and meta["records_relanded"].value == 120 and meta["bytes"].value > 0
+    assert set(meta["per_shard"].value) == {"shardId-000000000000", "shardId-000000000001"}
+    assert evaluations(landed) == {"chain_unbroken": True}
+
+    # Re-running the backfill lands nothing twice.
+    again = run(p, [AssetKey("landed_records")])
+    assert materialization(again, "landed_records")["records_already_landed"].value == 120
+    store = open_store(p["consumer"].landing_uri, aws_settings)
+    table = read_batches(store, p["stream"], p["first"], p["last"] + W)
+    positions = list(zip(table.column("sequence_number").to_pylist(), table.column("sub_sequence_number").to_pylist()))
+    assert len(positions) == len(set(positions)) == 120
+
+    # The live consumer's lease table: every shard landed its last record (progress from its heartbeats).
+    table_client = LeaseTable(p["consumer"].application, client("dynamodb", aws_settings))
+    table_client.ensure_table()
+    last_of = {}
+    for shard_id in ("shardId-000000000000", "shardId-000000000001"):
+        mine = sorted((b for b in list_batches(store, p["stream"], p["first"], p["last"] + W) if b.shard_id == shard_id),
+                      key=lambda b: b.last.key())
+        last_of[shard_id] = mine[-1].last
+        progress = ShardProgress(shard_id, mine[-1].last, p["last"] + 1, last_batch_key=mine[-1].key())
+        attrs = {k: v for k, v in progress.to_attributes().items() if v is not None}
+        assert table_client.create(Lease(shard_id, Checkpoint("TRIM_HORIZON"), lease_owner="live", extra=attrs))
+
+    done = run(p, [AssetKey("transformed_records"), AssetKey("kinesis_checkpoints")],
+               [AssetCheckKey(AssetKey("transformed_records"), "rows_reconcile"),
+                AssetCheckKey(AssetKey("kinesis_checkpoints"), "checkpoint_within_materialised")])
+    assert done.success
+    t = materialization(done, "transformed_records")
+    assert (t["rows_in"].value, t["rows_out"].value, t["duplicates_dropped"].value, t["quarantined"].value) == \
+        (120, 110, 0, 10)
+    assert t["windows"].value == len(p["windows"]) and [c.name for c in t["schema"].value.columns][:3] == \
+        ["shard_id", "sequence_number", "sub_sequence_number"]
+    c = materialization(done, "kinesis_checkpoints")
+    committed = {row["shard_id"]: (row["sequence_number"], row["sub_sequence_number"]) for row in c["committed"].value}
+    assert committed == {k: (v.sequence_number, v.sub_sequence_number) for k, v in last_of.items()}
+    assert {lease.lease_key: lease.checkpoint for lease in table_client.scan()} == last_of
+    assert evaluations(done) == {"rows_reconcile": True, "checkpoint_within_materialised": True}
+
+    # Tampering: an unreadable batch breaks the chain and the counts; a lost output partition leaves the
+    # committed checkpoints beyond what materialised.
+    victim = list_batches(store, p["stream"], p["first"], p["last"] + W)[0]
+    bucket = p["consumer"].landing_uri[len("s3://"):].split("/")[0]
+    client("s3", aws_settings).put_object(Bucket=bucket, Key=f"landing/{victim.key()}", Body=b"not parquet")
+    broken = run(p, [], [AssetCheckKey(AssetKey("landed_records"), "chain_unbroken"),
+                         AssetCheckKey(AssetKey("transformed_records"), "rows_reconcile")])
+    assert evaluations(broken) == {"chain_unbroken": False, "rows_reconcile": False}
+    for window in p["windows"]:
+        shutil.rmtree(f"{p['consumer'].output_uri}/transformed/{output_partition(window)}")
+    lost = run(p, [], [AssetCheckKey(AssetKey("kinesis_checkpoints"), "checkpoint_within_materialised")])
+    assert evaluations(lost) == {"checkpoint_within_materialised": False}
+
+
+def test_backfill_refuses_to_land_ahead_of_the_live_consumer(spark, pipeline, aws_settings):
+    p = pipeline
+    table = LeaseTable(p["consumer"].application, client("dynamodb", aws_settings))
+    table.ensure_table()
+    assert table.create(Lease("shardId-000000000000", Checkpoint("TRIM_HORIZON"), lease_owner="live"))
+    past = ShardProgress("shardId-000000000001", None, None, p["last"] + W + 60_000, 0)  # caught up after the end
+    assert table.create(Lease("shardId-000000000001", Checkpoint("TRIM_HORIZON"), lease_owner="live",
+                              extra={k: v for k, v in past.to_attributes().items() if v is not None}))
+    result = run(p, [AssetKey("landed_records")])
+    assert not result.success
+    failure = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"][0].event_specific_data
+    assert "has not finished landing this range for shardId-000000000000" in failure.user_failure_data.description
+    store = open_store(p["consumer"].landing_uri, aws_settings)
+    assert {b.shard_id for b in list_batches(store, p["stream"], p["first"], p["last"] + W)} == {"shardId-000000000001"}
+    assert {lease.lease_key: (lease.checkpoint, lease.lease_owner, lease.lease_counter) for lease in table.scan()} \
+        == {s: (Checkpoint("TRIM_HORIZON"), "live", 0) for s in ("shardId-000000000000", "shardId-000000000001")}
