@@ -66,7 +66,7 @@ def main(verbose: int) -> None:
     """kcl_pipeline: a leaderless, Java-KCL-v2-compatible Kinesis consumer and its Dagster pipeline."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    for noisy in ("botocore", "urllib3", "boto3"):
+    for noisy in ("botocore", "urllib3", "boto3", "alembic"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 

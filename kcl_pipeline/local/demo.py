@@ -123,6 +123,7 @@ def run_demo(options: DemoOptions, *, ready: Callable[[Endpoints, str], None] | 
     from ..defs.home import prepare_dagster_home
 
     stop = stop or threading.Event()
+    logging.getLogger("kcl_pipeline.local.producer").setLevel(logging.WARNING)  # one line per batch is noise here
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
@@ -133,6 +134,9 @@ def run_demo(options: DemoOptions, *, ready: Callable[[Endpoints, str], None] | 
     producer = None
     try:
         endpoints = stack.start()
+        # This process talks to the emulators too (stream, producer): their endpoints and dummy credentials.
+        # (env() adds dummy credentials only when none are set.)
+        os.environ.update(endpoints.env())
         for name, url in endpoints.endpoint_urls().items():
             print(f"{name:<11} {url}", flush=True)
         kinesis = client("kinesis", endpoints.aws_settings())
