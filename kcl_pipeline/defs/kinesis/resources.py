@@ -85,9 +85,9 @@ class KinesisConsumerResource(ConfigurableResource):
 
     def processor_spec(self, aws: AwsSettings) -> ProcessorSpec:
         """The landing sink in pipeline mode: it never checkpoints (kinesis_checkpoints does)."""
-        from ...landing.sink import landing_processor_spec
+        from ...landing.sink import landing_spec
 
-        return landing_processor_spec(self.landing_uri, self.stream, aws, standalone=False)
+        return landing_spec(self.landing_uri, self.stream, aws=aws, standalone=False, create_zone=self.create_zones)
 
 
 class SparkResource(PySparkResource):
@@ -123,7 +123,7 @@ def spark_config(settings: PipelineSettings, python: str = sys.executable) -> di
 def build_resources(settings: PipelineSettings) -> dict[str, Any]:
     return {
         "aws": AwsResource(),
-        "s3": S3Resource(region_name=None),
+        "s3": S3Resource(),
         "pyspark": SparkResource(spark_config=spark_config(settings)),
         "consumer": KinesisConsumerResource.from_settings(settings),
     }

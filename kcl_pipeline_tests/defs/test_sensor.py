@@ -1,0 +1,193 @@
+"""The kinesis_consumer sensor over successive ticks (build_sensor_context), against the emulators over HTTP:
+lease-manager cycles, cursor, window reports and run requests; workers that stop by themselves when ticks stop;
+a "reload" (a fresh registry) that never puts two workers on one lease."""
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timezone
+
+import pytest
+from dagster import (
+    AssetKey,
+    AssetMaterialization,
+    AssetObservation,
+    AssetSelection,
+    SensorResult,
+    TimeWindowPartitionsDefinition,
+    build_sensor_context,
+    define_asset_job,
+)
+from dagster_aws.s3 import S3Resource
+
+from kcl_pipeline.defs.kinesis import sensors
+from kcl_pipeline.defs.kinesis.assets import build_assets
+from kcl_pipeline.defs.kinesis.partitions import PARTITION_FMT, partition_key
+from kcl_pipeline.defs.kinesis.resources import SPARK_RUN_TAG, AwsResource, KinesisConsumerResource
+from kcl_pipeline.defs.kinesis.sensors import Cursor, build_consumer_sensor, shutdown_hosted
+from kcl_pipeline.kcl.aws import client
+from kcl_pipeline.kcl.lease_table import LeaseTable
+from kcl_pipeline.landing.store import open_store
+from kcl_pipeline.landing.verify import read_batches
+from kcl_pipeline.local.producer import produce
+
+pytestmark = pytest.mark.slow
+W = 60_000
+INTERVAL = 2  # seconds; workers stop by themselves after 3 intervals without a tick
+
+
+@pytest.fixture
+def setup(emulators, aws_settings, unique_name, tmp_path):
+    kinesis = client("kinesis", aws_settings)
+    stream = unique_name("sensor")
+    before = int(time.time() * 1000)
+    produced = produce(kinesis, stream, 60, aggregate=3, create_shards=2, seed=1).user_records
+    produced += produce(kinesis, stream, 40, aggregate=1, first_id=60, seed=2).user_records
+    after = int(time.time() * 1000)
+    partitions = TimeWindowPartitionsDefinition(
+        start=datetime.fromtimestamp((before - before % W) / 1000 - 3600, tz=timezone.utc).replace(tzinfo=None),
+        fmt=PARTITION_FMT, cron_schedule="* * * * *", timezone="UTC")
+    _, transformed, checkpoints = build_assets(partitions, W)
+    job = define_asset_job("window_job", selection=AssetSelection.assets(transformed, checkpoints),
+                           partitions_def=partitions, tags={SPARK_RUN_TAG: "true"})
+    consumer = KinesisConsumerResource(
+        stream=stream, application=unique_name("app"), window_minutes=1, landing_uri=str(tmp_path / "zone"),
+        output_uri=str(tmp_path / "out"), create_zones=True, heartbeat_seconds=1.0, lease_expiry_seconds=3.0,
+        leases_to_acquire=2, grace_seconds=1.0)
+    resources = {"consumer": consumer, "s3": S3Resource(endpoint_url=emulators.s3, region_name=emulators.region),
+                 "aws": AwsResource(region=emulators.region, kinesis_endpoint_url=emulators.kinesis,
+                                    dynamodb_endpoint_url=emulators.dynamodb, s3_endpoint_url=emulators.s3,
+                                    cloudwatch_endpoint_url=emulators.cloudwatch)}
+    sensor = build_consumer_sensor(partitions, job, INTERVAL)
+    table = LeaseTable(consumer.application, client("dynamodb", aws_settings))
+    yield dict(sensor=sensor, resources=resources, consumer=consumer, table=table, produced=produced,
+               windows=list(range(before - before % W, after - after % W + W, W)), aws=aws_settings)
+    shutdown_hosted(timeout=15)
+
+
+def tick(s, cursor: str | None) -> SensorResult:
+    with build_sensor_context(cursor=cursor, resources=s["resources"]) as context:
+        result = s["sensor"](context)
+    assert isinstance(result, SensorResult)
+    return result
+
+
+def hosted(s):
+    return sensors._REGISTRY[(s["consumer"].stream, s["consumer"].application)]
+
+
+def owners(table) -> dict[str, str | None]:
+    return {lease.lease_key: lease.lease_owner for lease in table.scan()}
+
+
+def wait_until(predicate, timeout: float, step: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(step)
+    return predicate()
+
+
+def test_successive_ticks_report_each_complete_window_once(setup):
+    s = setup
+    first = tick(s, None)
+    cursor = Cursor.parse(first.cursor)
+    assert cursor.worker_id and cursor.worker_id.startswith("dagster-")
+    assert cursor.next_window_ms is None and not first.run_requests  # nothing landed yet
+    observation = [e for e in first.asset_events if isinstance(e, AssetObservation)]
+    assert observation and observation[0].asset_key == AssetKey("kinesis_stream")
+    assert observation[0].metadata["total_leases"].value == 2
+    manager = hosted(s).manager
+    workers = {key: proc.pid for key, proc in manager.workers.items()}
+    assert set(workers) == {"shardId-000000000000", "shardId-000000000001"}
+
+    reported: dict[str, AssetMaterialization] = {}
+    requests = []
+    text = first.cursor
+    deadline = time.monotonic() + 150
+    expected = {partition_key(w) for w in s["windows"]}
+    while not expected <= set(reported) and time.monotonic() < deadline:
+        time.sleep(INTERVAL)
+        result = tick(s, text)
+        text = result.cursor
+        for event in result.asset_events:
+            if isinstance(event, AssetMaterialization):
+                assert event.partition not in reported, "a window is reported once"
+                reported[event.partition] = event
+        requests += result.run_requests
+        assert hosted(s).manager is manager  # the same manager, the same worker processes, tick after tick
+        assert {k: p.pid for k, p in manager.workers.items()} == workers
+        assert Cursor.parse(text).worker_id == cursor.worker_id
+    assert expected <= set(reported), f"windows reported: {sorted(reported)}"
+
+    rows = sum(reported[k].metadata["rows"].value for k in expected)
+    assert rows == s["produced"]
+    zone = open_store(s["consumer"].landing_uri)
+    for key in expected:
+        meta = reported[key].metadata
+        t0 = int(datetime.strptime(key, PARTITION_FMT).replace(tzinfo=timezone.utc).timestamp() * 1000)
+        assert meta["rows"].value == read_batches(zone, s["consumer"].stream, t0, t0 + W).num_rows
+        assert meta["chain_ok"].value is True and meta["bytes"].value > 0
+        assert meta["batches"].value == len(meta["keys"].value)
+        for shard in meta["per_shard"].value.values():
+            assert shard["first"] and shard["last"] and shard["rows"] > 0
+    assert [r.partition_key for r in requests] == sorted(reported)  # one transform per window, in order
+    assert all(r.run_key == f"window-{r.partition_key}" and r.tags[SPARK_RUN_TAG] == "true" for r in requests)
+    next_window = Cursor.parse(text).next_window_ms
+    assert next_window == max(s["windows"]) + W or next_window > max(s["windows"])
+
+    again = tick(s, text)  # nothing new: nothing reported twice
+    assert not [e for e in again.asset_events if isinstance(e, AssetMaterialization)] and not again.run_requests
+
+    shutdown_hosted(timeout=15)  # graceful: every worker releases its lease
+    assert set(owners(s["table"]).values()) == {None}
+
+
+def test_workers_stop_by_themselves_when_ticks_stop_and_a_reload_never_doubles_a_lease(setup):
+    s = setup
+    cursor = tick(s, None).cursor
+    old = hosted(s).manager
+    assert wait_until(lambda: len(old.workers) == 2 and set(owners(s["table"]).values()) == {Cursor.parse(
+        cursor).worker_id}, 20)
+
+    # A reload: the new code server has an empty registry, the same cursor (same consumer id), and the old
+    # workers are still running. The new manager must not take leases the old workers hold.
+    sensors._REGISTRY.clear()
+    seen_overlap = []
+    trace = []  # (old workers alive, new workers) after each tick
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        cursor = tick(s, cursor).cursor
+        new = hosted(s).manager
+        assert new is not old
+        alive_old = {k for k, p in old.workers.items() if p.is_alive()}
+        overlap = alive_old & {k for k, p in new.workers.items() if p.is_alive()}
+        seen_overlap.append(overlap)
+        trace.append((len(alive_old), len(new.workers)))
+        if not alive_old and len(new.workers) == 2:
+            break
+        time.sleep(INTERVAL)
+    assert not any(seen_overlap), f"two workers on one lease: {seen_overlap}"
+    assert trace[0] == (2, 0), trace  # the new manager waited while the old workers held the leases
+    # The old workers stopped by themselves (no cycle for 3 intervals) and the new manager took over.
+    assert all(not p.is_alive() for p in old.workers.values())
+    assert set(hosted(s).manager.workers) == {"shardId-000000000000", "shardId-000000000001"}
+
+    # Ticks stop altogether: the workers stop within a few heartbeats and release their leases.
+    procs = list(hosted(s).manager.workers.values())
+    assert wait_until(lambda: all(not p.is_alive() for p in procs), 30)
+    assert set(owners(s["table"]).values()) == {None}
+    assert json.loads(cursor)["v"] == 1
+
+
+def test_a_missing_stream_fails_the_tick_with_its_name(setup, unique_name):
+    s = setup
+    missing = unique_name("nostream")
+    s["resources"]["consumer"] = KinesisConsumerResource(
+        stream=missing, application=unique_name("app"), window_minutes=1, landing_uri=s["consumer"].landing_uri,
+        output_uri=s["consumer"].output_uri, create_zones=True)
+    with pytest.raises(Exception, match=f"Kinesis stream {missing} does not exist"):
+        tick(s, None)
+    assert (missing, s["resources"]["consumer"].application) not in sensors._REGISTRY  # not kept half-started
