@@ -96,6 +96,9 @@ def test_successive_ticks_report_each_complete_window_once(setup):
     cursor = Cursor.parse(first.cursor)
     assert cursor.worker_id and cursor.worker_id.startswith("dagster-")
     assert cursor.next_window_ms is None and not first.run_requests  # nothing landed yet
+    # The tick's status line says what it did (Dagster shows it instead of "empty result").
+    status = first.skip_reason.skip_message
+    assert "cycle: leases=2 shards=2" in status and "created=" in status and "first window not decided yet" in status
     observation = [e for e in first.asset_events if isinstance(e, AssetObservation)]
     assert observation and observation[0].asset_key == AssetKey("kinesis_stream")
     assert observation[0].metadata["total_leases"].value == 2
@@ -117,6 +120,7 @@ def test_successive_ticks_report_each_complete_window_once(setup):
                 assert event.partition not in reported, "a window is reported once"
                 reported[event.partition] = event
         requests += result.run_requests
+        assert (result.skip_reason is None) == bool(result.run_requests)
         assert hosted(s).manager is manager  # the same manager, the same worker processes, tick after tick
         assert {k: p.pid for k, p in manager.workers.items()} == workers
         assert Cursor.parse(text).worker_id == cursor.worker_id

@@ -150,7 +150,13 @@ def consumer_tick(context: SensorEvaluationContext, consumer: KinesisConsumerRes
     hosted = hosted_consumer(consumer, aws, worker_id, interval_seconds)
     manager = hosted.manager
     cycle = manager.run_cycle()
-    context.log.info(f"consumer {worker_id} cycle: {cycle.summary()}")
+    said: list[str] = []
+
+    def say(message: str) -> None:  # the tick log, and the tick's status line when it requests nothing
+        context.log.info(message)
+        said.append(message)
+
+    say(f"consumer {worker_id} cycle: {cycle.summary()}")
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     leases, shards = manager.leases, manager.shards
     progress = progress_from_leases(leases)
@@ -164,10 +170,10 @@ def consumer_tick(context: SensorEvaluationContext, consumer: KinesisConsumerRes
         first = first_window(window_ms, earliest_landed_minute(store, consumer.stream), leases, progress, grace_ms,
                              not_before_ms=partitions_start_ms)
         if first.start_ms is None:
-            context.log.info(f"first window not decided yet: {first.reason}"
-                             + (f" ({', '.join(first.waiting_on)})" if first.waiting_on else ""))
+            say(f"first window not decided yet: {first.reason}"
+                + (f" ({', '.join(first.waiting_on)})" if first.waiting_on else ""))
         else:
-            context.log.info(f"first window {iso(first.start_ms)}: {first.reason}")
+            say(f"first window {iso(first.start_ms)}: {first.reason}")
             next_window = first.start_ms
     elif next_window < partitions_start_ms:
         context.log.warning(f"the cursor's next window {iso(next_window)} precedes the first partition; "
@@ -181,7 +187,7 @@ def consumer_tick(context: SensorEvaluationContext, consumer: KinesisConsumerRes
                             limit=max(1, consumer.max_windows_per_tick))
         for status in scan.complete:
             if time.monotonic() - started > consumer.tick_budget_seconds:
-                context.log.info(f"tick budget spent; window {iso(status.window_start_ms)} waits for the next tick")
+                say(f"tick budget spent; window {iso(status.window_start_ms)} waits for the next tick")
                 break
             key = partition_key(status.window_start_ms)
             summary = summarise_window(store, consumer.stream, status.window_start_ms, status.window_end_ms)
@@ -198,19 +204,19 @@ def consumer_tick(context: SensorEvaluationContext, consumer: KinesisConsumerRes
             }))
             run_requests.append(RunRequest(run_key=f"window-{key}", partition_key=key, tags={SPARK_RUN_TAG: "true"}))
             next_window = status.window_end_ms
-            context.log.info(f"window {key} complete: {summary.rows} rows, {summary.bytes} bytes in "
-                             f"{len(summary.keys)} batches; transform requested")
+            say(f"window {key} complete: {summary.rows} rows, {summary.bytes} bytes in "
+                f"{len(summary.keys)} batches; transform requested")
         if scan.stopped_by == "incomplete" and next_window == scan.next_start_ms and scan.blocking is not None:
             waiting = "; ".join(f"{s}: {scan.blocking.reasons.get(s, '')}" for s in scan.blocking.waiting_on)
-            context.log.info(f"window {partition_key(scan.blocking.window_start_ms)} not complete yet, waiting on "
-                             f"{waiting}")
+            say(f"window {partition_key(scan.blocking.window_start_ms)} not complete yet, waiting on {waiting}")
 
     observed_at = cursor.observed_at_ms
     if observed_at is None or now_ms - observed_at >= OBSERVE_EVERY_MS:
         events.append(AssetObservation(asset_key=KINESIS_STREAM, metadata=_fleet_metadata(cycle, progress, leases)))
         observed_at = now_ms
     new_cursor = Cursor(worker_id, next_window, observed_at)
-    return SensorResult(run_requests=run_requests, asset_events=events, cursor=new_cursor.to_json())
+    return SensorResult(run_requests=run_requests, asset_events=events, cursor=new_cursor.to_json(),
+                        skip_reason=None if run_requests else " | ".join(said)[:4000])
 
 
 def _fleet_metadata(cycle, progress, leases) -> dict[str, Any]:
