@@ -136,3 +136,16 @@ def test_spark_resource_stops_only_the_session_it_started(monkeypatch, existed, 
     with build_resources({"pyspark": SparkResource(spark_config={}, stop_at_teardown=stop_at_teardown)}) as r:
         assert r.pyspark.spark_session is session and not session.stopped
     assert session.stopped is stopped
+
+
+def test_a_tick_refuses_a_consumer_window_unlike_the_partitions(defs):
+    from dagster import build_sensor_context
+
+    from kcl_pipeline.defs.kinesis.resources import KinesisConsumerResource
+
+    sensor = defs.resolve_sensor_def("kinesis_consumer")
+    consumer = KinesisConsumerResource(stream="s", application="a", window_minutes=5, landing_uri="/tmp/z",
+                                       output_uri="/tmp/o")
+    with build_sensor_context(resources={"consumer": consumer, "aws": AwsResource(), "s3": object()}) as context:
+        with pytest.raises(Exception, match=r"window \(5 min\) differs from the partitions' \(2 min\)"):
+            sensor(context)

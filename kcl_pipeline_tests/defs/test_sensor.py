@@ -111,8 +111,18 @@ def test_successive_ticks_report_each_complete_window_once(setup):
     text = first.cursor
     deadline = time.monotonic() + 150
     expected = {partition_key(w) for w in s["windows"]}
+    patient = s["consumer"]
+    hurried = KinesisConsumerResource(**{**patient.model_dump(), "tick_budget_seconds": 0.0})
     while not expected <= set(reported) and time.monotonic() < deadline:
         time.sleep(INTERVAL)
+        # A tick whose budget is spent reports nothing and leaves the cursor's next window where it was.
+        s["resources"]["consumer"] = hurried
+        rushed = tick(s, text)
+        before = Cursor.parse(text).next_window_ms
+        assert not rushed.run_requests
+        if before is not None:
+            assert Cursor.parse(rushed.cursor).next_window_ms == before
+        s["resources"]["consumer"] = patient
         result = tick(s, text)
         text = result.cursor
         for event in result.asset_events:
@@ -195,3 +205,21 @@ def test_a_missing_stream_fails_the_tick_with_its_name(setup, unique_name):
     with pytest.raises(Exception, match=f"Kinesis stream {missing} does not exist"):
         tick(s, None)
     assert (missing, s["resources"]["consumer"].application) not in sensors._REGISTRY  # not kept half-started
+
+
+def test_a_new_consumer_id_hands_the_leases_over_and_an_old_cursor_skips_to_the_partitions(setup):
+    s = setup
+    tick(s, Cursor("dagster-a").to_json())
+    first = hosted(s).manager
+    assert wait_until(lambda: set(owners(s["table"]).values()) == {"dagster-a"}, 20)
+    # The cursor now names another consumer (say, it was edited): the old workers stop and release first.
+    result = tick(s, Cursor("dagster-b", next_window_ms=0).to_json())
+    assert hosted(s).worker_id == "dagster-b" and not any(p.is_alive() for p in first.workers.values())
+    assert Cursor.parse(result.cursor).next_window_ms >= int(s["windows"][0]) - 3600_000  # not before partitions
+    cursor = result.cursor
+    for _ in range(10):
+        cursor = tick(s, cursor).cursor
+        if set(owners(s["table"]).values()) == {"dagster-b"}:
+            break
+        time.sleep(INTERVAL)
+    assert set(owners(s["table"]).values()) == {"dagster-b"}
