@@ -17,9 +17,9 @@ in its header): pyproject's protobuf lower bound follows it (a test checks that 
 
 Speed: MD5 (OpenSSL) and the upb parser do the byte work. A second parse with the columnar schema
 (kpl_columns.proto) hands over every record's fields as flat lists, so no Python object is made per
-protobuf record (see ``_columns`` for when that is provably exact), and UserRecords are built without
-the frozen dataclass ``__init__`` (see ``_fast_user_records``). benchmarks/bench_kpl.py measures it
-against aws-kinesis-agg.
+protobuf record (see ``_columns`` for when that is provably exact), and ``deaggregate_batch`` only
+extends the columns of a :class:`~kcl_pipeline.kcl.record_batch.UserRecordBatch`: no UserRecord is
+built unless a consumer asks for one. benchmarks/bench_kpl.py measures it against aws-kinesis-agg.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ import logging
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from itertools import count, repeat
+from itertools import repeat
 from operator import attrgetter
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
@@ -37,6 +37,7 @@ from google.protobuf.message import DecodeError
 
 from kcl_pipeline.kcl import kpl_columns_pb2, kpl_pb2
 from kcl_pipeline.kcl.model import STARTING_SENTINELS, Checkpoint, UserRecord
+from kcl_pipeline.kcl.record_batch import UserRecordBatch, _BatchBuilder
 
 log = logging.getLogger(__name__)
 
@@ -113,83 +114,23 @@ class _BadAggregate(Exception):
         self.detail = detail
 
 
-# --- building UserRecords fast ------------------------------------------------------------------
-#
-# UserRecord is a frozen dataclass: its generated __init__ goes through object.__setattr__ once per
-# field (~1 µs a record, more than parsing the protobuf). Its instances are plain __dict__ objects,
-# so we allocate them with object.__new__ and install a ready dict — the same state __init__ would
-# produce (there is no __post_init__ and no default factory). If model.py ever changes shape
-# (fields, slots, __post_init__) we fall back to the constructor; a test keeps the fast path honest.
-
-_FIELDS = (
-    "shard_id", "sequence_number", "sub_sequence_number", "partition_key", "explicit_hash_key",
-    "approximate_arrival_timestamp_ms", "data", "aggregated",
-)
-_FAST = (
-    tuple(f.name for f in dataclasses.fields(UserRecord)) == _FIELDS
-    and not hasattr(UserRecord, "__post_init__")
-    and not hasattr(UserRecord, "__slots__")
-    and "__dict__" in vars(UserRecord)
-)
-_new = object.__new__
-_set_dict = vars(UserRecord)["__dict__"].__set__ if _FAST else None
-
-
-def _user_record(shard_id: str, seq: str, sub: int, pk: str, ehk: str | None, ms: int, data: bytes,
-                 aggregated: bool) -> UserRecord:
-    if not _FAST:
-        return UserRecord(shard_id, seq, sub, pk, ehk, ms, data, aggregated)
-    rec = _new(UserRecord)
-    _set_dict(rec, {
-        "shard_id": shard_id, "sequence_number": seq, "sub_sequence_number": sub, "partition_key": pk,
-        "explicit_hash_key": ehk, "approximate_arrival_timestamp_ms": ms, "data": data,
-        "aggregated": aggregated,
-    })
-    return rec
-
-
-def _fast_user_records(out: list, shard_id: str, seq: str, ms: int, pks: list, ehks: list | None,
-                       datas: list, first_sub: int) -> None:
-    """Append UserRecords for one aggregate (pks/ehks/datas aligned, sub-sequence from `first_sub`)."""
-    if not _FAST:
-        out.extend(
-            UserRecord(shard_id, seq, sub, pk, ehk, ms, data, True)
-            for sub, pk, ehk, data in zip(count(first_sub), pks, ehks or repeat(None), datas)
-        )
-        return
-    base = {
-        "shard_id": shard_id, "sequence_number": seq, "sub_sequence_number": 0, "partition_key": "",
-        "explicit_hash_key": None, "approximate_arrival_timestamp_ms": ms, "data": b"", "aggregated": True,
-    }
-    new, set_dict, cls, copy = _new, _set_dict, UserRecord, base.copy
-    objs = list(map(new, repeat(cls, len(datas))))
-    if ehks is None:
-        for obj, sub, pk, data in zip(objs, count(first_sub), pks, datas):
-            d = copy()
-            d["sub_sequence_number"] = sub
-            d["partition_key"] = pk
-            d["data"] = data
-            set_dict(obj, d)
-    else:
-        for obj, sub, pk, ehk, data in zip(objs, count(first_sub), pks, ehks, datas):
-            d = copy()
-            d["sub_sequence_number"] = sub
-            d["partition_key"] = pk
-            d["explicit_hash_key"] = ehk
-            d["data"] = data
-            set_dict(obj, d)
-    out.extend(objs)
-
-
 # --- deaggregation --------------------------------------------------------------------------------
 
 _get_data = attrgetter("data")
 _get_pk_index = attrgetter("partition_key_index")
-_has_field = kpl_pb2.Record.HasField  # unbound: map() skips a bound-method per record
 _AggregatedRecord = kpl_pb2.AggregatedRecord
+_KeyedAggregatedRecord = kpl_columns_pb2.KeyedAggregatedRecord
 _Columns = kpl_columns_pb2.AggregatedRecordColumns
 _md5 = hashlib.md5
-_ONLY_STR = frozenset({str})
+_join = "".join
+_RANGE: list[int] = []
+
+
+def _identity(n: int) -> list[int]:
+    """[0, 1, ..., n-1], from a list kept between calls."""
+    if len(_RANGE) < n:
+        _RANGE.extend(range(len(_RANGE), n))
+    return _RANGE[:n]
 
 
 def arrival_millis(value: Any) -> int:
@@ -221,80 +162,110 @@ def _fields(record: Mapping) -> tuple[str, int, bytes, str]:
     return seq, arrival_millis(ts), bytes(data), pk
 
 
-def _decode_aggregate(data: bytes) -> tuple[list, list | None, list]:
+def _decode_aggregate(data: bytes) -> tuple[list, list | None, Sequence[bytes]]:
     """(partition keys, explicit hash keys or None, data) per user record; raises _BadAggregate."""
     if len(data) <= len(MAGIC) + DIGEST_SIZE:
         raise _BadAggregate(TOO_SHORT, f"{len(data)} bytes")
-    body = data[4:-DIGEST_SIZE]
+    body = data[4:-DIGEST_SIZE]  # bytes: upb copies a memoryview before parsing it
     if _md5(body).digest() != data[-DIGEST_SIZE:]:
         raise _BadAggregate(MD5_MISMATCH)
-    agg = _AggregatedRecord()
+    cols = _Columns()
     try:
-        agg.ParseFromString(body)
-    except DecodeError as e:
-        raise _BadAggregate(PROTOBUF_DECODE_ERROR, str(e)) from None
+        cols.ParseFromString(body)
+        c = cols.records
+    except DecodeError:  # e.g. a stray length-delimited field 1 that kpl.proto keeps as unknown
+        c = None
+    # Records carrying explicit hash keys: read with the schema that requires one in every record (see
+    # _columns); if it does not hold, read again as the format says.
+    keyed = c is not None and len(c.explicit_hash_key_index) > 0
+    agg = _parse(_KeyedAggregatedRecord if keyed else _AggregatedRecord, body)
+    if keyed and not agg.IsInitialized():
+        agg, keyed = _parse(_AggregatedRecord, body), False
+        initialized = agg.IsInitialized()
+    else:
+        initialized = keyed or agg.IsInitialized()
     # upb does not enforce proto2 `required` while parsing; the KPL's own readers do.
-    if not agg.IsInitialized():
+    if not initialized:
         raise _BadAggregate(MISSING_REQUIRED_FIELD, ", ".join(agg.FindInitializationErrors()))
     n = len(agg.records)
     if not n:
         raise _BadAggregate(NO_USER_RECORDS)
     pk_table = list(agg.partition_key_table)
     ehk_table = list(agg.explicit_hash_key_table)
-    # upb hands back bytes (not str) for a proto2 string that is not UTF-8.
-    if not _ONLY_STR.issuperset(map(type, pk_table)) or not _ONLY_STR.issuperset(map(type, ehk_table)):
-        raise _BadAggregate(INVALID_UTF8_KEY)
-    pk_indexes, ehk_indexes, datas = _columns(body, agg, n)
+    # upb hands back bytes (not str) for a proto2 string that is not UTF-8; join refuses bytes.
     try:
-        pks = list(map(pk_table.__getitem__, pk_indexes))
-    except IndexError:
-        raise _BadAggregate(PARTITION_KEY_INDEX_OUT_OF_RANGE, f"table has {len(pk_table)}") from None
+        _join(pk_table)
+        _join(ehk_table)
+    except TypeError:
+        raise _BadAggregate(INVALID_UTF8_KEY) from None
+    pk_indexes, ehk_indexes, datas = _columns(agg, c, n, keyed)
+    if len(pk_table) == n and pk_indexes == _identity(n):
+        pks = pk_table  # every record its own key, in table order (the KPL's layout for distinct keys)
+    else:
+        try:
+            pks = list(map(pk_table.__getitem__, pk_indexes))
+        except IndexError:
+            raise _BadAggregate(PARTITION_KEY_INDEX_OUT_OF_RANGE, f"table has {len(pk_table)}") from None
     ehks: list | None = None
-    if ehk_indexes is not None:
+    if ehk_indexes is not None and len(ehk_table) == n and ehk_indexes == _identity(n):
+        ehks = ehk_table
+    elif ehk_indexes is not None:
         get = ehk_table.__getitem__
         try:
-            ehks = [None if i is None else get(i) for i in ehk_indexes]
+            if isinstance(ehk_indexes, list):  # the per-record reading: None where a record has none
+                ehks = [None if i is None else get(i) for i in ehk_indexes]
+            else:  # the columnar one: an index for every record
+                ehks = list(map(get, ehk_indexes))
         except IndexError:
             raise _BadAggregate(EXPLICIT_HASH_KEY_INDEX_OUT_OF_RANGE, f"table has {len(ehk_table)}") from None
     return pks, ehks, datas
 
 
-def _columns(body: bytes, agg: Any, n: int) -> tuple[Sequence[int], list | None, list]:
+def _parse(message_type: Any, body: bytes) -> Any:
+    agg = message_type()
+    try:
+        agg.ParseFromString(body)
+    except DecodeError as e:
+        raise _BadAggregate(PROTOBUF_DECODE_ERROR, str(e)) from None
+    return agg
+
+
+def _columns(agg: Any, c: Any, n: int, keyed: bool) -> tuple[Sequence[int], Sequence[int | None] | None,
+                                                              Sequence[bytes]]:
     """Per-record partition key index, explicit hash key index (None: no record has one), data.
 
-    Fast path: parse `body` again with the columnar schema (kpl_columns.proto), which yields each field
-    of every record as one flat list without a Python object per record. Its lists line up with the
-    records only if every record holds exactly one occurrence; `agg` is initialised, so every record
-    holds at least one partition key index and one data, and totals equal to the record count prove
-    exactly one. Anything irregular (repeated fields, packed or stray encodings) takes the per-record
-    path, which reads the fields exactly as kpl.proto defines them (the last occurrence wins).
+    Fast path: `c` is the aggregate read with the columnar schema (kpl_columns.proto), which yields each
+    field of every record as one flat list without a Python object per record. Its lists line up with
+    the records only if every record holds exactly one occurrence. `agg` is initialised, so every record
+    holds at least one partition key index and one data, and when `keyed` (read with the schema that
+    requires it) at least one explicit hash key index; totals equal to the record count then prove
+    exactly one. Anything irregular (repeated fields, packed or stray encodings, hash keys on some
+    records only) takes the per-record path, which reads the fields exactly as kpl.proto defines them
+    (the last occurrence wins).
+
+    The explicit hash key indexes come back as the columnar container (an index for every record) or,
+    from the per-record path, a list holding None for a record without one.
     """
-    cols = _Columns()
-    try:
-        cols.ParseFromString(body)
-    except DecodeError:  # e.g. a stray length-delimited field 1 that kpl.proto kept as unknown
-        cols = None
-    if cols is not None:
-        c = cols.records
+    if c is not None:
         pk_indexes, datas, ehk_count = c.partition_key_index, c.data, len(c.explicit_hash_key_index)
         if len(pk_indexes) == n and len(datas) == n:
+            # The containers themselves: the caller copies them once, into the batch's columns.
             if not ehk_count:
-                return pk_indexes, None, list(datas)
-            if ehk_count == n and all(map(_has_field, agg.records, repeat("explicit_hash_key_index"))):
-                return pk_indexes, list(c.explicit_hash_key_index), list(datas)
+                return pk_indexes, None, datas
+            if keyed and ehk_count == n:
+                return pk_indexes, c.explicit_hash_key_index, datas
     records = list(agg.records)
-    has = list(map(_has_field, records, repeat("explicit_hash_key_index")))
+    has = [r.HasField("explicit_hash_key_index") for r in records]
     ehk_indexes = None
     if any(has):
         ehk_indexes = [r.explicit_hash_key_index if h else None for r, h in zip(records, has)]
     return list(map(_get_pk_index, records)), ehk_indexes, list(map(_get_data, records))
 
 
-def _deaggregate_into(out: list, record: Mapping, shard_id: str, stats: KplStats | None,
+def _deaggregate_into(out: _BatchBuilder, record: Mapping, shard_id: str, stats: KplStats | None,
                       min_sub: int) -> None:
-    """Append the user records of one Kinesis record whose sub-sequence is >= min_sub."""
+    """Add the user records of one Kinesis record whose sub-sequence is >= min_sub (as one run)."""
     seq, ms, data, pk = _fields(record)
-    added = len(out)
     if data[:4] == MAGIC:
         try:
             pks, ehks, datas = _decode_aggregate(data)
@@ -308,18 +279,41 @@ def _deaggregate_into(out: list, record: Mapping, shard_id: str, stats: KplStats
             if min_sub:
                 pks, datas = pks[min_sub:], datas[min_sub:]
                 ehks = ehks[min_sub:] if ehks is not None else None
-            _fast_user_records(out, shard_id, seq, ms, pks, ehks, datas, min_sub)
+            n = len(datas)
+            if n:
+                out.seqs.append(seq)
+                out.ms.append(ms)
+                out.agg.append(True)
+                out.first.append(min_sub)
+                out.lens.append(n)
+                out.pks.extend(pks)
+                if ehks is not None:
+                    out.add_explicit_hash_keys(ehks)
+                elif out.ehks is not None:
+                    out.ehks.extend(repeat(None, n))
+                out.data.extend(datas)
             if stats is not None:
                 stats.kinesis_records += 1
                 stats.aggregates += 1
-                stats.user_records += len(out) - added
+                stats.user_records += n
             return
     elif stats is not None:
         stats.plain_records += 1
     if stats is not None:
         stats.kinesis_records += 1
     if min_sub == 0:
-        out.append(_user_record(shard_id, seq, 0, pk, record.get("ExplicitHashKey"), ms, data, False))
+        out.seqs.append(seq)
+        out.ms.append(ms)
+        out.agg.append(False)
+        out.first.append(0)
+        out.lens.append(1)
+        out.pks.append(pk)
+        ehk = record.get("ExplicitHashKey")
+        if ehk is not None:
+            out.add_explicit_hash_keys((ehk,))
+        elif out.ehks is not None:
+            out.ehks.append(None)
+        out.data.append(data)
         if stats is not None:
             stats.user_records += 1
 
@@ -331,24 +325,26 @@ def deaggregate(record: Mapping, shard_id: str, stats: KplStats | None = None) -
     anything else yields exactly one plain record (sub-sequence 0). Raises ValueError only when
     `record` is not a GetRecords record at all (a missing key or a wrongly typed field).
     """
-    out: list[UserRecord] = []
+    out = _BatchBuilder(shard_id)
     _deaggregate_into(out, record, shard_id, stats, 0)
-    return out
+    return list(out.build())
 
 
 def deaggregate_batch(records: Iterable[Mapping], shard_id: str, after: Checkpoint | None = None,
-                      stats: KplStats | None = None) -> list[UserRecord]:
+                      stats: KplStats | None = None) -> UserRecordBatch:
     """Deaggregate a GetRecords batch, dropping user records at or below `after`.
 
     `after` is the resume point (a checkpoint or the last record landed): reading restarts
     AT_SEQUENCE_NUMBER of a partly processed aggregate, and only its later user records are kept.
     None or a starting sentinel keeps everything; SHARD_END has nothing after it (ValueError).
+    The result is a columnar UserRecordBatch: a Sequence[UserRecord] that builds no UserRecord
+    until one is asked for, with the columns and `to_arrow` for consumers that need none.
     """
-    out: list[UserRecord] = []
+    out = _BatchBuilder(shard_id)
     if after is None or after.sequence_number in STARTING_SENTINELS:
         for record in records:
             _deaggregate_into(out, record, shard_id, stats, 0)
-        return out
+        return out.build()
     if after.is_shard_end:
         raise ValueError(f"shard {shard_id}: nothing can be read after SHARD_END")
     after_key = (len(after.sequence_number), after.sequence_number)
@@ -363,7 +359,7 @@ def deaggregate_batch(records: Iterable[Mapping], shard_id: str, after: Checkpoi
                 _deaggregate_into(out, record, shard_id, stats, after_sub + 1)
                 continue
         _deaggregate_into(out, record, shard_id, stats, 0)
-    return out
+    return out.build()
 
 
 # --- aggregation -------------------------------------------------------------------------------

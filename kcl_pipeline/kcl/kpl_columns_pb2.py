@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"kcl_pipeline/kcl/kpl_columns.proto\x12\x18kcl_pipeline.kpl_columns\"\x91\x01\n\x17\x41ggregatedRecordColumns\x12\x1b\n\x13partition_key_table\x18\x01 \x03(\x0c\x12\x1f\n\x17\x65xplicit_hash_key_table\x18\x02 \x03(\x0c\x12\x38\n\x07records\x18\x03 \x01(\x0b\x32\'.kcl_pipeline.kpl_columns.RecordColumns\"[\n\rRecordColumns\x12\x1b\n\x13partition_key_index\x18\x01 \x03(\x04\x12\x1f\n\x17\x65xplicit_hash_key_index\x18\x02 \x03(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x03(\x0c')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"kcl_pipeline/kcl/kpl_columns.proto\x12\x18kcl_pipeline.kpl_columns\"\x91\x01\n\x17\x41ggregatedRecordColumns\x12\x1b\n\x13partition_key_table\x18\x01 \x03(\x0c\x12\x1f\n\x17\x65xplicit_hash_key_table\x18\x02 \x03(\x0c\x12\x38\n\x07records\x18\x03 \x01(\x0b\x32\'.kcl_pipeline.kpl_columns.RecordColumns\"[\n\rRecordColumns\x12\x1b\n\x13partition_key_index\x18\x01 \x03(\x04\x12\x1f\n\x17\x65xplicit_hash_key_index\x18\x02 \x03(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x03(\x0c\"\x8d\x01\n\x15KeyedAggregatedRecord\x12\x1b\n\x13partition_key_table\x18\x01 \x03(\t\x12\x1f\n\x17\x65xplicit_hash_key_table\x18\x02 \x03(\t\x12\x36\n\x07records\x18\x03 \x03(\x0b\x32%.kcl_pipeline.kpl_columns.KeyedRecord\"&\n\x08KeyedTag\x12\x0b\n\x03key\x18\x01 \x02(\t\x12\r\n\x05value\x18\x02 \x01(\t\"\x8b\x01\n\x0bKeyedRecord\x12\x1b\n\x13partition_key_index\x18\x01 \x02(\x04\x12\x1f\n\x17\x65xplicit_hash_key_index\x18\x02 \x02(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x02(\x0c\x12\x30\n\x04tags\x18\x04 \x03(\x0b\x32\".kcl_pipeline.kpl_columns.KeyedTag')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,4 +35,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_AGGREGATEDRECORDCOLUMNS']._serialized_end=210
   _globals['_RECORDCOLUMNS']._serialized_start=212
   _globals['_RECORDCOLUMNS']._serialized_end=303
+  _globals['_KEYEDAGGREGATEDRECORD']._serialized_start=306
+  _globals['_KEYEDAGGREGATEDRECORD']._serialized_end=447
+  _globals['_KEYEDTAG']._serialized_start=449
+  _globals['_KEYEDTAG']._serialized_end=487
+  _globals['_KEYEDRECORD']._serialized_start=490
+  _globals['_KEYEDRECORD']._serialized_end=629
 # @@protoc_insertion_point(module_scope)

@@ -17,9 +17,10 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from kcl_pipeline.kcl import kpl, kpl_columns_pb2, kpl_pb2
+from kcl_pipeline.kcl import kpl, kpl_columns_pb2, kpl_pb2, record_batch
 from kcl_pipeline.kcl.kpl import MAGIC, Aggregate, Aggregator, KplStats, aggregate, aggregate_all, deaggregate, deaggregate_batch
-from kcl_pipeline.kcl.model import SHARD_END, TRIM_HORIZON, Checkpoint, UserRecord
+from kcl_pipeline.kcl.model import AT_TIMESTAMP, LATEST, SHARD_END, TRIM_HORIZON, Checkpoint, UserRecord
+from kcl_pipeline.kcl.record_batch import UserRecordBatch
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "kcl_pipeline_tests" / "fixtures"
@@ -44,6 +45,37 @@ def users_of(records: list[UserRecord]) -> list[tuple[str, str | None, bytes]]:
 
 def wrap(body: bytes) -> bytes:
     return MAGIC + body + hashlib.md5(body).digest()
+
+
+def utc_ms(ms: int) -> datetime:
+    return datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(milliseconds=ms)
+
+
+def assert_batch_agrees(batch: UserRecordBatch, records: list[UserRecord]) -> None:
+    """The columnar batch holds exactly `records`: by index, by iteration, column by column, through Arrow."""
+    assert isinstance(batch, UserRecordBatch) and len(batch) == len(records)
+    assert [batch[i] for i in range(len(batch))] == records  # built one at a time, before any iteration
+    assert [batch[i - len(batch)] for i in range(len(batch))] == records
+    assert list(batch) == records and batch == records and list(reversed(batch)) == records[::-1]
+    assert list(batch.partition_keys) == [r.partition_key for r in records]
+    assert list(batch.explicit_hash_keys) == [r.explicit_hash_key for r in records]
+    assert batch.has_explicit_hash_keys == any(r.explicit_hash_key is not None for r in records)
+    assert list(batch.data) == [r.data for r in records]
+    assert batch.sequence_numbers == [r.sequence_number for r in records]
+    assert batch.sub_sequence_numbers == [r.sub_sequence_number for r in records]
+    assert batch.arrival_ms == [r.approximate_arrival_timestamp_ms for r in records]
+    assert batch.aggregated == [r.aggregated for r in records]
+    assert all(n >= 1 for n in batch.run_lengths) and sum(batch.run_lengths) == len(records)
+    assert batch.last == (records[-1].checkpoint if records else None)
+    assert all(r.shard_id == batch.shard_id for r in records)
+    table = batch.to_arrow("a-stream")
+    assert table.schema == record_batch.arrow_schema()
+    assert table.to_pylist() == [{
+        "stream": "a-stream", "shard_id": r.shard_id, "sequence_number": r.sequence_number,
+        "sub_sequence_number": r.sub_sequence_number, "partition_key": r.partition_key,
+        "explicit_hash_key": r.explicit_hash_key,
+        "approximate_arrival_timestamp": utc_ms(r.approximate_arrival_timestamp_ms), "data": r.data,
+    } for r in records]
 
 
 # -- a plain reading of the format, record by record: the oracle for the fast path ----------------------
@@ -80,6 +112,7 @@ def reference(data: bytes) -> list[tuple[str, str | None, bytes]] | None:
 def check_delivery(data: bytes, stats: KplStats | None = None) -> list[UserRecord]:
     """Deaggregate `data` and check it against the oracle: the records it holds, or itself as one plain record."""
     out = deaggregate(kinesis_record(data), SHARD, stats)
+    assert_batch_agrees(deaggregate_batch([kinesis_record(data)], SHARD), out)
     expected = reference(data)
     if expected is None:
         assert len(out) == 1
@@ -134,6 +167,9 @@ def test_sample_lambda_event_holds_100_user_records():
     assert all(r.aggregated and r.sequence_number == event["sequenceNumber"] for r in out)
     assert {r.approximate_arrival_timestamp_ms for r in out} == {1428537600000}
     assert (stats.kinesis_records, stats.aggregates, stats.user_records, stats.bad_aggregates) == (1, 1, 100, 0)
+    assert_batch_agrees(deaggregate_batch([{"SequenceNumber": event["sequenceNumber"], "ApproximateArrivalTimestamp":
+                                            arrival, "Data": data, "PartitionKey": event["partitionKey"]}],
+                                          "shardId-000000000000"), out)
 
 
 VECTORS = json.loads((FIXTURES / "aws_kinesis_agg_vectors.json").read_text())["vectors"]
@@ -153,6 +189,7 @@ def test_aws_kinesis_agg_vectors(name):
     assert all(r.sequence_number == vector["outer_sequence_number"] for r in out)
     assert stats.aggregates == (1 if vector["aggregated"] else 0)
     assert stats.plain_records == (0 if vector["aggregated"] else 1)
+    assert_batch_agrees(deaggregate_batch([record], SHARD), out)
     if vector["aggregated"]:
         assert sorted({r.partition_key for r in out}) == sorted(vector["partition_key_table"])
 
@@ -186,6 +223,7 @@ def test_peer_aggregates_deaggregate_with_ours(users):
     out = deaggregate(kinesis_record(blob), SHARD)
     assert users_of(out) == users
     assert [r.sub_sequence_number for r in out] == list(range(len(users)))
+    assert_batch_agrees(deaggregate_batch([kinesis_record(blob)], SHARD), out)
 
 
 @needs_peer
@@ -205,6 +243,7 @@ users_strategy = st.lists(st.tuples(partition_keys, st.none() | hash_keys, paylo
 def test_every_aggregate_round_trips(users):
     out = deaggregate(kinesis_record(aggregate(users)), SHARD)
     assert users_of(out) == users
+    assert_batch_agrees(deaggregate_batch([kinesis_record(aggregate(users))], SHARD), out)
     assert [r.sub_sequence_number for r in out] == list(range(len(users)))
     assert all(r.aggregated for r in out)
 
@@ -253,7 +292,9 @@ def test_mutated_aggregates_never_raise_nor_lose_the_record(users, mutation):
 @given(st.lists(st.tuples(st.booleans(), hash_keys, payloads), min_size=1, max_size=30))
 def test_mixed_explicit_hash_keys_round_trip(spec):
     users = [(f"pk{i % 3}", ehk if has else None, data) for i, (has, ehk, data) in enumerate(spec)]
-    assert users_of(deaggregate(kinesis_record(aggregate(users)), SHARD)) == users
+    out = deaggregate(kinesis_record(aggregate(users)), SHARD)
+    assert users_of(out) == users
+    assert_batch_agrees(deaggregate_batch([kinesis_record(aggregate(users))], SHARD), out)
 
 
 # -- irregular but valid encodings take the per-record path and read as the format says ---------------------
@@ -273,6 +314,18 @@ IRREGULAR = {
     "explicit hash key index twice in one record, none in the other": [
         record_bytes(field_varint(1, 0), field_varint(2, 1), field_varint(2, 0), field_bytes(3, b"a")),
         record_bytes(field_varint(1, 1), field_bytes(3, b"b")),
+    ],
+    "packed explicit hash key indexes in one record, none in the other": [
+        record_bytes(field_varint(1, 0), field_bytes(2, varint(1) + varint(0)), field_bytes(3, b"a")),
+        record_bytes(field_varint(1, 1), field_bytes(3, b"b")),
+    ],
+    "an explicit hash key index with a non-minimal varint": [
+        record_bytes(field_varint(1, 0), varint(2 << 3) + b"\x81\x00", field_bytes(3, b"a")),
+        record_bytes(field_varint(1, 1), field_varint(2, 0), field_bytes(3, b"b")),
+    ],
+    "an unknown field beside explicit hash key indexes": [
+        record_bytes(field_varint(1, 0), field_varint(2, 1), field_bytes(3, b"a"), field_varint(9, 7)),
+        record_bytes(field_varint(1, 1), field_varint(2, 0), field_bytes(3, b"b")),
     ],
     "tags are ignored": [
         record_bytes(field_varint(1, 0), field_bytes(3, b"a"), field_bytes(4, field_bytes(1, b"k") + field_bytes(2, b"v"))),
@@ -313,6 +366,19 @@ def test_columnar_schema_mirrors_the_format():
     rec, rcols = numbers(kpl_pb2.Record.DESCRIPTOR), numbers(kpl_columns_pb2.RecordColumns.DESCRIPTOR)
     assert {k: rec[k] for k in rcols} == rcols
     assert set(rec) - set(rcols) == {"tags"}
+
+
+def test_keyed_schema_is_the_format_with_explicit_hash_keys_required():
+    def shape(descriptor):
+        return {f.name: (f.number, f.type, f.is_required, f.is_repeated) for f in descriptor.fields}
+
+    keyed, plain = kpl_columns_pb2, kpl_pb2
+    assert shape(keyed.KeyedAggregatedRecord.DESCRIPTOR) == shape(plain.AggregatedRecord.DESCRIPTOR)
+    assert shape(keyed.KeyedTag.DESCRIPTOR) == shape(plain.Tag.DESCRIPTOR)
+    record = shape(plain.Record.DESCRIPTOR)
+    number, kind, _, repeated = record["explicit_hash_key_index"]
+    record["explicit_hash_key_index"] = (number, kind, True, repeated)
+    assert shape(keyed.KeyedRecord.DESCRIPTOR) == record
 
 
 # -- every failure path: one plain record, counted ---------------------------------------------------------
@@ -432,6 +498,7 @@ def test_after_filter(after, expected):
     stats = KplStats()
     out = deaggregate_batch(BATCH, SHARD, after, stats)
     assert [(r.sequence_number, r.sub_sequence_number) for r in out] == expected
+    assert deaggregate_batch(BATCH, SHARD).slice_after(after) == out
     assert stats.user_records == len(expected)
     by_position = {(r.sequence_number, r.sub_sequence_number): r.data for r in deaggregate_batch(BATCH, SHARD)}
     assert [r.data for r in out] == [by_position[p] for p in expected]
@@ -445,15 +512,18 @@ def test_after_filter_on_a_bad_aggregate_at_the_resume_point():
 def test_nothing_follows_shard_end():
     with pytest.raises(ValueError, match="SHARD_END"):
         deaggregate_batch(BATCH, SHARD, Checkpoint(SHARD_END))
+    with pytest.raises(ValueError, match="SHARD_END"):
+        deaggregate_batch(BATCH, SHARD).slice_after(Checkpoint(SHARD_END))
 
 
 # -- building UserRecords without the dataclass __init__ ----------------------------------------------------
 def test_fast_construction_is_active_and_equal_to_the_constructor(monkeypatch):
-    assert kpl._FAST, "model.UserRecord changed shape: review kpl._fast_user_records"
+    assert record_batch._FAST, "model.UserRecord changed shape: review record_batch._user_records"
     users = [("a", None, b"1"), ("b", "7", b"2"), ("a", None, b"3")]
-    fast = deaggregate_batch([kinesis_record(aggregate(users)), kinesis_record(b"plain", seq="9" * 57)], SHARD)
-    monkeypatch.setattr(kpl, "_FAST", False)
-    slow = deaggregate_batch([kinesis_record(aggregate(users)), kinesis_record(b"plain", seq="9" * 57)], SHARD)
+    records = [kinesis_record(aggregate(users)), kinesis_record(b"plain", seq="9" * 57)]
+    fast = list(deaggregate_batch(records, SHARD))  # UserRecords are built when the batch is iterated
+    monkeypatch.setattr(record_batch, "_FAST", False)
+    slow = list(deaggregate_batch(records, SHARD))
     assert fast == slow
     assert [hash(r) for r in fast] == [hash(r) for r in slow]
     assert all(type(r) is UserRecord for r in fast)
@@ -578,3 +648,72 @@ def test_declared_protobuf_range_admits_the_generated_modules():
         header = (REPO / proto.replace(".proto", "_pb2.py")).read_text()
         gencode = version(re.search(r"# Protobuf Python Version: ([\d.]+)", header).group(1))
         assert lower >= gencode, f"pyproject allows protobuf {lower}, {proto} needs >= {gencode}"
+
+
+# -- the columnar batch against the per-record path, on whole GetRecords batches ----------------------------
+def _kinesis_batch(draw) -> list[dict]:
+    """GetRecords-shaped records in shard order: aggregates, plain records (some with explicit hash keys)
+    and bad aggregates, with sequence numbers that sometimes grow a digit."""
+    seq = draw(st.integers(1, 10**6))
+    out = []
+    for kind in draw(st.lists(st.sampled_from(["aggregate", "plain", "bad"]), max_size=8)):
+        seq += draw(st.integers(1, 10**6))
+        arrival = ARRIVAL + timedelta(milliseconds=draw(st.integers(0, 10**7)))
+        if kind == "aggregate":
+            data = aggregate(draw(users_strategy))
+            extra = {}
+        elif kind == "plain":
+            data = draw(payloads)
+            extra = draw(st.sampled_from([{}, {"ExplicitHashKey": "12345"}]))
+        else:
+            data = BAD[draw(st.sampled_from(sorted(BAD)))]
+            extra = {}
+        out.append({"SequenceNumber": str(seq), "ApproximateArrivalTimestamp": arrival, "Data": data,
+                    "PartitionKey": "outer-pk", **extra})
+    return out
+
+
+kinesis_batches = st.composite(_kinesis_batch)()
+
+
+def per_record(records: list[dict]) -> list[UserRecord]:
+    return [u for r in records for u in deaggregate(r, SHARD)]
+
+
+def resume_points(records: list[UserRecord]):
+    """Checkpoints to resume after: sentinels, every record's position, and positions between records."""
+    positions = [Checkpoint(r.sequence_number, r.sub_sequence_number) for r in records]
+    between = [Checkpoint(r.sequence_number, r.sub_sequence_number + 7) for r in records]
+    return st.sampled_from([None, Checkpoint(TRIM_HORIZON), Checkpoint(LATEST), Checkpoint(AT_TIMESTAMP, 5),
+                            Checkpoint("1"), Checkpoint("9" * 60), *positions, *between])
+
+
+@given(kinesis_batches, st.data())
+def test_the_batch_equals_the_per_record_path(records, data):
+    stats, expected_stats = KplStats(), KplStats()
+    batch = deaggregate_batch(records, SHARD, None, stats)
+    expected = [u for r in records for u in deaggregate(r, SHARD, expected_stats)]
+    assert_batch_agrees(batch, expected)
+    assert stats == expected_stats
+    assert batch.run_sequence_numbers == [r["SequenceNumber"] for r in records]  # one run per Kinesis record
+    after = data.draw(resume_points(expected))
+    kept = expected if after is None or after.is_starting_sentinel else [
+        r for r in expected if r.position() > after.key()]
+    assert_batch_agrees(deaggregate_batch(records, SHARD, after), kept)
+    assert_batch_agrees(batch.slice_after(after), kept)
+
+
+@given(kinesis_batches, st.data())
+def test_slicing_and_concatenating_a_batch(records, data):
+    batch = deaggregate_batch(records, SHARD)
+    expected = per_record(records)
+    n = len(expected)
+    i = data.draw(st.integers(-n - 2, n + 2))
+    j = data.draw(st.integers(-n - 2, n + 2))
+    step = data.draw(st.sampled_from([None, 1, 2, 3, -1, -2]))
+    assert_batch_agrees(batch[i:j:step], expected[i:j:step])
+    cut = sorted(data.draw(st.lists(st.integers(0, n), max_size=3)))
+    parts = [batch[a:b] for a, b in zip([0, *cut], [*cut, n])]
+    assert_batch_agrees(UserRecordBatch.concat(parts), expected)
+    assert_batch_agrees(UserRecordBatch.from_records(SHARD, expected), expected)
+    assert UserRecordBatch.from_records(SHARD, expected) == batch
