@@ -13,6 +13,7 @@ from dagster import (
     AssetMaterialization,
     AssetObservation,
     AssetSelection,
+    DagsterInstance,
     SensorResult,
     TimeWindowPartitionsDefinition,
     build_sensor_context,
@@ -24,7 +25,14 @@ from kcl_pipeline.defs.kinesis import sensors
 from kcl_pipeline.defs.kinesis.assets import build_assets
 from kcl_pipeline.defs.kinesis.partitions import PARTITION_FMT, partition_key
 from kcl_pipeline.defs.kinesis.resources import SPARK_RUN_TAG, AwsResource, KinesisConsumerResource
-from kcl_pipeline.defs.kinesis.sensors import Cursor, build_consumer_sensor, shutdown_hosted
+from kcl_pipeline.defs.kinesis.sensors import (
+    CHECKPOINTS_JOB,
+    SHARD_END_TAG,
+    WINDOW_JOB,
+    Cursor,
+    build_consumer_sensor,
+    shutdown_hosted,
+)
 from kcl_pipeline.kcl.aws import client
 from kcl_pipeline.kcl.lease_table import LeaseTable
 from kcl_pipeline.landing.store import open_store
@@ -48,8 +56,9 @@ def setup(emulators, aws_settings, unique_name, tmp_path):
         start=datetime.fromtimestamp((before - before % W) / 1000 - 3600, tz=timezone.utc).replace(tzinfo=None),
         fmt=PARTITION_FMT, cron_schedule="* * * * *", timezone="UTC")
     _, transformed, checkpoints = build_assets(partitions, W)
-    job = define_asset_job("window_job", selection=AssetSelection.assets(transformed, checkpoints),
-                           partitions_def=partitions, tags={SPARK_RUN_TAG: "true"})
+    jobs = [define_asset_job(WINDOW_JOB, selection=AssetSelection.assets(transformed, checkpoints),
+                             partitions_def=partitions, tags={SPARK_RUN_TAG: "true"}),
+            define_asset_job(CHECKPOINTS_JOB, selection=AssetSelection.assets(checkpoints), partitions_def=partitions)]
     consumer = KinesisConsumerResource(
         stream=stream, application=unique_name("app"), window_minutes=1, landing_uri=str(tmp_path / "zone"),
         output_uri=str(tmp_path / "out"), create_zones=True, heartbeat_seconds=1.0, lease_expiry_seconds=3.0,
@@ -58,15 +67,16 @@ def setup(emulators, aws_settings, unique_name, tmp_path):
                  "aws": AwsResource(region=emulators.region, kinesis_endpoint_url=emulators.kinesis,
                                     dynamodb_endpoint_url=emulators.dynamodb, s3_endpoint_url=emulators.s3,
                                     cloudwatch_endpoint_url=emulators.cloudwatch)}
-    sensor = build_consumer_sensor(partitions, job, INTERVAL)
+    sensor = build_consumer_sensor(partitions, jobs, INTERVAL)
     table = LeaseTable(consumer.application, client("dynamodb", aws_settings))
     yield dict(sensor=sensor, resources=resources, consumer=consumer, table=table, produced=produced,
-               windows=list(range(before - before % W, after - after % W + W, W)), aws=aws_settings)
+               windows=list(range(before - before % W, after - after % W + W, W)), aws=aws_settings,
+               instance=DagsterInstance.ephemeral(), checkpoints=checkpoints, kinesis=kinesis, stream=stream)
     shutdown_hosted(timeout=15)
 
 
 def tick(s, cursor: str | None) -> SensorResult:
-    with build_sensor_context(cursor=cursor, resources=s["resources"]) as context:
+    with build_sensor_context(cursor=cursor, resources=s["resources"], instance=s["instance"]) as context:
         result = s["sensor"](context)
     assert isinstance(result, SensorResult)
     return result
@@ -148,7 +158,8 @@ def test_successive_ticks_report_each_complete_window_once(setup):
         for shard in meta["per_shard"].value.values():
             assert shard["first"] and shard["last"] and shard["rows"] > 0
     assert [r.partition_key for r in requests] == sorted(reported)  # one transform per window, in order
-    assert all(r.run_key == f"window-{r.partition_key}" and r.tags[SPARK_RUN_TAG] == "true" for r in requests)
+    assert all(r.run_key == f"window-{r.partition_key}" and r.tags[SPARK_RUN_TAG] == "true"
+               and r.job_name == WINDOW_JOB for r in requests)
     next_window = Cursor.parse(text).next_window_ms
     assert next_window == max(s["windows"]) + W or next_window > max(s["windows"])
 
@@ -223,3 +234,65 @@ def test_a_new_consumer_id_hands_the_leases_over_and_an_old_cursor_skips_to_the_
             break
         time.sleep(INTERVAL)
     assert set(owners(s["table"]).values()) == {"dagster-b"}
+
+
+def test_a_split_parent_is_ended_by_the_checkpoint_plan_and_its_children_are_consumed(setup, tmp_path):
+    import os
+
+    from dagster import materialize
+
+    from kcl_pipeline.kcl.shards import list_shards, wait_stream_active
+    from kcl_pipeline.landing.audit import output_partition
+    from kcl_pipeline.landing.progress import progress_from_leases
+
+    s = setup
+    parent = "shardId-000000000000"
+    cursor = tick(s, None).cursor
+
+    def landed_everywhere() -> bool:
+        nonlocal cursor
+        cursor = tick(s, cursor).cursor  # keep ticking: workers stop by themselves without ticks
+        progress = progress_from_leases(s["table"].scan())
+        return len(progress) == 2 and all(p.landed is not None for p in progress.values())
+
+    # Let the workers land what was produced, then split the parent and produce into its children.
+    assert wait_until(landed_everywhere, 90, step=INTERVAL)  # batches flush after 30 s or at the minute's end
+    shard = next(x for x in list_shards(s["kinesis"], s["stream"]) if x.shard_id == parent)
+    lo, hi = int(shard.hash_key_range.starting_hash_key), int(shard.hash_key_range.ending_hash_key)
+    s["kinesis"].split_shard(StreamName=s["stream"], ShardToSplit=parent, NewStartingHashKey=str((lo + hi) // 2))
+    wait_stream_active(s["kinesis"], s["stream"])
+    produce(s["kinesis"], s["stream"], 40, aggregate=1, first_id=1000, seed=3)
+
+    request = None
+    for _ in range(40):
+        result = tick(s, cursor)
+        cursor = result.cursor
+        request = next((r for r in result.run_requests if r.job_name == CHECKPOINTS_JOB), None)
+        if request is not None:
+            break
+        time.sleep(INTERVAL)
+    assert request is not None and request.tags[SHARD_END_TAG] == parent
+    assert s["table"].get(parent).checkpoint.sequence_number != "SHARD_END"  # the sensor itself never ends it
+
+    # The windows before the parent's last one have materialised (their outputs exist): run what was requested.
+    last_arrival = progress_from_leases([s["table"].get(parent)])[parent].landed_arrival_ms
+    for window in range(s["windows"][0], last_arrival - last_arrival % W, W):
+        os.makedirs(f"{s['consumer'].output_uri}/transformed/{output_partition(window)}", exist_ok=True)
+        open(f"{s['consumer'].output_uri}/transformed/{output_partition(window)}/_manifest.json", "w").write("{}")
+    result = materialize([s["checkpoints"]], partition_key=request.partition_key, resources=s["resources"],
+                         instance=s["instance"], tags=request.tags)
+    assert result.success
+    leases = {lease.lease_key: lease for lease in s["table"].scan()}
+    assert leases[parent].checkpoint.sequence_number == "SHARD_END"
+    children = {k for k, lease in leases.items() if parent in lease.parent_shard_ids}
+    assert len(children) == 2
+
+    # The next cycles hand the children to workers.
+    me = Cursor.parse(cursor).worker_id
+    for _ in range(20):
+        cursor = tick(s, cursor).cursor
+        if all(s["table"].get(c).lease_owner == me for c in children):
+            break
+        time.sleep(INTERVAL)
+    assert all(s["table"].get(c).lease_owner == me for c in children)
+    assert children <= set(hosted(s).manager.workers)

@@ -215,12 +215,17 @@ def build_assets(partitions_def: TimeWindowPartitionsDefinition, window_ms: int)
         earliest = earliest_landed_minute(store, consumer.stream)
         zone_start = None if earliest is None else window_floor(earliest, window_ms)
         start = plan_listing_start(zone_start, previous, leases)
+        progress = progress_from_leases(leases)
+        # Up to the last materialised window, and to the window of every last record of an ended shard (the plan
+        # needs the batch holding it to end the shard; its window need not have materialised).
+        ends = [window_floor(p.landed_arrival_ms, window_ms) + window_ms for p in progress.values()
+                if p.shard_end_landed and p.landed_arrival_ms is not None]
+        end = max(([max(materialised) + window_ms] if materialised else []) + ends, default=None)
         batches: dict[str, list] = {}
-        if start is not None and materialised:
-            end = max(materialised) + window_ms
-            for b in list_batches(store, consumer.stream, start, end) if end > start else []:
+        if start is not None and end is not None and end > start:
+            for b in list_batches(store, consumer.stream, start, end):
                 batches.setdefault(b.shard_id, []).append(b)
-        plan = plan_checkpoints(materialised, window_ms, batches, progress_from_leases(leases), leases)
+        plan = plan_checkpoints(materialised, window_ms, batches, progress, leases)
         initial = InitialPosition.parse(consumer.initial_position, consumer.initial_timestamp).checkpoint()
         committed = apply_plan(plan, table, shards=shards, initial=initial)
         frontier = dict(previous)

@@ -8,10 +8,9 @@ from .checks import build_checks
 from .partitions import window_partitions
 from .resources import SPARK_RUN_TAG, build_resources
 from .schedules import build_backfill_schedule
-from .sensors import build_consumer_sensor
+from .sensors import CHECKPOINTS_JOB, WINDOW_JOB, build_consumer_sensor
 from .settings import PipelineSettings
 
-WINDOW_JOB = "kinesis_window_job"
 BACKFILL_JOB = "kinesis_backfill_job"
 
 
@@ -24,6 +23,10 @@ def build_definitions(settings: PipelineSettings | None = None) -> Definitions:
         WINDOW_JOB, selection=AssetSelection.assets(TRANSFORMED, CHECKPOINTS) | AssetSelection.checks(chain),
         partitions_def=partitions_def, tags={SPARK_RUN_TAG: "true"},
         description="Transform a window the kinesis_consumer sensor reported complete, then commit its checkpoints.")
+    checkpoints_job = define_asset_job(
+        CHECKPOINTS_JOB, selection=AssetSelection.assets(CHECKPOINTS), partitions_def=partitions_def,
+        description="Apply the checkpoint plan alone (the sensor runs it when a shard's last record has landed, so "
+                    "the shard is ended and its children's leases are created).")
     backfill_job = define_asset_job(
         BACKFILL_JOB, selection=AssetSelection.assets(LANDED, TRANSFORMED), partitions_def=partitions_def,
         tags={SPARK_RUN_TAG: "true"},
@@ -31,8 +34,8 @@ def build_definitions(settings: PipelineSettings | None = None) -> Definitions:
     return Definitions(
         assets=[kinesis_stream, landed, transformed, checkpoints],
         asset_checks=[chain, counts, within],
-        jobs=[window_job, backfill_job],
-        sensors=[build_consumer_sensor(partitions_def, window_job, settings.sensor_interval_seconds)],
+        jobs=[window_job, checkpoints_job, backfill_job],
+        sensors=[build_consumer_sensor(partitions_def, [window_job, checkpoints_job], settings.sensor_interval_seconds)],
         schedules=[build_backfill_schedule(backfill_job, partitions_def, settings.window_ms)],
         resources=build_resources(settings),
         # Steps run one after another in the run's process: one SparkSession per run, no per-step start-up.

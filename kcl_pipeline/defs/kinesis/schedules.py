@@ -6,7 +6,7 @@ to the live lease table: checkpoints stay with the live pipeline.
 """
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 
 from dagster import (
     DefaultScheduleStatus,

@@ -29,11 +29,13 @@ from dagster import (
     DefaultSensorStatus,
     MetadataValue,
     RunRequest,
+    RunsFilter,
     SensorEvaluationContext,
     SensorResult,
     TimeWindowPartitionsDefinition,
     sensor,
 )
+from dagster._core.storage.dagster_run import IN_PROGRESS_RUN_STATUSES
 from dagster_aws.s3 import S3Resource
 
 from ...kcl.manager import LeaseManager
@@ -48,6 +50,9 @@ from .resources import SPARK_RUN_TAG, AwsResource, KinesisConsumerResource
 log = logging.getLogger(__name__)
 
 CURSOR_VERSION = 1
+WINDOW_JOB = "kinesis_window_job"
+CHECKPOINTS_JOB = "kinesis_checkpoints_job"
+SHARD_END_TAG = "kcl_pipeline/shard_end"
 OBSERVE_EVERY_MS = 60_000  # fleet observations (lag, leases per consumer): at most once a minute
 
 
@@ -202,13 +207,20 @@ def consumer_tick(context: SensorEvaluationContext, consumer: KinesisConsumerRes
                 "completeness": MetadataValue.json(status.reasons),
                 "source": "kinesis_consumer sensor",
             }))
-            run_requests.append(RunRequest(run_key=f"window-{key}", partition_key=key, tags={SPARK_RUN_TAG: "true"}))
+            run_requests.append(RunRequest(run_key=f"window-{key}", job_name=WINDOW_JOB, partition_key=key,
+                                           tags={SPARK_RUN_TAG: "true"}))
             next_window = status.window_end_ms
             say(f"window {key} complete: {summary.rows} rows, {summary.bytes} bytes in "
                 f"{len(summary.keys)} batches; transform requested")
         if scan.stopped_by == "incomplete" and next_window == scan.next_start_ms and scan.blocking is not None:
             waiting = "; ".join(f"{s}: {scan.blocking.reasons.get(s, '')}" for s in scan.blocking.waiting_on)
             say(f"window {partition_key(scan.blocking.window_start_ms)} not complete yet, waiting on {waiting}")
+
+    end_request = _shard_end_request(context, leases, progress, next_window, window_ms, partitions_start_ms, now_ms)
+    if end_request is not None:
+        run_requests.append(end_request)
+        say(f"shards {end_request.tags[SHARD_END_TAG]} landed their last record: checkpoint plan requested "
+            f"(it ends them and creates their children's leases)")
 
     observed_at = cursor.observed_at_ms
     if observed_at is None or now_ms - observed_at >= OBSERVE_EVERY_MS:
@@ -217,6 +229,26 @@ def consumer_tick(context: SensorEvaluationContext, consumer: KinesisConsumerRes
     new_cursor = Cursor(worker_id, next_window, observed_at)
     return SensorResult(run_requests=run_requests, asset_events=events, cursor=new_cursor.to_json(),
                         skip_reason=None if run_requests else " | ".join(said)[:4000])
+
+
+def _shard_end_request(context, leases, progress, next_window: int | None, window_ms: int, partitions_start_ms: int,
+                       now_ms: int) -> RunRequest | None:
+    """A kinesis_checkpoints run when shards have landed their last record but are not SHARD_END yet.
+
+    Only the checkpoint plan ends a shard in the pipeline, and the window holding a parent's last record
+    cannot complete until its children land, whose leases exist only once the parent is ended: without
+    this run a split would wait forever. At most one such run is in flight, and one per window period."""
+    ending = sorted(lease.lease_key for lease in leases if not lease.is_ended
+                    and progress.get(lease.lease_key) is not None and progress[lease.lease_key].shard_end_landed)
+    if not ending or next_window is None or next_window - window_ms < partitions_start_ms:
+        return None
+    in_flight = context.instance.get_runs_count(RunsFilter(
+        job_name=CHECKPOINTS_JOB, statuses=IN_PROGRESS_RUN_STATUSES))
+    if in_flight:
+        return None
+    anchor = partition_key(next_window - window_ms)  # any existing partition: the plan itself is global
+    return RunRequest(run_key=f"shard-end-{'+'.join(ending)}-{now_ms // window_ms}", job_name=CHECKPOINTS_JOB,
+                      partition_key=anchor, tags={SHARD_END_TAG: ",".join(ending)})
 
 
 def _fleet_metadata(cycle, progress, leases) -> dict[str, Any]:
@@ -249,8 +281,13 @@ def _check_window(partitions_def: TimeWindowPartitionsDefinition, window_ms: int
                              f"partitions' ({length // 60_000} min): build both from the same settings")
 
 
-def build_consumer_sensor(partitions_def: TimeWindowPartitionsDefinition, job, interval_seconds: int):
-    @sensor(name="kinesis_consumer", job=job, minimum_interval_seconds=interval_seconds,
+def build_consumer_sensor(partitions_def: TimeWindowPartitionsDefinition, jobs, interval_seconds: int):
+    """`jobs`: the window job (transform + checkpoints) and the checkpoints-only job, named as above."""
+    names = sorted(job.name for job in jobs)
+    if names != sorted([WINDOW_JOB, CHECKPOINTS_JOB]):
+        raise ValueError(f"the kinesis_consumer sensor targets the jobs {WINDOW_JOB} and {CHECKPOINTS_JOB}, got {names}")
+
+    @sensor(name="kinesis_consumer", jobs=jobs, minimum_interval_seconds=interval_seconds,
             default_status=DefaultSensorStatus.RUNNING,
             description="This deployment's Kinesis consumer: one lease-manager cycle per tick (one worker process "
                         "per held lease), then reports every window that became complete as landed_records and "
