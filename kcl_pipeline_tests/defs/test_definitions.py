@@ -19,7 +19,7 @@ from dagster import (
 
 from kcl_pipeline.defs import build_definitions
 from kcl_pipeline.defs.home import WORKSPACE_YAML, prepare_dagster_home
-from kcl_pipeline.defs.kinesis.resources import SPARK_RUN_TAG, AwsResource, SparkResource, spark_config
+from kcl_pipeline.defs.kinesis.resources import SPARK_POOL, SPARK_RUN_TAG, AwsResource, SparkResource, spark_config
 from kcl_pipeline.defs.kinesis.settings import PipelineSettings
 
 DAGSTER = os.path.join(os.path.dirname(sys.executable), "dagster")
@@ -48,9 +48,10 @@ def test_definitions_validate_fails_on_a_bad_setting(tmp_path):
 def test_the_instance_config(tmp_path):
     home = prepare_dagster_home(tmp_path / "home")
     with DagsterInstance.from_config(str(home)) as instance:
-        queue = instance.run_coordinator.get_run_queue_config()
+        queue = instance.get_concurrency_config().run_queue_config  # what the run-queue daemon applies
         assert type(instance.run_coordinator).__name__ == "QueuedRunCoordinator"
-        assert {"key": SPARK_RUN_TAG, "limit": 1} in queue.tag_concurrency_limits
+        assert {"key": SPARK_RUN_TAG, "limit": 1} in queue.tag_concurrency_limits and queue.max_concurrent_runs == 4
+        assert instance.get_concurrency_config().pool_config.default_pool_limit == 1
         assert instance.get_settings("sensors")["use_threads"] is True
         assert instance.get_settings("backfills")["use_threads"] is True
         assert instance.get_settings("telemetry")["enabled"] is False
@@ -76,6 +77,7 @@ def test_jobs_sensor_and_schedule(defs):
         AssetCheckKey(AssetKey("transformed_records"), "rows_reconcile"),
         AssetCheckKey(AssetKey("kinesis_checkpoints"), "checkpoint_within_materialised")}
     assert window_job.tags[SPARK_RUN_TAG] == "true"
+    assert defs.resolve_assets_def("transformed_records").op.pool == SPARK_POOL  # UI-launched runs too
     backfill_job = defs.resolve_job_def("kinesis_backfill_job")
     assert set(backfill_job.asset_layer.selected_asset_keys) == {AssetKey("landed_records"),
                                                                  AssetKey("transformed_records")}

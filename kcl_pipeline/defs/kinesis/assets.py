@@ -28,7 +28,7 @@ from ...kcl.lease_table import LeaseTable, LeaseTableMissing
 from ...kcl.shards import list_shards
 from ...landing.store import ZoneStore, open_store
 from .partitions import window_of
-from .resources import AwsResource, KinesisConsumerResource, SparkResource
+from .resources import SPARK_POOL, AwsResource, KinesisConsumerResource, SparkResource
 
 GROUP = "kinesis"
 KINESIS_STREAM = AssetKey("kinesis_stream")
@@ -146,7 +146,7 @@ def build_assets(partitions_def: TimeWindowPartitionsDefinition, window_ms: int)
         })
 
     @asset(key=TRANSFORMED, partitions_def=partitions_def, deps=[LANDED], group_name=GROUP,
-           backfill_policy=BackfillPolicy.single_run(), kinds={"pyspark", "parquet"},
+           backfill_policy=BackfillPolicy.single_run(), kinds={"pyspark", "parquet"}, pool=SPARK_POOL,
            description="The window's records, deduplicated on (shard, sequence, sub-sequence) and decoded, "
                        "written idempotently (the partition is replaced); undecodable records go to quarantine "
                        "with the reason.")

@@ -19,6 +19,7 @@ from ...kcl.worker import ProcessorSpec
 from .settings import PipelineSettings
 
 SPARK_RUN_TAG = "kcl_pipeline/spark"  # dagster.yaml limits runs with this tag (one SparkSession at a time)
+SPARK_POOL = "spark"  # and the Spark step's pool (one slot): covers runs launched without the tag
 
 
 class AwsResource(ConfigurableResource):
