@@ -18,7 +18,7 @@ import random
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from botocore.exceptions import ClientError
 
@@ -54,7 +54,7 @@ class ReadBatch:
     filter): what the shard served. `millis_behind_latest` is None when no GetRecords succeeded.
     """
 
-    records: list[UserRecord]
+    records: Sequence[UserRecord]
     millis_behind_latest: int | None
     shard_ended: bool = False
     child_shards: list[str] = field(default_factory=list)

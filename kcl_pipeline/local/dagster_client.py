@@ -1,0 +1,81 @@
+"""Launching and watching partition backfills through the Dagster webserver's GraphQL API (for the CLI)."""
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from datetime import datetime, timezone
+
+PARTITION_FMT = "%Y-%m-%d-%H:%M"  # the pipeline's partition keys (defs/kinesis/partitions.py)
+BACKFILL_ASSETS = ("landed_records", "transformed_records")
+
+_LAUNCH = """
+mutation Launch($params: LaunchBackfillParams!) {
+  launchPartitionBackfill(backfillParams: $params) {
+    __typename
+    ... on LaunchBackfillSuccess { backfillId }
+    ... on PythonError { message }
+    ... on InvalidSubsetError { message }
+    ... on PartitionSetNotFoundError { message }
+    ... on UnauthorizedError { message }
+  }
+}"""
+
+_STATUS = """
+query Status($id: String!) {
+  partitionBackfillOrError(backfillId: $id) {
+    __typename
+    ... on PartitionBackfill { status numPartitions }
+    ... on PythonError { message }
+  }
+}"""
+
+
+class DagsterApiError(RuntimeError):
+    pass
+
+
+def window_keys(start_ms: int, end_ms: int, window_ms: int) -> list[str]:
+    if start_ms % window_ms or end_ms % window_ms or end_ms <= start_ms:
+        raise ValueError(f"[{start_ms}, {end_ms}) must be whole windows of {window_ms // 60_000} minutes")
+    return [datetime.fromtimestamp(t / 1000, tz=timezone.utc).strftime(PARTITION_FMT)
+            for t in range(start_ms, end_ms, window_ms)]
+
+
+def graphql(url: str, query: str, variables: dict) -> dict:
+    body = json.dumps({"query": query, "variables": variables}).encode()
+    request = urllib.request.Request(f"{url.rstrip('/')}/graphql", body, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as resp:
+            payload = json.load(resp)
+    except (urllib.error.URLError, OSError) as exc:
+        raise DagsterApiError(f"cannot reach the Dagster webserver at {url}: {exc}") from None
+    if payload.get("errors"):
+        raise DagsterApiError(f"Dagster GraphQL error: {payload['errors'][0].get('message')}")
+    return payload["data"]
+
+
+def launch_backfill(url: str, partition_keys: list[str], assets=BACKFILL_ASSETS) -> str:
+    params = {"partitionNames": partition_keys, "assetSelection": [{"path": [a]} for a in assets],
+              "fromFailure": False}
+    result = graphql(url, _LAUNCH, {"params": params})["launchPartitionBackfill"]
+    if result["__typename"] != "LaunchBackfillSuccess":
+        raise DagsterApiError(f"backfill refused ({result['__typename']}): {result.get('message')}")
+    return result["backfillId"]
+
+
+def backfill_status(url: str, backfill_id: str) -> str:
+    result = graphql(url, _STATUS, {"id": backfill_id})["partitionBackfillOrError"]
+    if result["__typename"] != "PartitionBackfill":
+        raise DagsterApiError(f"backfill {backfill_id}: {result.get('message')}")
+    return result["status"]
+
+
+def wait_backfill(url: str, backfill_id: str, timeout: float, poll: float = 2.0) -> str:
+    deadline = time.monotonic() + timeout
+    status = backfill_status(url, backfill_id)
+    while status in ("REQUESTED", "CANCELING") and time.monotonic() < deadline:
+        time.sleep(poll)
+        status = backfill_status(url, backfill_id)
+    return status
