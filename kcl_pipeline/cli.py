@@ -273,7 +273,7 @@ def backfill(window, url, window_minutes, wait, timeout):
     except DagsterApiError as exc:
         raise UserError(str(exc)) from None
     click.echo(f"backfill {backfill_id}: {status}")
-    sys.exit(0 if status == "COMPLETED" else 1)
+    sys.exit(0 if status in ("COMPLETED", "COMPLETED_SUCCESS") else 1)
 
 
 @main.group()

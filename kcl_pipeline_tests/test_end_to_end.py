@@ -122,7 +122,7 @@ def stack(tmp_path_factory):
 
 def _worker_pids() -> list[int]:
     """The sensor's lease workers: multiprocessing spawn children of the Dagster code server."""
-    out = subprocess.run(["ps", "-eo", "pid=,ppid=,args="], capture_output=True, text=True).stdout
+    out = subprocess.run(["ps", "-ww", "-eo", "pid=,ppid=,args="], capture_output=True, text=True).stdout
     procs = {}
     for line in out.splitlines():
         pid, ppid, args = line.strip().split(None, 2)
@@ -174,7 +174,7 @@ def test_pipeline_end_to_end(stack):
     try:
         victims = _wait(_worker_pids, 60, "lease workers")
     except AssertionError:
-        print(subprocess.run(["ps", "-eo", "pid=,ppid=,args="], capture_output=True, text=True).stdout)
+        print(subprocess.run(["ps", "-ww", "-eo", "pid=,ppid=,args="], capture_output=True, text=True).stdout)
         raise
     os.kill(victims[0], signal.SIGKILL)
     reload = graphql(stack.url, "mutation { reloadRepositoryLocation(repositoryLocationName: \"kcl_pipeline\")"
