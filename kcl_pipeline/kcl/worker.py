@@ -96,14 +96,16 @@ class _Checkpointer:
     def __init__(self, worker: "LeaseWorker"):
         self._w = worker
 
-    def checkpoint(self, sequence_number: str | None = None, sub_sequence_number: int = 0) -> bool:
+    def _target(self, sequence_number: str | None, sub_sequence_number: int) -> Checkpoint | None:
+        """The checkpoint asked for; no argument means the last record delivered (None before any)."""
         if sequence_number is None:
-            last = self._w.last_delivered
-            if last is None:
-                return False
-            cp = last
-        else:
-            cp = Checkpoint(sequence_number, sub_sequence_number)
+            return self._w.last_delivered
+        return Checkpoint(sequence_number, sub_sequence_number)
+
+    def checkpoint(self, sequence_number: str | None = None, sub_sequence_number: int = 0) -> bool:
+        cp = self._target(sequence_number, sub_sequence_number)
+        if cp is None:
+            return False
         ok = self._w.table.checkpoint(self._w.lease_key, cp)
         if ok:
             self._w.checkpointed = cp
@@ -111,7 +113,7 @@ class _Checkpointer:
         return ok
 
     def checkpoint_at_next_heartbeat(self, sequence_number: str | None = None, sub_sequence_number: int = 0) -> None:
-        cp = self._w.last_delivered if sequence_number is None else Checkpoint(sequence_number, sub_sequence_number)
+        cp = self._target(sequence_number, sub_sequence_number)
         if cp is not None:
             with self._w.pending_lock:
                 self._w.pending_checkpoint = cp
