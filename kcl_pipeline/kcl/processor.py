@@ -41,6 +41,8 @@ class ProcessRecordsInput:
     records: Sequence[UserRecord]
     millis_behind_latest: int | None
     checkpointer: Checkpointer
+    # The service's clock when it answered this poll (HTTP Date, epoch millis); None when unknown.
+    service_time_ms: int | None = None
 
 
 class RecordProcessor(Protocol):

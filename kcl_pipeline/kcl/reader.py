@@ -18,6 +18,7 @@ import random
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from botocore.exceptions import ClientError
@@ -60,6 +61,10 @@ class ReadBatch:
     child_shards: list[str] = field(default_factory=list)
     kinesis_records: int = 0
     bytes: int = 0
+    # The service's clock when it answered (the response's HTTP Date header, whole seconds, epoch millis);
+    # None when no GetRecords succeeded or the header is missing. "Caught up as of" is judged by this, never
+    # by the host's wall clock, which may be skewed.
+    service_time_ms: int | None = None
 
 
 @dataclass
@@ -155,6 +160,7 @@ class ShardReader:
                 raise unavailable(self.kinesis, "GetRecords", exc) from exc
             raise
         self.stats.get_records_calls += 1
+        self._count_retries(resp)
         self._consecutive_throttles = 0
         return self._on_records(resp)
 
@@ -183,7 +189,8 @@ class ShardReader:
             log.info("shard %s of %s ended; children %s", self.shard_id, self.stream, children or "not reported")
         caught_up = not records and (millis is None or millis == 0)
         self._schedule(self.idle_interval if caught_up else self.polling_interval)
-        return ReadBatch(users, millis, self._ended, list(self._child_shards), len(records), size)
+        return ReadBatch(users, millis, self._ended, list(self._child_shards), len(records), size,
+                         service_time_ms(resp))
 
     def _on_get_records_error(self, exc: ClientError) -> ReadBatch:
         code = error_code(exc)
@@ -251,7 +258,10 @@ class ShardReader:
             raise
         self.stats.iterator_requests += 1
         if request["ShardIteratorType"] == LATEST:
-            self._latest_anchor_ms = taken_at_ms
+            # Anchor by the service's clock (the response's Date, minus one second for its whole-second
+            # precision) so a skewed host clock never skips records; the host clock only when it is absent.
+            served = service_time_ms(resp)
+            self._latest_anchor_ms = served - 1000 if served is not None else taken_at_ms
         self._iterator = resp.get("ShardIterator")
         self._iterator_fresh = True
         if not self._iterator:
@@ -312,6 +322,25 @@ class ShardReader:
 
     def _mark_call(self) -> None:
         self._recent_calls.append(self._monotonic())
+
+    def _count_retries(self, resp: dict) -> None:
+        """botocore retried inside the call: each retry was a GetRecords against the shard's 5/s budget."""
+        retries = int((resp.get("ResponseMetadata") or {}).get("RetryAttempts") or 0)
+        now = self._monotonic()
+        for _ in range(min(retries, MAX_CALLS_PER_SECOND)):
+            self._recent_calls.append(now)
+
+
+def service_time_ms(resp: dict) -> int | None:
+    """The HTTP Date header of a boto3 response as epoch millis (whole seconds); None when absent or bad."""
+    headers = (resp.get("ResponseMetadata") or {}).get("HTTPHeaders") or {}
+    value = headers.get("date")
+    if not value:
+        return None
+    try:
+        return int(parsedate_to_datetime(value).timestamp()) * 1000
+    except (TypeError, ValueError, IndexError):
+        return None
 
 
 def _utc(epoch_millis: int) -> datetime:

@@ -213,7 +213,8 @@ class LeaseWorker:
                 # checkpoint() with no argument means "the last record of this batch" (Java KCL's meaning).
                 self.last_delivered = batch.records[-1].checkpoint
             # Empty polls are delivered too: they tell the processor the shard is idle / caught up.
-            self.processor.process_records(ProcessRecordsInput(batch.records, batch.millis_behind_latest, checkpointer))
+            self.processor.process_records(ProcessRecordsInput(batch.records, batch.millis_behind_latest, checkpointer,
+                                                                batch.service_time_ms))
             self.metrics.record_lease(self.lease_key, batch.millis_behind_latest, batch.bytes, len(batch.records))
             self._count_operational(reader)
             self.metrics.flush_due()
