@@ -67,6 +67,13 @@ class ConsumerConfig:
     max_leases: int = 64
     heartbeat_seconds: float = 10.0
     lease_expiry_seconds: float = 30.0
+    # A worker delivers only while now < (send time of its last successful lease write) + expiry − margin:
+    # the margin absorbs clock-rate drift between hosts and scheduling delays.
+    validity_margin_seconds: float = 2.0
+    # A lease attribute that, when true, proves every record of the shard was delivered durably: such a
+    # parent counts as finished for reading order (its children may be read) before SHARD_END is written.
+    # None keeps Java's rule (SHARD_END or gone). The landing pipeline sets its "last record landed" flag.
+    parent_drained_attribute: str | None = None
     cycle_seconds: float = 20.0
     # Probability that a cycle lists shards (bounds ListShards calls across a large fleet); the first
     # cycle, cycles after a local shard end, and cycles with no leases always list.
@@ -96,6 +103,10 @@ class ConsumerConfig:
                 f"lease_expiry_seconds ({self.lease_expiry_seconds}) must be at least twice heartbeat_seconds "
                 f"({self.heartbeat_seconds}), or a live lease will look expired to its peers"
             )
+        if not 0 <= self.validity_margin_seconds < self.lease_expiry_seconds - self.heartbeat_seconds:
+            raise ConfigError(
+                f"validity_margin_seconds ({self.validity_margin_seconds}) must be >= 0 and leave more than one "
+                f"heartbeat ({self.heartbeat_seconds}s) of the lease expiry ({self.lease_expiry_seconds}s)")
         if self.cycle_seconds <= 0:
             raise ConfigError(f"cycle_seconds must be > 0, got {self.cycle_seconds}")
         if not 0 < self.list_shards_probability <= 1:
