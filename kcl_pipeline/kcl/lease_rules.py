@@ -1,26 +1,36 @@
 """Every write to a lease, as a pure transition: the DynamoDB condition, then the update.
 
 Each function mirrors one conditional write of lease_table.py exactly: it returns the item as DynamoDB
-would leave it, or None where the condition fails (ConditionalCheckFailedException). The functions are
-what the unit tests and the fleet simulation use as "the table"; lease_table.py turns the same rules
+would leave it, or None where the condition fails (ConditionalCheckFailedException). The unit tests, the
+fleet simulation and the simulated DynamoDB use them as "the table"; lease_table.py builds the same rules
 into expressions. Every update is guarded by the item existing (`attribute_exists(leaseKey)`): an
 UpdateItem on a missing key would otherwise create a half-made lease (an upsert).
 
+`leaseCounter` is the fencing token (Java KCL's semantics): every write of a holder is conditioned on the
+counter it last wrote or observed and moves it on by one, so a holder that lost its lease — even to a new
+process under the same worker id — fails its next write. Only the ownerless checkpoint of the pipeline
+(which holds no lease) and SHARD_END written by it leave the counter alone.
+
     create      PutItem     attribute_not_exists(leaseKey)
-    acquire     UpdateItem  SET leaseOwner = :new_owner, leaseCounter = :one
+    acquire     UpdateItem  SET leaseOwner = :new, leaseCounter = :observed + 1
                             ADD ownerSwitchesSinceCheckpoint :one  REMOVE <JAVA_HANDOVER_ATTRIBUTES>
-                            if attribute_not_exists(leaseOwner) OR leaseOwner = :last_owner
-    heartbeat   UpdateItem  ADD leaseCounter :one [SET <progress attributes>]
-                            if leaseOwner = :owner AND checkpoint <> :SHARD_END
+                            if leaseCounter = :observed AND checkpoint <> :SHARD_END AND
+                               (leaseOwner = :seen, or free when none was seen)
+    heartbeat   UpdateItem  SET leaseCounter = :mine + 1 [, <progress>] [, <checkpoint>]
+                            if leaseOwner = :me AND leaseCounter = :mine AND checkpoint <> :SHARD_END
+                               [AND <CHECKPOINT_ADVANCES> when a checkpoint rides along]
     checkpoint  UpdateItem  SET checkpoint = :seq, checkpointSubSequenceNumber = :sub,
-                                ownerSwitchesSinceCheckpoint = :zero
-                            if checkpoint <> :SHARD_END AND (checkpoint IN (:TRIM_HORIZON, :LATEST,
-                               :AT_TIMESTAMP) OR size(checkpoint) < :seq_len OR (size(checkpoint) =
-                               :seq_len AND checkpoint < :seq) OR (checkpoint = :seq AND
-                               checkpointSubSequenceNumber < :sub))
+                                ownerSwitchesSinceCheckpoint = :zero        (ownerless; counter untouched)
+                            if <CHECKPOINT_ADVANCES>
     end         UpdateItem  SET checkpoint = :SHARD_END, ownerSwitchesSinceCheckpoint = :zero
-                            REMOVE leaseOwner                              (no other condition)
-    release     UpdateItem  SET leaseCounter = :zero REMOVE leaseOwner  if leaseOwner = :owner
+                                [, leaseCounter = :mine + 1]  REMOVE leaseOwner
+                            holder: if leaseOwner = :me AND leaseCounter = :mine; ownerless: if it exists
+    release     UpdateItem  SET leaseCounter = :mine + 1 REMOVE leaseOwner
+                            if leaseOwner = :me AND leaseCounter = :mine
+    delete      DeleteItem  if leaseCounter = :observed
+
+CHECKPOINT_ADVANCES: checkpoint <> SHARD_END and (a starting sentinel, or (length, lexicographic) of the
+sequence is smaller, or equal sequence and a smaller sub-sequence — a missing sub-sequence reads as 0).
 """
 from __future__ import annotations
 
@@ -29,15 +39,13 @@ from typing import Any, Mapping
 
 from .model import SHARD_END, Checkpoint, Lease, checkpoint_advances
 
-# Java KCL 2.x attributes used for its graceful handover; a new owner clears them (Disney does the same)
-# so that a Java peer never acts on another owner's half-finished handover.
+# Java KCL's graceful-handover state; a new owner clears it so that no peer acts on another owner's
+# half-finished handover. `childShardIds` and `throughputKBps` are not handover state: they are kept.
 JAVA_HANDOVER_ATTRIBUTES = (
     "checkpointOwner",
     "pendingCheckpoint",
     "pendingCheckpointSubSequenceNumber",
     "pendingCheckpointState",
-    "childShardIds",
-    "throughputKBps",
 )
 
 # Attributes the lease protocol owns; extra attributes written on a heartbeat must not use them.
@@ -50,9 +58,11 @@ LEASE_ATTRIBUTES = frozenset(
         "checkpointSubSequenceNumber",
         "ownerSwitchesSinceCheckpoint",
         "parentShardId",
+        "childShardIds",
         "startingHashKey",
         "endingHashKey",
         "entityType",
+        "throughputKBps",
         *JAVA_HANDOVER_ATTRIBUTES,
     }
 )
@@ -64,6 +74,10 @@ def _copy(lease: Lease, **changes: Any) -> Lease:
     return replace(lease, **changes)
 
 
+def _held_by(lease: Lease | None, owner: str, counter: int) -> bool:
+    return lease is not None and lease.lease_owner == owner and lease.lease_counter == counter
+
+
 def create(existing: Lease | None, lease: Lease) -> Lease | None:
     """PutItem if attribute_not_exists(leaseKey): the first creator wins, the others change nothing."""
     if existing is not None:
@@ -71,44 +85,60 @@ def create(existing: Lease | None, lease: Lease) -> Lease | None:
     return _copy(lease)
 
 
-def acquire(lease: Lease | None, new_owner: str, last_owner: str | None) -> Lease | None:
-    """Take the lease if it is free or still held by the owner we saw (conditional on what we saw).
+def acquire(lease: Lease | None, new_owner: str, observed_owner: str | None, observed_counter: int) -> Lease | None:
+    """Take the lease if it is exactly as we observed it (owner and counter) and not ended.
 
-    The condition does not look at the checkpoint: the planner never acquires a SHARD_END lease, and
-    the mirror of the DynamoDB write must not be stricter than the write itself.
+    The counter moves on from the observed one (never back to 1): a lease going A→B→A between two scans
+    still changes counter, and a Java holder's renew conditioned on its counter fails after the take.
     """
     if not new_owner:
         raise ValueError("acquire needs a worker id")
-    if lease is None:
+    if lease is None or lease.is_ended or lease.lease_counter != observed_counter:
         return None
-    if lease.lease_owner is not None and lease.lease_owner != last_owner:
+    if lease.lease_owner != observed_owner:
         return None
     extra = {k: v for k, v in lease.extra.items() if k not in JAVA_HANDOVER_ATTRIBUTES}
     return _copy(
         lease,
         lease_owner=new_owner,
-        lease_counter=1,
+        lease_counter=observed_counter + 1,
         owner_switches_since_checkpoint=lease.owner_switches_since_checkpoint + 1,
-        child_shard_ids=(),
         extra=extra,
     )
 
 
-def heartbeat(lease: Lease | None, owner: str, attributes: Mapping[str, Any] | None = None) -> Lease | None:
-    """Bump the counter if we still own the lease and it is not ended; progress may ride along."""
+def check_heartbeat_attributes(attributes: Mapping[str, Any] | None) -> None:
     if attributes:
         clash = sorted(LEASE_ATTRIBUTES.intersection(attributes))
         if clash:
             raise ValueError(f"heartbeat attributes must not overwrite lease attributes: {', '.join(clash)}")
-    if lease is None or lease.lease_owner is None or lease.lease_owner != owner or lease.is_ended:
+
+
+def heartbeat(lease: Lease | None, owner: str, counter: int, attributes: Mapping[str, Any] | None = None,
+              checkpoint: Checkpoint | None = None) -> Lease | None:
+    """Renew: the holder (owner and counter it last wrote) moves the counter on; progress and a
+    checkpoint may ride along (the checkpoint under its own forward-only condition too)."""
+    check_heartbeat_attributes(attributes)
+    if checkpoint is not None and checkpoint.is_sentinel:
+        raise ValueError(f"heartbeat checkpoint takes a sequence number, not {checkpoint.sequence_number}")
+    if not _held_by(lease, owner, counter) or lease.is_ended:
+        return None
+    if checkpoint is not None and not checkpoint_advances(lease.checkpoint, checkpoint):
         return None
     extra = dict(lease.extra)
-    extra.update(attributes or {})
-    return _copy(lease, lease_counter=lease.lease_counter + 1, extra=extra)
+    for name, value in (attributes or {}).items():
+        if value is None:
+            extra.pop(name, None)
+        else:
+            extra[name] = value
+    changes: dict[str, Any] = {"lease_counter": counter + 1, "extra": extra}
+    if checkpoint is not None:
+        changes.update(checkpoint=checkpoint, owner_switches_since_checkpoint=0)
+    return _copy(lease, **changes)
 
 
 def checkpoint(lease: Lease | None, new: Checkpoint) -> Lease | None:
-    """Advance the checkpoint (anyone may, owner or not) if it moves strictly forward.
+    """The ownerless checkpoint (the pipeline's commit): forward only, counter untouched.
 
     SHARD_END is written by `end`, never here; a starting sentinel is never a checkpoint.
     """
@@ -119,23 +149,33 @@ def checkpoint(lease: Lease | None, new: Checkpoint) -> Lease | None:
     return _copy(lease, checkpoint=new, owner_switches_since_checkpoint=0)
 
 
-def end(lease: Lease | None) -> Lease | None:
+def end(lease: Lease | None, owner: str | None = None, counter: int | None = None) -> Lease | None:
     """Mark the shard finished and let the lease go (only once every record is processed).
 
-    The sub-sequence number is left as it was: the write sets `checkpoint` alone, as Java and Disney do.
+    With `owner` and `counter` this is the holder's fenced end (a stale holder cannot end a lease it lost);
+    without, the pipeline's ownerless end, which leaves the counter alone. The sub-sequence number is left
+    as it was: the write sets `checkpoint` alone, as Java and Disney do.
     """
+    if (owner is None) != (counter is None):
+        raise ValueError("a fenced end needs both the owner and the counter")
     if lease is None:
         return None
-    return _copy(
-        lease,
-        checkpoint=Checkpoint(SHARD_END, lease.checkpoint.sub_sequence_number),
-        lease_owner=None,
-        owner_switches_since_checkpoint=0,
-    )
+    changes: dict[str, Any] = {}
+    if owner is not None:
+        if not _held_by(lease, owner, counter):
+            return None
+        changes["lease_counter"] = counter + 1
+    return _copy(lease, checkpoint=Checkpoint(SHARD_END, lease.checkpoint.sub_sequence_number),
+                 lease_owner=None, owner_switches_since_checkpoint=0, **changes)
 
 
-def release(lease: Lease | None, owner: str) -> Lease | None:
+def release(lease: Lease | None, owner: str, counter: int) -> Lease | None:
     """Give the lease up on graceful shutdown; fails harmlessly if someone took it meanwhile."""
-    if lease is None or lease.lease_owner is None or lease.lease_owner != owner:
+    if not _held_by(lease, owner, counter):
         return None
-    return _copy(lease, lease_counter=0, lease_owner=None)
+    return _copy(lease, lease_counter=counter + 1, lease_owner=None)
+
+
+def delete(lease: Lease | None, observed_counter: int) -> bool:
+    """DeleteItem if the lease is still as observed (no one took or renewed it since)."""
+    return lease is not None and lease.lease_counter == observed_counter

@@ -9,12 +9,15 @@ Item attributes (Java's names and types; seeds/001, 004):
     startingHashKey S / endingHashKey S        anything else: kept in Lease.extra, never overwritten
 
 Every write is one conditional request whose condition is the rule in lease_rules.py (the pure mirror the
-simulation uses); a failed condition is an answer (False / None), not an error. Other failures raise a
-LeaseTableError subclass. Throttling is retried by botocore's standard retry mode (kcl/aws.py) before
-it surfaces here as LeaseTableUnavailable.
+simulation uses); a failed condition is an answer (False / None), not an error. Holders' writes are fenced
+by `leaseCounter` (see lease_rules.py). A write whose outcome is unknown (its response was lost and
+botocore's retry failed the condition against our own write; a timeout) is settled by re-reading the item.
+Other failures raise a LeaseTableError subclass. Throttling is retried by botocore's standard retry mode
+(kcl/aws.py) before it surfaces here as LeaseTableUnavailable.
 """
 from __future__ import annotations
 
+import logging
 import math
 import time
 from decimal import Decimal
@@ -30,7 +33,9 @@ from botocore.exceptions import (
 )
 
 from .lease_rules import JAVA_HANDOVER_ATTRIBUTES, LEASE_ATTRIBUTES
-from .model import AT_TIMESTAMP, LATEST, SHARD_END, TRIM_HORIZON, Checkpoint, Lease
+from .model import AT_TIMESTAMP, LATEST, SHARD_END, TRIM_HORIZON, Checkpoint, Lease, checkpoint_advances
+
+log = logging.getLogger(__name__)
 
 LEASE_ENTITY_TYPE = "LEASE"
 
@@ -222,9 +227,10 @@ _SHARD_END = {"S": SHARD_END}
 
 # A free lease has no owner; Java may have written an explicit NULL, which also means free.
 _FREE = "(attribute_not_exists(leaseOwner) OR attribute_type(leaseOwner, :NULL))"
+_HELD = "leaseOwner = :me AND leaseCounter = :mine"
 
-# The portable checkpoint condition of EMULATORS.md: size() takes a path, so the new sequence's length
-# is its own number placeholder; AND binds tighter than OR.
+# The portable checkpoint condition: size() takes a path, so the new sequence's length is its own number
+# placeholder; AND binds tighter than OR.
 CHECKPOINT_CONDITION = (
     "attribute_exists(checkpoint) AND checkpoint <> :SHARD_END AND "
     "(checkpoint IN (:LATEST, :TRIM_HORIZON, :AT_TIMESTAMP) "
@@ -232,6 +238,23 @@ CHECKPOINT_CONDITION = (
     "OR (size(checkpoint) = :seqlen AND checkpoint < :seq) "
     "OR (checkpoint = :seq AND checkpointSubSequenceNumber < :sub))"
 )
+# Other KCL implementations may leave checkpointSubSequenceNumber out; it reads as 0 (as the pure rule says),
+# so a positive sub-sequence at the same sequence still advances it.
+_CHECKPOINT_CONDITION_NO_SUB = CHECKPOINT_CONDITION[:-1] + (
+    " OR (checkpoint = :seq AND attribute_not_exists(checkpointSubSequenceNumber)))")
+
+
+def checkpoint_condition(cp: Checkpoint) -> tuple[str, dict[str, dict]]:
+    """The forward-only condition for moving the checkpoint to `cp`, and its values."""
+    seq = cp.sequence_number
+    values = {":seq": {"S": seq}, ":sub": {"N": str(cp.sub_sequence_number)}, ":seqlen": {"N": str(len(seq))},
+              ":SHARD_END": _SHARD_END, **_STARTING_SENTINEL_VALUES}
+    return (_CHECKPOINT_CONDITION_NO_SUB if cp.sub_sequence_number > 0 else CHECKPOINT_CONDITION), values
+
+
+def _ours_after(owner: str, counter: int):
+    """Judge of a holder's write: the item shows our owner and the counter we wrote."""
+    return lambda lease: lease is not None and lease.lease_owner == owner and lease.lease_counter == counter
 
 
 class LeaseTable:
@@ -245,6 +268,7 @@ class LeaseTable:
         self.client = dynamodb_client
         self.wait_timeout = wait_timeout
         self.scan_page_size = scan_page_size  # Scan Limit; None lets DynamoDB fill 1 MB pages
+        self.ambiguous_writes = 0  # writes whose outcome had to be read back (lost responses)
 
     # -- table lifecycle ----------------------------------------------------------------------------
 
@@ -316,41 +340,64 @@ class LeaseTable:
         return lease_from_item(item) if item else None
 
     # -- writes --------------------------------------------------------------------------------------
+    #
+    # A condition failure is an answer (False / None): someone else won. But botocore retries a write whose
+    # response was lost (reset, timeout), and the retry then fails its condition against our own applied
+    # write. So after a retried condition failure, a timeout or a dropped connection, the item is re-read
+    # and the outcome judged from it: an unknown outcome is never reported as a lost race.
 
     def create(self, lease: Lease) -> bool:
         """Put a new lease; False if one already exists for the key (another consumer created it)."""
-        return self._write("put_item", TableName=self.table_name, Item=lease_to_item(lease),
+        item = lease_to_item(lease)
+        return self._write("put_item", lambda seen: seen is not None and lease_to_item(seen) == item,
+                           lease.lease_key, TableName=self.table_name, Item=item,
                            ConditionExpression="attribute_not_exists(leaseKey)")
 
-    def acquire(self, key: str, new_owner: str, last_owner: str | None) -> Lease | None:
-        """Take the lease if it is free or still held by `last_owner`; the updated lease, or None."""
+    def acquire(self, key: str, new_owner: str, observed_owner: str | None, observed_counter: int) -> Lease | None:
+        """Take the lease if it is still exactly as observed (owner, counter) and not ended.
+
+        The counter moves on from the observed one: it is the fencing token every later write of the new
+        holder is conditioned on. Returns the lease as taken, or None when someone else moved it first.
+        """
         if not new_owner:
             raise ValueError("acquire needs a worker id")
-        values: dict[str, dict] = {":new": {"S": new_owner}, ":one": _ONE, ":NULL": {"S": "NULL"}}
-        condition = f"attribute_exists(leaseKey) AND {_FREE}"
-        if last_owner is not None:
-            condition = f"attribute_exists(leaseKey) AND ({_FREE} OR leaseOwner = :last)"
-            values[":last"] = {"S": last_owner}
-        try:
-            response = self.client.update_item(
-                TableName=self.table_name, Key=_key(key),
-                UpdateExpression=("SET leaseOwner = :new, leaseCounter = :one "
-                                  "ADD ownerSwitchesSinceCheckpoint :one "
-                                  f"REMOVE {', '.join(JAVA_HANDOVER_ATTRIBUTES)}"),
-                ConditionExpression=condition, ExpressionAttributeValues=values, ReturnValues="ALL_NEW")
-        except Exception as exc:
-            if _is_condition_failure(exc):
-                return None
-            raise self._error("update_item", exc) from exc
+        values: dict[str, dict] = {":new": {"S": new_owner}, ":one": _ONE, ":observed": {"N": str(observed_counter)},
+                                   ":next": {"N": str(observed_counter + 1)}, ":SHARD_END": _SHARD_END}
+        if observed_owner is None:
+            owner_condition = _FREE
+            values[":NULL"] = {"S": "NULL"}
+        else:
+            owner_condition = "leaseOwner = :seen"
+            values[":seen"] = {"S": observed_owner}
+        removes = f" REMOVE {', '.join(JAVA_HANDOVER_ATTRIBUTES)}" if JAVA_HANDOVER_ATTRIBUTES else ""
+        request = dict(
+            TableName=self.table_name, Key=_key(key),
+            UpdateExpression=f"SET leaseOwner = :new, leaseCounter = :next ADD ownerSwitchesSinceCheckpoint :one{removes}",
+            ConditionExpression=(f"attribute_exists(leaseKey) AND leaseCounter = :observed AND checkpoint <> :SHARD_END "
+                                 f"AND {owner_condition}"),
+            ExpressionAttributeValues=values, ReturnValues="ALL_NEW")
+        taken: list[Lease] = []
+
+        def judge(seen: Lease | None) -> bool:
+            if _ours_after(new_owner, observed_counter + 1)(seen):
+                taken.append(seen)
+                return True
+            return False
+
+        response = self._write("update_item", judge, key, returns=True, **request)
+        if response is False:
+            return None
+        if taken:
+            return taken[0]
         return lease_from_item(response["Attributes"])
 
-    def heartbeat(self, key: str, owner: str, extra: Mapping[str, Any] | None = None,
+    def heartbeat(self, key: str, owner: str, counter: int, extra: Mapping[str, Any] | None = None,
                   checkpoint: Checkpoint | None = None) -> bool:
-        """Bump leaseCounter if we still own the lease and it is not ended; `extra` rides along.
+        """Renew the lease held as (`owner`, `counter`): the counter becomes counter + 1; `extra` rides along.
 
         Extra values: str→S, int/float→N, bool→BOOL (and bytes, lists, dicts, sets); None removes.
-        With `checkpoint`, the owner's checkpoint rides on the same write (one write instead of two), under
-        the checkpoint's own condition too: False then means "not owner, or the checkpoint would not
+        With `checkpoint`, the holder's checkpoint rides on the same write (one write instead of two), under
+        the checkpoint's own condition too: False then means "not holder, or the checkpoint would not
         advance" — retry without it to tell the two apart.
         """
         extra = dict(extra or {})
@@ -358,8 +405,9 @@ class LeaseTable:
         if clash:
             raise ValueError(f"heartbeat attributes must not overwrite lease attributes: {', '.join(clash)}")
         names: dict[str, str] = {}
-        values: dict[str, dict] = {":one": _ONE, ":me": {"S": owner}, ":SHARD_END": _SHARD_END}
-        sets, removes = [], []
+        values: dict[str, dict] = {":me": {"S": owner}, ":mine": {"N": str(counter)},
+                                   ":next": {"N": str(counter + 1)}, ":SHARD_END": _SHARD_END}
+        sets, removes = ["leaseCounter = :next"], []
         for i, (name, value) in enumerate(sorted(extra.items())):
             names[f"#x{i}"] = name
             encoded = encode_value(value)
@@ -368,18 +416,15 @@ class LeaseTable:
             else:
                 values[f":x{i}"] = encoded
                 sets.append(f"#x{i} = :x{i}")
-        condition = "leaseOwner = :me AND checkpoint <> :SHARD_END"
+        condition = f"{_HELD} AND checkpoint <> :SHARD_END"
         if checkpoint is not None:
             if checkpoint.is_sentinel:
                 raise ValueError(f"heartbeat checkpoint takes a sequence number, not {checkpoint.sequence_number}")
-            seq = checkpoint.sequence_number
             sets += ["checkpoint = :seq", "checkpointSubSequenceNumber = :sub", "ownerSwitchesSinceCheckpoint = :zero"]
-            values.update({":seq": {"S": seq}, ":sub": {"N": str(checkpoint.sub_sequence_number)},
-                           ":seqlen": {"N": str(len(seq))}, ":zero": _ZERO, **_STARTING_SENTINEL_VALUES})
-            condition = f"leaseOwner = :me AND {CHECKPOINT_CONDITION}"
-        update = "ADD leaseCounter :one"
-        if sets:
-            update += " SET " + ", ".join(sets)
+            cp_condition, cp_values = checkpoint_condition(checkpoint)
+            values.update(cp_values, **{":zero": _ZERO})
+            condition = f"{_HELD} AND {cp_condition}"
+        update = "SET " + ", ".join(sets)
         if removes:
             update += " REMOVE " + ", ".join(removes)
         request: dict[str, Any] = dict(
@@ -387,53 +432,89 @@ class LeaseTable:
             ConditionExpression=condition, ExpressionAttributeValues=values)
         if names:
             request["ExpressionAttributeNames"] = names
-        return self._write("update_item", **request)
+        ours = _ours_after(owner, counter + 1)
+        return self._write("update_item", lambda seen: ours(seen) and (
+            checkpoint is None or not checkpoint_advances(seen.checkpoint, checkpoint)), key, **request)
 
     def checkpoint(self, key: str, cp: Checkpoint) -> bool:
-        """Advance the checkpoint if `cp` is strictly after it (any process may); False otherwise."""
+        """The ownerless checkpoint: advance if `cp` is strictly after it (never touches leaseCounter)."""
         if cp.is_sentinel:
             raise ValueError(
                 f"checkpoint takes a sequence number, not {cp.sequence_number} (use end() for SHARD_END)")
-        seq = cp.sequence_number
+        condition, values = checkpoint_condition(cp)
         return self._write(
-            "update_item", TableName=self.table_name, Key=_key(key),
+            "update_item", lambda seen: seen is not None and seen.checkpoint == cp, key,
+            TableName=self.table_name, Key=_key(key),
             UpdateExpression=("SET checkpoint = :seq, checkpointSubSequenceNumber = :sub, "
                               "ownerSwitchesSinceCheckpoint = :zero"),
-            ConditionExpression=CHECKPOINT_CONDITION,
-            ExpressionAttributeValues={
-                ":seq": {"S": seq}, ":sub": {"N": str(cp.sub_sequence_number)}, ":seqlen": {"N": str(len(seq))},
-                ":zero": _ZERO, ":SHARD_END": _SHARD_END, **_STARTING_SENTINEL_VALUES,
-            })
+            ConditionExpression=condition, ExpressionAttributeValues={**values, ":zero": _ZERO})
 
-    def end(self, key: str) -> bool:
-        """Mark the shard finished (SHARD_END is final) and let the lease go; False if the lease is gone."""
+    def end(self, key: str, owner: str | None = None, counter: int | None = None) -> bool:
+        """Mark the shard finished (SHARD_END is final) and let the lease go.
+
+        With `owner` and `counter`: the holder's fenced end (False if it no longer holds the lease). Without:
+        the pipeline's ownerless end, which leaves the counter alone (False only if the lease is gone).
+        """
+        if (owner is None) != (counter is None):
+            raise ValueError("a fenced end needs both the owner and the counter")
+        values: dict[str, dict] = {":SHARD_END": _SHARD_END, ":zero": _ZERO}
+        update = "SET checkpoint = :SHARD_END, ownerSwitchesSinceCheckpoint = :zero"
+        condition = "attribute_exists(leaseKey)"
+        if owner is not None:
+            values.update({":me": {"S": owner}, ":mine": {"N": str(counter)}, ":next": {"N": str(counter + 1)}})
+            update += ", leaseCounter = :next"
+            condition = _HELD
+
+        def judge(seen: Lease | None) -> bool:
+            return seen is not None and seen.is_ended and (owner is None or seen.lease_counter == counter + 1)
+
+        return self._write("update_item", judge, key, TableName=self.table_name, Key=_key(key),
+                           UpdateExpression=update + " REMOVE leaseOwner", ConditionExpression=condition,
+                           ExpressionAttributeValues=values)
+
+    def release(self, key: str, owner: str, counter: int) -> bool:
+        """Give the lease held as (`owner`, `counter`) up; False if someone else holds it now."""
         return self._write(
-            "update_item", TableName=self.table_name, Key=_key(key),
-            UpdateExpression="SET checkpoint = :SHARD_END, ownerSwitchesSinceCheckpoint = :zero REMOVE leaseOwner",
-            ConditionExpression="attribute_exists(leaseKey)",
-            ExpressionAttributeValues={":SHARD_END": _SHARD_END, ":zero": _ZERO})
+            "update_item",
+            lambda seen: seen is not None and seen.lease_owner is None and seen.lease_counter == counter + 1, key,
+            TableName=self.table_name, Key=_key(key),
+            UpdateExpression="SET leaseCounter = :next REMOVE leaseOwner",
+            ConditionExpression=_HELD,
+            ExpressionAttributeValues={":me": {"S": owner}, ":mine": {"N": str(counter)},
+                                       ":next": {"N": str(counter + 1)}})
 
-    def release(self, key: str, owner: str) -> bool:
-        """Give the lease up (graceful shutdown); False if someone else holds it now."""
-        return self._write(
-            "update_item", TableName=self.table_name, Key=_key(key),
-            UpdateExpression="SET leaseCounter = :zero REMOVE leaseOwner",
-            ConditionExpression="leaseOwner = :me",
-            ExpressionAttributeValues={":zero": _ZERO, ":me": {"S": owner}})
-
-    def delete(self, key: str) -> None:
-        self._call("delete_item", TableName=self.table_name, Key=_key(key))
+    def delete(self, key: str, observed_counter: int) -> bool:
+        """Delete the lease if its counter is still the observed one; False if it moved (or is gone)."""
+        return self._write("delete_item", lambda seen: seen is None, key, TableName=self.table_name,
+                           Key=_key(key), ConditionExpression="leaseCounter = :observed",
+                           ExpressionAttributeValues={":observed": {"N": str(observed_counter)}})
 
     # -- plumbing ------------------------------------------------------------------------------------
 
-    def _write(self, operation: str, **request) -> bool:
+    def _write(self, operation: str, judge, key: str, *, returns: bool = False, **request):
+        """One conditional write: True (or the response with `returns`) when applied, False when another
+        writer won. An ambiguous outcome is settled by re-reading the item and asking `judge` whether it
+        holds our write; when even that read fails, the error says the outcome is unknown."""
         try:
-            getattr(self.client, operation)(**request)
+            response = getattr(self.client, operation)(**request)
         except Exception as exc:
-            if _is_condition_failure(exc):
+            condition_failed = _is_condition_failure(exc)
+            if condition_failed and not _retried(exc):
                 return False
-            raise self._error(operation, exc) from exc
-        return True
+            if not condition_failed and not isinstance(exc, _AMBIGUOUS):
+                raise self._error(operation, exc) from exc
+            self.ambiguous_writes += 1
+            try:
+                seen = self.get(key)
+            except LeaseTableError as read_exc:
+                raise LeaseTableUnavailable(
+                    f"lease table {self.table_name}: {operation} on {key} has an unknown outcome ({exc}) and "
+                    f"re-reading the item failed ({read_exc})") from exc
+            applied = bool(judge(seen))
+            log.info("lease %s: %s had an ambiguous outcome (%s); re-read says %s", key, operation,
+                     type(exc).__name__, "applied" if applied else "not applied")
+            return applied
+        return response if returns else True
 
     def _call(self, operation: str, **request) -> dict:
         try:
@@ -466,6 +547,17 @@ class LeaseTable:
 
 class _ConditionFailed(Exception):
     pass
+
+
+# Failures after which a write may or may not have been applied.
+_AMBIGUOUS = (ReadTimeoutError, ConnectionClosedError)
+
+
+def _retried(exc: Exception) -> bool:
+    """botocore retried the request before this answer: an earlier attempt may have been applied."""
+    if isinstance(exc, ClientError):
+        return int(exc.response.get("ResponseMetadata", {}).get("RetryAttempts", 0) or 0) > 0
+    return False
 
 
 def _code(exc: Exception) -> str | None:

@@ -14,13 +14,21 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from .aws import client
 from .config import ConsumerConfig
 from .lease_table import LeaseTable
 from .metrics import Metrics
 from .model import Lease, Shard
-from .planner import LeaseAges, leases_to_acquire, leases_to_create, leases_to_delete
+from .planner import (
+    LeaseAges,
+    leases_to_acquire,
+    leases_to_create,
+    leases_to_delete,
+    scoped_leases,
+    unknown_lease_keys,
+)
 from .shards import list_shards
 from .worker import ProcessorSpec, WorkerResult, worker_main
 
@@ -55,11 +63,16 @@ class CycleReport:
 
 class LeaseManager:
     def __init__(self, config: ConsumerConfig, spec: ProcessorSpec, *, keepalive_timeout: float | None = None,
-                 rng: random.Random | None = None, worker_log_level: int = logging.INFO):
+                 rng: random.Random | None = None, worker_log_level: int = logging.INFO,
+                 clock: Callable[[], float] = time.monotonic):
         self.config = config
         self.spec = spec
         self.keepalive_timeout = keepalive_timeout
         self.rng = rng or random.Random()
+        self.clock = clock
+        self._unknown_keys: frozenset[str] = frozenset()
+        self._our_counters: dict[str, int] = {}  # leases owned by our id without a local worker
+        self.duplicate_worker_id_sightings = 0
         self.worker_log_level = worker_log_level
         self._ctx = multiprocessing.get_context("spawn")
         self._results = self._ctx.Queue()
@@ -83,32 +96,45 @@ class LeaseManager:
         if self.table.ensure_table():
             log.info("created lease table %s", self.config.lease_table)
 
-    def run_cycle(self, now: float | None = None) -> CycleReport:
-        now = time.monotonic() if now is None else now
+    def _scan(self) -> list[Lease]:
+        """Scan, and stamp what it saw when the scan returned (never earlier: a slow, throttled scan must
+        not make live peers' leases look older than they are)."""
+        leases = self.table.scan()
+        self.ages.observe(leases, self.clock())
+        return leases
+
+    def run_cycle(self) -> CycleReport:
         self._keepalive.value = time.time()
         report = CycleReport(finished=self._reap())
-        leases = self.table.scan()
-        self.ages.observe(leases, now)
-        if self._list_next or not leases or self.rng.random() < self.config.list_shards_probability:
+        leases = self._scan()
+        unknown = unknown_lease_keys(leases, self.shards)
+        # New keys outside the last listing: new shards (a peer created children), or other streams' leases
+        # sharing the table. List again when that set changes, not every cycle.
+        relist = bool(unknown - self._unknown_keys)
+        if self._list_next or relist or not leases or self.rng.random() < self.config.list_shards_probability:
             # Shards are listed after the scan, so a lease is never deleted for a shard created meanwhile.
             self.shards = list_shards(self.kinesis, self.config.stream)
             self._list_next = False
             report.total_shards = len(self.shards)
-            for key in leases_to_delete(leases, self.shards):
-                self.table.delete(key)
-                report.deleted.append(key)
-            for lease in leases_to_create(self.config.initial_position.checkpoint(), self.shards, leases):
+            for lease in leases_to_delete(leases, self.shards):
+                if self.table.delete(lease.lease_key, lease.lease_counter):
+                    report.deleted.append(lease.lease_key)
+            for lease in leases_to_create(self.config.initial_position.checkpoint(), self.shards, leases,
+                                          self.config.parent_drained_attribute):
                 if self.table.create(lease):
                     report.created.append(lease.lease_key)
             if report.deleted or report.created:
-                leases = self.table.scan()
-                self.ages.observe(leases, now)
+                leases = self._scan()
+        self._unknown_keys = unknown_lease_keys(leases, self.shards)
+        leases = scoped_leases(leases, self.shards)
         self.leases = leases
-        ages = self.ages.ages(now)
+        self._watch_our_id(leases)
+        now = self.clock()
         plan = leases_to_acquire(
-            self.config.worker_id, leases, ages, expiry_seconds=self.config.lease_expiry_seconds,
+            self.config.worker_id, leases, self.ages.ages(now), expiry_seconds=self.config.lease_expiry_seconds,
             leases_to_acquire=self.config.leases_to_acquire, max_leases=self.config.max_leases,
-            recently_ended_by_us=self.recently_ended, locally_worked=set(self.workers), rng=self.rng)
+            recently_ended_by_us=self.recently_ended, locally_worked=set(self.workers),
+            drained_attribute=self.config.parent_drained_attribute, rng=self.rng)
         for lease in plan.take:
             self._spawn(lease)
             report.spawned.append(lease.lease_key)
@@ -123,6 +149,22 @@ class LeaseManager:
         self.metrics.flush_due()
         log.info("cycle %s", report.summary())
         return report
+
+    def _watch_our_id(self, leases: list[Lease]) -> None:
+        """Another live process writing under our worker id (a copy-pasted --worker-id, say) is an error:
+        its writes move the counters of leases we own but do not work. Said loudly and counted."""
+        ours = {lease.lease_key: lease.lease_counter for lease in leases
+                if lease.lease_owner == self.config.worker_id and lease.lease_key not in self.workers
+                and not lease.is_ended}
+        moved = sorted(key for key, counter in ours.items()
+                       if key in self._our_counters and self._our_counters[key] != counter)
+        if moved:
+            self.duplicate_worker_id_sightings += 1
+            self.metrics.count_many({"duplicate_worker_id": 1}, None)
+            log.error("another live process is writing under this consumer's worker id %s (leases %s); worker ids "
+                      "must be unique per process: this consumer will not touch those leases",
+                      self.config.worker_id, ", ".join(moved))
+        self._our_counters = ours
 
     def _fill_counts(self, report: CycleReport, leases: list[Lease]) -> None:
         report.total_leases = len(leases)
@@ -171,11 +213,11 @@ class LeaseManager:
         except Exception as exc:
             log.warning("lease scan between cycles failed: %s", exc)
             return False
-        now = time.monotonic()
+        now = self.clock()
         self.ages.observe(leases, now)
         return any(not lease.is_ended and lease.lease_key not in self.workers
                    and self.ages.expired(lease.lease_key, now, self.config.lease_expiry_seconds)
-                   for lease in leases)
+                   for lease in scoped_leases(leases, self.shards))
 
     def shutdown(self, timeout: float = 30.0) -> list[WorkerResult]:
         """Ask every worker to stop gracefully (SIGTERM: checkpoint, release), then wait for them."""
@@ -198,7 +240,7 @@ class LeaseManager:
     def _spawn(self, lease: Lease) -> None:
         proc = self._ctx.Process(
             target=worker_main,
-            args=(self.config, lease.lease_key, lease.lease_owner, self.spec, self._results),
+            args=(self.config, lease, self.spec, self._results),
             kwargs={"keepalive": self._keepalive, "keepalive_timeout": self.keepalive_timeout,
                     "log_level": self.worker_log_level},
             name=f"kcl-worker-{lease.lease_key}", daemon=True)
@@ -219,12 +261,8 @@ class LeaseManager:
                 self.recently_ended.add(result.lease_key)
                 self._list_next = True
             elif result.outcome == "failed":
+                # The worker released its lease itself (fenced), so the fleet retries it next cycle.
                 log.error("worker for %s failed: %s", result.lease_key, result.detail)
-                # Free the lease so the fleet retries it next cycle rather than after an expiry.
-                try:
-                    self.table.release(result.lease_key, self.config.worker_id)
-                except Exception as exc:
-                    log.warning("could not release %s after failure: %s", result.lease_key, exc)
         for key, proc in list(self.workers.items()):
             if not proc.is_alive():
                 proc.join(0)

@@ -15,19 +15,74 @@ from .model import AT_TIMESTAMP, LATEST, TRIM_HORIZON, Checkpoint, Lease, Shard
 from .shard_graph import ShardGraph
 
 
+# -- scope: which leases are this stream's -----------------------------------------------------------
+
+def scoped_leases(leases: Sequence[Lease], shards: Sequence[Shard]) -> list[Lease]:
+    """The leases of this stream's listed shards: the only ones this consumer may acquire, renew or steal.
+
+    A table may be shared: a KCL multi-stream application (keys `account:stream:epoch:shardId`), another
+    application of the same name on another stream, KCL 3.x's other entities. Keys it does not know are
+    never touched.
+    """
+    listed = {shard.shard_id for shard in shards}
+    return [lease for lease in leases if lease.lease_key in listed]
+
+
+def unknown_lease_keys(leases: Sequence[Lease], shards: Sequence[Shard]) -> frozenset[str]:
+    """Lease keys not among the listed shards (new shards since the last listing, or other streams')."""
+    listed = {shard.shard_id for shard in shards}
+    return frozenset(lease.lease_key for lease in leases if lease.lease_key not in listed)
+
+
+def parent_finished(lease: Lease | None, drained_attribute: str | None = None) -> bool:
+    """Reading order: a child may be read once every parent is finished — its lease SHARD_END or gone
+    (Java's BlockOnParentShard), or, with `drained_attribute`, marked as having every record delivered
+    durably (the pipeline lands a parent's last record long before it may write SHARD_END)."""
+    if lease is None or lease.is_ended:
+        return True
+    return drained_attribute is not None and lease.extra.get(drained_attribute) is True
+
+
+def blocked_on_parents(lease: Lease, by_key: Mapping[str, Lease], drained_attribute: str | None = None) -> list[str]:
+    """The parents of `lease` not yet finished (empty: it may be read)."""
+    return [p for p in lease.parent_shard_ids if not parent_finished(by_key.get(p), drained_attribute)]
+
+
 # -- deleting ------------------------------------------------------------------------------------
 
-def leases_to_delete(leases: Sequence[Lease], shards: Sequence[Shard]) -> list[str]:
-    """Keys of leases whose shard is no longer listed (trimmed out of the stream).
+def leases_to_delete(leases: Sequence[Lease], shards: Sequence[Shard]) -> list[Lease]:
+    """Leases of this stream whose shard is finished; each is deleted on condition of its observed counter.
 
-    The caller lists shards AFTER scanning leases, so a shard created in between is never mistaken for a
-    gone one. An empty listing deletes nothing: a stream always has an open shard, so an empty result is
-    a failed or misdirected call, never evidence that every lease is obsolete.
+    Finished (Java's lease cleanup): SHARD_END with every child's lease started (its checkpoint past the
+    starting sentinel) or itself finished and removed; or gone from the stream past retention — provably
+    this stream's because a listed shard still names it as a parent. A lease this consumer cannot prove
+    to be its own (other streams, other applications, keys it does not understand) is never deleted.
+    An empty listing deletes nothing: a stream always has an open shard, so an empty result is a failed or
+    misdirected call, never evidence that every lease is obsolete.
     """
     if not shards:
         return []
-    listed = {shard.shard_id for shard in shards}
-    return [lease.lease_key for lease in leases if lease.lease_key not in listed]
+    graph = ShardGraph(shards)
+    by_key = {lease.lease_key: lease for lease in leases}
+    named_as_parent = {parent for shard in shards for parent in shard.parent_ids}
+    leased_below = graph.strict_ancestors_of({k: v for k, v in by_key.items() if k in graph})
+    doomed: list[Lease] = []
+    for lease in leases:
+        key = lease.lease_key
+        if key not in graph:
+            if key in named_as_parent:
+                doomed.append(lease)  # trimmed out of the stream: nothing can be read from it any more
+            continue
+        if not lease.is_ended:
+            continue
+        children = graph.children(key)
+        if children and all(_started(by_key.get(c)) or (c not in by_key and c in leased_below) for c in children):
+            doomed.append(lease)
+    return doomed
+
+
+def _started(lease: Lease | None) -> bool:
+    return lease is not None and not lease.checkpoint.is_starting_sentinel
 
 
 # -- creating ------------------------------------------------------------------------------------
@@ -63,25 +118,28 @@ def _listed_leases(graph: ShardGraph, leases: Sequence[Lease]) -> dict[str, Leas
     return {lease.lease_key: lease for lease in leases if lease.lease_key in graph}
 
 
-def _parents_done(graph: ShardGraph, shard_id: str, leases: Mapping[str, Lease], ended: str | None = None) -> bool:
-    """Every parent has a SHARD_END lease or is gone from the listing (`ended` counts as SHARD_END)."""
+def _parents_done(graph: ShardGraph, shard_id: str, leases: Mapping[str, Lease], ended: str | None = None,
+                  drained_attribute: str | None = None) -> bool:
+    """Every parent has a finished lease or is gone from the listing (`ended` counts as SHARD_END)."""
     for parent in graph.parents(shard_id):
         if parent == ended or parent not in graph:
             continue
         lease = leases.get(parent)
-        if lease is None or not lease.is_ended:
+        if lease is None or not parent_finished(lease, drained_attribute):
             return False
     return True
 
 
-def leases_to_create(initial: Checkpoint, shards: Sequence[Shard], leases: Sequence[Lease]) -> list[Lease]:
+def leases_to_create(initial: Checkpoint, shards: Sequence[Shard], leases: Sequence[Lease],
+                     drained_attribute: str | None = None) -> list[Lease]:
     """The leases missing from the table, in listing order (conditional puts: the first creator wins).
 
     One rule, for an empty table and a running fleet alike. Never a lease for a shard with a leased
     descendant (it was processed, or deliberately skipped) nor for a child of a parent lease that has not
     reached SHARD_END (its records would overtake the parent's). Otherwise a shard gets a lease when:
-      * all its listed parents' leases are SHARD_END: the child of ended parents, from TRIM_HORIZON
-        (AT_TIMESTAMP keeps the timestamp); the worker that ended the parent usually made it already;
+      * all its listed parents' leases are SHARD_END (or drained, see `parent_finished`): the child of
+        ended parents, from TRIM_HORIZON (AT_TIMESTAMP keeps the timestamp); the worker that ended the
+        parent usually made it already;
       * TRIM_HORIZON / AT_TIMESTAMP: it is a root (oldest generation present) — read the whole history;
       * LATEST, for a shard descending from no lease: it is open (the newest data), or it is the parent
         of an unleased descendant of a lease — Java's gap fill, without which that descendant's other
@@ -102,7 +160,7 @@ def leases_to_create(initial: Checkpoint, shards: Sequence[Shard], leases: Seque
         listed_parents = graph.listed_parents(shard_id)
         if listed_parents:
             parent_leases = [by_key.get(p) for p in listed_parents]
-            if any(lease is not None and not lease.is_ended for lease in parent_leases):
+            if any(lease is not None and not parent_finished(lease, drained_attribute) for lease in parent_leases):
                 continue  # a parent is still being read
             if all(lease is not None for lease in parent_leases):
                 created.append(_new_lease(graph, shard, after_parent))
@@ -119,7 +177,8 @@ def leases_to_create(initial: Checkpoint, shards: Sequence[Shard], leases: Seque
 
 
 def child_leases_on_end(
-    ended_shard_id: str, shards: Sequence[Shard], leases: Sequence[Lease], initial: Checkpoint
+    ended_shard_id: str, shards: Sequence[Shard], leases: Sequence[Lease], initial: Checkpoint,
+    drained_attribute: str | None = None,
 ) -> list[Lease]:
     """The leases the worker that just ended `ended_shard_id` creates for its children.
 
@@ -134,7 +193,8 @@ def child_leases_on_end(
     return [
         _new_lease(graph, graph.shard(child), after_parent)
         for child in children
-        if child not in has_leased_descendant and _parents_done(graph, child, by_key, ended=ended_shard_id)
+        if child not in has_leased_descendant
+        and _parents_done(graph, child, by_key, ended=ended_shard_id, drained_attribute=drained_attribute)
     ]
 
 
@@ -197,11 +257,14 @@ def leases_to_acquire(
     max_leases: int,
     recently_ended_by_us: Collection[str] = (),
     locally_worked: Collection[str] = (),
+    drained_attribute: str | None = None,
     rng: random.Random,
 ) -> AcquirePlan:
     """What this consumer tries to acquire this cycle.
 
-    Candidates are leases not at SHARD_END and not worked here that are unowned or expired (age greater
+    `leases` must be this stream's (see `scoped_leases`). Candidates are leases not at SHARD_END, whose
+    parents are all finished (`parent_finished`: never read a child before its parents), and not worked
+    here that are unowned or expired (age greater
     than the expiry; a lease absent from `heartbeat_ages` never expires), our own expired leases
     included (a worker that died without releasing). At most `leases_to_acquire` per cycle and never
     beyond `max_leases` held (held = leases worked here plus live leases the table gives us). When this
@@ -218,12 +281,14 @@ def leases_to_acquire(
     held = len(local)
     candidates: list[Lease] = []
     owned: dict[str, list[Lease]] = {}
+    by_key = {lease.lease_key: lease for lease in leases}
     for lease in leases:
         if lease.is_ended or lease.lease_key in local:
             continue
         age = heartbeat_ages.get(lease.lease_key)
         if lease.lease_owner is None or (age is not None and age > expiry_seconds):
-            candidates.append(lease)
+            if not blocked_on_parents(lease, by_key, drained_attribute):
+                candidates.append(lease)
         elif lease.lease_owner == worker_id:
             held += 1  # ours and live, but no local worker: another process of ours, or a restart
         else:
@@ -254,6 +319,10 @@ def leases_to_acquire(
 __all__ = [
     "AcquirePlan",
     "LeaseAges",
+    "blocked_on_parents",
+    "parent_finished",
+    "scoped_leases",
+    "unknown_lease_keys",
     "child_leases_on_end",
     "leases_to_acquire",
     "leases_to_create",

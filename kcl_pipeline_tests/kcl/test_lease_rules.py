@@ -26,46 +26,62 @@ def test_create_only_when_absent_and_copies():
 
 # -- acquire -----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("owner, last_owner", [(None, None), (None, "w9"), ("w1", "w1")])
-def test_acquire_passes_when_free_or_still_held_by_the_owner_seen(owner, last_owner):
-    before = lease(owner=owner, extra={"pendingCheckpoint": "5", "checkpointOwner": "w1", "progress": "kept"},
-                   child_shard_ids=("c1",))
-    after = rules.acquire(before, "w2", last_owner)
-    assert after.lease_owner == "w2" and after.lease_counter == 1
+@pytest.mark.parametrize("owner", [None, "w1"])
+def test_acquire_passes_when_exactly_as_observed_and_moves_the_counter_on(owner):
+    before = lease(owner=owner, extra={"pendingCheckpoint": "5", "checkpointOwner": "w1", "progress": "kept",
+                                       "throughputKBps": 3}, child_shard_ids=("c1",))
+    after = rules.acquire(before, "w2", owner, 7)
+    assert after.lease_owner == "w2" and after.lease_counter == 8  # observed + 1, never reset to 1
     assert after.owner_switches_since_checkpoint == before.owner_switches_since_checkpoint + 1
-    assert after.extra == {"progress": "kept"}  # Java handover fields removed, unknown ones preserved
-    assert after.child_shard_ids == ()
+    # Java handover fields removed; unknown ones, throughput and children preserved.
+    assert after.extra == {"progress": "kept", "throughputKBps": 3}
+    assert after.child_shard_ids == ("c1",)
     assert after.checkpoint == before.checkpoint
     assert before.lease_owner == owner and "pendingCheckpoint" in before.extra  # input untouched
 
 
-@pytest.mark.parametrize("owner, last_owner", [("w1", None), ("w1", "w3")])
-def test_acquire_fails_when_someone_else_got_there_first(owner, last_owner):
-    assert rules.acquire(lease(owner=owner), "w2", last_owner) is None
+@pytest.mark.parametrize("owner, observed_owner, observed_counter", [
+    ("w1", None, 7), ("w1", "w3", 7),  # someone else got there first
+    ("w1", "w1", 6),                   # A→B→A between two scans: same owner, counter moved
+])
+def test_acquire_fails_unless_owner_and_counter_are_as_observed(owner, observed_owner, observed_counter):
+    assert rules.acquire(lease(owner=owner), "w2", observed_owner, observed_counter) is None
+
+
+def test_acquire_refuses_an_ended_lease():
+    assert rules.acquire(lease(cp=SHARD_END, owner=None), "w2", None, 7) is None
 
 
 def test_acquire_never_upserts_and_needs_an_owner():
-    assert rules.acquire(None, "w2", None) is None
+    assert rules.acquire(None, "w2", None, 0) is None
     with pytest.raises(ValueError):
-        rules.acquire(lease(), "", "w1")
+        rules.acquire(lease(), "", "w1", 7)
 
 
 # -- heartbeat ---------------------------------------------------------------------------------------
 
-def test_heartbeat_passes_for_the_owner_and_carries_progress():
-    after = rules.heartbeat(lease(extra={"a": 1}), "w1", {"landedTo": "42"})
+def test_heartbeat_passes_for_the_holder_and_carries_progress():
+    after = rules.heartbeat(lease(extra={"a": 1, "gone": 2}), "w1", 7, {"landedTo": "42", "gone": None})
     assert after.lease_counter == 8 and after.lease_owner == "w1"
     assert after.extra == {"a": 1, "landedTo": "42"}
 
 
-@pytest.mark.parametrize("before", [lease(owner="w2"), lease(owner=None), lease(cp=SHARD_END), None])
-def test_heartbeat_fails_when_not_ours_ended_or_missing(before):
-    assert rules.heartbeat(before, "w1") is None
+@pytest.mark.parametrize("before, counter", [
+    (lease(owner="w2"), 7), (lease(owner=None), 7), (lease(cp=SHARD_END), 7), (None, 7),
+    (lease(), 6),  # same owner id, other counter: a new incarnation under the same worker id took it
+])
+def test_heartbeat_fails_when_not_held_ended_or_missing(before, counter):
+    assert rules.heartbeat(before, "w1", counter) is None
 
 
 def test_heartbeat_attributes_must_not_clobber_the_lease():
     with pytest.raises(ValueError, match="leaseCounter"):
-        rules.heartbeat(lease(), "w1", {"leaseCounter": 0})
+        rules.heartbeat(lease(), "w1", 7, {"leaseCounter": 0})
+
+
+def test_heartbeat_with_a_checkpoint_needs_it_to_advance():
+    assert rules.heartbeat(lease(), "w1", 7, checkpoint=Checkpoint("101")).checkpoint == Checkpoint("101")
+    assert rules.heartbeat(lease(), "w1", 7, checkpoint=Checkpoint("99")) is None
 
 
 # -- checkpoint --------------------------------------------------------------------------------------
@@ -120,20 +136,34 @@ def test_checkpoint_refuses_sentinels(sentinel):
 # -- end and release -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("owner", ["w1", "w2", None])
-def test_end_is_unconditional_and_lets_the_lease_go(owner):
+def test_ownerless_end_leaves_the_counter_and_lets_the_lease_go(owner):
     after = rules.end(lease(owner=owner, sub=3))
     assert after.checkpoint.is_shard_end and after.checkpoint.sub_sequence_number == 3
     assert after.lease_owner is None and after.owner_switches_since_checkpoint == 0
     assert after.lease_counter == 7
     assert rules.end(None) is None
-    # Once ended, a lease cannot be heartbeated nor checkpointed.
-    assert rules.heartbeat(rules.acquire(after, "w3", None), "w3") is None
+    # Once ended, a lease can be neither acquired, heartbeated nor checkpointed.
+    assert rules.acquire(after, "w3", None, 7) is None
+    assert rules.heartbeat(after, "w1", 7) is None
     assert rules.checkpoint(after, Checkpoint("999")) is None
 
 
-def test_release_passes_for_the_owner_only():
-    after = rules.release(lease(), "w1")
-    assert after.lease_owner is None and after.lease_counter == 0 and after.checkpoint == Checkpoint("100")
-    assert rules.release(lease(), "w2") is None
-    assert rules.release(lease(owner=None), "w1") is None
-    assert rules.release(None, "w1") is None
+def test_stale_holder_cannot_end_a_lease_it_lost():
+    assert rules.end(lease(), "w1", 7).lease_counter == 8
+    assert rules.end(lease(), "w1", 6) is None   # taken and given back to a same-id incarnation meanwhile
+    assert rules.end(lease(owner="w2"), "w1", 7) is None
+    with pytest.raises(ValueError):
+        rules.end(lease(), "w1")
+
+
+def test_release_passes_for_the_holder_only_and_moves_the_counter_on():
+    after = rules.release(lease(), "w1", 7)
+    assert after.lease_owner is None and after.lease_counter == 8 and after.checkpoint == Checkpoint("100")
+    assert rules.release(lease(), "w1", 6) is None  # a zombie's release cannot free the new holder's lease
+    assert rules.release(lease(), "w2", 7) is None
+    assert rules.release(lease(owner=None), "w1", 7) is None
+    assert rules.release(None, "w1", 7) is None
+
+
+def test_delete_is_conditional_on_the_observed_counter():
+    assert rules.delete(lease(), 7) and not rules.delete(lease(), 6) and not rules.delete(None, 7)

@@ -149,7 +149,7 @@ def test_throttling_after_retries_is_unavailable(code):
                               http_status_code=400)
         with pytest.raises(LeaseTableUnavailable, match=f"lease table t: DynamoDB still answered {code} to "
                                                         "update_item after 1 attempt"):
-            LeaseTable("t", ddb).heartbeat(KEY, "w1")
+            LeaseTable("t", ddb).heartbeat(KEY, "w1", 1)
         stub.assert_no_pending_responses()
 
 
@@ -182,8 +182,8 @@ def test_botocore_retries_throttling_before_it_surfaces(monkeypatch):
 
 @pytest.mark.parametrize("operation, call", [
     ("scan", lambda t: t.scan()), ("get_item", lambda t: t.get(KEY)), ("put_item", lambda t: t.create(lease())),
-    ("update_item", lambda t: t.acquire(KEY, "w", None)), ("update_item", lambda t: t.heartbeat(KEY, "w")),
-    ("update_item", lambda t: t.end(KEY)), ("delete_item", lambda t: t.delete(KEY)),
+    ("update_item", lambda t: t.acquire(KEY, "w", None, 0)), ("update_item", lambda t: t.heartbeat(KEY, "w", 0)),
+    ("update_item", lambda t: t.end(KEY)), ("delete_item", lambda t: t.delete(KEY, 0)),
 ])
 def test_missing_table_stubbed(operation, call):
     ddb = _offline_client()
@@ -223,8 +223,8 @@ def test_condition_failure_is_an_answer_not_an_error():
                                   service_message="The conditional request failed", http_status_code=400)
         table = LeaseTable("t", ddb)
         assert table.create(lease()) is False
-        assert table.acquire(KEY, "w2", "w1") is None
-        assert table.release(KEY, "w1") is False
+        assert table.acquire(KEY, "w2", "w1", 1) is None
+        assert table.release(KEY, "w1", 1) is False
 
 
 def test_unreachable_endpoint_is_unavailable():
@@ -245,9 +245,11 @@ def test_bad_arguments_are_rejected_before_any_request():
         with pytest.raises(ValueError, match=f"not {sentinel}"):
             table.checkpoint(KEY, Checkpoint(sentinel))
     with pytest.raises(ValueError, match="leaseCounter, leaseOwner"):
-        table.heartbeat(KEY, "w1", {"leaseOwner": "x", "leaseCounter": 1, "ok": 1})
+        table.heartbeat(KEY, "w1", 1, {"leaseOwner": "x", "leaseCounter": 1, "ok": 1})
     with pytest.raises(ValueError, match="worker id"):
-        table.acquire(KEY, "", None)
+        table.acquire(KEY, "", None, 0)
+    with pytest.raises(ValueError, match="both the owner and the counter"):
+        table.end(KEY, "w1")
     with pytest.raises(ValueError, match="needs a name"):
         LeaseTable("", _offline_client())
 
@@ -290,7 +292,7 @@ def test_ensure_table_refuses_a_table_that_is_not_a_lease_table(any_dynamodb_cli
 def test_missing_table_over_http(any_dynamodb_client, unique_name):
     table = LeaseTable(unique_name("nothere"), any_dynamodb_client)
     for call in (table.scan, lambda: table.get(KEY), lambda: table.create(lease()),
-                 lambda: table.acquire(KEY, "w1", None), lambda: table.checkpoint(KEY, Checkpoint("1"))):
+                 lambda: table.acquire(KEY, "w1", None, 0), lambda: table.checkpoint(KEY, Checkpoint("1"))):
         with pytest.raises(LeaseTableMissing, match=f"lease table {table.table_name} does not exist"):
             call()
 
@@ -324,36 +326,48 @@ def test_scan_reads_every_page_and_skips_other_entities(any_dynamodb_client, uni
 
 # -- acquire ------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("owner_attribute, last_owner", [
-    (None, None), (None, "w9"), ({"NULL": True}, None), ({"NULL": True}, "w9"), ({"S": "w1"}, "w1"),
+@pytest.mark.parametrize("owner_attribute, observed_owner", [
+    (None, None), ({"NULL": True}, None), ({"S": "w1"}, "w1"),
 ])
-def test_acquire_passes_when_free_or_still_held_by_the_owner_seen(table, owner_attribute, last_owner):
+def test_acquire_passes_when_exactly_as_observed(table, owner_attribute, observed_owner):
     item = {**JAVA_ITEM, "ownerSwitchesSinceCheckpoint": {"N": "4"}}
     item.pop("leaseOwner")
     if owner_attribute:
         item["leaseOwner"] = owner_attribute
     put_raw(table, item)
-    acquired = table.acquire(KEY, "w2", last_owner)
+    acquired = table.acquire(KEY, "w2", observed_owner, 42)
     assert acquired is not None and acquired == table.get(KEY)
-    assert (acquired.lease_owner, acquired.lease_counter, acquired.owner_switches_since_checkpoint) == ("w2", 1, 5)
+    # The counter moves on from the observed 42: never reset (it fences the previous holder).
+    assert (acquired.lease_owner, acquired.lease_counter, acquired.owner_switches_since_checkpoint) == ("w2", 43, 5)
     assert acquired.checkpoint == Checkpoint(SEQ56, 3)
-    assert acquired.child_shard_ids == ()
+    assert acquired.child_shard_ids == ("shardId-000000000002", "shardId-000000000003")
     left = raw(table)
-    for handover in ("pendingCheckpoint", "throughputKBps", "childShardIds"):
-        assert handover not in left
+    assert "pendingCheckpoint" not in left
+    assert left["throughputKBps"] == {"N": "12.5"} and left["childShardIds"] == JAVA_ITEM["childShardIds"]
     assert left["someFutureFlag"] == {"BOOL": True} and left["parentShardId"] == {"SS": ["shardId-000000000000"]}
 
 
-@pytest.mark.parametrize("last_owner", [None, "w3"])
-def test_acquire_fails_when_someone_else_holds_it(table, last_owner):
+@pytest.mark.parametrize("observed_owner, observed_counter", [
+    (None, 7), ("w3", 7),   # someone else holds it
+    ("w1", 6),              # owner as seen, but the counter moved: A→B→A between two scans
+])
+def test_acquire_fails_unless_exactly_as_observed(table, observed_owner, observed_counter):
     assert table.create(lease(owner="w1"))
-    assert table.acquire(KEY, "w2", last_owner) is None
+    assert table.acquire(KEY, "w2", observed_owner, observed_counter) is None
     assert table.get(KEY) == lease(owner="w1")
 
 
+def test_acquire_refuses_a_lease_ended_since_it_was_observed(table):
+    # Ended between our scan and our acquire: taking it would spawn a worker for a finished shard.
+    assert table.create(lease(owner=None, counter=3))
+    assert table.end(KEY) is True
+    assert table.acquire(KEY, "w2", None, 3) is None
+    assert table.get(KEY).lease_owner is None
+
+
 def test_acquire_on_a_missing_item_does_not_create_it(table):
-    assert table.acquire(KEY, "w2", None) is None
-    assert table.acquire(KEY, "w2", "w1") is None
+    assert table.acquire(KEY, "w2", None, 0) is None
+    assert table.acquire(KEY, "w2", "w1", 0) is None
     assert raw(table) is None
 
 
@@ -361,25 +375,26 @@ def test_acquire_on_a_missing_item_does_not_create_it(table):
 
 def test_heartbeat_bumps_the_counter_and_writes_extras(table):
     assert table.create(lease(owner="w1", counter=7, extra={"stale": "x", "keep": 1}))
-    assert table.heartbeat(KEY, "w1", {"landedTo": SEQ56, "landedRows": 1200, "caughtUp": True, "rate": 0.5,
-                                       "stale": None, "ttl": "2026"})
+    assert table.heartbeat(KEY, "w1", 7, {"landedTo": SEQ56, "landedRows": 1200, "caughtUp": True, "rate": 0.5,
+                                          "stale": None, "ttl": "2026"})
     after = table.get(KEY)
     assert after.lease_counter == 8
     assert after.extra == {"landedTo": SEQ56, "landedRows": 1200, "caughtUp": True, "rate": 0.5, "keep": 1,
                            "ttl": "2026"}
     assert raw(table)["landedTo"] == {"S": SEQ56} and raw(table)["caughtUp"] == {"BOOL": True}
-    assert table.heartbeat(KEY, "w1")
+    assert table.heartbeat(KEY, "w1", 8)
     assert table.get(KEY).lease_counter == 9
 
 
-@pytest.mark.parametrize("state", ["other owner", "no owner", "ended", "missing"])
-def test_heartbeat_fails_when_not_ours_ended_or_missing(table, state):
+@pytest.mark.parametrize("state", ["other owner", "no owner", "ended", "missing", "same id, other counter"])
+def test_heartbeat_fails_when_not_held_ended_or_missing(table, state):
     if state != "missing":
-        owner = {"other owner": "w2", "no owner": None, "ended": "w1"}[state]
+        owner = {"other owner": "w2", "no owner": None, "ended": "w1"}.get(state, "w1")
         cp = SHARD_END if state == "ended" else "100"
-        assert table.create(lease(owner=owner, cp=cp))
+        counter = 9 if state == "same id, other counter" else 7
+        assert table.create(lease(owner=owner, cp=cp, counter=counter))
     before = raw(table)
-    assert table.heartbeat(KEY, "w1", {"landedTo": "5"}) is False
+    assert table.heartbeat(KEY, "w1", 7, {"landedTo": "5"}) is False
     assert raw(table) == before
 
 
@@ -424,14 +439,22 @@ def test_checkpoint_needs_no_ownership_and_never_creates(table):
 
 # -- end / release / delete ---------------------------------------------------------------------------
 
-def test_end_is_final_and_frees_the_lease(table):
+def test_ownerless_end_is_final_frees_the_lease_and_leaves_the_counter(table):
     assert table.create(lease(cp=SEQ56, sub=4, owner="w1", switches=2, extra={"keep": "me"}))
     assert table.end(KEY) is True
     ended = table.get(KEY)
     assert ended == lease(cp=SHARD_END, sub=4, owner=None, switches=0, extra={"keep": "me"})
     assert table.checkpoint(KEY, Checkpoint(SEQ56_NEXT)) is False
-    assert table.heartbeat(KEY, "w1") is False
+    assert table.heartbeat(KEY, "w1", 7) is False
     assert table.get(KEY) == ended
+
+
+def test_stale_holder_cannot_end_a_lease_it_lost(table):
+    assert table.create(lease(owner="w1", counter=9))  # taken back by a same-id incarnation: counter 9
+    assert table.end(KEY, "w1", 7) is False
+    assert table.get(KEY).checkpoint == Checkpoint("100")
+    assert table.end(KEY, "w1", 9) is True
+    assert (table.get(KEY).lease_counter, table.get(KEY).is_ended) == (10, True)
 
 
 def test_end_on_a_missing_lease_does_not_create_it(table):
@@ -439,23 +462,26 @@ def test_end_on_a_missing_lease_does_not_create_it(table):
     assert raw(table) is None
 
 
-def test_release_only_by_the_owner(table):
+def test_release_only_by_the_holder(table):
     assert table.create(lease(owner="w1", counter=9))
-    assert table.release(KEY, "w2") is False
+    assert table.release(KEY, "w2", 9) is False
+    assert table.release(KEY, "w1", 8) is False  # a zombie of w1's id cannot free the new holder's lease
     assert table.get(KEY).lease_owner == "w1"
-    assert table.release(KEY, "w1") is True
+    assert table.release(KEY, "w1", 9) is True
     released = table.get(KEY)
-    assert (released.lease_owner, released.lease_counter) == (None, 0)
+    assert (released.lease_owner, released.lease_counter) == (None, 10)
     assert "leaseOwner" not in raw(table)
-    assert table.release(KEY, "w1") is False
-    assert table.release("shardId-missing", "w1") is False and raw(table, "shardId-missing") is None
+    assert table.release(KEY, "w1", 10) is False
+    assert table.release("shardId-missing", "w1", 0) is False and raw(table, "shardId-missing") is None
 
 
-def test_delete_is_unconditional(table):
-    assert table.create(lease(owner="w1"))
-    table.delete(KEY)
+def test_delete_is_conditional_on_the_observed_counter(table):
+    assert table.create(lease(owner="w1", counter=7))
+    assert table.delete(KEY, 6) is False
+    assert table.get(KEY) is not None
+    assert table.delete(KEY, 7) is True
     assert table.get(KEY) is None
-    table.delete(KEY)  # already gone: still fine
+    assert table.delete(KEY, 7) is False  # already gone
 
 
 # == the pure rules and the real table agree ======================================================
@@ -469,26 +495,40 @@ STATES = {
     "at LATEST": lease(owner="w1", cp=LATEST),
     "ended": lease(owner=None, cp=SHARD_END, sub=2),
     "ended, still owned": lease(owner="w1", cp=SHARD_END),
+    # Written by another KCL implementation without checkpointSubSequenceNumber (removed below).
+    "no sub-sequence": lease(owner="w1", cp=SEQ56, counter=5),
 }
 
 OPERATIONS = {
     "create": (lambda t, k: t.create(replace(lease(key=k, cp=TRIM_HORIZON, owner=None))),
                lambda l, k: rules.create(l, replace(lease(key=k, cp=TRIM_HORIZON, owner=None)))),
-    "acquire w2 from nobody": (lambda t, k: t.acquire(k, "w2", None), lambda l, k: rules.acquire(l, "w2", None)),
-    "acquire w2 from w1": (lambda t, k: t.acquire(k, "w2", "w1"), lambda l, k: rules.acquire(l, "w2", "w1")),
-    "acquire w2 from w3": (lambda t, k: t.acquire(k, "w2", "w3"), lambda l, k: rules.acquire(l, "w2", "w3")),
-    "heartbeat w1": (lambda t, k: t.heartbeat(k, "w1", {"landedTo": "9", "rows": 3, "caughtUp": False}),
-                     lambda l, k: rules.heartbeat(l, "w1", {"landedTo": "9", "rows": 3, "caughtUp": False})),
-    "heartbeat w2": (lambda t, k: t.heartbeat(k, "w2"), lambda l, k: rules.heartbeat(l, "w2")),
+    "acquire w2 from nobody/0": (lambda t, k: t.acquire(k, "w2", None, 0), lambda l, k: rules.acquire(l, "w2", None, 0)),
+    "acquire w2 from nobody/3": (lambda t, k: t.acquire(k, "w2", None, 3), lambda l, k: rules.acquire(l, "w2", None, 3)),
+    "acquire w2 from w1/5": (lambda t, k: t.acquire(k, "w2", "w1", 5), lambda l, k: rules.acquire(l, "w2", "w1", 5)),
+    "acquire w2 from w1/7": (lambda t, k: t.acquire(k, "w2", "w1", 7), lambda l, k: rules.acquire(l, "w2", "w1", 7)),
+    "acquire w2 from w3/5": (lambda t, k: t.acquire(k, "w2", "w3", 5), lambda l, k: rules.acquire(l, "w2", "w3", 5)),
+    "heartbeat w1/5": (lambda t, k: t.heartbeat(k, "w1", 5, {"landedTo": "9", "rows": 3, "caughtUp": False}),
+                       lambda l, k: rules.heartbeat(l, "w1", 5, {"landedTo": "9", "rows": 3, "caughtUp": False})),
+    "heartbeat w1/7": (lambda t, k: t.heartbeat(k, "w1", 7), lambda l, k: rules.heartbeat(l, "w1", 7)),
+    "heartbeat w2/5": (lambda t, k: t.heartbeat(k, "w2", 5), lambda l, k: rules.heartbeat(l, "w2", 5)),
+    "heartbeat w1/5 + SEQ56/1": (lambda t, k: t.heartbeat(k, "w1", 5, checkpoint=Checkpoint(SEQ56, 1)),
+                                 lambda l, k: rules.heartbeat(l, "w1", 5, checkpoint=Checkpoint(SEQ56, 1))),
     "checkpoint 99999/0": (lambda t, k: t.checkpoint(k, Checkpoint("99999")),
                            lambda l, k: rules.checkpoint(l, Checkpoint("99999"))),
     "checkpoint SEQ56/2": (lambda t, k: t.checkpoint(k, Checkpoint(SEQ56, 2)),
                            lambda l, k: rules.checkpoint(l, Checkpoint(SEQ56, 2))),
     "checkpoint SEQ56/3": (lambda t, k: t.checkpoint(k, Checkpoint(SEQ56, 3)),
                            lambda l, k: rules.checkpoint(l, Checkpoint(SEQ56, 3))),
+    "checkpoint SEQ56/1": (lambda t, k: t.checkpoint(k, Checkpoint(SEQ56, 1)),
+                           lambda l, k: rules.checkpoint(l, Checkpoint(SEQ56, 1))),
     "end": (lambda t, k: t.end(k), lambda l, k: rules.end(l)),
-    "release w1": (lambda t, k: t.release(k, "w1"), lambda l, k: rules.release(l, "w1")),
-    "release w2": (lambda t, k: t.release(k, "w2"), lambda l, k: rules.release(l, "w2")),
+    "end w1/5": (lambda t, k: t.end(k, "w1", 5), lambda l, k: rules.end(l, "w1", 5)),
+    "end w1/6": (lambda t, k: t.end(k, "w1", 6), lambda l, k: rules.end(l, "w1", 6)),
+    "release w1/5": (lambda t, k: t.release(k, "w1", 5), lambda l, k: rules.release(l, "w1", 5)),
+    "release w1/7": (lambda t, k: t.release(k, "w1", 7), lambda l, k: rules.release(l, "w1", 7)),
+    "release w2/5": (lambda t, k: t.release(k, "w2", 5), lambda l, k: rules.release(l, "w2", 5)),
+    "delete/5": (lambda t, k: t.delete(k, 5), lambda l, k: None if not rules.delete(l, 5) else "deleted"),
+    "delete/0": (lambda t, k: t.delete(k, 0), lambda l, k: None if not rules.delete(l, 0) else "deleted"),
 }
 
 
@@ -502,6 +542,8 @@ def test_lease_rules_and_the_table_agree(table):
                 item = lease_to_item(before)
                 if state_name == "null owner":
                     item["leaseOwner"] = {"NULL": True}
+                if state_name == "no sub-sequence":
+                    del item["checkpointSubSequenceNumber"]
                 put_raw(table, item)
             expected = on_rules(before, key)
             answer = on_table(table, key)
@@ -510,6 +552,9 @@ def test_lease_rules_and_the_table_agree(table):
             if passed != (expected is not None):
                 mismatches.append(f"{state_name} / {op_name}: table {'passed' if passed else 'failed'}, "
                                   f"rules {'passed' if expected is not None else 'failed'}")
+            elif expected == "deleted":
+                if after is not None:
+                    mismatches.append(f"{state_name} / {op_name}: table kept {after}, rules deleted it")
             elif after != (expected if expected is not None else before):
                 mismatches.append(f"{state_name} / {op_name}: table left {after}, rules {expected or before}")
             elif isinstance(answer, Lease) and answer != after:
@@ -523,7 +568,7 @@ def test_lease_rules_and_the_table_agree(table):
 def test_heartbeat_with_checkpoint_uses_both_conditions(table, current, new, advances):
     assert table.create(lease(cp=current[0], sub=current[1], owner="w1", counter=4))
     before = raw(table)
-    assert table.heartbeat(KEY, "w1", {"landedRows": 3}, checkpoint=Checkpoint(*new)) is advances
+    assert table.heartbeat(KEY, "w1", 4, {"landedRows": 3}, checkpoint=Checkpoint(*new)) is advances
     after = table.get(KEY)
     if advances:
         assert after.lease_counter == 5 and after.checkpoint == Checkpoint(*new)
@@ -535,10 +580,10 @@ def test_heartbeat_with_checkpoint_uses_both_conditions(table, current, new, adv
 def test_heartbeat_with_checkpoint_needs_ownership(table):
     assert table.create(lease(cp="100", owner="w2"))
     before = raw(table)
-    assert table.heartbeat(KEY, "w1", checkpoint=Checkpoint("200")) is False
+    assert table.heartbeat(KEY, "w1", 7, checkpoint=Checkpoint("200")) is False
     assert raw(table) == before
 
 
 def test_heartbeat_with_a_sentinel_checkpoint_is_rejected(table):
     with pytest.raises(ValueError, match="sequence number"):
-        table.heartbeat(KEY, "w1", checkpoint=Checkpoint(TRIM_HORIZON))
+        table.heartbeat(KEY, "w1", 7, checkpoint=Checkpoint(TRIM_HORIZON))

@@ -15,6 +15,10 @@ from kcl_pipeline.kcl.planner import (
     leases_to_acquire,
     leases_to_create,
     leases_to_delete,
+    parent_finished,
+    blocked_on_parents,
+    scoped_leases,
+    unknown_lease_keys,
 )
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -178,12 +182,79 @@ def test_leases_of_unlisted_shards_do_not_block_children():
     # The parent shard was trimmed; its unfinished lease is about to be deleted and must not block.
     shards = [S("c", "p")]
     assert keys(leases_to_create(Checkpoint(TRIM_HORIZON), shards, [L("p", "5")])) == ["c"]
-    assert leases_to_delete([L("p", "5"), L("c", "1")], shards) == ["p"]
+    assert keys(leases_to_delete([L("p", "5"), L("c", "1")], shards)) == ["p"]
 
 
 def test_delete_keeps_every_lease_when_the_listing_is_empty():
     assert leases_to_delete([L("a"), L("b")], []) == []
-    assert leases_to_delete([L("a"), L("b")], [S("b")]) == ["a"]
+
+
+# -- scoped deletion (a shared table: other streams, multi-stream keys, KCL 3.x entities) -------------------
+
+MULTI_STREAM_KEY = "123456789012:orders:1700000000:shardId-000000000001"
+
+
+def test_foreign_leases_are_never_deleted():
+    # A KCL multi-stream lease, another stream's lease under the same application name, and a lease key this
+    # consumer does not understand: none is a shard of this stream, none is named by its lineage.
+    ours = [S("shardId-000000000001"), S("shardId-000000000002")]
+    foreign = [L(MULTI_STREAM_KEY, "7"), L("shardId-000000000099", "42", owner="java-peer"), L("weird key")]
+    assert leases_to_delete(foreign + [L("shardId-000000000001", "5")], ours) == []
+
+
+def test_gone_lease_is_deleted_only_when_the_stream_proves_it_was_ours():
+    # Trimmed past retention: a listed child still names it as a parent.
+    shards = [S("c1", "gone"), S("c2", "gone")]
+    assert keys(leases_to_delete([L("gone", "5", counter=3), L("c1", "9"), L("c2", "9")], shards)) == ["gone"]
+    # Deletion carries the observed counter (the table conditions the delete on it).
+    assert leases_to_delete([L("gone", "5", counter=3)], shards)[0].lease_counter == 3
+
+
+def test_ended_lease_is_deleted_only_once_every_child_has_started():
+    shards = [S("p", closed=True), S("c1", "p"), S("c2", "p")]
+    ended = L("p", SHARD_END)
+    assert leases_to_delete([ended, L("c1", "9"), L("c2", TRIM_HORIZON)], shards) == []   # c2 not started
+    assert leases_to_delete([ended, L("c1", "9")], shards) == []                           # c2 has no lease
+    assert keys(leases_to_delete([ended, L("c1", "9"), L("c2", "3")], shards)) == ["p"]
+    # An ended child removed already, with a grandchild leased, counts as finished.
+    shards.append(S("g", "c2"))
+    assert keys(leases_to_delete([ended, L("c1", "9"), L("g", "1")], shards)) == ["p"]
+    # A lease still in progress is never deleted, whatever its children.
+    assert leases_to_delete([L("p", "77"), L("c1", "9"), L("c2", "3")], shards) == []
+
+
+def test_scoped_leases_are_only_the_listed_shards():
+    shards = [S("shardId-000000000001")]
+    mine = L("shardId-000000000001")
+    assert scoped_leases([mine, L(MULTI_STREAM_KEY), L("shardId-000000000099")], shards) == [mine]
+    assert unknown_lease_keys([mine, L(MULTI_STREAM_KEY)], shards) == {MULTI_STREAM_KEY}
+
+
+# -- parent gating (Java's BlockOnParentShard, at acquisition) --------------------------------------------
+
+def test_merged_child_created_early_is_not_acquired_while_a_parent_is_in_progress():
+    # A Java peer creates a merged child as soon as both parent leases exist; one parent is still read.
+    leases = [L("a", SHARD_END), L("b", "42", owner="peer", counter=5), L("ab", TRIM_HORIZON, parents=("a", "b"))]
+    plan = leases_to_acquire("me", leases, {}, expiry_seconds=10, leases_to_acquire=4, max_leases=10,
+                             rng=random.Random(1))
+    assert "ab" not in keys(plan.leases)
+    # Once b is SHARD_END (or its lease is gone) the child is taken.
+    leases[1] = L("b", SHARD_END)
+    assert keys(leases_to_acquire("me", leases, {}, expiry_seconds=10, leases_to_acquire=4, max_leases=10,
+                                  rng=random.Random(1)).take) == ["ab"]
+    assert keys(leases_to_acquire("me", [leases[0], leases[2]], {}, expiry_seconds=10, leases_to_acquire=4,
+                                  max_leases=10, rng=random.Random(1)).take) == ["ab"]
+
+
+def test_a_drained_parent_unblocks_its_children_only_when_the_pipeline_says_so():
+    drained = Lease("p", Checkpoint("42"), "peer", 5, extra={"landingShardEnd": True})
+    child = L("c", TRIM_HORIZON, parents=("p",))
+    assert not parent_finished(drained) and parent_finished(drained, "landingShardEnd")
+    assert blocked_on_parents(child, {"p": drained}) == ["p"]
+    assert blocked_on_parents(child, {"p": drained}, "landingShardEnd") == []
+    assert keys(leases_to_create(Checkpoint(TRIM_HORIZON), [S("p", closed=True), S("c", "p")],
+                                 [drained], "landingShardEnd")) == ["c"]
+    assert leases_to_create(Checkpoint(TRIM_HORIZON), [S("p", closed=True), S("c", "p")], [drained]) == []
 
 
 def test_create_rejects_a_non_starting_initial_position():

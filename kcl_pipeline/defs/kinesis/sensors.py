@@ -151,7 +151,9 @@ def consumer_tick(context: SensorEvaluationContext, consumer: KinesisConsumerRes
     _check_window(partitions_def, window_ms)
     with _REGISTRY_LOCK:
         hosted = _REGISTRY.get((consumer.stream, consumer.application))
-    worker_id = consumer.worker_id or cursor.worker_id or (hosted.worker_id if hosted else None) or new_worker_id()
+    # One id per code-server process incarnation: never the cursor's (a new process reusing an old process's
+    # id would share its fencing identity with a zombie of the old one).
+    worker_id = consumer.worker_id or (hosted.worker_id if hosted else None) or new_worker_id()
     hosted = hosted_consumer(consumer, aws, worker_id, interval_seconds)
     manager = hosted.manager
     cycle = manager.run_cycle()
