@@ -58,8 +58,8 @@ def setup(emulators, kinesis_client, dynamodb_client, unique_name):
             kinesis_client.put_records(StreamName=stream, Records=[
                 {"Data": f"r{i}".encode(), "PartitionKey": f"k{i}"} for i in range(records)])
         config = ConsumerConfig(stream=stream, application=app, worker_id="me", heartbeat_seconds=0.3,
-                                lease_expiry_seconds=1.0, polling_interval_seconds=0.2, idle_interval_seconds=0.3,
-                                aws=emulators.aws_settings())
+                                lease_expiry_seconds=1.0, validity_margin_seconds=0.2, polling_interval_seconds=0.2,
+                                idle_interval_seconds=0.3, aws=emulators.aws_settings())
         table = LeaseTable(app, dynamodb_client)
         table.ensure_table()
         for shard in list_shards(kinesis_client, stream):
@@ -75,6 +75,17 @@ def _start(worker: LeaseWorker) -> tuple[threading.Thread, list[WorkerResult]]:
     return t, out
 
 
+def take(table: LeaseTable, shard: str, thief: str) -> Lease:
+    """Take the lease as a peer would: conditioned on the owner and counter it observed (retried while the
+    holder's heartbeats keep moving the counter)."""
+    for _ in range(50):
+        seen = table.get(shard)
+        taken = table.acquire(shard, thief, seen.lease_owner, seen.lease_counter)
+        if taken is not None:
+            return taken
+    raise AssertionError(f"could not take {shard}")
+
+
 def _wait(pred, timeout=20.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -87,7 +98,7 @@ def _wait(pred, timeout=20.0):
 def test_delivers_checkpoints_and_releases_on_shutdown(setup):
     config, table, (shard,) = setup(records=30)
     proc = Recorder()
-    worker = LeaseWorker(config, shard, None, proc)
+    worker = LeaseWorker(config, table.get(shard), proc)
     t, out = _start(worker)
     _wait(lambda: len(proc.records) == 30)
     _wait(lambda: getattr(proc, "polls", 0) > 1)  # empty (idle) polls reach the processor too
@@ -96,15 +107,16 @@ def test_delivers_checkpoints_and_releases_on_shutdown(setup):
     assert out[0].outcome == "shutdown"
     assert [r.data for r in proc.records] == [f"r{i}".encode() for i in range(30)]
     lease = table.get(shard)
-    assert lease.lease_owner is None and lease.lease_counter == 0
+    assert lease.lease_owner is None and lease.lease_counter > 1  # released: the counter moved on, never reset
     assert lease.checkpoint == proc.records[-1].checkpoint
     assert ("shutdown_requested",) in proc.calls
 
 
 def test_not_acquired_when_someone_else_holds_it(setup):
     config, table, (shard,) = setup(records=1)
-    assert table.acquire(shard, "other", None)
-    result = LeaseWorker(config, shard, None, Recorder()).run()
+    observed = table.get(shard)
+    assert table.acquire(shard, "other", None, 0)
+    result = LeaseWorker(config, observed, Recorder()).run()
     assert result.outcome == "not_acquired"
     assert table.get(shard).lease_owner == "other"
 
@@ -112,10 +124,10 @@ def test_not_acquired_when_someone_else_holds_it(setup):
 def test_stolen_lease_stops_delivery_and_tells_the_processor(setup, kinesis_client):
     config, table, (shard,) = setup(records=5)
     proc = Recorder()
-    worker = LeaseWorker(config, shard, None, proc)
+    worker = LeaseWorker(config, table.get(shard), proc)
     t, out = _start(worker)
     _wait(lambda: len(proc.records) == 5)
-    assert table.acquire(shard, "thief", "me")
+    take(table, shard, "thief")
     t.join(10)
     assert out[0].outcome == "lease_lost"
     assert ("lease_lost",) in proc.calls
@@ -127,8 +139,8 @@ def test_stolen_lease_stops_delivery_and_tells_the_processor(setup, kinesis_clie
 
 def test_heartbeat_errors_past_the_expiry_lose_the_lease(setup):
     config, table, (shard,) = setup(records=3)
-    proc = Recorder()
-    worker = LeaseWorker(config, shard, None, proc)
+    proc = Recorder(checkpoint=False)  # a synchronous checkpoint is a heartbeat too: it would raise to the processor
+    worker = LeaseWorker(config, table.get(shard), proc)
 
     def broken(*_a, **_k):
         raise RuntimeError("DynamoDB unreachable")
@@ -144,7 +156,7 @@ def test_stops_itself_when_the_keepalive_goes_stale(setup):
     config, table, (shard,) = setup(records=3)
     proc = Recorder()
     stale = time.time() - 100
-    worker = LeaseWorker(config, shard, None, proc, keepalive=lambda: stale, keepalive_timeout=5)
+    worker = LeaseWorker(config, table.get(shard), proc, keepalive=lambda: stale, keepalive_timeout=5)
     result = worker.run()
     assert result.outcome == "shutdown"
     assert table.get(shard).lease_owner is None
@@ -155,7 +167,7 @@ def test_shard_end_ends_the_lease_and_creates_children(setup, kinesis_client):
     kinesis_client.split_shard(StreamName=config.stream, ShardToSplit=shard, NewStartingHashKey=str(2 ** 127))
     wait_stream_active(kinesis_client, config.stream)
     proc = Recorder()
-    result = LeaseWorker(config, shard, None, proc).run()
+    result = LeaseWorker(config, table.get(shard), proc).run()
     assert result.outcome == "shard_ended"
     assert len(proc.records) == 10
     assert table.get(shard).is_ended
@@ -171,7 +183,7 @@ def test_shard_end_left_to_someone_else_waits_for_it(setup, kinesis_client):
     kinesis_client.split_shard(StreamName=config.stream, ShardToSplit=shard, NewStartingHashKey=str(2 ** 127))
     wait_stream_active(kinesis_client, config.stream)
     proc = Recorder(end_shard=False)
-    worker = LeaseWorker(config, shard, None, proc)
+    worker = LeaseWorker(config, table.get(shard), proc)
     t, out = _start(worker)
     _wait(lambda: ("shard_ended",) in proc.calls)
     time.sleep(1.5)  # longer than the expiry: the idle worker keeps its lease alive
@@ -188,7 +200,8 @@ def test_worker_main_reports_a_processor_that_cannot_be_built(setup):
         put = list.append
 
     results = Q()
-    worker_main(config, shard, None, ProcessorSpec("kcl_pipeline.no_such_module:Nope"), results)
+    worker_main(config, Lease(shard, Checkpoint(TRIM_HORIZON)), ProcessorSpec("kcl_pipeline.no_such_module:Nope"),
+                results)
     assert results[0].outcome == "failed" and "no_such_module" in results[0].detail
 
 
@@ -204,7 +217,7 @@ def test_processor_failure_is_reported_not_raised(setup):
         def process_records(self, batch):
             raise ValueError("poison")
 
-    result = LeaseWorker(config, shard, None, Boom()).run()
+    result = LeaseWorker(config, table.get(shard), Boom()).run()
     assert result.outcome == "failed" and "poison" in result.detail
 
 
@@ -223,7 +236,7 @@ class LazyRecorder(Recorder):
 def test_checkpoint_rides_on_the_next_heartbeat(setup):
     config, table, (shard,) = setup(records=12)
     proc = LazyRecorder()
-    worker = LeaseWorker(config, shard, None, proc)
+    worker = LeaseWorker(config, table.get(shard), proc)
     t, out = _start(worker)
     _wait(lambda: len(proc.records) == 12)
     # Still owned, and the checkpoint arrived with a heartbeat (no separate checkpoint write).
@@ -237,11 +250,131 @@ def test_checkpoint_rides_on_the_next_heartbeat(setup):
 def test_pending_checkpoint_is_flushed_when_the_lease_is_lost(setup):
     config, table, (shard,) = setup(records=6)
     proc = LazyRecorder()
-    worker = LeaseWorker(config.with_(heartbeat_seconds=5.0, lease_expiry_seconds=10.0), shard, None, proc)
+    worker = LeaseWorker(config.with_(heartbeat_seconds=5.0, lease_expiry_seconds=10.0, validity_margin_seconds=1.0),
+                         table.get(shard), proc)
     t, out = _start(worker)
     _wait(lambda: len(proc.records) == 6)
-    assert table.acquire(shard, "thief", "me")
+    take(table, shard, "thief")
     t.join(20)
     assert out[0].outcome == "lease_lost"
     # The records were processed: their checkpoint is written even though the lease moved on.
     assert table.get(shard).checkpoint == proc.records[-1].checkpoint
+
+
+# -- lease safety: fencing, zombies, ended leases, parents, hooks ------------------------------------------
+
+def test_zombie_with_the_same_worker_id_delivers_nothing_after_a_new_incarnation_took_its_lease(setup, kinesis_client):
+    """A whole worker freezes (its delivery and its heartbeat) for longer than the expiry; a new process under
+    the SAME worker id takes the lease; on thaw the zombie delivers nothing more, its fenced heartbeat fails,
+    and its release cannot free the new holder's lease."""
+    config, table, (shard,) = setup(records=5)
+    thaw = threading.Event()
+    clock = [time.monotonic()]
+
+    class Freezes(Recorder):
+        def process_records(self, batch):
+            super().process_records(batch)
+            if len(self.records) == 5 and not thaw.is_set():
+                thaw.wait()  # frozen mid-delivery
+
+    proc = Freezes(checkpoint=False)
+    worker = LeaseWorker(config, table.get(shard), proc, monotonic=lambda: clock[0])
+    real_heartbeat = worker.table.heartbeat
+    worker.table.heartbeat = lambda *a, **k: (thaw.wait(), real_heartbeat(*a, **k))[1]
+    t, out = _start(worker)
+    _wait(lambda: len(proc.records) == 5)
+    take(table, shard, "me")  # the new incarnation, same id, after the lease looked expired
+    new_counter = table.get(shard).lease_counter
+    kinesis_client.put_records(StreamName=config.stream, Records=[{"Data": b"after", "PartitionKey": "x"}])
+    clock[0] += config.lease_expiry_seconds * 2.5  # the freeze lasted 2.5 expiries
+    thaw.set()
+    t.join(15)
+    assert out[0].outcome == "lease_lost"
+    assert [r.data for r in proc.records] == [f"r{i}".encode() for i in range(5)]
+    assert table.release(shard, "me", worker.lease.hold.counter) is False
+    after = table.get(shard)
+    assert (after.lease_owner, after.lease_counter) == ("me", new_counter)
+
+
+def test_zombie_heartbeat_with_the_same_worker_id_is_fenced_out(setup):
+    """Without the validity check (the clock did not move), the counter alone fences the zombie out."""
+    config, table, (shard,) = setup(records=2)
+    proc = Recorder(checkpoint=False)
+    worker = LeaseWorker(config.with_(heartbeat_seconds=100.0, lease_expiry_seconds=300.0), table.get(shard), proc)
+    t, out = _start(worker)
+    _wait(lambda: len(proc.records) == 2)
+    take(table, shard, "me")
+    worker._heartbeat_once()
+    assert worker.lease.hold.lost is not None
+    t.join(10)
+    assert out[0].outcome == "lease_lost"
+    assert table.get(shard).lease_owner == "me"
+
+
+def test_frozen_worker_stops_delivering_when_its_validity_passes(setup):
+    """Validity counts from when the last successful write was SENT, minus the margin: a worker whose clock
+    jumps past send + expiry - margin without a heartbeat stops before delivering the next poll."""
+    config, table, (shard,) = setup(records=3)
+    proc = Recorder(checkpoint=False)
+    now = [1000.0]
+    worker = LeaseWorker(config.with_(heartbeat_seconds=100.0, lease_expiry_seconds=300.0,
+                                      validity_margin_seconds=10.0),
+                         table.get(shard), proc, monotonic=lambda: now[0])
+    t, out = _start(worker)
+    _wait(lambda: len(proc.records) == 3)
+    now[0] += 300.0 - 10.0  # exactly send + expiry - margin: no longer valid
+    t.join(10)
+    assert out[0].outcome == "lease_lost" and "expiry" in out[0].detail
+
+
+def test_ended_lease_observed_free_is_not_acquired(setup):
+    config, table, (shard,) = setup(records=1)
+    observed = table.get(shard)
+    assert table.end(shard)  # ended between the manager's scan and the worker's acquire
+    result = LeaseWorker(config, observed, Recorder()).run()
+    assert result.outcome == "not_acquired"
+    assert table.get(shard).lease_owner is None
+
+
+def test_child_is_not_read_while_a_parent_is_in_progress(setup, kinesis_client):
+    """Java peers create a merged child early; the worker checks the parents before its first GetRecords."""
+    config, table, shards = setup(shards=2, records=0)
+    kinesis_client.merge_shards(StreamName=config.stream, ShardToMerge=shards[0], AdjacentShardToMerge=shards[1])
+    wait_stream_active(kinesis_client, config.stream)
+    child = next(s for s in list_shards(kinesis_client, config.stream) if s.parent_shard_id)
+    assert table.end(shards[0])  # one parent finished, the other still in progress
+    table.create(Lease(child.shard_id, Checkpoint(TRIM_HORIZON), parent_shard_ids=child.parent_ids))
+    proc = Recorder()
+    result = LeaseWorker(config, table.get(child.shard_id), proc).run()
+    assert result.outcome == "blocked_on_parents" and shards[1] in result.detail
+    assert proc.calls == []  # never initialised, never read
+    assert table.get(child.shard_id).lease_owner is None  # given back at once
+
+
+class BadHook(Recorder):
+    def __init__(self, attrs):
+        super().__init__(checkpoint=False)
+        self.attrs = attrs
+
+    def heartbeat_attributes(self):
+        if isinstance(self.attrs, Exception):
+            raise self.attrs
+        return self.attrs
+
+
+@pytest.mark.parametrize("attrs", [RuntimeError("progress bug"), {"landingThing": object()},
+                                   {"landingBlob": "x" * 410_000}],
+                         ids=["hook raises", "unencodable", "item over 400 KB"])
+def test_heartbeat_hook_failures_fall_back_to_a_plain_heartbeat(setup, attrs):
+    config, table, (shard,) = setup(records=2)
+    proc = BadHook(attrs)
+    worker = LeaseWorker(config, table.get(shard), proc)
+    t, out = _start(worker)
+    _wait(lambda: len(proc.records) == 2)
+    first = table.get(shard).lease_counter
+    time.sleep(config.lease_expiry_seconds * 2)  # several expiries: the lease must stay alive
+    assert not out, out
+    assert table.get(shard).lease_counter > first and table.get(shard).lease_owner == "me"
+    assert worker.heartbeat_attribute_errors > 0
+    worker.stop.set()
+    t.join(10)

@@ -113,7 +113,7 @@ def test_apply_plan_commits_ends_and_creates_children(dynamodb_client, unique_na
     shards = [Shard(parent), Shard(child1, parent), Shard(child2, parent), Shard(other)]
     for key in (parent, other):
         assert table.create(Lease(key, TH))
-    assert table.acquire(parent, "w1", None)
+    assert table.acquire(parent, "w1", None, 0)
     assert table.checkpoint(other, cp(200))  # another committer got further on `other` already
 
     p_batches = [b(parent, W0 + MIN, 1, 10), b(parent, W1 + MIN, 11, 20)]

@@ -85,12 +85,12 @@ def test_progress_rides_on_the_heartbeat(dynamodb_client, unique_name):
     table = LeaseTable(unique_name("leases"), dynamodb_client)
     table.ensure_table()
     assert table.create(Lease(SHARD, Checkpoint("TRIM_HORIZON")))
-    assert table.acquire(SHARD, "w1", None) is not None
-    assert table.heartbeat(SHARD, "w1", FULL.to_attributes())
+    assert table.acquire(SHARD, "w1", None, 0) is not None
+    assert table.heartbeat(SHARD, "w1", 1, FULL.to_attributes())
     (lease,) = table.scan()
     assert ShardProgress.from_lease(lease) == FULL
     assert lease.lease_counter == 2  # one write: the heartbeat itself
     partial = ShardProgress(SHARD, polled_at_ms=3_000, millis_behind_latest=7)
-    assert table.heartbeat(SHARD, "w1", partial.to_attributes())
+    assert table.heartbeat(SHARD, "w1", 2, partial.to_attributes())
     (lease,) = table.scan()
     assert ShardProgress.from_lease(lease) == partial  # None removed the other attributes
