@@ -68,8 +68,8 @@ class ConsumerConfig:
     heartbeat_seconds: float = 10.0
     lease_expiry_seconds: float = 30.0
     # A worker delivers only while now < (send time of its last successful lease write) + expiry − margin:
-    # the margin absorbs clock-rate drift between hosts and scheduling delays.
-    validity_margin_seconds: float = 2.0
+    # the margin absorbs clock-rate drift between hosts and scheduling delays. None: a tenth of the expiry.
+    validity_margin_seconds: float | None = None
     # A lease attribute that, when true, proves every record of the shard was delivered durably: such a
     # parent counts as finished for reading order (its children may be read) before SHARD_END is written.
     # None keeps Java's rule (SHARD_END or gone). The landing pipeline sets its "last record landed" flag.
@@ -103,9 +103,9 @@ class ConsumerConfig:
                 f"lease_expiry_seconds ({self.lease_expiry_seconds}) must be at least twice heartbeat_seconds "
                 f"({self.heartbeat_seconds}), or a live lease will look expired to its peers"
             )
-        if not 0 <= self.validity_margin_seconds < self.lease_expiry_seconds - self.heartbeat_seconds:
+        if not 0 <= self.validity_margin < self.lease_expiry_seconds - self.heartbeat_seconds:
             raise ConfigError(
-                f"validity_margin_seconds ({self.validity_margin_seconds}) must be >= 0 and leave more than one "
+                f"validity_margin_seconds ({self.validity_margin}) must be >= 0 and leave more than one "
                 f"heartbeat ({self.heartbeat_seconds}s) of the lease expiry ({self.lease_expiry_seconds}s)")
         if self.cycle_seconds <= 0:
             raise ConfigError(f"cycle_seconds must be > 0, got {self.cycle_seconds}")
@@ -120,6 +120,13 @@ class ConsumerConfig:
             raise ConfigError("idle_interval_seconds must be >= polling_interval_seconds")
         if not 1 <= self.max_records_per_call <= 10000:
             raise ConfigError(f"max_records_per_call must be in 1..10000, got {self.max_records_per_call}")
+
+    @property
+    def validity_margin(self) -> float:
+        """The validity margin in effect (a tenth of the lease expiry unless set)."""
+        if self.validity_margin_seconds is None:
+            return self.lease_expiry_seconds / 10
+        return self.validity_margin_seconds
 
     @property
     def lease_table(self) -> str:

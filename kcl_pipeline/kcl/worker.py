@@ -199,7 +199,7 @@ class LeaseWorker:
         self.keepalive_timeout = keepalive_timeout
         self.stop = stop or threading.Event()
         self.monotonic = monotonic
-        self.timing = LeaseTiming(config.lease_expiry_seconds, config.validity_margin_seconds)
+        self.timing = LeaseTiming(config.lease_expiry_seconds, config.validity_margin)
         self.kinesis = client("kinesis", config.aws)
         self.table = LeaseTable(config.lease_table, client("dynamodb", config.aws))
         # Few retries for metrics: a CloudWatch outage must not stall delivery.
