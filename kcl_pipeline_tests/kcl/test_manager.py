@@ -1,0 +1,94 @@
+"""The lease manager's cycle against kinesis-local + dynalite, with a virtual clock and no worker processes:
+when lease ages are stamped, which leases it touches in a shared table, and a second process under our id."""
+from __future__ import annotations
+
+import pytest
+
+from kcl_pipeline.kcl.config import ConsumerConfig
+from kcl_pipeline.kcl.lease_table import LeaseTable
+from kcl_pipeline.kcl.manager import LeaseManager
+from kcl_pipeline.kcl.model import TRIM_HORIZON, Checkpoint, Lease
+from kcl_pipeline.kcl.shards import list_shards, wait_stream_active
+from kcl_pipeline.kcl.worker import ProcessorSpec
+
+pytestmark = pytest.mark.emulator
+
+EXPIRY = 30.0
+
+
+@pytest.fixture
+def fleet(emulators, kinesis_client, dynamodb_client, unique_name):
+    def make(shards: int = 2):
+        stream, app = unique_name("m"), unique_name("mapp")
+        kinesis_client.create_stream(StreamName=stream, ShardCount=shards)
+        wait_stream_active(kinesis_client, stream)
+        config = ConsumerConfig(stream=stream, application=app, worker_id="me", heartbeat_seconds=10.0,
+                                lease_expiry_seconds=EXPIRY, max_leases=4, aws=emulators.aws_settings())
+        clock = [1000.0]
+        manager = LeaseManager(config, ProcessorSpec("kcl_pipeline.kcl.jsonl_sink:JsonlSink"), clock=lambda: clock[0])
+        spawned: list[str] = []
+        manager._spawn = lambda lease: spawned.append(lease.lease_key)  # no processes: the decisions only
+        manager.start()
+        table = LeaseTable(app, dynamodb_client)
+        return manager, table, clock, spawned, [s.shard_id for s in list_shards(kinesis_client, stream)]
+    return make
+
+
+def test_lease_ages_are_stamped_when_the_scan_returns_not_when_the_cycle_started(fleet):
+    """A long cycle (slow creations) must not make a live peer's lease look older than it is."""
+    manager, table, clock, spawned, (peer_shard, new_shard) = fleet()
+    assert table.create(Lease(peer_shard, Checkpoint(TRIM_HORIZON), "peer", 5))
+    real_create = manager.table.create
+
+    def slow_create(lease):
+        clock[0] += 40.0  # throttled creations: the cycle takes 40 s
+        assert table.heartbeat(peer_shard, "peer", table.get(peer_shard).lease_counter)  # the peer is alive
+        return real_create(lease)
+
+    manager.table.create = slow_create
+    manager.run_cycle()  # scans, creates new_shard's lease (40 s), scans again: sees the peer's heartbeat
+    manager.table.create = real_create
+    clock[0] += 8.0  # 8 s after the peer's heartbeat was observed: well inside the expiry
+    report = manager.run_cycle()
+    assert peer_shard not in spawned and report.stolen is None, "a live peer's lease was judged expired"
+
+
+def test_a_shared_table_keeps_other_applications_items_byte_for_byte(fleet, emulators, unique_name):
+    """A KCL multi-stream lease, another stream's lease under the same application name (a shard id this
+    stream does not have), and KCL 3.x non-lease items are never changed, acquired or deleted."""
+    manager, table, clock, spawned, shards = fleet()
+    foreign = [
+        {"leaseKey": {"S": "123456789012:orders:1700000000:shardId-000000000000"}, "leaseCounter": {"N": "3"},
+         "checkpoint": {"S": "49590338271490256608559692538361571095921575989136588898"},
+         "checkpointSubSequenceNumber": {"N": "0"}, "streamName": {"S": "orders"},
+         "shardID": {"S": "shardId-000000000000"}},  # free, multi-stream
+        {"leaseKey": {"S": "shardId-000000000077"}, "leaseCounter": {"N": "9"}, "checkpoint": {"S": "TRIM_HORIZON"},
+         "checkpointSubSequenceNumber": {"N": "0"}},  # free, another stream of the same application
+        {"leaseKey": {"S": "shardId-000000000078"}, "leaseCounter": {"N": "1"}, "checkpoint": {"S": "SHARD_END"},
+         "checkpointSubSequenceNumber": {"N": "0"}},  # ended, another stream
+        {"leaseKey": {"S": "Migration3.0"}, "entityType": {"S": "COORDINATOR_STATE"},
+         "cs": {"S": "KCL_3X_COMPATIBLE"}},  # KCL 3.x non-lease entity
+    ]
+    for item in foreign:
+        table.client.put_item(TableName=table.table_name, Item=item)
+    for _ in range(3):
+        manager.run_cycle()
+        clock[0] += EXPIRY + 1  # everything unchanged looks expired: still never touched
+    assert set(spawned) == set(shards)  # our own shards only (re-picked each cycle: no real workers here)
+    for item in foreign:
+        after = table.client.get_item(TableName=table.table_name, Key={"leaseKey": item["leaseKey"]},
+                                      ConsistentRead=True).get("Item")
+        assert after == item
+
+
+def test_a_second_live_process_under_our_worker_id_is_detected(fleet):
+    manager, table, clock, spawned, (a, b) = fleet()
+    for key in (a, b):
+        assert table.create(Lease(key, Checkpoint(TRIM_HORIZON), "me", 3))  # ours, but no local worker
+    manager.run_cycle()
+    assert manager.duplicate_worker_id_sightings == 0
+    assert table.heartbeat(a, "me", 3)  # someone else is renewing under our id
+    clock[0] += 5
+    manager.run_cycle()
+    assert manager.duplicate_worker_id_sightings == 1
+    assert spawned == []  # and we do not fight over it
