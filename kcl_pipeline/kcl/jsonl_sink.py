@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import time
 from pathlib import Path
 
 from .processor import Checkpointer, InitializationInput, ProcessRecordsInput
@@ -29,6 +30,7 @@ class JsonlSink:
     def process_records(self, batch: ProcessRecordsInput) -> None:
         if not batch.records:
             return
+        delivered_at_ms = round(time.time() * 1000)  # for lineage and latency, by this host's clock
         lines = [json.dumps({
             "shard_id": r.shard_id,
             "sequence_number": r.sequence_number,
@@ -36,6 +38,7 @@ class JsonlSink:
             "partition_key": r.partition_key,
             "approximate_arrival_timestamp": r.approximate_arrival_timestamp_ms,
             "data_base64": base64.b64encode(r.data).decode("ascii"),
+            "delivered_at_ms": delivered_at_ms,
         }, separators=(",", ":")) + "\n" for r in batch.records]
         self._file.write("".join(lines))
         self._sync()

@@ -1,0 +1,177 @@
+"""Lease safety under real faults, with real processes: `kcl-pipeline consume` on kinesis-local + dynalite.
+
+Three consumers share a 6-shard stream, one of them started twice under the same `--worker-id`; every
+DynamoDB request goes through a fault-injecting proxy that drops 5 % of the responses after the write was
+applied (botocore retries; the table must read back what happened). One whole consumer (its manager and
+its workers) is frozen with SIGSTOP for 2.5× the lease expiry and then thawed: a zombie.
+
+Checked: every record delivered; the zombie delivers nothing for a lease after the table shows it taken
+(until it legitimately takes it again); no lease stays owned-but-unworked (owner set, counter still) longer
+than one expiry + one cycle (plus the monitor's own polling slack); SIGTERM leaves no lease owned.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from kcl_pipeline.kcl.lease_table import LeaseTable
+from kcl_pipeline.kcl.shards import wait_stream_active
+from kcl_pipeline.local.fault_proxy import FaultProxy, drop_responses
+from kcl_pipeline.local.producer import produce
+
+from .test_consumer_fleet import _delivered, _ids, _wait
+
+pytestmark = [pytest.mark.emulator, pytest.mark.slow]
+
+HEARTBEAT, EXPIRY, CYCLE = 1.0, 3.0, 1.0
+# The monitor scans every ~0.1 s through its own (fault-free) client; allow for its polling and for a
+# loaded 2-core machine scheduling the taker's scan late.
+SLACK = 2.0
+
+
+class OwnershipMonitor(threading.Thread):
+    """Records, per lease, every (owner, counter) change with the wall time it was seen."""
+
+    def __init__(self, table: LeaseTable):
+        super().__init__(daemon=True)
+        self.table = table
+        self.stop = threading.Event()
+        self.history: dict[str, list[tuple[float, str | None, int, bool]]] = {}
+        self.max_unworked: dict[str, float] = {}
+        self._still_since: dict[str, tuple[str | None, int, float]] = {}
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                leases = self.table.scan()
+            except Exception:
+                time.sleep(0.1)
+                continue
+            now = time.time()
+            for lease in leases:
+                key = lease.lease_key
+                state = (lease.lease_owner, lease.lease_counter, lease.is_ended)
+                seen = self.history.setdefault(key, [])
+                if not seen or seen[-1][1:] != state:
+                    seen.append((now, *state))
+                previous = self._still_since.get(key)
+                if previous is None or previous[:2] != state[:2]:
+                    self._still_since[key] = (lease.lease_owner, lease.lease_counter, now)
+                elif lease.lease_owner is not None and not lease.is_ended:
+                    self.max_unworked[key] = max(self.max_unworked.get(key, 0.0), now - previous[2])
+            time.sleep(0.1)
+
+    def taken_from(self, owner: str, after: float) -> dict[str, tuple[float, float]]:
+        """Leases `owner` held at `after`: (when first seen held by someone else or free, when `owner`
+        was seen holding it again — inf if never)."""
+        out = {}
+        for key, seen in self.history.items():
+            held = [s for s in seen if s[0] <= after]
+            if not held or held[-1][1] != owner:
+                continue
+            later = [s for s in seen if s[0] > after]
+            lost = next((s[0] for s in later if s[1] != owner), None)
+            if lost is None:
+                continue
+            back = next((s[0] for s in later if s[0] > lost and s[1] == owner), float("inf"))
+            out[key] = (lost, back)
+        return out
+
+
+def _consume(env, stream, app, worker_id, out: Path, log: Path) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "kcl_pipeline.cli", "consume", "--stream", stream, "--application", app,
+           "--worker-id", worker_id, "--sink", f"jsonl:{out}", "--heartbeat-seconds", str(HEARTBEAT),
+           "--lease-expiry-seconds", str(EXPIRY), "--cycle-seconds", str(CYCLE), "--leases-to-acquire", "2"]
+    return subprocess.Popen(cmd, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _lines(out: Path) -> list[dict]:
+    return [json.loads(line) for f in out.glob("*.jsonl") for line in f.read_text().splitlines()]
+
+
+def test_fleet_survives_a_zombie_a_duplicate_worker_id_and_lost_responses(
+        emulators, kinesis_client, dynamodb_client, unique_name, tmp_path):
+    stream, app = unique_name("faults"), unique_name("faultsapp")
+    kinesis_client.create_stream(StreamName=stream, ShardCount=6)
+    wait_stream_active(kinesis_client, stream)
+    proxy = FaultProxy(emulators.dynamodb, drop_responses(0.05, seed=11)).start()
+    env = {**os.environ, **emulators.env(), "AWS_ENDPOINT_URL_DYNAMODB": proxy.url, "PYTHONUNBUFFERED": "1"}
+    produced: set[int] = set()
+    next_id = [0]
+
+    def put(count: int, aggregate: int) -> None:
+        produce(kinesis_client, stream, count=count, rate=None, aggregate=aggregate,
+                payload=lambda n: json.dumps({"id": n + next_id[0]}).encode(), poison_every=None,
+                create_shards=None)
+        produced.update(n + next_id[0] for n in range(count))
+        next_id[0] += count
+
+    put(300, 1)
+    put(300, 10)
+    table = LeaseTable(app, dynamodb_client)  # direct, fault-free: the monitor's view is the truth
+    names = {"zombie": "zombie", "twin-a": "twin", "twin-b": "twin", "steady": "steady"}
+    outs = {name: tmp_path / name for name in names}
+    procs = {name: _consume(env, stream, app, wid, outs[name], tmp_path / f"{name}.log")
+             for name, wid in names.items()}
+    monitor = OwnershipMonitor(table)
+    try:
+        _wait(lambda: table.ensure_table() is False and len(table.scan()) == 6, 60, "six leases")
+        monitor.start()
+        _wait(lambda: all(lease.lease_owner for lease in table.scan())
+              and any(lease.lease_owner == "zombie" for lease in table.scan()), 60,
+              "every lease owned, some by the consumer to freeze")
+
+        frozen_at = time.time()
+        os.killpg(procs["zombie"].pid, signal.SIGSTOP)  # the manager and its workers
+        put(200, 1)
+        time.sleep(2.5 * EXPIRY)
+        os.killpg(procs["zombie"].pid, signal.SIGCONT)
+        put(200, 5)
+
+        _wait(lambda: produced <= _ids(_delivered(outs.values()).values()), 120, "every produced record delivered")
+        time.sleep(2 * EXPIRY)  # let the thawed zombie settle (and rejoin)
+    finally:
+        monitor.stop.set()
+        for p in procs.values():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGCONT)
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in procs.values():
+            try:
+                p.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        proxy.stop()
+
+    logs = {name: (tmp_path / f"{name}.log").read_text() for name in names}
+    for name, p in procs.items():
+        assert p.returncode == 0, logs[name][-3000:]
+    assert produced <= _ids(_delivered(outs.values()).values())
+    assert sum(proxy.faults.values()) > 0, "the proxy dropped no response: the test proved nothing"
+
+    # The zombie delivered nothing for a lease between the table showing it taken and taking it back.
+    taken = monitor.taken_from("zombie", frozen_at)
+    assert taken, "the frozen consumer's leases were never taken"
+    late = [(r["shard_id"], r["delivered_at_ms"]) for r in _lines(outs["zombie"])
+            if r["shard_id"] in taken
+            and taken[r["shard_id"]][0] * 1000 <= r["delivered_at_ms"] < taken[r["shard_id"]][1] * 1000]
+    assert late == [], f"the zombie delivered after losing its lease: {late[:5]}"
+
+    # No lease owned but unworked for longer than one expiry + one cycle.
+    worst = max(monitor.max_unworked.values(), default=0.0)
+    assert worst <= EXPIRY + CYCLE + SLACK, monitor.max_unworked
+
+    # The duplicate worker id was noticed and said loudly, not silently shared.
+    assert "another live process is writing under this consumer's worker id twin" in logs["twin-a"] + logs["twin-b"]
+
+    # SIGTERM left no lease owned, finished ones included.
+    assert [lease.lease_key for lease in table.scan() if lease.lease_owner] == []
