@@ -560,3 +560,45 @@ def test_emulator_missing_stream_and_shard(kinesis_client, unique_name):
     create_stream(kinesis_client, stream)
     with pytest.raises(ReaderError, match="shardId-000000000042"):
         fast(kinesis_client, stream, "shardId-000000000042", Checkpoint(TRIM_HORIZON)).poll()
+
+
+# -- the service's clock and botocore's own retries -----------------------------------------------------
+def _metadata(date: str | None = None, retries: int = 0) -> dict:
+    headers = {"date": date} if date else {}
+    return {"ResponseMetadata": {"HTTPHeaders": headers, "RetryAttempts": retries, "HTTPStatusCode": 200}}
+
+
+def test_expired_latest_iterator_restarts_at_the_service_clock_not_a_skewed_host_clock(kinesis, clock):
+    # The host clock is 30 s fast; restarting at its time would skip 30 s of records.
+    kinesis.stub.add_response("get_shard_iterator", {"ShardIterator": "it-1", **_metadata("Sun, 22 Nov 2026 03:00:05 GMT")},
+                              {"StreamName": STREAM, "ShardId": SHARD, "ShardIteratorType": "LATEST"})
+    expect_records(kinesis, "it-1", [], next_iterator="it-2")
+    expect_error(kinesis, "get_records", "ExpiredIteratorException")
+    expect_iterator(kinesis, "it-3", ShardIteratorType="AT_TIMESTAMP",
+                    Timestamp=datetime(2026, 11, 22, 3, 0, 4, tzinfo=timezone.utc))  # the Date, less its precision
+    expect_records(kinesis, "it-3", [rec(C)])
+    skewed = T0.timestamp() + 5 + 30
+    reader = reader_for(kinesis, clock, Checkpoint(LATEST), clock=lambda: skewed)
+    assert [seqs(reader.poll()) for _ in range(3)] == [[], [], [(C, 0)]]
+
+
+def test_batches_carry_the_service_time_of_their_response(kinesis, clock):
+    expect_iterator(kinesis, "it-1", ShardIteratorType="TRIM_HORIZON")
+    kinesis.stub.add_response("get_records", {"Records": [rec(A)], "MillisBehindLatest": 0, "NextShardIterator": "n",
+                                              **_metadata("Sun, 22 Nov 2026 03:00:07 GMT")},
+                              {"ShardIterator": "it-1", "Limit": 10000})
+    batch = reader_for(kinesis, clock, Checkpoint(TRIM_HORIZON)).poll()
+    assert batch.service_time_ms == int(T0.timestamp() * 1000) + 7000
+
+
+def test_botocore_retries_count_against_the_five_calls_per_second(kinesis, clock):
+    # One GetRecords that botocore retried 4 times inside the call was 5 calls against the shard's budget.
+    expect_iterator(kinesis, "it-1", ShardIteratorType="TRIM_HORIZON")
+    kinesis.stub.add_response("get_records", {"Records": [rec(A)], "MillisBehindLatest": 1000,
+                                              "NextShardIterator": "it-2", **_metadata(retries=4)},
+                              {"ShardIterator": "it-1", "Limit": 10000})
+    expect_records(kinesis, "it-2", [rec(B)], next_iterator="it-3", millis=1000)
+    reader = reader_for(kinesis, clock, Checkpoint(TRIM_HORIZON), polling_interval=0.0, idle_interval=0.0)
+    reader.poll()
+    reader.poll()
+    assert clock.sleeps == [1.0]  # the second call waits for the 1 s window
