@@ -74,7 +74,7 @@ def test_a_shared_table_keeps_other_applications_items_byte_for_byte(fleet, emul
     for _ in range(3):
         manager.run_cycle()
         clock[0] += EXPIRY + 1  # everything unchanged looks expired: still never touched
-    assert set(spawned) == set(shards)  # our own shards only (re-picked each cycle: no real workers here)
+    assert spawned and set(spawned) <= set(shards)  # our own shards only (no real workers here)
     for item in foreign:
         after = table.client.get_item(TableName=table.table_name, Key={"leaseKey": item["leaseKey"]},
                                       ConsistentRead=True).get("Item")
