@@ -5,7 +5,7 @@ has settled (every lease owned, ages observed), one consumer's whole process gro
 dying) and the clock runs until every lease it held is owned by a survivor.
 
 Peer: Java KCL 2.x measures lease ages at its taker runs, every (expiry + epsilon) × 2 ≈ 20 s, and takes
-expired leases only then (seeds/003), so its failover is expiry + up to two taker intervals: 2×–5× its
+expired leases only then, so its failover is expiry + up to two taker intervals: 2×–5× its
 10 s expiry. It cannot be run here (Maven Central is not reachable); the bound is computed from its
 documented defaults.
 

@@ -1,6 +1,6 @@
 """The lease table in DynamoDB, item for item what Java KCL 2.x reads and writes.
 
-Item attributes (Java's names and types; seeds/001, 004):
+Item attributes (Java KCL's names and types):
 
     leaseKey S (hash key, the shard id)        leaseOwner S (absent when free; an explicit NULL reads as free)
     leaseCounter N                             checkpoint S (sequence number or a sentinel)

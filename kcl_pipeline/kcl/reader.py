@@ -6,7 +6,7 @@ batch and schedule the next attempt, so the worker regains control between attem
 lease and stop signal) and the iterator position is never lost: a fresh iterator always restarts
 AFTER_SEQUENCE_NUMBER of the last Kinesis record fetched.
 
-Pacing (seeds/000 "Reading"): >= `polling_interval` between calls, `idle_interval` after a response that
+Pacing: >= `polling_interval` between calls, `idle_interval` after a response that
 is empty and caught up, and never more than 5 GetRecords per second per shard (the Kinesis limit),
 whatever the intervals.
 """
