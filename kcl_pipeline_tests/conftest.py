@@ -2,7 +2,7 @@
 
 - `emulators` (session): kinesis-local, dynalite, and a moto server for S3 and CloudWatch → `Endpoints`.
 - `moto_endpoints` (session): the same moto server used for every service (DynamoDB second opinion;
-  Kinesis volume without resharding — see ../shared/EMULATORS.md for what moto gets wrong).
+  Kinesis volume without resharding: moto mishandles Kinesis resharding).
 - `aws_settings`, `kinesis_client`, `dynamodb_client`, `s3_client`, `cloudwatch_client`: built with
   kcl/aws.py `client()` against `emulators`.
 - `any_dynamodb_client` (parametrized): dynalite and moto's DynamoDB, for tests that must pass on both.
