@@ -64,12 +64,14 @@ class CycleReport:
 class LeaseManager:
     def __init__(self, config: ConsumerConfig, spec: ProcessorSpec, *, keepalive_timeout: float | None = None,
                  rng: random.Random | None = None, worker_log_level: int = logging.INFO,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 predecessor: Callable[[str], bool] | None = None):
         self.config = config
         self.spec = spec
         self.keepalive_timeout = keepalive_timeout
         self.rng = rng or random.Random()
         self.clock = clock
+        self.predecessor = predecessor  # owner ids of earlier incarnations of this consumer (see planner)
         self._unknown_keys: frozenset[str] = frozenset()
         self._our_counters: dict[str, int] = {}  # leases owned by our id without a local worker
         self.duplicate_worker_id_sightings = 0
@@ -134,7 +136,7 @@ class LeaseManager:
             self.config.worker_id, leases, self.ages.ages(now), expiry_seconds=self.config.lease_expiry_seconds,
             leases_to_acquire=self.config.leases_to_acquire, max_leases=self.config.max_leases,
             recently_ended_by_us=self.recently_ended, locally_worked=set(self.workers),
-            drained_attribute=self.config.parent_drained_attribute, rng=self.rng)
+            drained_attribute=self.config.parent_drained_attribute, predecessor=self.predecessor, rng=self.rng)
         for lease in plan.take:
             self._spawn(lease)
             report.spawned.append(lease.lease_key)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Collection, Mapping, Sequence
+from typing import Callable, Collection, Mapping, Sequence
 
 from .model import AT_TIMESTAMP, LATEST, TRIM_HORIZON, Checkpoint, Lease, Shard
 from .shard_graph import ShardGraph
@@ -258,6 +258,7 @@ def leases_to_acquire(
     recently_ended_by_us: Collection[str] = (),
     locally_worked: Collection[str] = (),
     drained_attribute: str | None = None,
+    predecessor: Callable[[str], bool] | None = None,
     rng: random.Random,
 ) -> AcquirePlan:
     """What this consumer tries to acquire this cycle.
@@ -273,6 +274,8 @@ def leases_to_acquire(
     loaded live owner when it holds at least max(avg + 1, ours + 2), avg being the integer mean over live
     owners, us included. The integer mean guarantees that any spread of 2 or more gets stolen from,
     so the fleet settles with max - min <= 1; ours + 2 means a steal never reverses the imbalance.
+    Owners for which `predecessor` is true are earlier incarnations of this very consumer (a reloaded code
+    server): their leases are never stolen nor counted for balance, only taken once expired.
     """
     if leases_to_acquire < 0 or max_leases < 0:
         raise ValueError(f"leases_to_acquire ({leases_to_acquire}) and max_leases ({max_leases}) must be >= 0")
@@ -291,6 +294,8 @@ def leases_to_acquire(
                 candidates.append(lease)
         elif lease.lease_owner == worker_id:
             held += 1  # ours and live, but no local worker: another process of ours, or a restart
+        elif predecessor is not None and predecessor(lease.lease_owner):
+            continue  # an earlier incarnation of this consumer, stopping: take its leases when they expire
         else:
             owned.setdefault(lease.lease_owner, []).append(lease)
 

@@ -31,6 +31,7 @@ from kcl_pipeline.defs.kinesis.sensors import (
     WINDOW_JOB,
     Cursor,
     build_consumer_sensor,
+    consumer_name,
     shutdown_hosted,
 )
 from kcl_pipeline.kcl.aws import client
@@ -195,6 +196,10 @@ def test_workers_stop_by_themselves_when_ticks_stop_and_a_reload_never_doubles_a
             break
         time.sleep(INTERVAL)
     assert not any(seen_overlap), f"two workers on one lease: {seen_overlap}"
+    # The new process is a new incarnation: same consumer name, never the old process's worker id (a zombie of
+    # the old process must not share its fencing identity).
+    assert new.config.worker_id != old.config.worker_id
+    assert consumer_name(new.config.worker_id) == consumer_name(old.config.worker_id)
     assert trace[0] == (2, 0), trace  # the new manager waited while the old workers held the leases
     # The old workers stopped by themselves (no cycle for 3 intervals) and the new manager took over.
     assert all(not p.is_alive() for p in old.workers.values())
@@ -222,18 +227,18 @@ def test_a_new_consumer_id_hands_the_leases_over_and_an_old_cursor_skips_to_the_
     s = setup
     tick(s, Cursor("dagster-a").to_json())
     first = hosted(s).manager
-    assert wait_until(lambda: set(owners(s["table"]).values()) == {"dagster-a"}, 20)
+    assert wait_until(lambda: {o and consumer_name(o) for o in owners(s["table"]).values()} == {"dagster-a"}, 20)
     # The cursor now names another consumer (say, it was edited): the old workers stop and release first.
     result = tick(s, Cursor("dagster-b", next_window_ms=0).to_json())
-    assert hosted(s).worker_id == "dagster-b" and not any(p.is_alive() for p in first.workers.values())
+    assert consumer_name(hosted(s).worker_id) == "dagster-b" and not any(p.is_alive() for p in first.workers.values())
     assert Cursor.parse(result.cursor).next_window_ms >= int(s["windows"][0]) - 3600_000  # not before partitions
     cursor = result.cursor
     for _ in range(10):
         cursor = tick(s, cursor).cursor
-        if set(owners(s["table"]).values()) == {"dagster-b"}:
+        if {o and consumer_name(o) for o in owners(s["table"]).values()} == {"dagster-b"}:
             break
         time.sleep(INTERVAL)
-    assert set(owners(s["table"]).values()) == {"dagster-b"}
+    assert {o and consumer_name(o) for o in owners(s["table"]).values()} == {"dagster-b"}
 
 
 def test_a_split_parent_is_ended_by_the_checkpoint_plan_and_its_children_are_consumed(setup, tmp_path):

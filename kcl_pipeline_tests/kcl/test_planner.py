@@ -370,3 +370,15 @@ def test_acquire_pick_depends_on_the_rng_not_on_scan_order():
     a = acquire("me", leases, {}, leases_to_acquire=3, rng=random.Random(5))
     b = acquire("me", list(reversed(leases)), {}, leases_to_acquire=3, rng=random.Random(5))
     assert keys(a.take) == keys(b.take)
+
+
+def test_an_earlier_incarnation_of_this_consumer_is_never_stolen_from_only_taken_when_expired():
+    # A reloaded code server: the old process's workers are stopping; stealing from them would put two workers
+    # on one lease for nothing. Its leases are not counted for balance either.
+    leases = [L("a", "5", owner="me#old", counter=3), L("b", "5", owner="me#old", counter=3)]
+    kw = dict(expiry_seconds=10, leases_to_acquire=2, max_leases=10, rng=random.Random(3))
+    assert leases_to_acquire("me#new", leases, {}, **kw).steal is not None  # a stranger would be stolen from
+    plan = leases_to_acquire("me#new", leases, {}, predecessor=lambda o: o.startswith("me#"), **kw)
+    assert plan.leases == []
+    expired = leases_to_acquire("me#new", leases, {"a": 11.0}, predecessor=lambda o: o.startswith("me#"), **kw)
+    assert keys(expired.take) == ["a"]

@@ -100,6 +100,15 @@ def new_worker_id() -> str:
     return f"dagster-{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
 
 
+def consumer_name(worker_id: str) -> str:
+    """The stable name of a consumer; its worker ids are `<name>#<incarnation>`, one per code-server process."""
+    return worker_id.split("#", 1)[0]
+
+
+def incarnation_id(name: str) -> str:
+    return f"{name}#{uuid.uuid4().hex[:8]}"
+
+
 # -- the hosted lease managers ------------------------------------------------------------------------------
 
 @dataclass
@@ -125,8 +134,10 @@ def hosted_consumer(consumer: KinesisConsumerResource, aws: AwsResource, worker_
             hosted.manager.shutdown(timeout=min(20.0, interval_seconds))
             del _REGISTRY[key]
         settings = aws.settings()
+        name = consumer_name(worker_id)
         manager = LeaseManager(consumer.consumer_config(settings, worker_id, float(interval_seconds)),
-                               consumer.processor_spec(settings), keepalive_timeout=3.0 * interval_seconds)
+                               consumer.processor_spec(settings), keepalive_timeout=3.0 * interval_seconds,
+                               predecessor=lambda owner: owner != worker_id and consumer_name(owner) == name)
         manager.start()  # a missing stream fails the tick here, with a message naming it
         hosted = _REGISTRY[key] = HostedConsumer(manager, worker_id)
         return hosted
@@ -151,9 +162,12 @@ def consumer_tick(context: SensorEvaluationContext, consumer: KinesisConsumerRes
     _check_window(partitions_def, window_ms)
     with _REGISTRY_LOCK:
         hosted = _REGISTRY.get((consumer.stream, consumer.application))
-    # One id per code-server process incarnation: never the cursor's (a new process reusing an old process's
-    # id would share its fencing identity with a zombie of the old one).
-    worker_id = consumer.worker_id or (hosted.worker_id if hosted else None) or new_worker_id()
+    # The consumer's name is stable (setting, cursor); its worker id is one per code-server process
+    # incarnation, `<name>#<incarnation>`: a new process never shares its fencing identity with a zombie of the
+    # old one, and it leaves an earlier incarnation's leases to expire rather than stealing them.
+    name = consumer.worker_id or (consumer_name(cursor.worker_id) if cursor.worker_id else None) \
+        or (consumer_name(hosted.worker_id) if hosted else None) or new_worker_id()
+    worker_id = hosted.worker_id if hosted and consumer_name(hosted.worker_id) == name else incarnation_id(name)
     hosted = hosted_consumer(consumer, aws, worker_id, interval_seconds)
     manager = hosted.manager
     cycle = manager.run_cycle()
