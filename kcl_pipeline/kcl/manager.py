@@ -1,9 +1,10 @@
 """The lease manager: one cycle = scan, list shards, delete, create, decide, spawn.
 
-Every consumer runs one; none is a leader. The decisions are the pure functions in planner.py; this
-module only does their I/O and keeps one worker process per lease it works (multiprocessing spawn,
-daemonic, so workers die with a reloaded or killed host). The same manager backs `kcl-pipeline consume`
-(driven by `run_forever`) and the Dagster sensor (one `run_cycle` per tick).
+Every consumer runs one; none is a leader. The cycle itself is the coroutine of cycle.py (the
+deterministic simulation drives the same one) over planner.py's pure decisions; this module only does
+their I/O and keeps one worker process per lease it works (multiprocessing spawn, daemonic, so workers die
+with a reloaded or killed host). The same manager backs `kcl-pipeline consume` (driven by `run_forever`)
+and the Dagster sensor (one `run_cycle` per tick).
 """
 from __future__ import annotations
 
@@ -16,19 +17,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from . import cycle as cyc
 from .aws import client
 from .config import ConsumerConfig
+from .lease_life import Create, ListShards, drive
 from .lease_table import LeaseTable
 from .metrics import Metrics
 from .model import Lease, Shard
-from .planner import (
-    LeaseAges,
-    leases_to_acquire,
-    leases_to_create,
-    leases_to_delete,
-    scoped_leases,
-    unknown_lease_keys,
-)
+from .planner import LeaseAges
 from .shards import list_shards
 from .worker import ProcessorSpec, WorkerResult, worker_main
 
@@ -72,20 +68,14 @@ class LeaseManager:
         self.rng = rng or random.Random()
         self.clock = clock
         self.predecessor = predecessor  # owner ids of earlier incarnations of this consumer (see planner)
-        self._unknown_keys: frozenset[str] = frozenset()
-        self._our_counters: dict[str, int] = {}  # leases owned by our id without a local worker
-        self.duplicate_worker_id_sightings = 0
+        self.settings = cyc.CycleSettings.of(config)
+        self.state = cyc.ManagerState()
         self.worker_log_level = worker_log_level
         self._ctx = multiprocessing.get_context("spawn")
         self._results = self._ctx.Queue()
         self._keepalive = self._ctx.Value("d", time.time(), lock=False)
         self.workers: dict[str, multiprocessing.process.BaseProcess] = {}
-        self.ages = LeaseAges()
-        self.recently_ended: set[str] = set()
         self._pending: list[WorkerResult] = []
-        self._list_next = True
-        self.shards: list[Shard] = []
-        self.leases: list[Lease] = []
         self.kinesis = client("kinesis", config.aws)
         self.table = LeaseTable(config.lease_table, client("dynamodb", config.aws))
         cw = client("cloudwatch", config.aws, max_attempts=2) if config.metrics_namespace else None
@@ -98,75 +88,72 @@ class LeaseManager:
         if self.table.ensure_table():
             log.info("created lease table %s", self.config.lease_table)
 
-    def _scan(self) -> list[Lease]:
-        """Scan, and stamp what it saw when the scan returned (never earlier: a slow, throttled scan must
-        not make live peers' leases look older than they are)."""
-        leases = self.table.scan()
-        self.ages.observe(leases, self.clock())
-        return leases
+    # What the manager knows, kept in its ManagerState (the sensor and tests read these).
+    @property
+    def ages(self) -> LeaseAges:
+        return self.state.ages
+
+    @property
+    def shards(self) -> list[Shard]:
+        return self.state.shards
+
+    @shards.setter
+    def shards(self, shards: list[Shard]) -> None:
+        self.state.shards = shards
+
+    @property
+    def leases(self) -> list[Lease]:
+        return self.state.leases
+
+    @property
+    def recently_ended(self) -> set[str]:
+        return self.state.recently_ended
+
+    @property
+    def duplicate_worker_id_sightings(self) -> int:
+        return self.state.duplicate_worker_id_sightings
+
+    def _handle(self, effect):
+        if isinstance(effect, cyc.Now):
+            return self.clock()
+        if isinstance(effect, cyc.ScanTable):
+            sent_at = self.clock()
+            leases = self.table.scan()
+            return cyc.Scanned(leases, sent_at, self.clock())
+        if isinstance(effect, ListShards):
+            return list_shards(self.kinesis, self.config.stream)
+        if isinstance(effect, cyc.Delete):
+            return self.table.delete(effect.lease.lease_key, effect.lease.lease_counter)
+        if isinstance(effect, Create):
+            return self.table.create(effect.lease)
+        if isinstance(effect, cyc.Spawn):
+            if effect.stolen:
+                self._spawn(effect.lease, stolen=True)
+            else:
+                self._spawn(effect.lease)
+            return None
+        if isinstance(effect, cyc.DuplicateWorkerId):
+            self.metrics.count_many({"duplicate_worker_id": 1}, None)
+            log.error("another live process is writing under this consumer's worker id %s (leases %s); worker ids "
+                      "must be unique per process: this consumer will not touch those leases",
+                      self.config.worker_id, ", ".join(effect.lease_keys))
+            return None
+        raise TypeError(f"the lease manager cannot handle {effect!r}")
 
     def run_cycle(self) -> CycleReport:
         self._keepalive.value = time.time()
         report = CycleReport(finished=self._reap())
-        leases = self._scan()
-        unknown = unknown_lease_keys(leases, self.shards)
-        # New keys outside the last listing: new shards (a peer created children), or other streams' leases
-        # sharing the table. List again when that set changes, not every cycle.
-        relist = bool(unknown - self._unknown_keys)
-        if self._list_next or relist or not leases or self.rng.random() < self.config.list_shards_probability:
-            # Shards are listed after the scan, so a lease is never deleted for a shard created meanwhile.
-            self.shards = list_shards(self.kinesis, self.config.stream)
-            self._list_next = False
-            report.total_shards = len(self.shards)
-            for lease in leases_to_delete(leases, self.shards):
-                if self.table.delete(lease.lease_key, lease.lease_counter):
-                    report.deleted.append(lease.lease_key)
-            for lease in leases_to_create(self.config.initial_position.checkpoint(), self.shards, leases,
-                                          self.config.parent_drained_attribute):
-                if self.table.create(lease):
-                    report.created.append(lease.lease_key)
-            if report.deleted or report.created:
-                leases = self._scan()
-        self._unknown_keys = unknown_lease_keys(leases, self.shards)
-        leases = scoped_leases(leases, self.shards)
-        self.leases = leases
-        self._watch_our_id(leases)
-        now = self.clock()
-        plan = leases_to_acquire(
-            self.config.worker_id, leases, self.ages.ages(now), expiry_seconds=self.config.lease_expiry_seconds,
-            leases_to_acquire=self.config.leases_to_acquire, max_leases=self.config.max_leases,
-            recently_ended_by_us=self.recently_ended, locally_worked=set(self.workers),
-            drained_attribute=self.config.parent_drained_attribute, predecessor=self.predecessor, rng=self.rng)
-        for lease in plan.take:
-            self._spawn(lease)
-            report.spawned.append(lease.lease_key)
-        if plan.steal is not None:
-            self._spawn(plan.steal)
-            report.stolen = plan.steal.lease_key
-        if plan.take or plan.steal:
-            self.recently_ended.clear()
-        self._fill_counts(report, leases)
+        result = drive(cyc.manager_cycle(self.state, self.settings, frozenset(self.workers), self.rng,
+                                         self.predecessor), self._handle)
+        report.total_shards = result.total_shards
+        report.deleted, report.created, report.spawned = result.deleted, result.created, result.spawned
+        report.stolen = result.stolen
+        self._fill_counts(report, result.leases)
         self.metrics.record_cycle(report.total_leases, report.total_shards if report.total_shards is not None
                                   else len(self.shards), report.unclaimed_leases, report.worker_leases)
         self.metrics.flush_due()
         log.info("cycle %s", report.summary())
         return report
-
-    def _watch_our_id(self, leases: list[Lease]) -> None:
-        """Another live process writing under our worker id (a copy-pasted --worker-id, say) is an error:
-        its writes move the counters of leases we own but do not work. Said loudly and counted."""
-        ours = {lease.lease_key: lease.lease_counter for lease in leases
-                if lease.lease_owner == self.config.worker_id and lease.lease_key not in self.workers
-                and not lease.is_ended}
-        moved = sorted(key for key, counter in ours.items()
-                       if key in self._our_counters and self._our_counters[key] != counter)
-        if moved:
-            self.duplicate_worker_id_sightings += 1
-            self.metrics.count_many({"duplicate_worker_id": 1}, None)
-            log.error("another live process is writing under this consumer's worker id %s (leases %s); worker ids "
-                      "must be unique per process: this consumer will not touch those leases",
-                      self.config.worker_id, ", ".join(moved))
-        self._our_counters = ours
 
     def _fill_counts(self, report: CycleReport, leases: list[Lease]) -> None:
         report.total_leases = len(leases)
@@ -187,39 +174,26 @@ class LeaseManager:
 
     def _wait_next_cycle(self, stop: threading.Event) -> None:
         """Sleep a cycle, waking at once when a local worker ended a shard (its children are ready) or
-        when a peer's lease expired.
-
-        Between cycles the table is re-scanned every expiry/4 (reads only, no ListShards): the planner
-        measures a lease's age from when this consumer saw its counter change, so without these scans a
-        dead peer's lease would be noticed up to a whole cycle late (failover = expiry + cycle).
-        """
+        when a peer's lease expired (the table is re-scanned every `cycle.watch_interval`, reads only)."""
         now = time.monotonic()
         deadline = now + self.config.cycle_seconds
-        next_watch = now + self.config.lease_expiry_seconds / 4
+        interval = cyc.watch_interval(self.settings)
+        next_watch = now + interval
         while not stop.is_set() and time.monotonic() < deadline:
             try:
                 result = self._results.get(timeout=min(0.5, max(0.01, min(deadline, next_watch) - time.monotonic())))
                 self._pending.append(result)
-                if result.outcome == "shard_ended":
+                if cyc.wakes_manager(result.outcome):
                     return
             except queue.Empty:
                 pass
             if time.monotonic() >= next_watch:
-                next_watch = time.monotonic() + self.config.lease_expiry_seconds / 4
+                next_watch = time.monotonic() + interval
                 if self._peer_lease_expired():
                     return
 
     def _peer_lease_expired(self) -> bool:
-        try:
-            leases = self.table.scan()
-        except Exception as exc:
-            log.warning("lease scan between cycles failed: %s", exc)
-            return False
-        now = self.clock()
-        self.ages.observe(leases, now)
-        return any(not lease.is_ended and lease.lease_key not in self.workers
-                   and self.ages.expired(lease.lease_key, now, self.config.lease_expiry_seconds)
-                   for lease in scoped_leases(leases, self.shards))
+        return drive(cyc.watch_for_expiry(self.state, self.settings, frozenset(self.workers)), self._handle)
 
     def shutdown(self, timeout: float = 30.0) -> list[WorkerResult]:
         """Ask every worker to stop gracefully (SIGTERM: checkpoint, release), then wait for them."""
@@ -239,12 +213,12 @@ class LeaseManager:
         return results
 
     # -- workers -----------------------------------------------------------------------------
-    def _spawn(self, lease: Lease) -> None:
+    def _spawn(self, lease: Lease, stolen: bool = False) -> None:
         proc = self._ctx.Process(
             target=worker_main,
             args=(self.config, lease, self.spec, self._results),
             kwargs={"keepalive": self._keepalive, "keepalive_timeout": self.keepalive_timeout,
-                    "log_level": self.worker_log_level},
+                    "log_level": self.worker_log_level, "stolen": stolen},
             name=f"kcl-worker-{lease.lease_key}", daemon=True)
         proc.start()
         self.workers[lease.lease_key] = proc
@@ -258,11 +232,9 @@ class LeaseManager:
                 finished.append(self._results.get_nowait())
             except queue.Empty:
                 break
+        cyc.note_results(self.state, [(result.lease_key, result.outcome) for result in finished])
         for result in finished:
-            if result.outcome == "shard_ended":
-                self.recently_ended.add(result.lease_key)
-                self._list_next = True
-            elif result.outcome == "failed":
+            if result.outcome == "failed":
                 # The worker released its lease itself (fenced), so the fleet retries it next cycle.
                 log.error("worker for %s failed: %s", result.lease_key, result.detail)
         for key, proc in list(self.workers.items()):

@@ -1,9 +1,11 @@
 """The lease worker: one process per lease (acquire · heartbeat · read · deliver · checkpoint · end · release).
 
-The heartbeat runs on its own thread, independent of record processing, so a slow processor never lets
-the lease expire. Delivery is gated on the lease being valid: once a heartbeat fails (condition failed:
-someone took the lease, or the shard was ended) or none succeeded within the expiry, the worker stops
-delivering at once and tells the processor `lease_lost`.
+Every decision of a lease's life is made by the coroutines of lease_life.py (the deterministic simulation
+runs the same ones); this module is their I/O: the lease table, the shard reader, the processor, a
+heartbeat thread and a lock. The heartbeat runs on its own thread, independent of record processing, so a
+slow processor never lets the lease expire. Delivery is gated on the lease being valid: once a heartbeat
+fails (condition failed: someone took the lease, or the shard was ended) or none succeeded within the
+expiry, the worker stops delivering at once and tells the processor `lease_lost`.
 
 A worker also stops by itself (gracefully: shutdown_requested, release) when its manager stops
 refreshing the keep-alive, or when its parent process dies: a Dagster code server that reloads or is
@@ -17,18 +19,19 @@ import os
 import signal
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from .aws import client
 from .config import ConsumerConfig
 from .kpl import KplStats
+from . import lease_life as life
 from .lease_hold import LeaseHold, LeaseTiming, Outcome
+from .lease_life import LeaseLost, LifeResult, LifeSettings
 from .lease_rules import check_heartbeat_attributes
-from .lease_table import LeaseTable, LeaseTableError, LeaseTableMissing, LeaseTableUnavailable, encode_value
+from .lease_table import LeaseTable, encode_value
 from .metrics import Metrics
 from .model import Checkpoint, Lease
-from .planner import blocked_on_parents, child_leases_on_end
 from .processor import InitializationInput, ProcessRecordsInput, RecordProcessor
 from .reader import ShardReader
 from .shards import list_shards
@@ -50,21 +53,16 @@ class ProcessorSpec:
         return getattr(importlib.import_module(module), attr)(**self.kwargs)
 
 
-@dataclass(frozen=True)
-class WorkerResult:
-    """What a worker tells its manager when it stops."""
-
-    lease_key: str
-    outcome: str  # not_acquired | blocked_on_parents | shard_ended | lease_lost | shutdown | failed
-    detail: str = ""
-    children_created: tuple[str, ...] = ()
+# What a worker tells its manager when it stops (outcome: not_acquired | blocked_on_parents | shard_ended |
+# lease_lost | shutdown | failed).
+WorkerResult = LifeResult
 
 
 class _HeldLease:
     """The worker's lease (a pure LeaseHold) shared by the heartbeat thread and the delivery loop.
 
-    Every fenced write goes through `write`, one at a time: each is conditioned on the counter the previous
-    one left, so two writes in flight would fence each other out.
+    Every fenced write goes through it, one at a time (`writing()`): each is conditioned on the counter the
+    previous one left, so two writes in flight would fence each other out.
     """
 
     def __init__(self, hold: LeaseHold, timing: LeaseTiming, monotonic: Callable[[], float] = time.monotonic):
@@ -83,50 +81,55 @@ class _HeldLease:
     def reason(self) -> str:
         return self.hold.lost or ""
 
-    def valid(self) -> bool:
+    def current(self) -> tuple[float, LeaseHold]:
+        """The clock and the hold as of now (lost once its validity passed)."""
         with self._lock:
-            self._set(self._hold.held(self._monotonic()))
-            return self._hold.may_deliver(self._monotonic())
+            now = self._monotonic()
+            self._set(self._hold.held(now))
+            return now, self._hold
 
-    def renew(self, write: Callable[[int], bool], why_refused: str | None = None) -> Outcome:
+    def valid(self) -> bool:
+        now, hold = self.current()
+        return hold.may_deliver(now)
+
+    def renew(self, write: Callable[[int], bool]) -> Outcome:
         """Run one fenced counter-moving write `write(counter) -> applied`; errors pass through."""
         with self._lock:
-            if self._hold.lost is not None or self._hold.ended:
+            if not life.may_write(self._hold):
                 return Outcome.REFUSED
             sent_at = self._monotonic()
             try:
                 outcome = Outcome.APPLIED if write(self._hold.counter) else Outcome.REFUSED
             except Exception:
-                self._set(self._hold.after_renew(Outcome.ERROR, sent_at, self._timing, self._monotonic()))
+                self._set(life.renewed(self._hold, Outcome.ERROR, sent_at, self._timing, self._monotonic()))
                 raise
-            kwargs = {"why_refused": why_refused} if why_refused else {}
-            self._set(self._hold.after_renew(outcome, sent_at, self._timing, self._monotonic(), **kwargs))
+            self._set(life.renewed(self._hold, outcome, sent_at, self._timing, self._monotonic()))
             return outcome
 
-    def finish(self, write: Callable[[int], bool], transition: str) -> bool:
-        """A fenced final write (end or release); True when applied."""
+    def end(self, write: Callable[[int], bool]) -> Outcome:
         with self._lock:
-            if self._hold.lost is not None and transition == "end":
-                return False
+            if not life.may_write(self._hold):
+                return Outcome.REFUSED
+            outcome = Outcome.APPLIED if write(self._hold.counter) else Outcome.REFUSED
+            self._set(life.finished_end(self._hold, outcome))
+            return outcome
+
+    def release(self, write: Callable[[int], bool]) -> bool:
+        with self._lock:
             applied = write(self._hold.counter)
-            outcome = Outcome.APPLIED if applied else Outcome.REFUSED
-            self._set(self._hold.after_end(outcome) if transition == "end" else self._hold.after_release(outcome))
+            self._set(life.finished_release(self._hold, Outcome.APPLIED if applied else Outcome.REFUSED))
             return applied
 
     def writing(self):
         """Hold the write lock across a decision and its writes (e.g. a refusal and the re-read after it)."""
         return self._lock
 
-    def still_held_after_refusal(self, current: Lease | None) -> bool:
-        """A write carrying a checkpoint was refused: if the table still shows our owner and counter, the
-        refusal was the checkpoint's own condition (not ahead of the table's), not a lost lease."""
+    def reinstate(self, current: Lease | None) -> bool:
         with self._lock:
-            hold = self._hold
-            if current is not None and not current.is_ended and current.lease_owner == hold.owner \
-                    and current.lease_counter == hold.counter:
-                self._set(replace(hold, lost=None))
-                return True
-            return False
+            hold = life.reinstated(self._hold, current)
+            if hold is not None:
+                self._set(hold)
+            return hold is not None
 
     def mark_ended(self) -> None:
         with self._lock:
@@ -170,27 +173,23 @@ class _Checkpointer:
                 self._w.pending_checkpoint = cp
 
     def end_shard(self) -> None:
+        """SHARD_END is written, fenced, as soon as `shard_ended` returns (a refusal: the lease was lost)."""
         if not self._w.shard_end_reached:
             raise RuntimeError("end_shard() is only valid once every record of the shard was delivered")
-        w = self._w
-        if not w.lease.finish(lambda counter: w.table.end(w.lease_key, w.config.worker_id, counter), "end"):
-            raise LeaseLost(f"{w.lease_key}: SHARD_END refused: the lease is no longer held by this worker")
-        w.ended = True
-
-
-class LeaseLost(Exception):
-    """A fenced write was refused: this worker no longer holds its lease."""
+        self._w.end_requested = True
 
 
 class LeaseWorker:
     """Works one lease in the current process. `run()` returns a WorkerResult; it never raises.
 
     `observed` is the lease as the manager's scan saw it: acquire is conditioned on its owner and counter.
+    `stolen`: it was taken from a live holder (see LifeSettings.stolen).
     """
 
     def __init__(self, config: ConsumerConfig, observed: Lease, processor: RecordProcessor, *,
                  keepalive: Callable[[], float] | None = None, keepalive_timeout: float | None = None,
-                 stop: threading.Event | None = None, monotonic: Callable[[], float] = time.monotonic):
+                 stop: threading.Event | None = None, monotonic: Callable[[], float] = time.monotonic,
+                 stolen: bool = False):
         self.config = config
         self.lease_key = observed.lease_key
         self.observed = observed
@@ -200,6 +199,8 @@ class LeaseWorker:
         self.stop = stop or threading.Event()
         self.monotonic = monotonic
         self.timing = LeaseTiming(config.lease_expiry_seconds, config.validity_margin)
+        self.settings = LifeSettings(self.timing, config.initial_position.checkpoint(), config.heartbeat_seconds,
+                                     config.parent_drained_attribute, stolen)
         self.kinesis = client("kinesis", config.aws)
         self.table = LeaseTable(config.lease_table, client("dynamodb", config.aws))
         # Few retries for metrics: a CloudWatch outage must not stall delivery.
@@ -208,57 +209,101 @@ class LeaseWorker:
         self.kpl_stats = KplStats()
         self._counted: dict[str, int] = {}
         self.lease: _HeldLease | None = None
+        self.reader: ShardReader | None = None
         self.last_delivered: Checkpoint | None = None
         self.checkpointed: Checkpoint | None = None
         self.shard_end_reached = False
-        self.ended = False
+        self.end_requested = False
         self.pending_checkpoint: Checkpoint | None = None
         self.pending_lock = threading.Lock()
         self.heartbeat_attribute_errors = 0
+        self._heartbeat_thread: threading.Thread | None = None
+        self._checkpointer = _Checkpointer(self)
         self._parent_pid = os.getppid()
+        self._handlers: dict[type, Callable[[Any], Any]] = {
+            life.Acquire: self._acquire, life.ReadLeases: self._read_leases, life.GetLease: self._get_lease,
+            life.Check: self._check, life.Wait: lambda e: self.stop.wait(e.seconds),
+            life.WaitForChange: lambda e: self.lease.wait_lost(e.seconds),
+            life.StartHeartbeats: self._start_heartbeats, life.Begin: self._begin, life.Poll: self._poll,
+            life.Deliver: self._deliver, life.ShardEnded: self._shard_ended, life.Notify: self._notify,
+            life.Renew: self._renew, life.End: self._end, life.Release: lambda e: self._release_quietly(),
+            life.Reinstate: lambda e: self.lease.reinstate(e.current), life.MarkEnded: lambda e: self.lease.mark_ended(),
+            life.OwnerlessCheckpoint: lambda e: self.table.checkpoint(self.lease_key, e.checkpoint),
+            life.Checkpointed: self._checkpointed, life.TakePending: self._take_pending,
+            life.RestorePending: lambda e: self._restore_pending(e.checkpoint),
+            life.Attributes: lambda e: self._heartbeat_attributes(),
+            life.AttributesRejected: lambda e: self._attribute_error(e.error),
+            life.HeartbeatFailed: self._heartbeat_failed,
+            life.ListShards: lambda e: list_shards(self.kinesis, self.config.stream),
+            life.Scan: lambda e: self.table.scan(), life.Create: lambda e: self.table.create(e.lease),
+            life.Locked: self._locked,
+        }
 
     # -- the lease's life ----------------------------------------------------------------------
     def run(self) -> WorkerResult:
         try:
-            return self._run()
-        except Exception as exc:  # the manager retries the lease on a later cycle; say why here
+            result = self._drive(life.lease_life(self.observed, self.settings))
+        except Exception as exc:  # a bug in the I/O itself: still say why, and give the lease back
             log.exception("worker for %s failed", self.lease_key)
             self._release_quietly()
-            return WorkerResult(self.lease_key, "failed", f"{type(exc).__name__}: {exc}")
+            result = WorkerResult(self.lease_key, "failed", f"{type(exc).__name__}: {exc}")
+        finally:
+            self.stop.set()  # stops the heartbeat thread
+            if self._heartbeat_thread is not None:
+                self._heartbeat_thread.join(timeout=self.config.heartbeat_seconds + 5)
+            self.metrics.flush()
+        if result.outcome == "failed":
+            log.error("worker for %s failed: %s", self.lease_key, result.detail)
+        elif result.outcome == "lease_lost":
+            log.warning("%s: lease lost (%s); stopped delivering", self.lease_key, result.detail)
+        else:
+            log.info("%s: %s %s (checkpoint %s)", self.lease_key, result.outcome, result.detail, self.checkpointed)
+        return result
 
-    def _run(self) -> WorkerResult:
+    def _drive(self, coroutine):
+        return life.drive(coroutine, self._handle)
+
+    def _handle(self, effect):
+        return self._handlers[type(effect)](effect)
+
+    def _locked(self, effect: life.Locked):
+        with self.lease.writing():
+            return self._drive(effect.body)
+
+    def _acquire(self, _effect) -> Lease | None:
         sent_at = self.monotonic()
         lease = self.table.acquire(self.lease_key, self.config.worker_id, self.observed.lease_owner,
                                    self.observed.lease_counter)
-        if lease is None:
-            return WorkerResult(self.lease_key, "not_acquired",
-                                "the lease changed since it was observed (another consumer moved it first, or it ended)")
-        self.lease = _HeldLease(LeaseHold.acquired(lease, sent_at, self.timing), self.timing, self.monotonic)
-        log.info("acquired lease %s (counter %d, checkpoint %s, previous owner %s)", self.lease_key,
-                 lease.lease_counter, lease.checkpoint, self.observed.lease_owner)
-        waiting = self._unfinished_parents(lease)
-        if waiting:
-            # Java's BlockOnParentShard: never read a child before its parents are finished. Give the lease
-            # back at once rather than sit on it; the planner takes it again once the parents are done.
-            released = self._release_quietly()
-            log.info("%s: parents %s not finished; lease released=%s", self.lease_key, waiting, released)
-            return WorkerResult(self.lease_key, "blocked_on_parents", ",".join(waiting))
-        hb = threading.Thread(target=self._heartbeat_loop, name=f"heartbeat-{self.lease_key}", daemon=True)
-        hb.start()
-        checkpointer = _Checkpointer(self)
-        try:
-            self.processor.initialize(InitializationInput(
-                self.lease_key, self.config.worker_id, lease.checkpoint, lease.child_shard_ids, dict(lease.extra)))
-            return self._deliver(lease, checkpointer)
-        finally:
-            self.stop.set()  # stops the heartbeat thread
-            hb.join(timeout=self.config.heartbeat_seconds + 5)
-            self.metrics.flush()
+        if lease is not None:
+            self.lease = _HeldLease(LeaseHold.acquired(lease, sent_at, self.timing), self.timing, self.monotonic)
+            log.info("acquired lease %s (counter %d, checkpoint %s, previous owner %s)", self.lease_key,
+                     lease.lease_counter, lease.checkpoint, self.observed.lease_owner)
+        return lease
 
-    def _unfinished_parents(self, lease: Lease) -> list[str]:
-        """Parents of this lease not yet finished, read now (consistent reads), not from the manager's scan."""
-        parents = {p: self.table.get(p) for p in lease.parent_shard_ids}
-        return blocked_on_parents(lease, parents, self.config.parent_drained_attribute)
+    def _read_leases(self, effect: life.ReadLeases) -> dict[str, Lease | None]:
+        return {key: self.table.get(key) for key in effect.keys}
+
+    def _get_lease(self, _effect) -> Lease | None:
+        return self.table.get(self.lease_key)
+
+    def _check(self, _effect) -> life.Status:
+        now, hold = self.lease.current()
+        return life.Status(now, hold, self._should_stop())
+
+    def _start_heartbeats(self, _effect) -> None:
+        self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name=f"heartbeat-{self.lease_key}",
+                                                  daemon=True)
+        self._heartbeat_thread.start()
+
+    def _begin(self, effect: life.Begin) -> None:
+        lease = effect.lease
+        self.processor.initialize(InitializationInput(
+            self.lease_key, self.config.worker_id, lease.checkpoint, lease.child_shard_ids, dict(lease.extra)))
+        self.reader = ShardReader(self.kinesis, self.config.stream, self.lease_key, self._start_position(lease),
+                                  polling_interval=self.config.polling_interval_seconds,
+                                  idle_interval=self.config.idle_interval_seconds,
+                                  max_records=self.config.max_records_per_call, kpl_stats=self.kpl_stats,
+                                  sleep=self._interruptible_sleep)
 
     def _start_position(self, lease: Lease) -> Checkpoint:
         start = lease.checkpoint
@@ -270,40 +315,48 @@ class LeaseWorker:
             return landed
         return start
 
-    def _deliver(self, lease: Lease, checkpointer: _Checkpointer) -> WorkerResult:
-        state = self.lease
-        reader = ShardReader(self.kinesis, self.config.stream, self.lease_key, self._start_position(lease),
-                             polling_interval=self.config.polling_interval_seconds,
-                             idle_interval=self.config.idle_interval_seconds,
-                             max_records=self.config.max_records_per_call, kpl_stats=self.kpl_stats,
-                             sleep=self._interruptible_sleep)
-        while True:
-            if self._should_stop():
-                return self._shutdown(checkpointer)
-            if not state.valid():
-                return self._lost()
-            batch = reader.poll()
-            if self._should_stop():
-                # Records fetched but not delivered are re-read by the next owner (not checkpointed).
-                return self._shutdown(checkpointer)
-            if not state.valid():  # checked again right before delivering: a freeze may sit in between
-                return self._lost()
-            if batch.records:
-                # checkpoint() with no argument means "the last record of this batch" (Java KCL's meaning).
-                self.last_delivered = batch.records[-1].checkpoint
-            # Empty polls are delivered too: they tell the processor the shard is idle / caught up.
-            self.processor.process_records(ProcessRecordsInput(batch.records, batch.millis_behind_latest, checkpointer,
-                                                                batch.service_time_ms))
-            self.metrics.record_lease(self.lease_key, batch.millis_behind_latest, batch.bytes, len(batch.records))
-            self._count_operational(reader)
-            self.metrics.flush_due()
-            if batch.shard_ended:
-                self.shard_end_reached = True
-                if not state.valid():
-                    return self._lost()
-                self._flush_pending_checkpoint()
-                self.processor.shard_ended(checkpointer)
-                return self._finish_ended(checkpointer)
+    def _poll(self, _effect):
+        return self.reader.poll()
+
+    def _deliver(self, effect: life.Deliver) -> None:
+        batch = effect.batch
+        if batch.records:
+            # checkpoint() with no argument means "the last record of this batch" (Java KCL's meaning).
+            self.last_delivered = batch.records[-1].checkpoint
+        if batch.shard_ended:
+            self.shard_end_reached = True
+        # Empty polls are delivered too: they tell the processor the shard is idle / caught up.
+        self.processor.process_records(ProcessRecordsInput(batch.records, batch.millis_behind_latest,
+                                                           self._checkpointer, batch.service_time_ms))
+        self.metrics.record_lease(self.lease_key, batch.millis_behind_latest, batch.bytes, len(batch.records))
+        self._count_operational(self.reader)
+        self.metrics.flush_due()
+
+    def _shard_ended(self, _effect) -> bool:
+        self.end_requested = False
+        self.processor.shard_ended(self._checkpointer)
+        return self.end_requested
+
+    def _notify(self, effect: life.Notify) -> None:
+        if effect.event == "lease_lost":
+            self.processor.lease_lost()
+        else:
+            self.processor.shutdown_requested(self._checkpointer)
+
+    def _renew(self, effect: life.Renew) -> Outcome:
+        key, me, attributes, cp = self.lease_key, self.config.worker_id, effect.attributes, effect.checkpoint
+        return self.lease.renew(lambda counter: self.table.heartbeat(key, me, counter, attributes, checkpoint=cp))
+
+    def _end(self, _effect) -> Outcome:
+        return self.lease.end(lambda counter: self.table.end(self.lease_key, self.config.worker_id, counter))
+
+    def _checkpointed(self, effect: life.Checkpointed) -> None:
+        self.checkpointed = effect.checkpoint
+
+    def _take_pending(self, _effect) -> Checkpoint | None:
+        with self.pending_lock:
+            cp, self.pending_checkpoint = self.pending_checkpoint, None
+        return cp
 
     def _count_operational(self, reader: ShardReader) -> None:
         """Feed the deltas of the reader's and the deaggregator's counters to the metrics."""
@@ -317,96 +370,21 @@ class LeaseWorker:
             self.metrics.count_many(delta, self.lease_key)
             self._counted = current
 
-    def _finish_ended(self, checkpointer: _Checkpointer) -> WorkerResult:
-        """After the last record: create the children's leases once the lease is SHARD_END.
-
-        A processor may leave the end to someone else (the landing pipeline ends a shard only after its
-        last window is transformed): then the worker keeps heartbeating, idle, until the lease is ended
-        (its heartbeat condition fails on SHARD_END), lost, or the worker is asked to stop.
-        """
-        state = self.lease
-        while not self.ended:
-            if self._should_stop():
-                return self._shutdown(checkpointer)
-            if state.wait_lost(min(1.0, self.config.heartbeat_seconds)):
-                current = self.table.get(self.lease_key)
-                if current is not None and current.is_ended:
-                    state.mark_ended()
-                    self.ended = True
-                    break
-                return self._lost()
-        children = self._create_children()
-        log.info("%s: shard ended; children leases created: %s", self.lease_key, list(children) or "none")
-        return WorkerResult(self.lease_key, "shard_ended", children_created=children)
-
-    def _create_children(self) -> tuple[str, ...]:
-        shards = list_shards(self.kinesis, self.config.stream)
-        leases = self.table.scan()
-        created = []
-        for child in child_leases_on_end(self.lease_key, shards, leases, self.config.initial_position.checkpoint(),
-                                         self.config.parent_drained_attribute):
-            if self.table.create(child):
-                created.append(child.lease_key)
-        return tuple(created)
-
     # -- writes ----------------------------------------------------------------------------------
     def write_checkpoint(self, cp: Checkpoint) -> bool:
         """The holder's synchronous checkpoint: a fenced heartbeat carrying it. False when it would not
         advance; LeaseLost when the lease is no longer ours."""
-        state = self.lease
-        with state.writing():
-            attrs = self._heartbeat_attributes()
-            outcome = state.renew(
-                lambda counter: self.table.heartbeat(self.lease_key, self.config.worker_id, counter, attrs, checkpoint=cp))
-            if outcome is Outcome.APPLIED:
-                self.checkpointed = cp
-                return True
-            # Refused: not ours any more, or the checkpoint is not ahead of the table's: tell them apart.
-            if state.still_held_after_refusal(self.table.get(self.lease_key)):
-                return False
-        raise LeaseLost(f"{self.lease_key}: checkpoint refused: {state.reason}")
-
-    def _flush_pending_checkpoint(self) -> None:
-        """Write a checkpoint still waiting for a heartbeat: fenced while held, else the ownerless forward-only
-        write (the records were processed, whoever holds the lease now)."""
-        with self.pending_lock:
-            cp, self.pending_checkpoint = self.pending_checkpoint, None
-        if cp is None:
-            return
-        if self.lease is not None and self.lease.valid():
-            try:
-                if self.write_checkpoint(cp):
-                    return
-            except LeaseLost:
-                pass
-        if self.table.checkpoint(self.lease_key, cp):
-            self.checkpointed = cp
+        return self._locked(life.Locked(life.write_checkpoint(cp)))
 
     def _release_quietly(self) -> bool:
         if self.lease is None:
             return False
         try:
-            return self.lease.finish(
-                lambda counter: self.table.release(self.lease_key, self.config.worker_id, counter), "release")
+            return self.lease.release(
+                lambda counter: self.table.release(self.lease_key, self.config.worker_id, counter))
         except Exception as exc:
             log.warning("%s: could not release the lease: %s", self.lease_key, exc)
             return False
-
-    def _shutdown(self, checkpointer: _Checkpointer) -> WorkerResult:
-        if self.lease.valid():
-            self.processor.shutdown_requested(checkpointer)
-        else:
-            self.processor.lease_lost()
-        self._flush_pending_checkpoint()
-        released = self._release_quietly()
-        log.info("%s: shut down; lease released=%s, checkpoint %s", self.lease_key, released, self.checkpointed)
-        return WorkerResult(self.lease_key, "shutdown", f"released={released}")
-
-    def _lost(self) -> WorkerResult:
-        log.warning("%s: lease lost (%s); stopped delivering", self.lease_key, self.lease.reason)
-        self.processor.lease_lost()
-        self._flush_pending_checkpoint()
-        return WorkerResult(self.lease_key, "lease_lost", self.lease.reason)
 
     # -- heartbeat thread ----------------------------------------------------------------------
     def _heartbeat_attributes(self) -> Mapping[str, Any] | None:
@@ -430,44 +408,21 @@ class LeaseWorker:
         log.error("%s: heartbeat attributes unusable (%s: %s); heartbeating without them", self.lease_key,
                   type(exc).__name__, exc)
 
+    def _heartbeat_failed(self, effect: life.HeartbeatFailed) -> None:
+        exc = effect.error
+        now, hold = self.lease.current()
+        log.warning("%s: heartbeat error (%s: %s); lease valid for %.1fs more", self.lease_key, type(exc).__name__,
+                    exc, max(0.0, hold.valid_until - now))
+
     def _heartbeat_once(self) -> None:
-        """One heartbeat: progress and a pending checkpoint ride along. An attribute the table rejects (an
-        item over 400 KB, say) falls back to a plain heartbeat, so the lease never lapses over it."""
-        state = self.lease
-        with self.pending_lock:
-            pending, self.pending_checkpoint = self.pending_checkpoint, None
-        key, me = self.lease_key, self.config.worker_id
-        try:
-            with state.writing():
-                attrs = self._heartbeat_attributes()
-                try:
-                    outcome = state.renew(lambda c: self.table.heartbeat(key, me, c, attrs, checkpoint=pending))
-                except LeaseTableError as exc:
-                    if not attrs or isinstance(exc, (LeaseTableUnavailable, LeaseTableMissing)):
-                        raise
-                    self._attribute_error(exc)
-                    attrs = None
-                    outcome = state.renew(lambda c: self.table.heartbeat(key, me, c, None, checkpoint=pending))
-                if outcome is Outcome.APPLIED and pending is not None:
-                    self.checkpointed = pending
-                elif outcome is Outcome.REFUSED and pending is not None:
-                    # Not holder, or the checkpoint is not ahead of the table's: tell them apart.
-                    if state.still_held_after_refusal(self.table.get(key)):
-                        state.renew(lambda c: self.table.heartbeat(key, me, c, attrs))
-                    else:
-                        self._restore_pending(pending)  # flushed by _lost: the records were processed
-        except Exception as exc:  # transient: the lease stays valid until its validity passes
-            log.warning("%s: heartbeat error (%s: %s); lease valid for %.1fs more", key, type(exc).__name__, exc,
-                        max(0.0, state.hold.valid_until - self.monotonic()))
-            self._restore_pending(pending)
-            state.valid()
+        """One heartbeat (lease_life.heartbeat_once)."""
+        self._drive(life.heartbeat_once())
 
     def _heartbeat_loop(self) -> None:
         period = self.config.heartbeat_seconds
         while not self.stop.wait(period):
             self._heartbeat_once()
-            hold = self.lease.hold
-            if hold.lost is not None or hold.ended:
+            if not life.heartbeats_continue(self.lease.hold):
                 return
 
     def _restore_pending(self, cp: Checkpoint | None) -> None:
@@ -495,7 +450,7 @@ class LeaseWorker:
 
 def worker_main(config: ConsumerConfig, observed: Lease, spec: ProcessorSpec,
                 results, keepalive=None, keepalive_timeout: float | None = None,
-                log_level: int = logging.INFO) -> None:
+                log_level: int = logging.INFO, stolen: bool = False) -> None:
     """Entry point of a worker process (multiprocessing spawn)."""
     lease_key = observed.lease_key
     logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s [worker {lease_key}] %(message)s")
@@ -514,6 +469,6 @@ def worker_main(config: ConsumerConfig, observed: Lease, spec: ProcessorSpec,
         return
     ka = (lambda: keepalive.value) if keepalive is not None else None
     worker = LeaseWorker(config, observed, processor, keepalive=ka,
-                         keepalive_timeout=keepalive_timeout, stop=stop)
+                         keepalive_timeout=keepalive_timeout, stop=stop, stolen=stolen)
     result = worker.run()
     results.put(result)

@@ -1,0 +1,216 @@
+"""One lease-manager cycle, as a sans-I/O coroutine: scan → list shards → delete → create → decide → spawn.
+
+The manager (manager.py) and the deterministic simulation (kcl_pipeline.sim) drive the same generator,
+the same way as a lease's life (see lease_life.py): it yields effects, its driver answers them. The
+decisions themselves are planner.py's pure functions; this module fixes their order and what each one
+is fed — which is where the subtle bugs live (a scan's observations stamped when the scan *returned*,
+shards listed *after* the scan, one re-scan after deletions and creations).
+
+`ManagerState` is what a manager remembers between cycles; a restarted process starts from a new one.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any, Callable, Collection, Generator, Iterable, Sequence
+
+from .lease_life import Create, ListShards
+from .model import Checkpoint, Lease, Shard
+from .planner import (
+    LeaseAges,
+    leases_to_acquire,
+    leases_to_create,
+    leases_to_delete,
+    scoped_leases,
+    unknown_lease_keys,
+)
+
+
+@dataclass(frozen=True)
+class CycleSettings:
+    worker_id: str
+    initial: Checkpoint
+    expiry_seconds: float
+    leases_to_acquire: int
+    max_leases: int
+    list_shards_probability: float = 1.0
+    drained_attribute: str | None = None
+
+    @classmethod
+    def of(cls, config: Any) -> "CycleSettings":
+        """From a ConsumerConfig."""
+        return cls(config.worker_id, config.initial_position.checkpoint(), config.lease_expiry_seconds,
+                   config.leases_to_acquire, config.max_leases, config.list_shards_probability,
+                   config.parent_drained_attribute)
+
+
+@dataclass
+class ManagerState:
+    ages: LeaseAges = field(default_factory=LeaseAges)
+    shards: list[Shard] = field(default_factory=list)       # the last listing
+    leases: list[Lease] = field(default_factory=list)       # this stream's leases as last scanned
+    unknown_keys: frozenset[str] = frozenset()
+    our_counters: dict[str, int] = field(default_factory=dict)  # ours in the table, not worked here
+    recently_ended: set[str] = field(default_factory=set)
+    list_next: bool = True
+    duplicate_worker_id_sightings: int = 0
+
+
+@dataclass
+class CycleResult:
+    total_shards: int | None = None  # None when this cycle did not list shards
+    deleted: list[str] = field(default_factory=list)
+    created: list[str] = field(default_factory=list)
+    spawned: list[str] = field(default_factory=list)
+    stolen: str | None = None
+    leases: list[Lease] = field(default_factory=list)
+    duplicate_worker_id: list[str] = field(default_factory=list)
+    started_at: float = 0.0
+
+
+# -- effects (the answer each expects is in its docstring) --------------------------------------------
+
+@dataclass(frozen=True)
+class Now:
+    """The manager's clock. → float"""
+
+
+@dataclass(frozen=True)
+class Scanned:
+    leases: list[Lease]
+    sent_at: float      # the manager's clock when the scan was sent
+    returned_at: float  # ... and when its last page returned
+
+
+@dataclass(frozen=True)
+class ScanTable:
+    """Every lease of the table (all pages). → Scanned"""
+
+
+@dataclass(frozen=True)
+class Delete:
+    """DeleteItem conditioned on the observed counter. → bool"""
+    lease: Lease
+
+
+@dataclass(frozen=True)
+class Spawn:
+    """Start a worker for this lease (it acquires it itself, conditioned on what was observed). → None"""
+    lease: Lease
+    stolen: bool = False
+
+
+@dataclass(frozen=True)
+class DuplicateWorkerId:
+    """Another live process writes under our worker id: log it as an error and count it. → None"""
+    lease_keys: tuple[str, ...]
+
+
+Cycle = Generator[Any, Any, CycleResult]
+
+
+def manager_cycle(state: ManagerState, settings: CycleSettings, locally_worked: Collection[str],
+                  rng: random.Random, predecessor: Callable[[str], bool] | None = None) -> Cycle:
+    result = CycleResult()
+    result.started_at = yield Now()
+    scanned = yield ScanTable()
+    leases = scanned.leases
+    # Stamp what a scan saw when it returned, never earlier: a slow, throttled scan must not make live
+    # peers' leases look older than they are.
+    state.ages.observe(leases, scanned.returned_at)
+    unknown = unknown_lease_keys(leases, state.shards)
+    # New keys outside the last listing: new shards (a peer created children), or other streams' leases
+    # sharing the table. List again when that set changes, not every cycle.
+    relist = bool(unknown - state.unknown_keys)
+    if state.list_next or relist or not leases or rng.random() < settings.list_shards_probability:
+        # Shards are listed after the scan, so a lease is never deleted for a shard created meanwhile.
+        state.shards = list((yield ListShards()))
+        state.list_next = False
+        result.total_shards = len(state.shards)
+        for lease in leases_to_delete(leases, state.shards):
+            if (yield Delete(lease)):
+                result.deleted.append(lease.lease_key)
+        for lease in leases_to_create(settings.initial, state.shards, leases, settings.drained_attribute):
+            if (yield Create(lease)):
+                result.created.append(lease.lease_key)
+        if result.deleted or result.created:
+            scanned = yield ScanTable()
+            leases = scanned.leases
+            state.ages.observe(leases, scanned.returned_at)
+    state.unknown_keys = unknown_lease_keys(leases, state.shards)
+    leases = scoped_leases(leases, state.shards)
+    state.leases = leases
+    result.leases = leases
+    moved = watch_our_id(state, settings.worker_id, leases, locally_worked)
+    if moved:
+        state.duplicate_worker_id_sightings += 1
+        result.duplicate_worker_id = moved
+        yield DuplicateWorkerId(tuple(moved))
+    now = yield Now()
+    plan = leases_to_acquire(
+        settings.worker_id, leases, state.ages.ages(now), expiry_seconds=settings.expiry_seconds,
+        leases_to_acquire=settings.leases_to_acquire, max_leases=settings.max_leases,
+        recently_ended_by_us=state.recently_ended, locally_worked=set(locally_worked),
+        drained_attribute=settings.drained_attribute, predecessor=predecessor, rng=rng)
+    for lease in plan.take:
+        yield Spawn(lease)
+        result.spawned.append(lease.lease_key)
+    if plan.steal is not None:
+        yield Spawn(plan.steal, stolen=True)
+        result.stolen = plan.steal.lease_key
+    if plan.take or plan.steal:
+        state.recently_ended.clear()
+    return result
+
+
+def watch_our_id(state: ManagerState, worker_id: str, leases: Sequence[Lease],
+                 locally_worked: Collection[str]) -> list[str]:
+    """Leases owned by our worker id, not worked here, whose counter moved since the last cycle: another
+    live process writes under our id (a copy-pasted --worker-id, say). Such leases are never touched."""
+    ours = {lease.lease_key: lease.lease_counter for lease in leases
+            if lease.lease_owner == worker_id and lease.lease_key not in locally_worked and not lease.is_ended}
+    moved = sorted(key for key, counter in ours.items()
+                   if key in state.our_counters and state.our_counters[key] != counter)
+    state.our_counters = ours
+    return moved
+
+
+def watch_for_expiry(state: ManagerState, settings: CycleSettings,
+                     locally_worked: Collection[str]) -> Generator[Any, Any, bool]:
+    """A scan between cycles (reads only): True when a peer's lease has expired, so the next cycle runs
+    at once. Lease ages count from when this consumer saw a counter change, so without these scans a
+    dead peer's lease would be noticed up to a whole cycle late."""
+    try:
+        scanned = yield ScanTable()
+    except Exception:  # the next cycle retries; a failed look changes nothing
+        return False
+    state.ages.observe(scanned.leases, scanned.returned_at)
+    now = scanned.returned_at
+    return any(not lease.is_ended and lease.lease_key not in locally_worked
+               and state.ages.expired(lease.lease_key, now, settings.expiry_seconds)
+               for lease in scoped_leases(scanned.leases, state.shards))
+
+
+def watch_interval(settings: CycleSettings) -> float:
+    """How often the table is re-scanned between cycles."""
+    return settings.expiry_seconds / 4
+
+
+def wakes_manager(outcome: str) -> bool:
+    """Whether a worker's outcome makes the next cycle run at once: a local worker ended a shard, so its
+    children are ready, and this consumer (which read their parent) is their natural reader."""
+    return outcome == "shard_ended"
+
+
+def note_results(state: ManagerState, outcomes: Iterable[tuple[str, str]]) -> None:
+    """Fold finished workers' (lease key, outcome) into the state."""
+    for key, outcome in outcomes:
+        if outcome == "shard_ended":
+            state.recently_ended.add(key)
+            state.list_next = True
+
+
+__all__ = [
+    "CycleResult", "CycleSettings", "Delete", "DuplicateWorkerId", "ManagerState", "Now", "ScanTable", "Scanned",
+    "Spawn", "manager_cycle", "note_results", "wakes_manager", "watch_for_expiry", "watch_interval", "watch_our_id",
+]

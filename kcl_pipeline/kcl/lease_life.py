@@ -1,0 +1,479 @@
+"""One lease's life in a worker, as sans-I/O coroutines: acquire → parent gate → deliver → heartbeat /
+checkpoint → end / lose / release.
+
+The worker (worker.py) and the deterministic simulation (kcl_pipeline.sim) run these same generators. A
+generator never touches a clock, a thread, a network or a processor: it yields an *effect* (a small
+dataclass saying what it needs done) and its driver sends back the answer, or throws the exception the
+I/O raised into it. So every decision — when to check validity, what a refused write means, when to give
+the lease back, what to flush — is made here once, and the two drivers only do I/O:
+
+    life = lease_life(observed, settings)
+    answer = None
+    while True:
+        effect = life.send(answer)          # StopIteration.value is the LifeResult
+        answer = handle(effect)             # or life.throw(exc) when the I/O failed
+
+Two coroutines share one lease, as the worker's two threads do: `lease_life` (the delivery loop) and
+`heartbeat_once` (one tick of the heartbeat timer). Their fenced writes must not overlap — each is
+conditioned on the counter the previous one left — so a write together with the decision that follows
+it runs inside `Locked(...)`, which the driver runs under the lease's write lock.
+
+The state of the held lease (its fencing counter and validity) is the pure `LeaseHold`; the driver keeps
+the current one (both coroutines read it) and updates it only through `renewed`, `finished_end`,
+`finished_release` and `reinstated` below.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Generator, Mapping, Sequence
+
+from .lease_hold import LeaseHold, LeaseTiming, Outcome
+from .lease_table import LeaseTableError, LeaseTableMissing, LeaseTableUnavailable
+from .model import Checkpoint, Lease, Shard
+from .planner import blocked_on_parents, child_leases_on_end
+
+# -- settings and results -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LifeSettings:
+    timing: LeaseTiming
+    initial: Checkpoint               # where children's leases start (the consumer's initial position)
+    heartbeat_seconds: float
+    drained_attribute: str | None = None
+    # The lease was taken from a live holder (a steal for balance). That holder may deliver until its own
+    # validity passes (it learns of the take at its next heartbeat at the latest), so the new holder
+    # delivers nothing for one expiry after its acquire returned: never two deliverers at once.
+    stolen: bool = False
+
+
+@dataclass(frozen=True)
+class LifeResult:
+    """How a lease's life in a worker ended (the worker reports it to its manager)."""
+
+    lease_key: str
+    outcome: str  # not_acquired | blocked_on_parents | shard_ended | lease_lost | shutdown | failed
+    detail: str = ""
+    children_created: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Status:
+    """The driver's answer to `Check`: its clock, the current hold, and whether it was asked to stop."""
+
+    now: float
+    hold: LeaseHold
+    stop: bool
+
+
+class LeaseLost(Exception):
+    """A fenced write was refused: this worker no longer holds its lease."""
+
+
+# -- effects: what a coroutine asks its driver to do (the answer each expects is in its docstring) ------
+
+class Effect:
+    __slots__ = ()
+
+
+@dataclass(frozen=True)
+class Acquire(Effect):
+    """Conditional take of the observed lease; note the send time and install the hold. → Lease | None"""
+
+
+@dataclass(frozen=True)
+class ReadLeases(Effect):
+    """Consistent reads of these leases. → Mapping[key, Lease | None]"""
+    keys: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class GetLease(Effect):
+    """A consistent read of our own lease. → Lease | None"""
+
+
+@dataclass(frozen=True)
+class Check(Effect):
+    """→ Status (the hold as of now: `LeaseHold.held(now)`)."""
+
+
+@dataclass(frozen=True)
+class Wait(Effect):
+    """Sleep, waking early when asked to stop. → None"""
+    seconds: float
+
+
+@dataclass(frozen=True)
+class WaitForChange(Effect):
+    """Wait until the hold is lost or the timeout passes. → bool (lost)"""
+    seconds: float
+
+
+@dataclass(frozen=True)
+class StartHeartbeats(Effect):
+    """Start the heartbeat timer (one `heartbeat_once` per period while `heartbeats_continue`). → None"""
+
+
+@dataclass(frozen=True)
+class Begin(Effect):
+    """processor.initialize(...) with this lease; open the reader at the start position. → None"""
+    lease: Lease
+
+
+@dataclass(frozen=True)
+class Poll(Effect):
+    """One paced GetRecords. → a batch with `.shard_ended` (the driver's own type, handed back in Deliver)"""
+
+
+@dataclass(frozen=True)
+class Deliver(Effect):
+    """processor.process_records(batch) — empty polls too. → None"""
+    batch: Any
+
+
+@dataclass(frozen=True)
+class ShardEnded(Effect):
+    """processor.shard_ended(checkpointer). → bool: the processor called end_shard()"""
+
+
+@dataclass(frozen=True)
+class Notify(Effect):
+    """processor.lease_lost() or processor.shutdown_requested(checkpointer). → None"""
+    event: str  # "lease_lost" | "shutdown_requested"
+
+
+@dataclass(frozen=True)
+class Renew(Effect):
+    """A fenced, counter-moving write (heartbeat; the holder's checkpoint rides along) through the hold,
+    skipped as refused when the hold is already lost or ended (`may_write`). → Outcome"""
+    attributes: Mapping[str, Any] | None
+    checkpoint: Checkpoint | None = None
+
+
+@dataclass(frozen=True)
+class End(Effect):
+    """The holder's fenced SHARD_END through the hold (`finished_end`). → Outcome"""
+
+
+@dataclass(frozen=True)
+class Release(Effect):
+    """The fenced release through the hold (`finished_release`); a failure reads as not released. → bool"""
+
+
+@dataclass(frozen=True)
+class Reinstate(Effect):
+    """A write carrying a checkpoint was refused; `reinstated(hold, current)` tells whether the lease is
+    still ours (the checkpoint's own condition refused it). → bool"""
+    current: Lease | None
+
+
+@dataclass(frozen=True)
+class MarkEnded(Effect):
+    """The pipeline's ownerless commit wrote SHARD_END: `hold.ended_by_pipeline()`. → None"""
+
+
+@dataclass(frozen=True)
+class OwnerlessCheckpoint(Effect):
+    """The forward-only checkpoint that needs no lease. → bool"""
+    checkpoint: Checkpoint
+
+
+@dataclass(frozen=True)
+class Checkpointed(Effect):
+    """Note a checkpoint the table now holds. → None"""
+    checkpoint: Checkpoint
+
+
+@dataclass(frozen=True)
+class TakePending(Effect):
+    """Take the checkpoint waiting for the next heartbeat (None when there is none). → Checkpoint | None"""
+
+
+@dataclass(frozen=True)
+class RestorePending(Effect):
+    """Put a checkpoint back for the next heartbeat, unless a newer one is waiting. → None"""
+    checkpoint: Checkpoint | None
+
+
+@dataclass(frozen=True)
+class Attributes(Effect):
+    """The processor's progress attributes for the next heartbeat, checked (None on any failure, which
+    the driver logs and counts). → Mapping | None"""
+
+
+@dataclass(frozen=True)
+class AttributesRejected(Effect):
+    """The table rejected the attributes (say, an item over 400 KB): log and count. → None"""
+    error: Exception
+
+
+@dataclass(frozen=True)
+class HeartbeatFailed(Effect):
+    """A heartbeat did not reach a verdict (unreachable, throttled): log; the hold stays valid until its
+    validity passes. → None"""
+    error: Exception
+
+
+@dataclass(frozen=True)
+class ListShards(Effect):
+    """→ list[Shard]"""
+
+
+@dataclass(frozen=True)
+class Scan(Effect):
+    """→ list[Lease]"""
+
+
+@dataclass(frozen=True)
+class Create(Effect):
+    """Conditional put of a new lease. → bool"""
+    lease: Lease
+
+
+@dataclass(frozen=True)
+class Locked(Effect):
+    """Run this sub-coroutine under the lease's write lock, with these same effects. → its return value"""
+    body: Generator
+
+
+Life = Generator[Effect, Any, LifeResult]
+
+
+def drive(coroutine: Generator, handle: Callable[[Any], Any]) -> Any:
+    """Run a coroutine to its end synchronously: `handle(effect)` answers each effect; an exception it
+    raises is thrown into the coroutine (which decides what it means). Returns the coroutine's value."""
+    answer: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            effect = coroutine.throw(error) if error is not None else coroutine.send(answer)
+        except StopIteration as stop:
+            return stop.value
+        try:
+            answer, error = handle(effect), None
+        except Exception as exc:
+            answer, error = None, exc
+
+
+# -- the hold's transitions the drivers apply (pure) ----------------------------------------------------
+
+def may_write(hold: LeaseHold) -> bool:
+    """A fenced write is sent only while the lease is still ours as far as we know."""
+    return hold.lost is None and not hold.ended
+
+
+def renewed(hold: LeaseHold, outcome: Outcome, sent_at: float, timing: LeaseTiming, now: float) -> LeaseHold:
+    return hold.after_renew(outcome, sent_at, timing, now)
+
+
+def finished_end(hold: LeaseHold, outcome: Outcome) -> LeaseHold:
+    return hold.after_end(outcome)
+
+
+def finished_release(hold: LeaseHold, outcome: Outcome) -> LeaseHold:
+    return hold.after_release(outcome)
+
+
+def reinstated(hold: LeaseHold, current: Lease | None) -> LeaseHold | None:
+    """After a refused write that carried a checkpoint: the hold again when the table still shows our owner
+    and counter (the checkpoint was not ahead of the table's), None when the lease is really gone."""
+    if current is not None and not current.is_ended and current.lease_owner == hold.owner \
+            and current.lease_counter == hold.counter:
+        return replace(hold, lost=None)
+    return None
+
+
+def heartbeats_continue(hold: LeaseHold) -> bool:
+    return hold.lost is None and not hold.ended
+
+
+def wait_between_polls_for_end(settings: LifeSettings) -> float:
+    """How long an idle worker waits between looks at a lease whose end someone else writes."""
+    return min(1.0, settings.heartbeat_seconds)
+
+
+# -- the delivery coroutine -----------------------------------------------------------------------------
+
+def lease_life(observed: Lease, settings: LifeSettings) -> Life:
+    """The life of the lease `observed` (as the manager's scan saw it) in one worker."""
+    key = observed.lease_key
+    acquired = False
+    try:
+        lease = yield Acquire()
+        if lease is None:
+            return LifeResult(key, "not_acquired",
+                              "the lease changed since it was observed (another consumer moved it first, or it ended)")
+        acquired = True
+        if lease.parent_shard_ids:
+            # Java's BlockOnParentShard: never read a child before its parents are finished, read now (not
+            # from the manager's scan: peers create merged children early). Give the lease back at once
+            # rather than sit on it; the planner takes it again once the parents are done.
+            parents = yield ReadLeases(tuple(lease.parent_shard_ids))
+            waiting = blocked_on_parents(lease, parents, settings.drained_attribute)
+            if waiting:
+                yield Release()
+                return LifeResult(key, "blocked_on_parents", ",".join(waiting))
+        yield StartHeartbeats()
+        if settings.stolen:
+            status = yield Check()
+            deliver_from = status.now + settings.timing.expiry_seconds
+            while status.now < deliver_from:
+                if status.stop:
+                    return (yield from _shutdown(key, status))
+                if not status.hold.may_deliver(status.now):
+                    return (yield from _lost(key, status.hold))
+                yield Wait(min(deliver_from - status.now, settings.heartbeat_seconds))
+                status = yield Check()
+        yield Begin(lease)
+        while True:
+            status = yield Check()
+            if status.stop:
+                return (yield from _shutdown(key, status))
+            if not status.hold.may_deliver(status.now):
+                return (yield from _lost(key, status.hold))
+            batch = yield Poll()
+            status = yield Check()  # checked again right before delivering: a freeze may sit in between
+            if status.stop:
+                # Records fetched but not delivered are re-read by the next owner (not checkpointed).
+                return (yield from _shutdown(key, status))
+            if not status.hold.may_deliver(status.now):
+                return (yield from _lost(key, status.hold))
+            yield Deliver(batch)
+            if batch.shard_ended:
+                status = yield Check()
+                if not status.hold.may_deliver(status.now):
+                    return (yield from _lost(key, status.hold))
+                yield from flush_pending()
+                end_requested = yield ShardEnded()
+                return (yield from _finish_ended(key, end_requested, settings))
+    except LeaseLost as exc:
+        return LifeResult(key, "lease_lost", str(exc))
+    except Exception as exc:  # the manager retries the lease on a later cycle; the driver logs why
+        released = False
+        if acquired:
+            released = yield Release()
+        return LifeResult(key, "failed", f"{type(exc).__name__}: {exc}" + ("" if released or not acquired
+                                                                            else " (lease not released)"))
+
+
+def _finish_ended(key: str, end_requested: bool, settings: LifeSettings) -> Life:
+    """After the last record: once the lease is SHARD_END, create the children's leases.
+
+    A processor may leave the end to someone else (the landing pipeline ends a shard only after its last
+    window is transformed): then the worker keeps heartbeating, idle, until the lease is ended (its
+    heartbeat condition fails on SHARD_END), lost, or the worker is asked to stop.
+    """
+    if end_requested:
+        outcome = yield End()
+        if outcome is not Outcome.APPLIED:
+            raise LeaseLost(f"{key}: SHARD_END refused: the lease is no longer held by this worker")
+    else:
+        while True:
+            status = yield Check()
+            if status.stop:
+                return (yield from _shutdown(key, status))
+            if status.hold.ended:
+                break
+            if (yield WaitForChange(wait_between_polls_for_end(settings))):
+                current = yield GetLease()
+                if current is not None and current.is_ended:
+                    yield MarkEnded()
+                    break
+                status = yield Check()
+                return (yield from _lost(key, status.hold))
+    shards: Sequence[Shard] = yield ListShards()
+    leases: Sequence[Lease] = yield Scan()
+    created = []
+    for child in child_leases_on_end(key, shards, leases, settings.initial, settings.drained_attribute):
+        if (yield Create(child)):
+            created.append(child.lease_key)
+    return LifeResult(key, "shard_ended", children_created=tuple(created))
+
+
+def _shutdown(key: str, status: Status) -> Life:
+    yield Notify("shutdown_requested" if status.hold.may_deliver(status.now) else "lease_lost")
+    yield from flush_pending()
+    released = yield Release()
+    return LifeResult(key, "shutdown", f"released={released}")
+
+
+def _lost(key: str, hold: LeaseHold) -> Life:
+    yield Notify("lease_lost")
+    yield from flush_pending()
+    return LifeResult(key, "lease_lost", hold.lost or "no longer valid")
+
+
+def flush_pending() -> Generator[Effect, Any, None]:
+    """Write a checkpoint still waiting for a heartbeat: fenced while held, else the ownerless forward-only
+    write (the records were processed, whoever holds the lease now)."""
+    cp = yield TakePending()
+    if cp is None:
+        return
+    status = yield Check()
+    if status.hold.may_deliver(status.now):
+        try:
+            if (yield Locked(write_checkpoint(cp))):
+                return
+        except LeaseLost:
+            pass
+    if (yield OwnerlessCheckpoint(cp)):
+        yield Checkpointed(cp)
+
+
+def write_checkpoint(cp: Checkpoint) -> Generator[Effect, Any, bool]:
+    """The holder's synchronous checkpoint, run under the write lock: a fenced heartbeat carrying it. True
+    when written, False when it would not advance; LeaseLost when the lease is no longer ours."""
+    attributes = yield Attributes()
+    outcome = yield Renew(attributes, cp)
+    if outcome is Outcome.APPLIED:
+        yield Checkpointed(cp)
+        return True
+    # Refused: not ours any more, or the checkpoint is not ahead of the table's: tell them apart.
+    if (yield Reinstate((yield GetLease()))):
+        return False
+    status = yield Check()
+    raise LeaseLost(f"checkpoint refused: {status.hold.lost or 'the lease is no longer ours'}")
+
+
+# -- the heartbeat coroutine ----------------------------------------------------------------------------
+
+def heartbeat_once() -> Generator[Effect, Any, None]:
+    """One heartbeat: progress and a pending checkpoint ride along. An attribute the table rejects falls
+    back to a plain heartbeat, so the lease never lapses over it; an error without a verdict keeps the
+    hold until its validity passes."""
+    pending = yield TakePending()
+    try:
+        yield Locked(_heartbeat_locked(pending))
+    except Exception as exc:  # transient: the lease stays valid until its validity passes
+        yield RestorePending(pending)
+        yield HeartbeatFailed(exc)
+
+
+def _heartbeat_locked(pending: Checkpoint | None) -> Generator[Effect, Any, None]:
+    attributes = yield Attributes()
+    try:
+        outcome = yield Renew(attributes, pending)
+    except LeaseTableError as exc:
+        if not attributes or isinstance(exc, (LeaseTableUnavailable, LeaseTableMissing)):
+            raise
+        yield AttributesRejected(exc)
+        attributes = None
+        outcome = yield Renew(None, pending)
+    if outcome is Outcome.APPLIED and pending is not None:
+        yield Checkpointed(pending)
+    elif outcome is Outcome.REFUSED and pending is not None:
+        # Not holder, or the checkpoint is not ahead of the table's: tell them apart.
+        if (yield Reinstate((yield GetLease()))):
+            yield Renew(attributes, None)
+        else:
+            yield RestorePending(pending)  # flushed when the delivery loop sees the loss: the records were processed
+
+
+__all__ = [
+    "Acquire", "Attributes", "AttributesRejected", "Begin", "Check", "Checkpointed", "Create", "Deliver",
+    "Effect", "End", "GetLease", "HeartbeatFailed", "LeaseLost", "LifeResult", "LifeSettings", "ListShards",
+    "Locked", "MarkEnded", "Notify", "OwnerlessCheckpoint", "Poll", "ReadLeases", "Reinstate", "Release",
+    "Renew", "RestorePending", "Scan", "ShardEnded", "StartHeartbeats", "Status", "TakePending", "Wait",
+    "WaitForChange", "drive", "finished_end", "finished_release", "flush_pending", "heartbeat_once", "heartbeats_continue",
+    "lease_life", "may_write", "reinstated", "renewed", "write_checkpoint",
+]

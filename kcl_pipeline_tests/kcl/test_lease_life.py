@@ -1,0 +1,183 @@
+"""The lease-life and manager-cycle coroutines, driven by hand: each effect answered as a test decides.
+
+These are the decisions worker.py and manager.py make (they only do the I/O); the simulation drives the
+same coroutines over many seeds. Here each rule gets one small, readable history.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from kcl_pipeline.kcl import cycle as cyc
+from kcl_pipeline.kcl import lease_life as life
+from kcl_pipeline.kcl.lease_hold import LeaseHold, LeaseTiming, Outcome
+from kcl_pipeline.kcl.model import SHARD_END, TRIM_HORIZON, Checkpoint, HashKeyRange, Lease, Shard
+
+TIMING = LeaseTiming(10.0, 1.0)
+SETTINGS = life.LifeSettings(TIMING, Checkpoint(TRIM_HORIZON), heartbeat_seconds=3.0)
+
+
+@dataclass
+class Batch:
+    records: tuple = ()
+    shard_ended: bool = False
+
+
+class Script:
+    """Answers a coroutine's effects from a small world: a clock, a hold, a lease table of dicts."""
+
+    def __init__(self, lease: Lease, parents: dict | None = None, end_outcome=Outcome.APPLIED):
+        self.now = 0.0
+        self.lease = lease
+        self.parents = parents or {}
+        self.hold: LeaseHold | None = None
+        self.effects: list = []
+        self.batches = [Batch(), Batch(shard_ended=True)]
+        self.end_outcome = end_outcome
+        self.released = False
+
+    def __call__(self, effect):
+        self.effects.append(type(effect).__name__)
+        if isinstance(effect, life.Acquire):
+            self.lease = Lease(self.lease.lease_key, self.lease.checkpoint, "me", self.lease.lease_counter + 1,
+                               parent_shard_ids=self.lease.parent_shard_ids)
+            self.hold = LeaseHold.acquired(self.lease, self.now, TIMING)
+            return self.lease
+        if isinstance(effect, life.ReadLeases):
+            return {k: self.parents.get(k) for k in effect.keys}
+        if isinstance(effect, life.Check):
+            self.hold = self.hold.held(self.now)
+            return life.Status(self.now, self.hold, False)
+        if isinstance(effect, life.Wait):
+            self.now += effect.seconds
+            self.hold = self.hold.after_renew(Outcome.APPLIED, self.now, TIMING, self.now)  # heartbeats meanwhile
+            return None
+        if isinstance(effect, life.Poll):
+            self.now += 0.5
+            return self.batches.pop(0)
+        if isinstance(effect, life.ShardEnded):
+            return True
+        if isinstance(effect, life.End):
+            self.hold = life.finished_end(self.hold, self.end_outcome)
+            return self.end_outcome
+        if isinstance(effect, life.Release):
+            self.released = True
+            self.hold = life.finished_release(self.hold, Outcome.APPLIED)
+            return True
+        if isinstance(effect, life.ListShards):
+            return [Shard("s-0", hash_key_range=HashKeyRange("0", "9"), ending_sequence_number="5"),
+                    Shard("s-1", parent_shard_id="s-0", hash_key_range=HashKeyRange("0", "9"))]
+        if isinstance(effect, life.Scan):
+            return [self.lease]
+        if isinstance(effect, life.Create):
+            return True
+        if isinstance(effect, life.Locked):
+            return life.drive(effect.body, self)
+        return None  # StartHeartbeats, Begin, Deliver, Notify, TakePending, ...
+
+
+def test_a_lease_read_to_its_end_is_ended_and_its_children_created():
+    script = Script(Lease("s-0", Checkpoint(TRIM_HORIZON), None, 4))
+    result = life.drive(life.lease_life(script.lease, SETTINGS), script)
+    assert result == life.LifeResult("s-0", "shard_ended", children_created=("s-1",))
+    assert script.effects.index("End") < script.effects.index("Create")
+
+
+def test_a_refused_shard_end_is_a_lost_lease_not_a_failure():
+    script = Script(Lease("s-0", Checkpoint(TRIM_HORIZON), None, 4), end_outcome=Outcome.REFUSED)
+    result = life.drive(life.lease_life(script.lease, SETTINGS), script)
+    assert result.outcome == "lease_lost" and "SHARD_END refused" in result.detail
+    assert "Create" not in script.effects
+
+
+def test_a_child_whose_parent_is_in_progress_is_given_back_before_any_read():
+    child = Lease("s-2", Checkpoint(TRIM_HORIZON), None, 0, parent_shard_ids=("s-0", "s-1"))
+    script = Script(child, parents={"s-0": Lease("s-0", Checkpoint(SHARD_END)), "s-1": Lease("s-1", Checkpoint("7"), "peer", 3)})
+    result = life.drive(life.lease_life(child, SETTINGS), script)
+    assert (result.outcome, result.detail) == ("blocked_on_parents", "s-1")
+    assert script.released and "Begin" not in script.effects and "Poll" not in script.effects
+
+
+def test_a_stolen_lease_delivers_nothing_for_one_expiry_after_its_acquire():
+    """The live holder it was taken from may deliver until its own validity passes."""
+    script = Script(Lease("s-0", Checkpoint(TRIM_HORIZON), "peer", 9))
+    begun_at = []
+    original = script.__call__
+
+    def watch(effect):
+        if isinstance(effect, life.Begin):
+            begun_at.append(script.now)
+        return original(effect)
+
+    life.drive(life.lease_life(script.lease, SETTINGS.__class__(**{**SETTINGS.__dict__, "stolen": True})), watch)
+    assert begun_at == [TIMING.expiry_seconds]
+
+
+def test_an_invalid_hold_never_delivers_what_it_polled():
+    script = Script(Lease("s-0", Checkpoint(TRIM_HORIZON), None, 4))
+    delivered = []
+    original = script.__call__
+
+    def freeze_during_poll(effect):
+        if isinstance(effect, life.Poll):
+            script.now += 60.0  # frozen past the validity between the poll and the delivery
+        if isinstance(effect, life.Deliver):
+            delivered.append(effect.batch)
+        return original(effect)
+
+    result = life.drive(life.lease_life(script.lease, SETTINGS), freeze_during_poll)
+    assert result.outcome == "lease_lost" and delivered == []
+
+
+def test_an_io_failure_fails_the_life_and_gives_the_lease_back():
+    script = Script(Lease("s-0", Checkpoint(TRIM_HORIZON), None, 4))
+    original = script.__call__
+
+    def broken_reader(effect):
+        if isinstance(effect, life.Poll):
+            raise ConnectionError("kinesis unreachable")
+        return original(effect)
+
+    result = life.drive(life.lease_life(script.lease, SETTINGS), broken_reader)
+    assert result.outcome == "failed" and "kinesis unreachable" in result.detail and script.released
+
+
+def test_the_manager_cycle_stamps_lease_ages_when_the_scan_returns():
+    state = cyc.ManagerState(shards=[Shard("s-0")], list_next=False)
+    settings = cyc.CycleSettings("me", Checkpoint(TRIM_HORIZON), 10.0, 1, 10)
+    peer = Lease("s-0", Checkpoint("5"), "peer", 3)
+
+    def handle(effect):
+        if isinstance(effect, cyc.Now):
+            return 100.0 if not hasattr(handle, "started") else 112.0
+        if isinstance(effect, cyc.ScanTable):
+            handle.started = True
+            return cyc.Scanned([peer], sent_at=100.0, returned_at=111.0)  # a 11 s throttled scan
+        if isinstance(effect, life.ListShards):
+            return [Shard("s-0")]
+        return None
+
+    result = life.drive(cyc.manager_cycle(state, settings, (), random.Random(0)), handle)
+    assert state.ages.age("s-0", 112.0) == 1.0
+    assert result.spawned == [] and result.stolen is None  # a live peer's lease is not expired
+
+
+def test_the_manager_notices_a_second_process_under_its_worker_id():
+    state = cyc.ManagerState(shards=[Shard("s-0")], list_next=False)
+    settings = cyc.CycleSettings("me", Checkpoint(TRIM_HORIZON), 10.0, 1, 10)
+    seen = [Lease("s-0", Checkpoint("5"), "me", 3)]
+    told = []
+
+    def handle(effect):
+        if isinstance(effect, cyc.ScanTable):
+            return cyc.Scanned(list(seen), 0.0, 0.0)
+        if isinstance(effect, cyc.DuplicateWorkerId):
+            told.append(effect.lease_keys)
+        if isinstance(effect, life.ListShards):
+            return [Shard("s-0")]
+        return 0.0 if isinstance(effect, cyc.Now) else None
+
+    life.drive(cyc.manager_cycle(state, settings, (), random.Random(0)), handle)
+    seen[0] = Lease("s-0", Checkpoint("5"), "me", 4)
+    life.drive(cyc.manager_cycle(state, settings, (), random.Random(0)), handle)
+    assert told == [("s-0",)] and state.duplicate_worker_id_sightings == 1
