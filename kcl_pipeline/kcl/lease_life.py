@@ -287,6 +287,14 @@ def heartbeats_continue(hold: LeaseHold) -> bool:
     return hold.lost is None and not hold.ended
 
 
+def start_position(checkpoint: Checkpoint, landed: Checkpoint | None) -> Checkpoint:
+    """Where reading starts: after the lease checkpoint, or after the last record the processor says it
+    already has (a landing processor's last landed record) when that is later."""
+    if landed is not None and (checkpoint.is_starting_sentinel or landed.key() > checkpoint.key()):
+        return landed
+    return checkpoint
+
+
 def wait_between_polls_for_end(settings: LifeSettings) -> float:
     """How long an idle worker waits between looks at a lease whose end someone else writes."""
     return min(1.0, settings.heartbeat_seconds)
@@ -475,5 +483,5 @@ __all__ = [
     "Locked", "MarkEnded", "Notify", "OwnerlessCheckpoint", "Poll", "ReadLeases", "Reinstate", "Release",
     "Renew", "RestorePending", "Scan", "ShardEnded", "StartHeartbeats", "Status", "TakePending", "Wait",
     "WaitForChange", "drive", "finished_end", "finished_release", "flush_pending", "heartbeat_once", "heartbeats_continue",
-    "lease_life", "may_write", "reinstated", "renewed", "write_checkpoint",
+    "lease_life", "may_write", "reinstated", "renewed", "start_position", "write_checkpoint",
 ]

@@ -26,7 +26,7 @@ from .metrics import Metrics
 from .model import Lease, Shard
 from .planner import LeaseAges
 from .shards import list_shards
-from .worker import ProcessorSpec, WorkerResult, worker_main
+from .worker import ProcessorSpec, WorkerResult, lease_table_client, worker_main
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class LeaseManager:
         self.workers: dict[str, multiprocessing.process.BaseProcess] = {}
         self._pending: list[WorkerResult] = []
         self.kinesis = client("kinesis", config.aws)
-        self.table = LeaseTable(config.lease_table, client("dynamodb", config.aws))
+        self.table = LeaseTable(config.lease_table, lease_table_client(config))
         cw = client("cloudwatch", config.aws, max_attempts=2) if config.metrics_namespace else None
         self.metrics = Metrics(config.metrics_namespace, cw, config.application, config.worker_id)
 

@@ -53,6 +53,24 @@ class ProcessorSpec:
         return getattr(importlib.import_module(module), attr)(**self.kwargs)
 
 
+# A lease-table call still retrying after the lease's validity has passed is useless, and one still retrying
+# long after a network fault healed keeps its consumer deaf (with botocore's 8 attempts, a 5 s connect
+# timeout and a 20 s read timeout, a call caught by a 30 s partition returned a minute after it healed).
+# So lease I/O gets few attempts and a read timeout of a heartbeat: a failed call is simply retried by
+# the next heartbeat or cycle.
+LEASE_TABLE_ATTEMPTS = 3
+
+
+def lease_table_read_timeout(config: ConsumerConfig) -> float:
+    return max(2.0, config.heartbeat_seconds)
+
+
+def lease_table_client(config: ConsumerConfig):
+    """The DynamoDB client of a consumer's lease table (see LEASE_TABLE_ATTEMPTS)."""
+    return client("dynamodb", config.aws, max_attempts=LEASE_TABLE_ATTEMPTS,
+                  read_timeout=lease_table_read_timeout(config))
+
+
 # What a worker tells its manager when it stops (outcome: not_acquired | blocked_on_parents | shard_ended |
 # lease_lost | shutdown | failed).
 WorkerResult = LifeResult
@@ -202,7 +220,7 @@ class LeaseWorker:
         self.settings = LifeSettings(self.timing, config.initial_position.checkpoint(), config.heartbeat_seconds,
                                      config.parent_drained_attribute, stolen)
         self.kinesis = client("kinesis", config.aws)
-        self.table = LeaseTable(config.lease_table, client("dynamodb", config.aws))
+        self.table = LeaseTable(config.lease_table, lease_table_client(config))
         # Few retries for metrics: a CloudWatch outage must not stall delivery.
         cw = client("cloudwatch", config.aws, max_attempts=2) if config.metrics_namespace else None
         self.metrics = Metrics(config.metrics_namespace, cw, config.application, config.worker_id)
@@ -306,13 +324,11 @@ class LeaseWorker:
                                   sleep=self._interruptible_sleep)
 
     def _start_position(self, lease: Lease) -> Checkpoint:
-        start = lease.checkpoint
         resume = getattr(self.processor, "resume_position", None)
-        landed = resume() if resume else None
-        if landed is not None and (start.is_starting_sentinel or landed.key() > start.key()):
+        start = life.start_position(lease.checkpoint, resume() if resume else None)
+        if start != lease.checkpoint:
             log.info("%s: resuming after the last landed record %s (lease checkpoint %s)",
-                     self.lease_key, landed, start)
-            return landed
+                     self.lease_key, start, lease.checkpoint)
         return start
 
     def _poll(self, _effect):

@@ -214,11 +214,17 @@ class NetworkFaults:
     silent_loss: float = 0.2          # of lost responses, those noticed only at the read timeout (else a reset)
     partitioned: bool = False
     slow: float = 1.0                 # latency multiplier (a congested path)
-    read_timeout: float = 20.0        # kcl/aws.py's client setting
-    connect_timeout: float = 5.0
+    connect_timeout: float = 5.0      # kcl/aws.py's client setting
+    healthy_since: float = 0.0        # when the last fault on this path healed (the world sets it)
     # Outcomes forced on the next attempts, in order ("ok", "throttle", "lost_request", "lost_response",
     # "timeout"): a test's or a fault's exact script, before the probabilities apply again.
     forced: list[str] = field(default_factory=list)
+
+    def healthy(self) -> bool:
+        """No fault that delays requests for long is in effect (background noise aside)."""
+        return (not self.partitioned and self.slow <= 1.0 and not self.forced and self.throttle <= 0.02
+                and self.lost_request <= 0.02 and (self.lost_response <= 0.02 and self.silent_loss == 0.0
+                                                   or self.lost_response == 0.0))
 
     def draw(self, rng: random.Random) -> str:
         if self.forced:
@@ -238,8 +244,6 @@ class NetworkFaults:
 class SimDynamoDBClient:
     """What `LeaseTable` calls: put_item, update_item, get_item, scan, delete_item, describe_table, create_table."""
 
-    max_attempts = 8  # kcl/aws.py: botocore standard retry mode
-
     class _Meta:
         region_name = "us-east-1"
         endpoint_url = ENDPOINT
@@ -247,8 +251,10 @@ class SimDynamoDBClient:
     meta = _Meta()
 
     def __init__(self, service: SimDynamoDB, rng: random.Random, faults: NetworkFaults | None = None,
-                 actor: Any = None):
+                 actor: Any = None, max_attempts: int = 8, read_timeout: float = 20.0):
         self.service = service
+        self.max_attempts = max_attempts  # botocore's standard retry mode
+        self.read_timeout = read_timeout
         self.rng = rng
         self.faults = faults or NetworkFaults()
         self.actor = actor          # who the service sees writing (the world's ground truth)
@@ -313,7 +319,7 @@ class SimDynamoDBClient:
                         response, failure = None, exc
                     self.applied_writes += self.service.applied - applied_before
                     if outcome == "timeout":
-                        self.elapsed += f.read_timeout
+                        self.elapsed += self.read_timeout
                         error = ReadTimeoutError(endpoint_url=ENDPOINT, error="Read timed out")
                     elif outcome == "lost_response":
                         error = ConnectionClosedError(endpoint_url=ENDPOINT)
@@ -329,4 +335,9 @@ class SimDynamoDBClient:
             self.elapsed += min(rng.random() * 2 ** retries, 20.0)
 
 
-__all__ = ["NetworkFaults", "SimDynamoDB", "SimDynamoDBClient", "SimTable", "item_size"]
+def retry_budget(max_attempts: int, read_timeout: float, connect_timeout: float = 5.0) -> float:
+    """The longest a call can take when every attempt times out (botocore's back-off at its largest)."""
+    return max_attempts * max(read_timeout, connect_timeout) + sum(min(2.0 ** i, 20.0) for i in range(max_attempts - 1))
+
+
+__all__ = ["NetworkFaults", "retry_budget", "SimDynamoDB", "SimDynamoDBClient", "SimTable", "item_size"]

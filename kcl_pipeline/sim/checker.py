@@ -1,0 +1,225 @@
+"""The invariants, checked against the world's ground truth as the history unfolds and once it settles.
+
+Ground truth the consumer cannot see: which process made every applied write, when it sent it, every
+user record the stream holds, every delivery and every landed copy. Checked at every step:
+
+* at most one of our workers delivers a shard: once another worker started delivering it, an earlier
+  one never delivers it again;
+* a worker delivers only while the table shows the lease as its own, or within the expiry after sending
+  the last write of it the table applied (its validity; the margin absorbs clock drift);
+* no checkpoint goes back; none passes an undelivered record; SHARD_END only after every record;
+* no record of a child shard before every record of its parents;
+* a write the table applied is never reported as not applied (ambiguous outcomes are read back);
+* no record is landed twice; leases of other applications and streams, and non-lease items, never change;
+* no lease stays owned but unworked for longer than one expiry plus one cycle (while a consumer could
+  take it over).
+
+Checked once the faults stopped and the fleet settled: every record delivered and landed, every lease of
+an open shard owned and worked, and the live consumers balanced within one lease.
+"""
+from __future__ import annotations
+
+import bisect
+from typing import TYPE_CHECKING, Any
+
+from ..kcl.lease_table import lease_from_item
+from ..kcl.model import Checkpoint
+from .consumer import SimWorker
+
+if TYPE_CHECKING:
+    from .world import World
+
+
+def _order(cp: Checkpoint) -> tuple:
+    if cp.is_starting_sentinel:
+        return (0,)
+    if cp.is_shard_end:
+        return (2,)
+    return (1,) + cp.key()
+
+
+class Checker:
+    def __init__(self, world: "World"):
+        self.world = world
+        self.violations: list[str] = []
+        self.delivered: dict[str, set] = {}
+        self.prefix: dict[str, int] = {}
+        self.started: set[str] = set()
+        self.deliverers: dict[str, list[int]] = {}
+        self.holder: dict[str, Any] = {}
+        self.unworked_since: dict[str, float] = {}
+        self.foreign: dict[str, dict] = {}
+        self.deliveries = 0
+        self.redelivered = 0
+
+    def violation(self, message: str) -> None:
+        if not self.violations:
+            self.world.note(f"VIOLATION {message}")
+        self.violations.append(f"t={self.world.now:.3f}: {message}")
+
+    # -- the lease table -----------------------------------------------------------------------------------
+    def on_write(self, table: str, key: str, before: dict | None, after: dict | None, actor: Any) -> None:
+        world = self.world
+        if key in self.foreign:
+            self.violation(f"{actor} changed {key}, an item this consumer does not own: {before} -> {after}")
+            return
+        old = lease_from_item(before) if before is not None else None
+        new = lease_from_item(after) if after is not None else None
+        if new is None:
+            self.holder.pop(key, None)
+            return
+        shard = world.stream.shards.get(key)
+        if shard is None:
+            self.violation(f"{actor} wrote lease {key}, which is no shard of the stream")
+            return
+        if old is not None and _order(new.checkpoint) < _order(old.checkpoint):
+            self.violation(f"{actor}: the checkpoint of {key} went back from {old.checkpoint} to {new.checkpoint}")
+        cp = new.checkpoint
+        if cp.is_shard_end:
+            if old is None or not old.checkpoint.is_shard_end:
+                missing = len(shard.positions) - self.prefix.get(key, 0)
+                if shard.closed_at is None or missing:
+                    self.violation(f"{actor} ended {key} with {missing} records undelivered"
+                                   + ("" if shard.closed_at is not None else " (the shard is still open)"))
+        elif not cp.is_starting_sentinel:
+            if bisect.bisect_right(shard.positions, cp.key()) > self.prefix.get(key, 0):
+                self.violation(f"{actor} checkpointed {key} at {cp}, past an undelivered record")
+        if old is None or (old.lease_owner, old.lease_counter) != (new.lease_owner, new.lease_counter):
+            if isinstance(actor, SimWorker) and new.lease_owner == actor.worker_id:
+                self.holder[key] = actor
+                actor.applied_sent_true = actor.inflight_sent_true
+            else:
+                self.holder[key] = actor if new.lease_owner is not None else None
+
+    # -- deliveries ----------------------------------------------------------------------------------------
+    def on_deliver(self, worker: Any, shard_id: str, records, java: bool = False) -> None:
+        world = self.world
+        now = world.now
+        positions = [r.position() for r in records] if not java else list(records)
+        if not java:
+            holder = self.holder.get(shard_id)
+            if holder is not worker:
+                sent = worker.applied_sent_true
+                expiry = worker.config.lease_expiry_seconds
+                if sent is None or now >= sent + expiry:
+                    self.violation(
+                        f"{worker!r} delivered {shard_id} {positions[0][1]}/{positions[0][2]} while the table shows "
+                        f"the lease as {holder!r}'s, "
+                        + ("without any write of its own applied" if sent is None else
+                           f"{now - sent:.2f}s after sending its last applied write (expiry {expiry}s)"))
+            serials = self.deliverers.setdefault(shard_id, [])
+            if not serials or serials[-1] != worker.serial:
+                if worker.serial in serials:
+                    self.violation(f"{worker!r} delivered {shard_id} again after worker {serials[-1]} started "
+                                   f"delivering it: two workers delivered one shard at once")
+                serials.append(worker.serial)
+        shard = world.stream.shards[shard_id]
+        if shard_id not in self.started:
+            self.started.add(shard_id)
+            for parent_id in shard.parents:
+                parent = world.stream.shards[parent_id]
+                missing = len(parent.positions) - self.prefix.get(parent_id, 0)
+                if parent.closed_at is None or missing:
+                    self.violation(f"{worker!r} delivered the first record of {shard_id} while its parent "
+                                   f"{parent_id} has {missing} undelivered records")
+        delivered = self.delivered.setdefault(shard_id, set())
+        for p in positions:
+            if p in delivered:
+                self.redelivered += 1
+            else:
+                delivered.add(p)
+        self.deliveries += len(positions)
+        prefix = self.prefix.get(shard_id, 0)
+        all_positions = shard.positions
+        while prefix < len(all_positions) and all_positions[prefix] in delivered:
+            prefix += 1
+        self.prefix[shard_id] = prefix
+
+    def on_land(self, shard_id: str, positions) -> None:
+        landed = self.world.store.landed
+        for p in positions:
+            if landed[(shard_id, p)] > 1:
+                self.violation(f"record {shard_id} {p[1]}/{p[2]} landed twice")
+                return
+
+    def on_trim(self, shard_id: str) -> None:
+        shard = self.world.stream.shards[shard_id]
+        missing = len(shard.positions) - self.prefix.get(shard_id, 0)
+        if missing:
+            self.violation(f"{shard_id} left the stream (retention) with {missing} records never delivered")
+
+    # -- liveness ------------------------------------------------------------------------------------------
+    def owned_leases(self):
+        items = self.world.dynamodb.tables[self.world.table_name].items
+        for key, shard in self.world.stream.shards.items():
+            item = items.get(key)
+            if item is not None:
+                yield key, shard, lease_from_item(item)
+
+    def worked(self, key: str, owner: str) -> bool:
+        world = self.world
+        for worker in world.workers_by_key(key):
+            if worker.worker_id == owner and worker.working():
+                return True
+        return any(peer.works(key) for peer in world.java_peers)
+
+    def audit(self) -> None:
+        """Every few seconds: owned-but-unworked leases (a failover that does not happen)."""
+        world = self.world
+        now = world.now
+        able = world.takeover_possible()
+        bound = world.config.lease_expiry_seconds + world.config.cycle_seconds + world.scenario.liveness_slack
+        for key, shard, lease in self.owned_leases():
+            if lease.lease_owner is None or lease.is_ended or shard.trimmed or self.worked(key, lease.lease_owner):
+                self.unworked_since.pop(key, None)
+                continue
+            since = self.unworked_since.get(key)
+            if since is None or not able:
+                self.unworked_since[key] = now
+                continue
+            if now - since > bound:
+                self.violation(f"lease {key} owned by {lease.lease_owner} has not been worked for {now - since:.1f}s "
+                               f"(bound: expiry + cycle + {world.scenario.liveness_slack:.0f}s)")
+                self.unworked_since[key] = now
+
+    def settled(self) -> list[str]:
+        """What still keeps the fleet from having settled (empty: it has)."""
+        world = self.world
+        problems: list[str] = []
+        for shard_id, shard in world.stream.shards.items():
+            missing = len(shard.positions) - self.prefix.get(shard_id, 0)
+            if missing:
+                problems.append(f"{shard_id} has {missing} of {len(shard.positions)} records never delivered")
+            if world.landing_checked():
+                unlanded = sum(1 for p in shard.positions if (shard_id, p) not in world.store.landed)
+                if unlanded:
+                    problems.append(f"{shard_id} has {unlanded} records never landed")
+        live = world.live_worker_ids()
+        counts = {worker_id: 0 for worker_id in live}
+        for key, shard, lease in self.owned_leases():
+            if shard.trimmed or lease.is_ended:
+                continue
+            if shard.closed_at is not None and self.prefix.get(key, 0) == len(shard.positions) and lease.lease_owner is None:
+                continue  # read to its end; waits for its parents' or its own end
+            if lease.lease_owner is None:
+                if not self._blocked(lease):
+                    problems.append(f"lease {key} is not owned by anyone")
+                continue
+            if lease.lease_owner in counts:
+                counts[lease.lease_owner] += 1
+            if not self.worked(key, lease.lease_owner):
+                problems.append(f"lease {key} is owned by {lease.lease_owner} but nobody works it")
+        if counts and not world.java_peers and max(counts.values()) - min(counts.values()) > 1:
+            problems.append(f"the fleet is unbalanced: {dict(sorted(counts.items()))}")
+        return problems
+
+    def _blocked(self, lease) -> bool:
+        items = self.world.dynamodb.tables[self.world.table_name].items
+        for parent in lease.parent_shard_ids:
+            item = items.get(parent)
+            if item is not None and lease_from_item(item).checkpoint.sequence_number != "SHARD_END":
+                return True
+        return False
+
+
+__all__ = ["Checker"]

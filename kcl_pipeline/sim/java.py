@@ -1,0 +1,225 @@
+"""A Java KCL 2.x peer sharing the lease table, modelled from its documented behaviour (its own requests,
+not this project's code):
+
+* a lease renewer: every expiry/3 (3.33 s) `SET leaseCounter = :c+1 IF leaseCounter = :c AND leaseOwner = :me`;
+  a lease is held while its last renewal (as the response arrived) is younger than the expiry (10 s);
+* a lease taker every 2 × expiry (20 s): scans, and takes leases unowned or whose counter it has seen
+  unchanged for the expiry, up to its share (`SET leaseOwner, leaseCounter = :c+1 IF leaseCounter = :c`;
+  it never steals in this model, and never takes SHARD_END);
+* a shard consumer per held lease: blocks until every parent lease is SHARD_END or gone, delivers records
+  after its checkpoint, checkpoints each batch (`leaseCounter` moves on), writes SHARD_END keeping its
+  owner, and creates its children's leases — a merged child as soon as both parents' leases exist, which is
+  how a merged child can appear before its other parent has ended;
+* it never releases a lease on shutdown.
+"""
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from botocore.exceptions import ClientError
+
+from ..kcl.lease_table import lease_from_item
+from ..kcl.model import SHARD_END, TRIM_HORIZON
+from .dynamodb import SimDynamoDBClient
+from .engine import Host, Scope
+
+if TYPE_CHECKING:
+    from .world import World
+
+EXPIRY = 10.0
+RENEW_EVERY = EXPIRY / 3
+TAKE_EVERY = 2 * EXPIRY
+POLL_EVERY = 1.0
+
+
+@dataclass
+class _Held:
+    counter: int
+    renewed_at: float          # local clock when the last renewal's answer arrived
+    position: int = -1         # index of the last delivered user record in the shard (-1: none yet)
+    started: bool = False
+
+
+class JavaPeer:
+    def __init__(self, world: "World", host: Host, worker_id: str):
+        self.world = world
+        self.host = host
+        self.worker_id = worker_id
+        self.group = Scope(f"java {worker_id}")
+        self.client = SimDynamoDBClient(world.dynamodb, world.child_rng(), host.faults, actor=self)
+        self.held: dict[str, _Held] = {}
+        self.seen: dict[str, tuple[int, str | None, float]] = {}
+
+    def __repr__(self) -> str:
+        return f"java peer {self.worker_id}"
+
+    def alive(self) -> bool:
+        return self.group.alive()
+
+    def works(self, key: str) -> bool:
+        held = self.held.get(key)
+        return (held is not None and self.group.alive() and self.group.thaw_time() <= self.world.now
+                and self.host.monotonic() - held.renewed_at < EXPIRY)
+
+    def start(self, delay: float = 0.0) -> None:
+        self._every(delay, TAKE_EVERY, self._take)
+        self._every(delay + RENEW_EVERY, RENEW_EVERY, self._renew)
+        self._every(delay + POLL_EVERY, POLL_EVERY, self._consume)
+
+    def _every(self, delay: float, period: float, action) -> None:
+        def tick():
+            action()
+            self.world.schedule(self.host.true_delay(period), tick, self.group)
+        self.world.schedule(self.host.true_delay(delay), tick, self.group)
+
+    def _call(self, method: str, **request):
+        """One request at this instant (the model does not spread its own I/O over time)."""
+        return getattr(self.client, method)(TableName=self.world.table_name, **request)
+
+    def _update(self, key: str, update: str, condition: str, values: dict) -> bool:
+        try:
+            self._call("update_item", Key={"leaseKey": {"S": key}}, UpdateExpression=update,
+                       ConditionExpression=condition, ExpressionAttributeValues=values)
+            return True
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] == "ConditionalCheckFailedException":
+                return False
+            raise
+
+    # -- taker ---------------------------------------------------------------------------------------------
+    def _take(self) -> None:
+        try:
+            items = self._call("scan", ConsistentRead=True)["Items"]
+        except Exception:
+            return
+        now = self.host.monotonic()
+        listed = {s.shard_id for s in self.world.stream.listed()}
+        leases = [lease for lease in (lease_from_item(i) for i in items) if lease is not None
+                  and lease.lease_key in listed]
+        seen = {}
+        for lease in leases:
+            previous = self.seen.get(lease.lease_key)
+            state = (lease.lease_counter, lease.lease_owner)
+            seen[lease.lease_key] = previous if previous and previous[:2] == state else (*state, now)
+        self.seen = seen
+        live = [lease for lease in leases if not lease.is_ended]
+        owners = {lease.lease_owner for lease in live if lease.lease_owner} | {self.worker_id}
+        target = math.ceil(len(live) / len(owners))
+        for lease in sorted(live, key=lambda x: x.lease_key):
+            if len(self.held) >= target:
+                break
+            key = lease.lease_key
+            if key in self.held:
+                continue
+            expired = lease.lease_owner is None or now - seen[key][2] > EXPIRY
+            if not expired:
+                continue
+            try:
+                taken = self._update(key, "SET leaseOwner = :me, leaseCounter = :next ADD ownerSwitchesSinceCheckpoint :one",
+                                     "leaseCounter = :c", {":me": {"S": self.worker_id}, ":c": {"N": str(lease.lease_counter)},
+                                                           ":next": {"N": str(lease.lease_counter + 1)}, ":one": {"N": "1"}})
+            except Exception:
+                continue
+            if taken:
+                self.held[key] = _Held(lease.lease_counter + 1, self.host.monotonic())
+                self.world.stats["java takes"] += 1
+
+    # -- renewer -------------------------------------------------------------------------------------------
+    def _renew(self) -> None:
+        for key, held in list(self.held.items()):
+            try:
+                ok = self._update(key, "SET leaseCounter = :next", "leaseCounter = :c AND leaseOwner = :me",
+                                  {":c": {"N": str(held.counter)}, ":next": {"N": str(held.counter + 1)},
+                                   ":me": {"S": self.worker_id}})
+            except Exception:
+                continue
+            if ok:
+                held.counter += 1
+                held.renewed_at = self.host.monotonic()
+            else:
+                del self.held[key]
+                self.world.stats["java leases lost"] += 1
+
+    # -- shard consumers -----------------------------------------------------------------------------------
+    def _consume(self) -> None:
+        for key in sorted(self.held):
+            if key in self.held:
+                self._consume_one(key, self.held[key])
+
+    def _consume_one(self, key: str, held: _Held) -> None:
+        world = self.world
+        if self.host.monotonic() - held.renewed_at >= EXPIRY:
+            del self.held[key]  # expired: the shard consumer shuts down
+            return
+        shard = world.stream.shards.get(key)
+        if shard is None or shard.trimmed:
+            return
+        try:
+            if not held.started:
+                item = self._call("get_item", Key={"leaseKey": {"S": key}}, ConsistentRead=True).get("Item")
+                lease = lease_from_item(item) if item else None
+                if lease is None or lease.is_ended:
+                    del self.held[key]
+                    return
+                for parent in shard.parents:  # BlockOnParentShard
+                    p = self._call("get_item", Key={"leaseKey": {"S": parent}}, ConsistentRead=True).get("Item")
+                    if p is not None and p.get("checkpoint", {}).get("S") != SHARD_END:
+                        return
+                cp = lease.checkpoint
+                held.position = -1 if cp.is_starting_sentinel else bisect.bisect_right(shard.positions, cp.key()) - 1
+                held.started = True
+            positions = shard.positions[held.position + 1:held.position + 11]
+            if positions:
+                world.checker.on_deliver(self, key, positions, java=True)
+                last = positions[-1]
+                if not self._checkpoint(key, held, {":seq": {"S": last[1]}, ":sub": {"N": str(last[2])}},
+                                        "checkpoint = :seq, checkpointSubSequenceNumber = :sub, "):
+                    return
+                held.position += len(positions)
+            elif shard.closed_at is not None and held.position + 1 >= len(shard.positions):
+                if self._checkpoint(key, held, {":end": {"S": SHARD_END}}, "checkpoint = :end, "):
+                    del self.held[key]
+                    world.stats["java shard ends"] += 1
+                    self._create_children(key)
+        except ClientError:
+            return
+        except Exception:
+            return
+
+    def _checkpoint(self, key: str, held: _Held, values: dict, sets: str) -> bool:
+        ok = self._update(key, f"SET {sets}leaseCounter = :next", "leaseCounter = :c AND leaseOwner = :me",
+                          {**values, ":c": {"N": str(held.counter)}, ":next": {"N": str(held.counter + 1)},
+                           ":me": {"S": self.worker_id}})
+        if ok:
+            held.counter += 1
+        else:
+            self.held.pop(key, None)
+            self.world.stats["java leases lost"] += 1
+        return ok
+
+    def _create_children(self, key: str) -> None:
+        for child in self.world.stream.shards.values():
+            if key not in child.parents:
+                continue
+            if len(child.parents) > 1:
+                exists = [self._call("get_item", Key={"leaseKey": {"S": p}}, ConsistentRead=True).get("Item")
+                          for p in child.parents]
+                if not all(exists):
+                    continue  # Java creates a merged child once both parents' leases exist
+            item = {"leaseKey": {"S": child.shard_id}, "leaseCounter": {"N": "0"},
+                    "checkpoint": {"S": TRIM_HORIZON}, "checkpointSubSequenceNumber": {"N": "0"},
+                    "ownerSwitchesSinceCheckpoint": {"N": "0"}, "parentShardId": {"SS": sorted(child.parents)}}
+            try:
+                self._call("put_item", Item=item, ConditionExpression="attribute_not_exists(leaseKey)")
+                self.world.stats["java child leases created"] += 1
+            except ClientError:
+                pass
+
+    def crash(self) -> None:
+        self.group.dead = True  # never releases anything
+
+
+__all__ = ["JavaPeer"]
