@@ -85,7 +85,14 @@ def create(existing: Lease | None, lease: Lease) -> Lease | None:
     return _copy(lease)
 
 
-def acquire(lease: Lease | None, new_owner: str, observed_owner: str | None, observed_counter: int) -> Lease | None:
+# Written by every acquire: a token unique to the acquiring process. Two processes running under one
+# worker id are otherwise indistinguishable in the table, so an acquire whose outcome is unknown (response
+# lost, retried into a failed condition) is judged ours only when the item carries our own claim.
+CLAIM_ATTRIBUTE = "leaseClaim"
+
+
+def acquire(lease: Lease | None, new_owner: str, observed_owner: str | None, observed_counter: int,
+            claim: str | None = None) -> Lease | None:
     """Take the lease if it is exactly as we observed it (owner and counter) and not ended.
 
     The counter moves on from the observed one (never back to 1): a lease going A→B→A between two scans
@@ -98,6 +105,8 @@ def acquire(lease: Lease | None, new_owner: str, observed_owner: str | None, obs
     if lease.lease_owner != observed_owner:
         return None
     extra = {k: v for k, v in lease.extra.items() if k not in JAVA_HANDOVER_ATTRIBUTES}
+    if claim is not None:
+        extra[CLAIM_ATTRIBUTE] = claim
     return _copy(
         lease,
         lease_owner=new_owner,

@@ -32,7 +32,7 @@ from botocore.exceptions import (
     ReadTimeoutError,
 )
 
-from .lease_rules import JAVA_HANDOVER_ATTRIBUTES, LEASE_ATTRIBUTES
+from .lease_rules import CLAIM_ATTRIBUTE, JAVA_HANDOVER_ATTRIBUTES, LEASE_ATTRIBUTES
 from .model import AT_TIMESTAMP, LATEST, SHARD_END, TRIM_HORIZON, Checkpoint, Lease, checkpoint_advances
 
 log = logging.getLogger(__name__)
@@ -353,11 +353,14 @@ class LeaseTable:
                            lease.lease_key, TableName=self.table_name, Item=item,
                            ConditionExpression="attribute_not_exists(leaseKey)")
 
-    def acquire(self, key: str, new_owner: str, observed_owner: str | None, observed_counter: int) -> Lease | None:
+    def acquire(self, key: str, new_owner: str, observed_owner: str | None, observed_counter: int,
+                claim: str | None = None) -> Lease | None:
         """Take the lease if it is still exactly as observed (owner, counter) and not ended.
 
         The counter moves on from the observed one: it is the fencing token every later write of the new
-        holder is conditioned on. Returns the lease as taken, or None when someone else moved it first.
+        holder is conditioned on. `claim`, unique to the calling process, is written with the take so that
+        an ambiguous outcome is judged ours only if this process wrote it (see CLAIM_ATTRIBUTE). Returns the
+        lease as taken, or None when someone else moved it first.
         """
         if not new_owner:
             raise ValueError("acquire needs a worker id")
@@ -370,16 +373,21 @@ class LeaseTable:
             owner_condition = "leaseOwner = :seen"
             values[":seen"] = {"S": observed_owner}
         removes = f" REMOVE {', '.join(JAVA_HANDOVER_ATTRIBUTES)}" if JAVA_HANDOVER_ATTRIBUTES else ""
+        sets = "leaseOwner = :new, leaseCounter = :next"
+        if claim is not None:
+            sets += f", {CLAIM_ATTRIBUTE} = :claim"
+            values[":claim"] = {"S": claim}
         request = dict(
             TableName=self.table_name, Key=_key(key),
-            UpdateExpression=f"SET leaseOwner = :new, leaseCounter = :next ADD ownerSwitchesSinceCheckpoint :one{removes}",
+            UpdateExpression=f"SET {sets} ADD ownerSwitchesSinceCheckpoint :one{removes}",
             ConditionExpression=(f"attribute_exists(leaseKey) AND leaseCounter = :observed AND checkpoint <> :SHARD_END "
                                  f"AND {owner_condition}"),
             ExpressionAttributeValues=values, ReturnValues="ALL_NEW")
         taken: list[Lease] = []
 
         def judge(seen: Lease | None) -> bool:
-            if _ours_after(new_owner, observed_counter + 1)(seen):
+            if _ours_after(new_owner, observed_counter + 1)(seen) and (
+                    claim is None or seen.extra.get(CLAIM_ATTRIBUTE) == claim):
                 taken.append(seen)
                 return True
             return False

@@ -19,6 +19,7 @@ import os
 import signal
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -211,6 +212,8 @@ class LeaseWorker:
         self.config = config
         self.lease_key = observed.lease_key
         self.observed = observed
+        # Unique to this worker process: an ambiguous acquire is ours only if the item carries it.
+        self.claim = uuid.uuid4().hex
         self.processor = processor
         self.keepalive = keepalive
         self.keepalive_timeout = keepalive_timeout
@@ -291,7 +294,7 @@ class LeaseWorker:
     def _acquire(self, _effect) -> Lease | None:
         sent_at = self.monotonic()
         lease = self.table.acquire(self.lease_key, self.config.worker_id, self.observed.lease_owner,
-                                   self.observed.lease_counter)
+                                   self.observed.lease_counter, claim=self.claim)
         if lease is not None:
             self.lease = _HeldLease(LeaseHold.acquired(lease, sent_at, self.timing), self.timing, self.monotonic)
             log.info("acquired lease %s (counter %d, checkpoint %s, previous owner %s)", self.lease_key,

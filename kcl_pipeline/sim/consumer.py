@@ -167,7 +167,8 @@ class SimWorker(Process):
             return lease
         self.inflight_sent_true = self.world.now
         return self.io(self.client, lambda: self.table.acquire(self.key, self.worker_id, observed.lease_owner,
-                                                               observed.lease_counter), "acquire", self, finish)
+                                                               observed.lease_counter, claim=f"w{self.serial}"),
+                       "acquire", self, finish)
 
     def _read_leases(self, effect):
         return self.io(self.client, lambda: {k: self.table.get(k) for k in effect.keys}, "get", self)

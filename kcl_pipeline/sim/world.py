@@ -30,6 +30,9 @@ FAULTS = ("crash", "restart-same-id", "graceful-stop", "freeze-consumer", "freez
           "slow-dynamodb", "slow-heartbeats", "duplicate-id", "lost-responses", "throttling", "clock-drift",
           "java-peer", "reshard")
 
+# The main phase ends after `steps` steps or this much virtual time per step, whichever comes first.
+MAX_SECONDS_PER_STEP = 0.5
+
 # Items of other applications sharing the table: never to be changed.
 FOREIGN_ITEMS = (
     {"leaseKey": {"S": "123456789012:orders:1700000000:shardId-000000000000"}, "leaseCounter": {"N": "3"},
@@ -193,9 +196,13 @@ class World(Engine):
         self._every(2.0, self.checker.audit)
         events = list(sc.events)
         violated = lambda: bool(self.checker.violations)  # noqa: E731
-        while not violated() and self.steps < sc.steps and not self.idle():
+        # Steps count the system's own events; when it has none left to run (every consumer stopped for
+        # good), virtual time still bounds the main phase.
+        horizon = sc.steps * MAX_SECONDS_PER_STEP
+        over = lambda: violated() or self.now >= horizon  # noqa: E731
+        while not over() and self.steps < sc.steps and not self.idle():
             due = events[0].step if events else sc.steps
-            self.run_until(lambda: violated() or self.steps >= min(due, sc.steps))
+            self.run_until(lambda: over() or self.steps >= min(due, sc.steps))
             while events and events[0].step <= self.steps and not violated():
                 self._strike(events.pop(0))
         main_steps = self.steps

@@ -104,3 +104,25 @@ def test_unknown_outcome_is_an_error_not_a_lost_race(emulators, unique_name):
             table.heartbeat(KEY, "me", 5)
     finally:
         proxy.stop()
+
+
+def test_an_ambiguous_acquire_is_not_judged_ours_when_a_twin_under_our_worker_id_took_the_lease(faulty):
+    """Two processes run under one worker id. Ours sends its acquire; the request is lost on the way and,
+    before botocore's retry, the twin takes the lease. The retry fails its condition and the re-read shows
+    owner "me" at the counter we meant to write — yet the take was the twin's: only the claim tells."""
+    table, direct, proxy = faulty
+    assert direct.create(Lease(KEY, Checkpoint(TRIM_HORIZON), lease_counter=4))
+    twin: list = []
+
+    def policy(operation: str, _body: bytes) -> Fault | None:
+        if operation == "UpdateItem" and not twin:
+            twin.append(direct.acquire(KEY, "me", None, 4, claim="twin-process"))
+            return Fault(FaultKind.DROP_REQUEST)
+        return None
+
+    proxy.policy = policy
+    taken = table.acquire(KEY, "me", None, 4, claim="this-process")
+    assert twin and twin[0] is not None, "the twin took the lease between our two attempts"
+    assert taken is None, "the twin's take was judged ours: two processes would deliver the lease"
+    assert table.ambiguous_writes == 1
+    assert direct.get(KEY).extra["leaseClaim"] == "twin-process"

@@ -74,9 +74,9 @@ def test_every_lease_write_agrees_with_the_pure_rules(seed):
             new = Lease(key, Checkpoint(TRIM_HORIZON))
             expected, got = rules.create(before, new), table.create(new)
         elif op == "acquire":
-            seen = rng.choice(OWNERS)
-            expected = rules.acquire(before, owner, seen, counter)
-            got = table.acquire(key, owner, seen, counter)
+            seen, claim = rng.choice(OWNERS), rng.choice([None, "p1"])
+            expected = rules.acquire(before, owner, seen, counter, claim)
+            got = table.acquire(key, owner, seen, counter, claim=claim)
             assert _same(got, expected), (before, op, seen, counter)
         elif op == "heartbeat":
             expected, got = rules.heartbeat(before, owner, counter, {"progress": 3}), \
