@@ -303,8 +303,16 @@ class SimDynamoDBClient:
                 self.elapsed += f.connect_timeout
                 error = EndpointConnectionError(endpoint_url=ENDPOINT)
             else:
-                self.elapsed += self._latency()
                 outcome = f.draw(rng)
+                latency = self._latency()
+                if latency >= self.read_timeout:
+                    # Slower than the client waits: it gives up at its read timeout, whatever the service did.
+                    latency = 0.0
+                    if outcome in ("ok", "lost_response"):
+                        outcome = "timeout"
+                    else:
+                        self.elapsed += self.read_timeout
+                self.elapsed += latency
                 if outcome == "throttle":
                     error = _client_error("ProvisionedThroughputExceededException", "Rate of requests exceeds the "
                                           "allowed throughput", operation, retries=retries)

@@ -158,7 +158,9 @@ class World(Engine):
         faults = NetworkFaults()
         if self.scenario.noise:
             faults.lost_response, faults.silent_loss, faults.lost_request, faults.throttle = 0.01, 0.0, 0.005, 0.01
-        return Host(self, name, 1.0 + self.rng.uniform(-drift, drift), self.rng.uniform(0, 1e6), faults)
+        host = Host(self, name, 1.0 + self.rng.uniform(-drift, drift), self.rng.uniform(0, 1e6), faults)
+        host.baseline = replace(faults)
+        return host
 
     def add_consumer(self, worker_id: str | None = None, host: Host | None = None, delay: float = 0.0) -> SimConsumer:
         index = len(self.consumers)
@@ -305,28 +307,31 @@ class World(Engine):
 
     def _network_fault(self, kind: str, victim: SimConsumer, rng: random.Random) -> None:
         faults = victim.host.faults
-        saved = replace(faults, forced=list(faults.forced))
+        # Healing restores the host's baseline, and only what this fault changed: faults overlap.
+        baseline = victim.host.baseline
         seconds = rng.uniform(5.0, 35.0)
         if kind == "partition":
-            faults.partitioned = True
+            changed = {"partitioned": True}
         elif kind == "slow-dynamodb":
-            faults.slow = rng.uniform(20.0, 250.0)
-            faults.throttle = 0.3
+            changed = {"slow": rng.uniform(20.0, 250.0), "throttle": 0.3}
         elif kind == "lost-responses":
-            faults.lost_response = rng.uniform(0.05, 0.3)
-            faults.silent_loss = rng.choice([0.0, 0.2])
+            changed = {"lost_response": rng.uniform(0.05, 0.3), "silent_loss": rng.choice([0.0, 0.2])}
         elif kind == "throttling":
-            faults.throttle = rng.uniform(0.2, 0.6)
+            changed = {"throttle": rng.uniform(0.2, 0.6)}
         elif kind == "slow-heartbeats":
+            changed = {}
             victim.heartbeat_slowness = rng.uniform(1.5, 3.5)
         else:
             raise ValueError(f"unknown fault {kind}")
+        for name, value in changed.items():
+            setattr(faults, name, value)
 
         def restore():
-            for name in ("partitioned", "slow", "throttle", "lost_response", "silent_loss", "lost_request"):
-                setattr(faults, name, getattr(saved, name))
+            for name in changed:
+                setattr(faults, name, getattr(baseline, name))
             faults.healthy_since = self.now
-            victim.heartbeat_slowness = 1.0
+            if kind == "slow-heartbeats":
+                victim.heartbeat_slowness = 1.0
         self._restores.append(restore)
 
         def heal():
