@@ -22,6 +22,7 @@ from .planner import (
     leases_to_create,
     leases_to_delete,
     scoped_leases,
+    stuck_local_leases,
     unknown_lease_keys,
 )
 
@@ -65,6 +66,7 @@ class CycleResult:
     stolen: str | None = None
     leases: list[Lease] = field(default_factory=list)
     duplicate_worker_id: list[str] = field(default_factory=list)
+    abandoned: list[str] = field(default_factory=list)
     started_at: float = 0.0
 
 
@@ -98,6 +100,13 @@ class Spawn:
     """Start a worker for this lease (it acquires it itself, conditioned on what was observed). → None"""
     lease: Lease
     stolen: bool = False
+
+
+@dataclass(frozen=True)
+class Abandon:
+    """Stop, for good, the local worker of a lease whose heartbeats stopped longer than the expiry ago (a
+    frozen or stuck process): until it exits nobody works the lease. → None"""
+    lease: Lease
 
 
 @dataclass(frozen=True)
@@ -147,6 +156,12 @@ def manager_cycle(state: ManagerState, settings: CycleSettings, locally_worked: 
         result.duplicate_worker_id = moved
         yield DuplicateWorkerId(tuple(moved))
     now = yield Now()
+    stuck = stuck_local_leases(settings.worker_id, leases, locally_worked, state.ages, now, settings.expiry_seconds)
+    for lease in stuck:
+        yield Abandon(lease)
+        result.abandoned.append(lease.lease_key)
+    if stuck:
+        locally_worked = set(locally_worked) - {lease.lease_key for lease in stuck}
     plan = leases_to_acquire(
         settings.worker_id, leases, state.ages.ages(now), expiry_seconds=settings.expiry_seconds,
         leases_to_acquire=settings.leases_to_acquire, max_leases=settings.max_leases,
@@ -186,9 +201,11 @@ def watch_for_expiry(state: ManagerState, settings: CycleSettings,
         return False
     state.ages.observe(scanned.leases, scanned.returned_at)
     now = scanned.returned_at
+    leases = scoped_leases(scanned.leases, state.shards)
     return any(not lease.is_ended and lease.lease_key not in locally_worked
                and state.ages.expired(lease.lease_key, now, settings.expiry_seconds)
-               for lease in scoped_leases(scanned.leases, state.shards))
+               for lease in leases) or bool(
+        stuck_local_leases(settings.worker_id, leases, locally_worked, state.ages, now, settings.expiry_seconds))
 
 
 def watch_interval(settings: CycleSettings) -> float:
@@ -211,6 +228,6 @@ def note_results(state: ManagerState, outcomes: Iterable[tuple[str, str]]) -> No
 
 
 __all__ = [
-    "CycleResult", "CycleSettings", "Delete", "DuplicateWorkerId", "ManagerState", "Now", "ScanTable", "Scanned",
+    "Abandon", "CycleResult", "CycleSettings", "Delete", "DuplicateWorkerId", "ManagerState", "Now", "ScanTable", "Scanned",
     "Spawn", "manager_cycle", "note_results", "wakes_manager", "watch_for_expiry", "watch_interval", "watch_our_id",
 ]

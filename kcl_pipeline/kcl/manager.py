@@ -132,6 +132,16 @@ class LeaseManager:
             else:
                 self._spawn(effect.lease)
             return None
+        if isinstance(effect, cyc.Abandon):
+            key = effect.lease.lease_key
+            proc = self.workers.pop(key, None)
+            if proc is not None:
+                proc.kill()  # SIGKILL: a stopped (SIGSTOP) process ignores SIGTERM until it is continued
+                proc.join(timeout=5)
+                self.metrics.count_many({"stuck_workers_killed": 1}, None)
+                log.error("killed the worker of lease %s (pid %s): its lease was not renewed for longer than the "
+                          "expiry (%.0fs); the lease is taken again", key, proc.pid, self.config.lease_expiry_seconds)
+            return None
         if isinstance(effect, cyc.DuplicateWorkerId):
             self.metrics.count_many({"duplicate_worker_id": 1}, None)
             log.error("another live process is writing under this consumer's worker id %s (leases %s); worker ids "

@@ -233,6 +233,16 @@ class LeaseAges:
         return {key: now - since for key, (_, since) in self._seen.items()}
 
 
+def stuck_local_leases(worker_id: str, leases: Sequence[Lease], locally_worked: Collection[str],
+                       ages: "LeaseAges", now: float, expiry_seconds: float) -> list[Lease]:
+    """Leases a local worker holds in our name whose counter has not moved for longer than the expiry: the
+    worker is frozen or stuck (its heartbeats stopped), yet as long as it lives no consumer works the lease
+    — peers wait for it to expire and this manager counts it as worked. Its manager must stop it for good."""
+    return [lease for lease in leases
+            if lease.lease_key in locally_worked and lease.lease_owner == worker_id and not lease.is_ended
+            and ages.expired(lease.lease_key, now, expiry_seconds)]
+
+
 # -- acquiring and stealing ------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -327,6 +337,7 @@ __all__ = [
     "blocked_on_parents",
     "parent_finished",
     "scoped_leases",
+    "stuck_local_leases",
     "unknown_lease_keys",
     "child_leases_on_end",
     "leases_to_acquire",

@@ -47,7 +47,7 @@ class Checker:
         self.started: set[str] = set()
         self.deliverers: dict[str, list[int]] = {}
         self.holder: dict[str, Any] = {}
-        self.unworked_since: dict[str, float] = {}
+        self.unworked_since: dict[str, tuple[float, str | None]] = {}
         self.foreign: dict[str, dict] = {}
         self.deliveries = 0
         self.redelivered = 0
@@ -173,14 +173,15 @@ class Checker:
             if lease.lease_owner is None or lease.is_ended or shard.trimmed or self.worked(key, lease.lease_owner):
                 self.unworked_since.pop(key, None)
                 continue
-            since = self.unworked_since.get(key)
-            if since is None or not able:
-                self.unworked_since[key] = now
+            # The bound counts from the last change of owner: each new owner (itself frozen, say) gets its own.
+            since, owner = self.unworked_since.get(key, (None, None))
+            if since is None or not able or owner != lease.lease_owner:
+                self.unworked_since[key] = (now, lease.lease_owner)
                 continue
             if now - since > bound:
                 self.violation(f"lease {key} owned by {lease.lease_owner} has not been worked for {now - since:.1f}s "
                                f"(bound: expiry + cycle + {world.scenario.liveness_slack:.0f}s)")
-                self.unworked_since[key] = now
+                self.unworked_since[key] = (now, lease.lease_owner)
 
     def settled(self) -> list[str]:
         """What still keeps the fleet from having settled (empty: it has)."""

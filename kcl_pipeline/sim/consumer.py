@@ -143,6 +143,11 @@ class SimWorker(Process):
         self.world.stats[f"worker {result.outcome}"] += 1
         self.consumer.worker_finished(self, result)
 
+    def kill(self) -> None:
+        """SIGKILL from its manager: no more events, nothing released."""
+        self.scope.dead = True
+        self.finished = True
+
     def stopping(self) -> bool:
         if not self.consumer.manager_scope.alive() and not self.stop:
             self.stop = True  # the parent died: the worker notices (os.getppid()) and stops gracefully
@@ -510,6 +515,13 @@ class SimConsumer(Process):
             return None
         if kind is cyc.DuplicateWorkerId:
             self.world.stats["duplicate worker id detected"] += 1
+            return None
+        if kind is cyc.Abandon:
+            worker = self.workers.pop(effect.lease.lease_key, None)
+            if worker is not None:
+                worker.kill()
+                self.world.stats["stuck workers killed"] += 1
+                self.world.note(f"{self!r}: killed {worker!r}: its lease was not renewed within the expiry")
             return None
         raise TypeError(f"the simulated manager cannot handle {effect!r}")
 

@@ -2,6 +2,11 @@
 when lease ages are stamped, which leases it touches in a shared table, and a second process under our id."""
 from __future__ import annotations
 
+import multiprocessing
+import os
+import signal
+import time
+
 import pytest
 
 from kcl_pipeline.kcl.config import ConsumerConfig
@@ -92,3 +97,26 @@ def test_a_second_live_process_under_our_worker_id_is_detected(fleet):
     manager.run_cycle()
     assert manager.duplicate_worker_id_sightings == 1
     assert spawned == []  # and we do not fight over it
+
+
+def test_a_frozen_local_worker_is_killed_and_its_lease_worked_again(fleet):
+    """One worker process stopped (SIGSTOP) while its manager lives: its heartbeats stop, peers wait for the
+    lease to expire and this manager counts it as worked — nobody would work it until it thawed."""
+    manager, table, clock, spawned, (a,) = fleet(shards=1)
+    assert table.create(Lease(a, Checkpoint(TRIM_HORIZON), "me", 3))
+    frozen = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(600,), daemon=True)
+    frozen.start()
+    try:
+        os.kill(frozen.pid, signal.SIGSTOP)
+        manager.workers[a] = frozen
+        manager.run_cycle()
+        assert a not in spawned and frozen.is_alive()  # renewed recently enough, as far as we know
+        clock[0] += EXPIRY + 1
+        report = manager.run_cycle()
+        frozen.join(timeout=10)
+        assert frozen.exitcode == -signal.SIGKILL, "the frozen worker was left running"
+        assert a in spawned, "the lease of the frozen worker was not taken again"
+        assert a not in manager.workers or manager.workers[a] is not frozen
+    finally:
+        if frozen.is_alive():
+            frozen.kill()
