@@ -277,16 +277,19 @@ class World(Engine):
         if not live:
             return
         victim = rng.choice(live)
+        # The fleet is never left empty for good: an operator (or the orchestrator) starts a consumer again
+        # before the stream's retention runs out.
+        last = len(live) == 1
         if kind == "crash":
             victim.kill(whole_group=rng.random() < 0.6)
-            if rng.random() < 0.8:
+            if last or rng.random() < 0.8:
                 same = "restart-same-id" in self.scenario.faults and rng.random() < 0.5
                 self.stats["restart with the same id" if same else "restart with a new id"] += 1
                 self.at(self.now + rng.uniform(1.0, 20.0),
                         lambda: self.add_consumer(victim.worker_id if same else None, victim.host))
         elif kind == "graceful-stop":
             victim.graceful_stop()
-            if rng.random() < 0.7:
+            if last or rng.random() < 0.7:
                 self.at(self.now + rng.uniform(1.0, 20.0), lambda: self.add_consumer(host=victim.host))
         elif kind == "freeze-consumer":
             seconds = rng.choice([rng.uniform(1.0, 5.0), rng.uniform(1.2, 3.0) * self.config.lease_expiry_seconds])
