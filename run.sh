@@ -2,6 +2,7 @@
 # One entry point for a fresh clone:
 #   ./run.sh demo   — emulators + demo stream + KPL producer + `dagster dev` on 127.0.0.1:3000 (Ctrl-C stops all)
 #   ./run.sh test   — the whole test suite (add pytest args, e.g. ./run.sh test -m "not slow")
+#   ./run.sh simulate --seeds N --steps M — the deterministic simulation of the consumer fleet
 # Both install what they need first (a .venv from requirements.lock, node_modules from package-lock.json);
 # a second run reuses them.
 set -euo pipefail
@@ -36,11 +37,15 @@ case "$cmd" in
     setup
     exec .venv/bin/kcl-pipeline demo "$@"
     ;;
+  simulate)
+    setup
+    exec .venv/bin/kcl-pipeline simulate "$@"
+    ;;
   setup)
     setup
     ;;
   *)
-    echo "usage: ./run.sh demo | test [pytest args] | setup" >&2
+    echo "usage: ./run.sh demo | test [pytest args] | simulate [--seeds N --steps M …] | setup" >&2
     exit 2
     ;;
 esac

@@ -353,5 +353,13 @@ def local_down(state_dir):
     click.echo(f"stopped the emulators (pid {pid})")
 
 
+def _add_simulate() -> None:
+    from .sim.cli import simulate
+    main.add_command(simulate)
+
+
+_add_simulate()
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -257,9 +257,12 @@ def drive(coroutine: Generator, handle: Callable[[Any], Any]) -> Any:
 
 # -- the hold's transitions the drivers apply (pure) ----------------------------------------------------
 
-def may_write(hold: LeaseHold) -> bool:
-    """A fenced write is sent only while the lease is still ours as far as we know."""
-    return hold.lost is None and not hold.ended
+def may_write(hold: LeaseHold, now: float) -> bool:
+    """A fenced write is sent only while the lease is ours as far as we know *and* still valid. Past its
+    validity a renew that happens to succeed (nobody took the lease yet) would make the lease look alive to
+    every peer for one more expiry while this worker, which has given it up, works it no more."""
+    held = hold.held(now)
+    return held.lost is None and not held.ended
 
 
 def renewed(hold: LeaseHold, outcome: Outcome, sent_at: float, timing: LeaseTiming, now: float) -> LeaseHold:

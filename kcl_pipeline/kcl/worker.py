@@ -114,7 +114,8 @@ class _HeldLease:
     def renew(self, write: Callable[[int], bool]) -> Outcome:
         """Run one fenced counter-moving write `write(counter) -> applied`; errors pass through."""
         with self._lock:
-            if not life.may_write(self._hold):
+            if not life.may_write(self._hold, self._monotonic()):
+                self._set(self._hold.held(self._monotonic()))
                 return Outcome.REFUSED
             sent_at = self._monotonic()
             try:
@@ -127,7 +128,8 @@ class _HeldLease:
 
     def end(self, write: Callable[[int], bool]) -> Outcome:
         with self._lock:
-            if not life.may_write(self._hold):
+            if not life.may_write(self._hold, self._monotonic()):
+                self._set(self._hold.held(self._monotonic()))
                 return Outcome.REFUSED
             outcome = Outcome.APPLIED if write(self._hold.counter) else Outcome.REFUSED
             self._set(life.finished_end(self._hold, outcome))

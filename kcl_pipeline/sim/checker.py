@@ -48,6 +48,7 @@ class Checker:
         self.deliverers: dict[str, list[int]] = {}
         self.holder: dict[str, Any] = {}
         self.unworked_since: dict[str, tuple[float, str | None]] = {}
+        self.able_before: frozenset[int] = frozenset()
         self.foreign: dict[str, dict] = {}
         self.deliveries = 0
         self.redelivered = 0
@@ -72,6 +73,9 @@ class Checker:
         if shard is None:
             self.violation(f"{actor} wrote lease {key}, which is no shard of the stream")
             return
+        if (old is not None and old.is_ended and isinstance(actor, SimWorker) and new.lease_owner == actor.worker_id
+                and (old.lease_owner, old.lease_counter) != (new.lease_owner, new.lease_counter)):
+            self.violation(f"{actor} acquired {key}, whose shard had already ended (SHARD_END)")
         if old is not None and _order(new.checkpoint) < _order(old.checkpoint):
             self.violation(f"{actor}: the checkpoint of {key} went back from {old.checkpoint} to {new.checkpoint}")
         cp = new.checkpoint
@@ -167,7 +171,12 @@ class Checker:
         """Every few seconds: owned-but-unworked leases (a failover that does not happen)."""
         world = self.world
         now = world.now
-        able = world.takeover_possible()
+        able_now = frozenset(id(c) for c in world.consumers if c.able())
+        able = bool(able_now)
+        # A consumer that could take over and then could not (crashed, frozen, cut off) restarts the clock:
+        # whoever takes over instead must first watch the lease unchanged for an expiry of its own.
+        lost_taker = bool(self.able_before - able_now)
+        self.able_before = able_now
         bound = world.config.lease_expiry_seconds + world.config.cycle_seconds + world.scenario.liveness_slack
         for key, shard, lease in self.owned_leases():
             if lease.lease_owner is None or lease.is_ended or shard.trimmed or self.worked(key, lease.lease_owner):
@@ -175,7 +184,7 @@ class Checker:
                 continue
             # The bound counts from the last change of owner: each new owner (itself frozen, say) gets its own.
             since, owner = self.unworked_since.get(key, (None, None))
-            if since is None or not able or owner != lease.lease_owner:
+            if since is None or not able or lost_taker or owner != lease.lease_owner:
                 self.unworked_since[key] = (now, lease.lease_owner)
                 continue
             if now - since > bound:

@@ -107,7 +107,8 @@ class SimWorker(Process):
         self.client = lease_table_client(world, self.host, self.config, self)
         self.table = LeaseTable(self.config.lease_table, self.client)
         self.kinesis = SimKinesisClient(world.stream, world.child_rng(), world.scenario.kinesis_throttle)
-        self.processor = LandingProcessor(world.store, flush_records=world.scenario.flush_records)
+        self.processor = LandingProcessor(world.store, flush_records=world.scenario.flush_records,
+                                          pipeline_commits=world.scenario.pipeline_period is not None)
         self.hold: LeaseHold | None = None
         self.lock = Lock()
         self.reader: ShardReader | None = None
@@ -254,7 +255,8 @@ class SimWorker(Process):
                 refused_if_lost: bool = True, quiet: bool = False):
         """A fenced write through the hold (worker.py's _HeldLease): conditioned on the counter the hold has,
         the hold moved on by the outcome. `quiet`: a failure reads as not applied, the hold unchanged."""
-        if refused_if_lost and not life.may_write(self.hold):
+        if refused_if_lost and not life.may_write(self.hold, self.local()):
+            self.hold = self.hold.held(self.local())
             return Outcome.REFUSED
         sent, counter = self.local(), self.hold.counter
         self.inflight_sent_true = self.world.now
@@ -390,7 +392,8 @@ class SimConsumer(Process):
         self.state = cyc.ManagerState()
         self.rng = world.child_rng()
         self.client = lease_table_client(world, host, config, self)
-        self.table = LeaseTable(config.lease_table, self.client)
+        # Small scan pages stand for a big table: a scan is many requests, each with its latency.
+        self.table = LeaseTable(config.lease_table, self.client, scan_page_size=world.scenario.scan_page_items)
         self.kinesis = SimKinesisClient(world.stream, world.child_rng())
         self.workers: dict[str, SimWorker] = {}
         self.results: list[tuple[str, str]] = []
@@ -399,6 +402,7 @@ class SimConsumer(Process):
         self.stopping = False
         self.cycles = 0
         self.heartbeat_slowness = 1.0  # a fault: heartbeat timers firing late (a starved process)
+        self.cycle_now = 0.0           # the manager's clock when its current cycle started
 
     def __repr__(self) -> str:
         return f"consumer {self.name} ({self.worker_id})"
@@ -498,7 +502,8 @@ class SimConsumer(Process):
     def handle(self, task: Task, effect: Any) -> Any:
         kind = type(effect)
         if kind is cyc.Now:
-            return self.host.monotonic()
+            self.cycle_now = self.host.monotonic()
+            return self.cycle_now
         if kind is cyc.ScanTable:
             sent = self.host.monotonic()
             return self.io(self.client, self.table.scan, "scan", self,
@@ -528,6 +533,12 @@ class SimConsumer(Process):
     def _scanned(self, leases, error, sent):
         if error is not None:
             raise error
+        if self.table.scan_page_size and self.world.rng.random() < 0.5:
+            # A scan of many pages reads its items over its whole duration, the last page just before it
+            # returns: half the time the sim linearises it there instead of at its first page.
+            leases = LeaseTable(self.table.table_name, self.world.reader, scan_page_size=None).scan()
+        if self.world.ages_stamped_at_cycle_start:  # a mutation: the defect the manager once had
+            return cyc.Scanned(leases, sent, self.cycle_now if self.cycling else sent)
         return cyc.Scanned(leases, sent, self.host.monotonic())
 
     def _spawn(self, lease: Lease, stolen: bool) -> None:

@@ -69,6 +69,8 @@ class SimDynamoDB:
         self.tables: dict[str, SimTable] = {}
         self.observers: list[WriteObserver] = []
         self.applied = 0
+        # A mutation's rewrite of a request before it is evaluated (mutations.py); None in normal runs.
+        self.rewrite: Callable[[str, dict, Any], dict] | None = None
 
     # -- dispatch ----------------------------------------------------------------------------------------
     def execute(self, method: str, request: Mapping[str, Any], actor: Any = None) -> dict:
@@ -76,6 +78,8 @@ class SimDynamoDB:
         handler = getattr(self, "_" + method, None)
         if handler is None:
             raise NotImplementedError(f"the simulated DynamoDB has no {method}")
+        if self.rewrite is not None:
+            request = self.rewrite(method, dict(request), actor)
         try:
             return handler(request, actor)
         except ExpressionError as exc:

@@ -44,6 +44,8 @@ class _Held:
 
 
 class JavaPeer:
+    is_java_peer = True  # its requests are its own: mutations of our code never touch them
+
     def __init__(self, world: "World", host: Host, worker_id: str):
         self.world = world
         self.host = host

@@ -65,9 +65,12 @@ class ZoneStore:
 class LandingProcessor:
     """A RecordProcessor landing one shard into a ZoneStore (see the module docstring)."""
 
-    def __init__(self, store: ZoneStore, flush_records: int = 6):
+    def __init__(self, store: ZoneStore, flush_records: int = 6, pipeline_commits: bool = False):
         self.store = store
         self.flush_records = flush_records
+        # The Dagster pipeline's mode: checkpoints and SHARD_END are committed by the pipeline (ownerless,
+        # after the window materialised), never by the worker, which idles at the shard's end until then.
+        self.pipeline_commits = pipeline_commits
         self.shard_id = ""
         self.buffer: list = []
         self.prev: Checkpoint | None = None      # the record delivered just before the buffer's first
@@ -105,7 +108,8 @@ class LandingProcessor:
     def shard_ended(self, checkpointer) -> None:
         self.checkpointer = checkpointer
         self.flush()
-        checkpointer.end_shard()
+        if not self.pipeline_commits:
+            checkpointer.end_shard()
 
     def shutdown_requested(self, checkpointer) -> None:
         self.checkpointer = checkpointer
@@ -132,9 +136,33 @@ class LandingProcessor:
             self.store.put_if_absent(StoredBatch(key, run.prev, tuple(r.position() for r in run.records)))
         self.prev = records[-1].checkpoint
         self.landed = records[-1].checkpoint
-        if self.checkpointer is not None:
+        if self.checkpointer is not None and not self.pipeline_commits:
             self.checkpointer.checkpoint_at_next_heartbeat(records[-1].sequence_number,
                                                            records[-1].sub_sequence_number)
 
 
-__all__ = ["LandingProcessor", "StoredBatch", "ZoneStore"]
+class Pipeline:
+    """The pipeline's checkpoint commit (the `kinesis_checkpoints` asset): every `period` seconds, an
+    ownerless forward-only checkpoint at each shard's last landed record, and SHARD_END once a closed
+    shard's every record has landed. It owns no lease and never touches a counter."""
+
+    def __init__(self, store: ZoneStore, table, stream) -> None:
+        self.store = store
+        self.table = table    # a LeaseTable
+        self.stream = stream  # the simulated stream (which shards are closed, and their records)
+
+    def commit(self) -> None:
+        for shard_id, shard in self.stream.shards.items():
+            if shard.trimmed:
+                continue
+            lease = self.table.get(shard_id)
+            if lease is None or lease.is_ended:
+                continue
+            last = self.store.last_landed(shard_id)
+            if shard.closed_at is not None and all((shard_id, p) in self.store.landed for p in shard.positions):
+                self.table.end(shard_id)
+            elif last is not None and (lease.checkpoint.is_starting_sentinel or last.key() > lease.checkpoint.key()):
+                self.table.checkpoint(shard_id, last)
+
+
+__all__ = ["LandingProcessor", "Pipeline", "StoredBatch", "ZoneStore"]

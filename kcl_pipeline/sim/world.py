@@ -21,7 +21,8 @@ from .dynamodb import NetworkFaults, SimDynamoDB, SimDynamoDBClient
 from .engine import Engine, Host
 from .java import JavaPeer
 from .kinesis import SimStream
-from .landing import ZoneStore
+from .landing import Pipeline, ZoneStore
+from . import mutations
 
 STREAM = "simstream"
 APPLICATION = "simapp"
@@ -67,6 +68,8 @@ class Scenario:
     kinesis_throttle: float
     noise: bool
     events: tuple[FaultEvent, ...]
+    scan_page_items: int | None = None  # items per scan page (small: a scan of a big table)
+    pipeline_period: float | None = None  # the pipeline commits checkpoints every so often (None: workers do)
     liveness_slack: float = 6.0
     settle_seconds: float = 240.0
 
@@ -84,12 +87,18 @@ class Scenario:
         if "reshard" in faults:
             events = sorted(events + [FaultEvent(rng.randint(steps // 20, steps * 7 // 10), "reshard", rng.random())
                                       for _ in range(rng.randint(0, 3))])
+        java = "java-peer" in faults and rng.random() < 0.2
+        # The landing pipeline commits checkpoints in half the worlds; never beside a Java peer, which reads
+        # shards without landing them (a pipeline waiting for those records would wait for ever).
+        pipeline_period = rng.choice([None, rng.uniform(3.0, 20.0)])
         return cls(seed=seed, steps=steps, faults=faults, consumers=rng.randint(1, 4),
-                   java="java-peer" in faults and rng.random() < 0.2, shards=rng.randint(1, 6),
+                   java=java, shards=rng.randint(1, 6),
                    rate=rng.uniform(0.2, 0.9), retention=rng.uniform(150.0, 300.0),
                    drift=0.01 if "clock-drift" in faults else 0.0, leases_to_acquire=rng.choice([1, 1, 2]),
                    flush_records=rng.choice([1, 3, 8]), kinesis_throttle=rng.choice([0.0, 0.0, 0.05]),
-                   noise="lost-responses" in faults and rng.random() < 0.5, events=tuple(events))
+                   noise="lost-responses" in faults and rng.random() < 0.5, events=tuple(events),
+                   scan_page_items=rng.choice([None, None, 1, 2]),
+                   pipeline_period=None if java else pipeline_period)
 
     def describe(self) -> str:
         kinds = Counter(e.kind for e in self.events)
@@ -122,9 +131,11 @@ def base_config(worker_id: str, leases_to_acquire: int) -> ConsumerConfig:
 
 
 class World(Engine):
-    def __init__(self, scenario: Scenario):
+    def __init__(self, scenario: Scenario, mutation: str | None = None):
         super().__init__(scenario.seed)
         self.scenario = scenario
+        self.mutation = mutation
+        self.ages_stamped_at_cycle_start = False  # set by a mutation (mutations.py)
         self.config = base_config("template", scenario.leases_to_acquire)
         self.table_name = self.config.lease_table
         self.stats: Counter = Counter()
@@ -137,6 +148,7 @@ class World(Engine):
             table.items[item["leaseKey"]["S"]] = item
             self.checker.foreign[item["leaseKey"]["S"]] = item
         self.dynamodb.observers.append(self.checker.on_write)
+        self.reader = SimDynamoDBClient(self.dynamodb, self.child_rng())  # instant, faultless reads (the sim's)
         self.stream = SimStream(STREAM, self.child_rng(), scenario.shards, lambda: self.now, scenario.retention)
         self.store = ZoneStore(STREAM)
         self.store.on_land = self.checker.on_land
@@ -186,6 +198,10 @@ class World(Engine):
 
     # -- running -------------------------------------------------------------------------------------------
     def run(self) -> Result:
+        with mutations.active(self.mutation, self):
+            return self._run()
+
+    def _run(self) -> Result:
         sc = self.scenario
         for i in range(sc.consumers):
             self.add_consumer(delay=self.rng.uniform(0.0, 3.0))
@@ -196,6 +212,10 @@ class World(Engine):
         self._every(1.0, self._produce)
         self._every(5.0, self._trim)
         self._every(2.0, self.checker.audit)
+        if sc.pipeline_period is not None:
+            pipeline = Pipeline(self.store, LeaseTable(self.table_name, SimDynamoDBClient(
+                self.dynamodb, self.child_rng(), actor="pipeline")), self.stream)
+            self._every(sc.pipeline_period, pipeline.commit)
         events = list(sc.events)
         violated = lambda: bool(self.checker.violations)  # noqa: E731
         # Steps count the system's own events; when it has none left to run (every consumer stopped for
@@ -344,8 +364,8 @@ class World(Engine):
         self.at(self.now + seconds, heal)
 
 
-def simulate(seed: int, steps: int, faults: Iterable[str] = FAULTS) -> Result:
-    return World(Scenario.generate(seed, steps, faults)).run()
+def simulate(seed: int, steps: int, faults: Iterable[str] = FAULTS, mutation: str | None = None) -> Result:
+    return World(Scenario.generate(seed, steps, faults), mutation).run()
 
 
 __all__ = ["FAULTS", "Result", "Scenario", "World", "simulate"]
