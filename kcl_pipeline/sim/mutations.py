@@ -29,10 +29,9 @@ class Mutation:
 
 MUTATIONS: dict[str, Mutation] = {m.name: m for m in (
     Mutation("no-counter-fence", "writes fenced by leaseOwner only: the leaseCounter condition is dropped", 60),
-    Mutation("ages-stamped-early", "lease ages stamped when the cycle started, not when the scan returned", 300,
-             ("slow-dynamodb", "throttling", "reshard", "freeze-consumer", "crash")),
-    Mutation("no-parent-gate", "children acquired and read before their parents finished", 100,
-             ("reshard", "java-peer", "crash", "freeze-consumer")),
+    Mutation("ages-stamped-early", "lease ages stamped when the cycle started, not when the scan returned", 400,
+             ("slow-dynamodb", "throttling", "crash")),
+    Mutation("no-parent-gate", "children acquired and read before their parents finished", 400),
     Mutation("ambiguous-as-lost", "a write whose response was lost is reported as a lost race", 100,
              ("lost-responses", "throttling", "crash")),
     Mutation("land-without-fence", "landing ignores the zone: no resume after the last landed record, no "
@@ -40,7 +39,7 @@ MUTATIONS: dict[str, Mutation] = {m.name: m for m in (
     Mutation("delete-foreign", "leases of other streams and applications treated as this stream's", 20),
     Mutation("validity-from-response", "validity measured from when a write's answer arrived, not when it "
              "was sent", 400, ("slow-dynamodb", "lost-responses", "throttling", "freeze-worker", "crash")),
-    Mutation("acquire-ended", "an ended (SHARD_END) lease can be acquired", 200, ("reshard", "crash")),
+    Mutation("acquire-ended", "an ended (SHARD_END) lease can be acquired", 500, ("reshard", "crash")),
 )}
 
 

@@ -1,0 +1,74 @@
+"""The deterministic simulation of the shipped consumer: many seeds with every fault, the replay of one
+seed, the seeded bugs it must catch, and the command that runs it.
+
+The simulator drives the real lease-life and manager-cycle coroutines over the real `LeaseTable` (its
+requests evaluated by the simulated DynamoDB), so these tests check the code that ships.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from kcl_pipeline.sim.mutations import MUTATIONS
+from kcl_pipeline.sim.runner import replay_command, run_mutation, run_seed, run_seeds
+from kcl_pipeline.sim.world import FAULTS, Scenario, simulate
+
+CI_SEEDS = 500
+STEPS = 1000
+
+
+@pytest.mark.slow
+def test_500_seeds_of_1000_steps_keep_every_invariant():
+    summary = run_seeds(range(CI_SEEDS), STEPS, jobs=2)
+    report = "\n".join(f"seed {o.seed}: {o.violation}\n  replay: {replay_command(o.seed, STEPS, FAULTS)}"
+                       for o in summary.failures[:5])
+    assert not summary.failures, f"{summary.line()}\n{report}"
+    assert summary.seeds == CI_SEEDS and summary.steps >= CI_SEEDS * STEPS
+
+
+def test_a_few_seeds_keep_every_invariant():
+    """The fast suite's share of the above (a developer's quick check)."""
+    for seed in range(12):
+        outcome = run_seed(seed, 400)
+        assert outcome.violation is None, f"{outcome.violation}\n" + "\n".join(outcome.trace)
+
+
+def test_the_same_seed_replays_the_same_history():
+    a, b = simulate(7, 600), simulate(7, 600)
+    assert a.trace == b.trace and a.stats == b.stats and a.virtual_seconds == b.virtual_seconds
+
+
+def test_scenarios_draw_the_faults_asked_for_and_reject_unknown_ones():
+    scenario = Scenario.generate(3, 1000, ["crash", "reshard"])
+    assert {e.kind for e in scenario.events} <= {"crash", "reshard"} and not scenario.java
+    with pytest.raises(ValueError, match="unknown fault kinds: nonsense"):
+        Scenario.generate(3, 1000, ["nonsense"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(MUTATIONS))
+def test_each_seeded_bug_is_caught_within_its_stated_seeds(name):
+    outcome = run_mutation(name, STEPS, jobs=2)
+    assert outcome.ok, (f"mutation {name} ({MUTATIONS[name].defect}) was not caught within "
+                        f"{outcome.within} seeds (first caught at {outcome.caught_at})")
+
+
+def test_a_failing_seed_prints_its_trace_and_the_command_that_replays_it():
+    result = subprocess.run([sys.executable, "-m", "kcl_pipeline.cli", "simulate", "--seed", "0", "--steps", "1000",
+                             "--mutation", "delete-foreign"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stderr
+    assert "an item this consumer does not own" in result.stderr
+    assert "replay: ./run.sh simulate --seed 0 --steps 1000 --mutation delete-foreign" in result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "simulated 1 seeds × 1000 steps: 1 violations"
+
+
+def test_the_command_ends_with_one_summary_line_and_rejects_bad_faults():
+    ok = subprocess.run([sys.executable, "-m", "kcl_pipeline.cli", "simulate", "--seeds", "6", "--steps", "300",
+                         "--jobs", "1"], capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.strip().splitlines()[-1] == "simulated 6 seeds × 300 steps: 0 violations"
+    bad = subprocess.run([sys.executable, "-m", "kcl_pipeline.cli", "simulate", "--faults", "crash,meteor"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "unknown fault kind(s) meteor" in bad.stderr
