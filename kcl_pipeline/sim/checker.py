@@ -47,8 +47,9 @@ class Checker:
         self.started: set[str] = set()
         self.deliverers: dict[str, list[int]] = {}
         self.holder: dict[str, Any] = {}
-        self.unworked_since: dict[str, tuple[float, str | None]] = {}
+        self.unworked_since: dict[str, tuple[float, tuple]] = {}
         self.able_before: frozenset[int] = frozenset()
+        self.most_orphans = 0
         self.foreign: dict[str, dict] = {}
         self.deliveries = 0
         self.redelivered = 0
@@ -177,20 +178,31 @@ class Checker:
         # whoever takes over instead must first watch the lease unchanged for an expiry of its own.
         lost_taker = bool(self.able_before - able_now)
         self.able_before = able_now
-        bound = world.config.lease_expiry_seconds + world.config.cycle_seconds + world.scenario.liveness_slack
-        for key, shard, lease in self.owned_leases():
+        owned = list(self.owned_leases())
+        # A consumer takes `leases_to_acquire` leases per cycle, and runs a cycle at each look between cycles
+        # (every expiry/4) that finds an expired lease: many leases orphaned at once take a look each.
+        # The queue is as long as the most orphans seen at once since the orphaning began.
+        orphans = sum(1 for key, shard, lease in owned if lease.lease_owner is not None and not lease.is_ended
+                      and not shard.trimmed and not self.worked(key, lease.lease_owner))
+        self.most_orphans = max(self.most_orphans, orphans) if orphans else 0
+        queue = max(0, self.most_orphans - world.config.leases_to_acquire) * world.config.lease_expiry_seconds / 4
+        bound = (world.config.lease_expiry_seconds + world.config.cycle_seconds + world.scenario.liveness_slack
+                 + queue)
+        for key, shard, lease in owned:
             if lease.lease_owner is None or lease.is_ended or shard.trimmed or self.worked(key, lease.lease_owner):
                 self.unworked_since.pop(key, None)
                 continue
-            # The bound counts from the last change of owner: each new owner (itself frozen, say) gets its own.
+            # The bound counts from the last take: each new holder (itself frozen, say) gets its own.
+            taker = (lease.lease_owner, getattr(self.holder.get(key), "serial", None))
             since, owner = self.unworked_since.get(key, (None, None))
-            if since is None or not able or lost_taker or owner != lease.lease_owner:
-                self.unworked_since[key] = (now, lease.lease_owner)
+            if since is None or not able or lost_taker or owner != taker:
+                self.unworked_since[key] = (now, taker)
                 continue
             if now - since > bound:
                 self.violation(f"lease {key} owned by {lease.lease_owner} has not been worked for {now - since:.1f}s "
-                               f"(bound: expiry + cycle + {world.scenario.liveness_slack:.0f}s)")
-                self.unworked_since[key] = (now, lease.lease_owner)
+                               f"(bound: expiry + cycle + {world.scenario.liveness_slack:.0f}s"
+                               + (f" + {queue:.1f}s for {self.most_orphans} orphaned leases)" if queue else ")"))
+                self.unworked_since[key] = (now, taker)
 
     def settled(self) -> list[str]:
         """What still keeps the fleet from having settled (empty: it has)."""
