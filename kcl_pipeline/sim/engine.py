@@ -138,14 +138,8 @@ class Task:
                 answer, error = None, exc
                 continue
             if type(effect) is Locked:
-                lock = self.lock
-                if lock.holder is not None and lock.holder is not self:
-                    lock.waiters.append((self, effect))
+                if not self._lock_for(effect, queue_last=True):
                     return
-                lock.holder = self
-                lock.depth += 1
-                self.stack.append(effect.body)
-                self.locked_levels.append(len(self.stack) - 1)
                 answer, error = None, None
                 continue
             try:
@@ -186,15 +180,23 @@ class Task:
         return not self.stack
 
     def _enter(self, effect: Locked) -> None:
+        if self._lock_for(effect, queue_last=False):
+            self.resume(None, None)
+
+    def _lock_for(self, effect: Locked, queue_last: bool) -> bool:
+        """Take the lock and push the locked body (True), or queue for the lock (False)."""
         lock = self.lock
         if lock.holder is not None and lock.holder is not self:
-            lock.waiters.appendleft((self, effect))
-            return
+            if queue_last:
+                lock.waiters.append((self, effect))
+            else:
+                lock.waiters.appendleft((self, effect))  # woken but beaten to it: stay first in line
+            return False
         lock.holder = self
         lock.depth += 1
         self.stack.append(effect.body)
         self.locked_levels.append(len(self.stack) - 1)
-        self.resume(None, None)
+        return True
 
     def _finish(self, value: Any, error: BaseException | None) -> None:
         self.finished = True
