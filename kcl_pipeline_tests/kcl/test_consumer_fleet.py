@@ -12,8 +12,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
@@ -24,18 +22,18 @@ from kcl_pipeline.kcl.model import Checkpoint
 from kcl_pipeline.kcl.shards import list_shards, wait_stream_active
 from kcl_pipeline.local.producer import produce
 
+from .fleet_support import TablePoller, consume_process
+
 pytestmark = [pytest.mark.emulator, pytest.mark.slow]
 
 HEARTBEAT, EXPIRY, CYCLE = 1.0, 3.0, 1.0
 
 
-class LeaseMonitor(threading.Thread):
+class LeaseMonitor(TablePoller):
     """Polls the lease table; records checkpoint regressions, SHARD_END times and first-owned times."""
 
     def __init__(self, table: LeaseTable):
-        super().__init__(daemon=True)
-        self.table = table
-        self.stop = threading.Event()
+        super().__init__(table)
         self.last: dict[str, Checkpoint] = {}
         self.regressions: list[str] = []
         self.ended_at: dict[str, float] = {}
@@ -43,27 +41,19 @@ class LeaseMonitor(threading.Thread):
         self.parents: dict[str, tuple[str, ...]] = {}
         self.owners: dict[str, str | None] = {}
 
-    def run(self) -> None:
-        while not self.stop.is_set():
-            try:
-                leases = self.table.scan()
-            except Exception:
-                time.sleep(0.1)
-                continue
-            now = time.monotonic()
-            for lease in leases:
-                key, cp = lease.lease_key, lease.checkpoint
-                self.parents[key] = lease.parent_shard_ids
-                self.owners[key] = lease.lease_owner
-                prev = self.last.get(key)
-                if prev is not None and not _not_before(prev, cp):
-                    self.regressions.append(f"{key}: {prev} -> {cp}")
-                self.last[key] = cp
-                if cp.is_shard_end:
-                    self.ended_at.setdefault(key, now)
-                if lease.lease_owner:
-                    self.first_owned_at.setdefault(key, now)
-            time.sleep(0.1)
+    def observe(self, leases, now: float) -> None:
+        for lease in leases:
+            key, cp = lease.lease_key, lease.checkpoint
+            self.parents[key] = lease.parent_shard_ids
+            self.owners[key] = lease.lease_owner
+            prev = self.last.get(key)
+            if prev is not None and not _not_before(prev, cp):
+                self.regressions.append(f"{key}: {prev} -> {cp}")
+            self.last[key] = cp
+            if cp.is_shard_end:
+                self.ended_at.setdefault(key, now)
+            if lease.lease_owner:
+                self.first_owned_at.setdefault(key, now)
 
 
 def _not_before(prev: Checkpoint, cp: Checkpoint) -> bool:
@@ -77,10 +67,7 @@ def _not_before(prev: Checkpoint, cp: Checkpoint) -> bool:
 
 
 def _consume(env, stream, app, worker, out: Path, log: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "kcl_pipeline.cli", "consume", "--stream", stream, "--application", app,
-           "--worker-id", worker, "--sink", f"jsonl:{out}", "--heartbeat-seconds", str(HEARTBEAT),
-           "--lease-expiry-seconds", str(EXPIRY), "--cycle-seconds", str(CYCLE), "--leases-to-acquire", "2"]
-    return subprocess.Popen(cmd, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    return consume_process(env, stream, app, worker, out, log, heartbeat=HEARTBEAT, expiry=EXPIRY, cycle=CYCLE)
 
 
 def _wait(predicate, timeout: float, what: str, interval: float = 0.2):

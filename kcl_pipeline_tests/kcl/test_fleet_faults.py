@@ -16,8 +16,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
@@ -27,6 +25,8 @@ from kcl_pipeline.kcl.lease_table import LeaseTable
 from kcl_pipeline.kcl.shards import wait_stream_active
 from kcl_pipeline.local.fault_proxy import FaultProxy, drop_responses
 from kcl_pipeline.local.producer import produce
+
+from .fleet_support import TablePoller, consume_process
 
 from .test_consumer_fleet import _delivered, _ids, _wait
 
@@ -55,44 +55,33 @@ FOREIGN_ITEMS = [
 ]
 
 
-class OwnershipMonitor(threading.Thread):
+class OwnershipMonitor(TablePoller):
     """Records, per lease, every (owner, counter) change with the wall time it was seen."""
 
+    clock = staticmethod(time.time)
+
     def __init__(self, table: LeaseTable):
-        super().__init__(daemon=True)
-        self.table = table
-        self.stop = threading.Event()
+        super().__init__(table)
         self.history: dict[str, list[tuple[float, str | None, int, bool]]] = {}
         self.max_unworked: dict[str, float] = {}
         self._still_since: dict[str, tuple[str | None, int, float]] = {}
 
-    def run(self) -> None:
-        while not self.stop.is_set():
-            try:
-                leases = self.table.scan()
-            except Exception:
-                time.sleep(0.1)
-                continue
-            now = time.time()
-            for lease in leases:
-                key = lease.lease_key
-                state = (lease.lease_owner, lease.lease_counter, lease.is_ended)
-                seen = self.history.setdefault(key, [])
-                if not seen or seen[-1][1:] != state:
-                    seen.append((now, *state))
-                previous = self._still_since.get(key)
-                if previous is None or previous[:2] != state[:2]:
-                    self._still_since[key] = (lease.lease_owner, lease.lease_counter, now)
-                elif lease.lease_owner is not None and not lease.is_ended:
-                    self.max_unworked[key] = max(self.max_unworked.get(key, 0.0), now - previous[2])
-            time.sleep(0.1)
+    def observe(self, leases, now: float) -> None:
+        for lease in leases:
+            key = lease.lease_key
+            state = (lease.lease_owner, lease.lease_counter, lease.is_ended)
+            seen = self.history.setdefault(key, [])
+            if not seen or seen[-1][1:] != state:
+                seen.append((now, *state))
+            previous = self._still_since.get(key)
+            if previous is None or previous[:2] != state[:2]:
+                self._still_since[key] = (lease.lease_owner, lease.lease_counter, now)
+            elif lease.lease_owner is not None and not lease.is_ended:
+                self.max_unworked[key] = max(self.max_unworked.get(key, 0.0), now - previous[2])
 
 
 def _consume(env, stream, app, worker_id, out: Path, log: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "kcl_pipeline.cli", "consume", "--stream", stream, "--application", app,
-           "--worker-id", worker_id, "--sink", f"jsonl:{out}", "--heartbeat-seconds", str(HEARTBEAT),
-           "--lease-expiry-seconds", str(EXPIRY), "--cycle-seconds", str(CYCLE), "--leases-to-acquire", "2"]
-    return subprocess.Popen(cmd, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    return consume_process(env, stream, app, worker_id, out, log, heartbeat=HEARTBEAT, expiry=EXPIRY, cycle=CYCLE)
 
 
 def _lines(out: Path) -> list[dict]:

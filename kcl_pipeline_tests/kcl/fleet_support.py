@@ -1,0 +1,45 @@
+"""What the process-level fleet tests share: a lease-table poller and a consumer process."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Sequence
+
+from kcl_pipeline.kcl.lease_table import LeaseTable
+from kcl_pipeline.kcl.model import Lease
+
+
+class TablePoller(threading.Thread):
+    """Scans the lease table every 0.1 s and hands each scan to `observe` (a failed scan is skipped)."""
+
+    clock = staticmethod(time.monotonic)
+
+    def __init__(self, table: LeaseTable):
+        super().__init__(daemon=True)
+        self.table = table
+        self.stop = threading.Event()
+
+    def observe(self, leases: Sequence[Lease], now: float) -> None:
+        raise NotImplementedError
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                leases = self.table.scan()
+            except Exception:
+                time.sleep(0.1)
+                continue
+            self.observe(leases, self.clock())
+            time.sleep(0.1)
+
+
+def consume_process(env: dict, stream: str, app: str, worker_id: str, out: Path, log: Path, *,
+                    heartbeat: float, expiry: float, cycle: float) -> subprocess.Popen:
+    """`kcl-pipeline consume` with a JSONL sink, in its own session (a test may signal its whole group)."""
+    cmd = [sys.executable, "-m", "kcl_pipeline.cli", "consume", "--stream", stream, "--application", app,
+           "--worker-id", worker_id, "--sink", f"jsonl:{out}", "--heartbeat-seconds", str(heartbeat),
+           "--lease-expiry-seconds", str(expiry), "--cycle-seconds", str(cycle), "--leases-to-acquire", "2"]
+    return subprocess.Popen(cmd, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
