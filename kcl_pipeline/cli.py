@@ -231,9 +231,12 @@ def _pipeline_settings():
 @click.option("--stream", default=None, help="[default: KCL_PIPELINE_STREAM]")
 @click.option("--application", default=None, help="Lease table for the checkpoint check [default: the pipeline's].")
 @click.option("--window-minutes", type=int, default=None, help="[default: KCL_PIPELINE_WINDOW_MINUTES]")
+@click.option("--transform-grace", type=click.FloatRange(min=0), default=300.0, show_default=True,
+              help="Seconds after a window's end by which it must be transformed; a window landed and still "
+                   "untransformed after that fails the audit.")
 @aws_options
 @friendly_errors
-def audit(window, last, zone, output, stream, application, window_minutes, region, endpoint_url):
+def audit(window, last, zone, output, stream, application, window_minutes, transform_grace, region, endpoint_url):
     """The lineage audit: chain per shard, landed = transformed + duplicates + quarantined, checkpoints ≤
     materialised. Exit 1 when a check fails."""
     from .landing.audit import audit as run_audit
@@ -244,7 +247,7 @@ def audit(window, last, zone, output, stream, application, window_minutes, regio
     report = run_audit(zone or settings.landing_uri, output or settings.output_uri, stream or settings.stream,
                        window_ms, window=parse_window(window) if window else None,
                        application=application or settings.application, aws=_settings(region, endpoint_url),
-                       last=last)
+                       last=last, transform_grace_ms=int(transform_grace * 1000))
     for line in report.lines():
         click.echo(line)
     sys.exit(0 if report.ok else 1)

@@ -5,7 +5,9 @@ Three checks per window [t0, t1), the same for the Dagster asset checks and `kcl
 * chain     every shard's batches form an unbroken chain (no gap, no overlap, no unreadable object), and
             the first one follows on from the shard's last batch of the previous window when it has one;
 * counts    landed rows = transformed rows + duplicates dropped + quarantined rows, from the landing zone
-            and the output's manifests (and, when given, the transform's own report agrees);
+            and the output's manifests (and, when given, the transform's own report agrees); a window with
+            landed rows and no output is fine while its transform may still be on its way, and a failure
+            once the window ended more than the transform grace ago (a stalled pipeline is never green);
 * checkpoints  no committed checkpoint reaches into a window that has not materialised, and SHARD_END only
             where the shard's last record is landed and every earlier window materialised (except the one
             holding its last record: see checkpoint_plan.py); no checkpoint is past the last landed record.
@@ -17,6 +19,7 @@ source of truth; the Dagster asset checks see the same). The output layout is th
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping, Sequence
@@ -110,11 +113,17 @@ def check_chain(t0: int, t1: int, reports: Mapping[str, ChainReport],
 
 
 def check_counts(t0: int, t1: int, landed_rows: int, duplicate_rows: int, output: OutputCounts | None,
-                 transform: Mapping[str, int] | None = None) -> CheckOutcome:
+                 transform: Mapping[str, int] | None = None, overdue_ms: int | None = None) -> CheckOutcome:
     """landed = transformed + duplicates + quarantined. `transform`: the transform's own report (rows_in,
-    rows_out, duplicates_dropped, quarantined), checked against the zone and the manifests when given."""
+    rows_out, duplicates_dropped, quarantined), checked against the zone and the manifests when given.
+    `overdue_ms`: how long past its deadline (window end + transform grace) the window is, when it is."""
     meta: dict[str, Any] = {"landed_rows": landed_rows, "duplicate_rows": duplicate_rows}
     if output is None:
+        if overdue_ms is not None and landed_rows:
+            summary = (f"{landed_rows} rows landed and never transformed: the window's transform is "
+                       f"{overdue_ms / 1000:.0f}s past its deadline (window end + transform grace)")
+            return CheckOutcome("counts", t0, t1, False, summary, (summary,), {**meta, "overdue_seconds":
+                                                                             overdue_ms // 1000})
         return CheckOutcome("counts", t0, t1, True, f"{landed_rows} rows landed; window not transformed yet",
                             (), meta)
     meta.update(transformed_rows=output.transformed_rows, quarantined_rows=output.quarantined_rows)
@@ -197,8 +206,11 @@ def _last_positions(batches: Iterable[BatchKey]) -> dict[str, Checkpoint]:
 
 def audit_window(store: ZoneStore, output: ZoneStore, stream: str, t0: int, t1: int, *,
                  leases: Sequence[Lease] | None = None, transform: Mapping[str, int] | None = None,
-                 checks: Sequence[str] = CHECKS) -> list[CheckOutcome]:
-    """Run `checks` for one window. `leases`: a lease-table snapshot (the checkpoints check needs it)."""
+                 checks: Sequence[str] = CHECKS, now_ms: int | None = None,
+                 transform_grace_ms: int = 0) -> list[CheckOutcome]:
+    """Run `checks` for one window. `leases`: a lease-table snapshot (the checkpoints check needs it).
+    `now_ms`: the time of the audit; a window still untransformed `transform_grace_ms` after its end fails
+    the counts check (without `now_ms`, untransformed windows are never overdue)."""
     unknown = set(checks) - set(CHECKS)
     if unknown:
         raise ValueError(f"unknown audit checks {sorted(unknown)}; known: {', '.join(CHECKS)}")
@@ -216,7 +228,9 @@ def audit_window(store: ZoneStore, output: ZoneStore, stream: str, t0: int, t1: 
     if "counts" in checks:
         landed = sum(r.rows for r in reports.values())
         duplicates = sum(r.duplicate_rows or 0 for r in reports.values())
-        outcomes.append(check_counts(t0, t1, landed, duplicates, output_counts, transform))
+        deadline = t1 + transform_grace_ms
+        overdue = now_ms - deadline if now_ms is not None and now_ms >= deadline else None
+        outcomes.append(check_counts(t0, t1, landed, duplicates, output_counts, transform, overdue))
     if "checkpoints" in checks:
         if leases is None:
             outcomes.append(CheckOutcome("checkpoints", t0, t1, True, "no lease table given: not checked"))
@@ -242,15 +256,40 @@ def materialised_windows(output: ZoneStore) -> list[int]:
     return sorted(out)
 
 
+def landed_windows(store: ZoneStore, stream: str, window_ms: int, last: int) -> list[int]:
+    """The starts of the newest `last` windows with landed batches (from the zone's minute prefixes,
+    newest first: a few LIST calls, never one per batch)."""
+    found: set[int] = set()
+    for day in sorted(store.list_dirs(f"{stream}/"), reverse=True):
+        for hour in sorted(store.list_dirs(f"{stream}/{day}/"), reverse=True):
+            for minute in sorted(store.list_dirs(f"{stream}/{day}/{hour}/"), reverse=True):
+                try:
+                    at = datetime.strptime(f"{day} {hour} {minute}", "dt=%Y-%m-%d hh=%H mm=%M")
+                except ValueError:
+                    continue  # not a minute of the layout (a stray folder): not a window
+                ms = int(at.replace(tzinfo=timezone.utc).timestamp() * 1000)
+                found.add(ms - ms % window_ms)
+                if len(found) > last:
+                    return sorted(found)[-last:]
+    return sorted(found)[-last:] if last > 0 else []
+
+
 def audit(zone_uri: str, output_uri: str, stream: str, window_ms: int, *,
           window: tuple[int, int] | None = None, application: str | None = None, aws: AwsSettings | None = None,
           last: int = 24, store: ZoneStore | None = None, output: ZoneStore | None = None,
-          leases: Sequence[Lease] | None = None) -> AuditReport:
-    """Audit the windows of `window` (split into `window_ms` windows), or else the `last` materialised ones.
+          leases: Sequence[Lease] | None = None, now_ms: int | None = None,
+          transform_grace_ms: int = 300_000) -> AuditReport:
+    """Audit the windows of `window` (split into `window_ms` windows), or else the newest `last` windows that
+    landed or materialised (a window that landed and never materialised is audited too: it is how a stalled
+    pipeline shows). Untransformed windows older than their end + `transform_grace_ms` at `now_ms` (default:
+    now) fail.
 
     The lease table of `application` is scanned for the checkpoints check (read only); without an
     application (and no `leases`) that check is skipped.
     """
+    if transform_grace_ms < 0:
+        raise ValueError(f"transform_grace_ms must be >= 0, got {transform_grace_ms}")
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     if window_ms <= 0 or window_ms % 60_000:
         raise ValueError(f"window_ms must be a positive whole number of minutes, got {window_ms}")
     store = store or open_store(zone_uri, aws)
@@ -262,7 +301,8 @@ def audit(zone_uri: str, output_uri: str, stream: str, window_ms: int, *,
             raise ValueError(f"window [{t0}, {t1}) must be whole {window_ms // 60_000}-minute windows of the pipeline")
         starts = list(range(t0, t1, window_ms))
     else:
-        starts = materialised_windows(output)[-last:] if last > 0 else []
+        starts = sorted(set(materialised_windows(output)[-last:]) | set(landed_windows(store, stream, window_ms, last))
+                        )[-last:] if last > 0 else []
     if leases is None and application:
         from ..kcl.aws import client
         from ..kcl.lease_table import LeaseTable
@@ -270,7 +310,8 @@ def audit(zone_uri: str, output_uri: str, stream: str, window_ms: int, *,
         leases = LeaseTable(application, client("dynamodb", aws)).scan()
     report = AuditReport()
     for start in starts:
-        report.outcomes += audit_window(store, output, stream, start, start + window_ms, leases=leases)
+        report.outcomes += audit_window(store, output, stream, start, start + window_ms, leases=leases,
+                                        now_ms=now_ms, transform_grace_ms=transform_grace_ms)
     return report
 
 

@@ -58,6 +58,16 @@ def test_the_instance_config(tmp_path):
     assert (home / "history" / "runs.db").exists()  # SQLite, under DAGSTER_HOME
 
 
+def test_a_window_run_lost_with_its_code_server_or_failed_once_is_retried(tmp_path):
+    """Without these, a window run queued while the code server restarts fails for good
+    (DagsterUserCodeUnreachableError), and a transform that fails once is never run again."""
+    home = prepare_dagster_home(tmp_path / "home")
+    with DagsterInstance.from_config(str(home)) as instance:
+        queue = instance.get_concurrency_config().run_queue_config
+        assert queue.max_user_code_failure_retries >= 3 and queue.user_code_failure_retry_delay > 0
+        assert instance.run_retries_enabled and instance.run_retries_max_retries >= 2
+
+
 def test_prepare_dagster_home_needs_the_project_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="dagster.yaml"):
         prepare_dagster_home(tmp_path / "home", source=tmp_path / "missing.yaml")
@@ -151,3 +161,14 @@ def test_a_tick_refuses_a_consumer_window_unlike_the_partitions(defs):
     with build_sensor_context(resources={"consumer": consumer, "aws": AwsResource(), "s3": object()}) as context:
         with pytest.raises(Exception, match=r"window \(5 min\) differs from the partitions' \(2 min\)"):
             sensor(context)
+
+
+def test_the_checks_that_guard_checkpoints_block_the_checkpoint_commit():
+    """A failed chain or count check must stop the window run before kinesis_checkpoints commits."""
+    from kcl_pipeline.defs.kinesis.checks import build_checks
+    from kcl_pipeline.defs.kinesis.partitions import window_partitions
+
+    settings = PipelineSettings.from_env({})
+    chain, counts, within = build_checks(window_partitions(settings), settings.window_ms)
+    blocking = {spec.name: spec.blocking for checks in (chain, counts, within) for spec in checks.check_specs}
+    assert blocking == {"chain_unbroken": True, "rows_reconcile": True, "checkpoint_within_materialised": False}

@@ -139,7 +139,7 @@ def test_audit_of_a_sound_window(landed):
     last = {s: r[59].checkpoint for s, r in records.items()}
     leases = [Lease(s, c, extra=ShardProgress(s, records[s][-1].checkpoint, T0).to_attributes())
               for s, c in last.items()]
-    report = audit(uri, out, STREAM, W, window=(T0, T0 + 2 * W), leases=leases)
+    report = audit(uri, out, STREAM, W, window=(T0, T0 + 2 * W), leases=leases, now_ms=T0 + 2 * W)
     assert report.ok, report.lines()
     assert [(o.window_start_ms, o.check) for o in report.outcomes] == [
         (T0, "chain"), (T0, "counts"), (T0, "checkpoints"), (T0 + W, "chain"), (T0 + W, "counts"),
@@ -191,12 +191,38 @@ def test_audit_defaults_to_the_last_materialised_windows(landed):
     assert "no lease table given" in report.outcomes[-1].summary
 
 
+def test_a_window_landed_and_never_transformed_fails_the_audit_once_overdue(landed):
+    """A stalled pipeline (a transform run lost with the code server, say) left two windows landed and never
+    transformed: the audit must not stay green — not for the default selection either, which once looked
+    only at materialised windows and so audited nothing at all."""
+    uri, store, out, _ = landed
+    grace = 5 * MINUTE_MS
+    fresh = audit(uri, out, STREAM, W, now_ms=T0 + 2 * W, transform_grace_ms=grace)
+    assert fresh.ok and {o.window_start_ms for o in fresh.outcomes} == {T0, T0 + W}
+    stalled = audit(uri, out, STREAM, W, now_ms=T0 + 2 * W + grace + 1, transform_grace_ms=grace)
+    failed = [o for o in stalled.outcomes if not o.ok]
+    assert not stalled.ok and {(o.window_start_ms, o.check) for o in failed} == {(T0, "counts"), (T0 + W, "counts")}
+    assert "never transformed" in failed[0].summary
+    write_output(out, T0, 110, 10)
+    write_output(out, T0 + W, 60, 0)
+    assert audit(uri, out, STREAM, W, now_ms=T0 + 2 * W + grace + 1, transform_grace_ms=grace).ok
+
+
+def test_check_counts_fails_a_landed_window_only_once_it_is_overdue():
+    assert check_counts(T0, T0 + W, 10, 0, None).ok
+    assert check_counts(T0, T0 + W, 0, 0, None, overdue_ms=60_000).ok  # nothing landed: nothing to transform
+    late = check_counts(T0, T0 + W, 10, 0, None, overdue_ms=60_000)
+    assert not late.ok and late.metadata["overdue_seconds"] == 60
+
+
 def test_audit_rejects_bad_arguments(landed):
     uri, store, out, _ = landed
     with pytest.raises(ValueError, match="whole 2-minute windows"):
         audit(uri, out, STREAM, W, window=(T0 + MINUTE_MS, T0 + W))
     with pytest.raises(ValueError, match="window_ms"):
         audit(uri, out, STREAM, 1000)
+    with pytest.raises(ValueError, match="transform_grace_ms"):
+        audit(uri, out, STREAM, W, transform_grace_ms=-1)
     with pytest.raises(ValueError, match="unknown audit checks"):
         audit_window(store, open_store(out), STREAM, T0, T0 + W, checks=["nope"])
 

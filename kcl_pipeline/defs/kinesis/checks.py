@@ -68,14 +68,16 @@ def build_checks(partitions_def: TimeWindowPartitionsDefinition, window_ms: int)
             context.log.info(f"{o.check} {'OK' if o.ok else 'FAILED'}: {o.summary}")
         return check_result(outcomes)
 
-    @asset_check(asset=LANDED, name="chain_unbroken", partitions_def=partitions_def,
+    # The two checks that guard checkpoints block: when either fails in a window run, the run stops before
+    # kinesis_checkpoints, so no checkpoint moves past a broken chain or an unreconciled window.
+    @asset_check(asset=LANDED, name="chain_unbroken", partitions_def=partitions_def, blocking=True,
                  description="Every shard's landed batches form an unbroken chain (each batch follows the previous "
                              "one's last record; no gap, no overlap, no unreadable object), across windows too.")
     def chain_unbroken(context: AssetCheckExecutionContext, consumer: KinesisConsumerResource, aws: AwsResource,
                        s3: S3Resource) -> AssetCheckResult:
         return run(context, consumer, aws, s3, "chain")
 
-    @asset_check(asset=TRANSFORMED, name="rows_reconcile", partitions_def=partitions_def,
+    @asset_check(asset=TRANSFORMED, name="rows_reconcile", partitions_def=partitions_def, blocking=True,
                  description="Landed rows = transformed rows + duplicates dropped + quarantined rows (from the "
                              "landing zone and the output manifests; the transform's own report must agree).")
     def rows_reconcile(context: AssetCheckExecutionContext, consumer: KinesisConsumerResource, aws: AwsResource,
