@@ -190,7 +190,11 @@ class LandingProcessor:
         if records:
             self._check_records(records)
             self._buffer_records(records)
-        self._last_poll = (int(self._clock() * 1000), batch.millis_behind_latest)
+        # "Caught up at t" completes windows ending before t - grace: t is the service's clock (the
+        # GetRecords response's Date, whole seconds: never late), so a host clock running fast completes
+        # nothing early. The host clock stands in only when the response had no Date.
+        polled_at = batch.service_time_ms if batch.service_time_ms is not None else int(self._clock() * 1000)
+        self._last_poll = (polled_at, batch.millis_behind_latest)
         self._flush_if_due()
         if not self._buffer:
             self._settle_poll()

@@ -157,6 +157,19 @@ def test_progress_is_published_only_for_landed_polls(local_zone):
                                      T0 + MINUTE_MS + 10, 0, False, key.key())
 
 
+def test_a_fast_host_clock_does_not_complete_windows_early(local_zone):
+    """The caught-up time is the service's (the GetRecords Date header), not the host's: a worker whose clock
+    runs a minute fast must not report "caught up at window end + grace" a minute before it is."""
+    uri, store = local_zone
+    clock = Clock(T0 + 5000 + MINUTE_MS)  # the host: a minute fast
+    p = sink(uri, clock)
+    init(p)
+    p.process_records(ProcessRecordsInput([], 0, RecordingCheckpointer(), service_time_ms=T0 + 5000))
+    assert p.progress.polled_at_ms == T0 + 5000
+    p.process_records(ProcessRecordsInput([], 0, RecordingCheckpointer()))  # no Date: the host clock stands in
+    assert p.progress.polled_at_ms == T0 + 5000 + MINUTE_MS
+
+
 def test_pipeline_mode_never_checkpoints_and_marks_shard_end(local_zone):
     uri, store = local_zone
     records = make_records(20)
