@@ -82,8 +82,9 @@ def run_seeds(seeds: Iterable[int], steps: int, faults: Sequence[str] = FAULTS, 
         outcomes: Iterable[SeedOutcome] = map(_run_one, work)
         pool = None
     else:
-        # fork: the workers share the imported code; each seed is independent and deterministic.
-        pool = multiprocessing.get_context("fork").Pool(jobs, initializer=_quiet)
+        # spawn, not fork: a caller with threads (a test runner, a JVM gateway) can hold a lock at fork time
+        # and leave the forked workers hung. Each seed is independent and deterministic.
+        pool = multiprocessing.get_context("spawn").Pool(jobs, initializer=_quiet)
         outcomes = pool.imap(_run_one, work, chunksize=max(1, min(16, len(seeds) // (jobs * 8) or 1)))
     ran = 0
     try:
