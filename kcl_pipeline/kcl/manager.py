@@ -22,6 +22,7 @@ from .aws import client
 from .config import ConsumerConfig
 from .lease_life import Create, ListShards, drive
 from .lease_table import LeaseTable
+from .coordinator_state import check_fleet_compatible
 from .metrics import Metrics
 from .model import Lease, Shard
 from .planner import LeaseAges
@@ -83,8 +84,10 @@ class LeaseManager:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
-        """Fail fast with a clear error when the stream is missing; create the lease table when missing."""
+        """Fail fast with a clear error when the stream is missing or a KCL 3.x fleet runs the application in
+        3.x mode (coordinator_state.py); create the lease table when missing."""
         self.shards = list_shards(self.kinesis, self.config.stream)
+        check_fleet_compatible(self.table.client, self.config.application)
         if self.table.ensure_table():
             log.info("created lease table %s", self.config.lease_table)
 
