@@ -162,7 +162,7 @@ class LandingProcessor:
             return  # the worker only waits for children; nothing will be delivered
         hint = self._hint or ShardProgress.from_attributes(
             self.shard_id, getattr(init, "lease_attributes", None) or {})
-        found = self._find_last_landed(hint)
+        found = self._find_last_landed(hint, start)
         if found is not None:
             key, info = found
             landed = ShardProgress(self.shard_id, key.last, info.last_arrival_ms, last_batch_key=key.key())
@@ -382,17 +382,24 @@ class LandingProcessor:
 
     # -- resuming ------------------------------------------------------------------------------------------
 
-    def _find_last_landed(self, hint: ShardProgress | None) -> tuple[BatchKey, BatchInfo] | None:
+    def _find_last_landed(self, hint: ShardProgress | None, start: Checkpoint) -> tuple[BatchKey, BatchInfo] | None:
         now_minute = minute_of(int(self._clock() * 1000))
         found = None
         if hint is not None and hint.landed is not None and hint.landed_arrival_ms is not None:
-            start = min(minute_of(hint.landed_arrival_ms), now_minute)
-            found = self._walk(start, now_minute)
+            from_minute = min(minute_of(hint.landed_arrival_ms), now_minute)
+            found = self._walk(from_minute, now_minute)
             if found is None or found.last.key() < hint.landed.key():
                 log.warning("%s: the lease says %s was landed (batch %s) but the zone %s does not hold it; "
                             "looking for landed batches of the last %d minutes instead", self.shard_id,
                             hint.landed, hint.last_batch_key, self.store.uri, self.settings.resume_lookback_minutes)
                 found = None
+        if found is None and start.is_starting_sentinel:
+            # No trustworthy progress and a lease still at its starting position: the batches near now may be
+            # a backfill's (AT_TIMESTAMP re-reads), not the chain from the start. Resuming after them would skip
+            # everything older, so read from the start; the exclusion drops what is already landed.
+            log.info("%s: no landing progress on the lease and the lease at %s: reading from it (landed records "
+                     "are skipped at flush time)", self.shard_id, start)
+            return None
         if found is None:
             found = self._walk(now_minute - self.settings.resume_lookback_minutes * MINUTE_MS, now_minute)
         if found is None:

@@ -216,7 +216,7 @@ def test_lease_lost_drops_the_buffer_and_the_next_owner_lands_it(local_zone):
     a.lease_lost()
     a.process_records(ProcessRecordsInput(records[20:], 0, RecordingCheckpointer()))  # ignored after loss
     assert len(landed_rows(store)) == 16
-    b = sink(uri, clock, max_batch_records=8)
+    b = sink(uri, clock, max_batch_records=8, progress_hint=a.progress)  # a's progress, from its heartbeats
     init(b)
     assert b.resume_position() == records[15].checkpoint
     b.shutdown_requested(deliver(b, [r for r in records if r.position() > records[15].position()], 7))
@@ -233,6 +233,22 @@ def test_arrival_minute_going_back_still_chains(local_zone):
     p = sink(uri, Clock(T0 + 5 * MINUTE_MS))
     init(p)
     p.shutdown_requested(deliver(p, records, 9))
+    assert_exactly_once(uri, store, records)
+
+
+def test_a_backfill_landed_before_the_first_live_run_does_not_make_the_consumer_skip_older_data(local_zone):
+    """A lease at TRIM_HORIZON with no landing progress must read from the start, not resume after whatever
+    landed in the last minutes (here a backfill's batch of later records): that skipped every older record."""
+    uri, store = local_zone
+    records = make_records(60, start_ms=T0)
+    clock = Clock(T0 + 5 * MINUTE_MS)
+    backfill = sink(uri, clock)
+    init(backfill, records[39].checkpoint)  # a bounded re-read from a timestamp, landed first
+    backfill.shutdown_requested(deliver(backfill, records[40:], 20))
+    live = sink(uri, clock)
+    init(live, TH)  # the first live run: lease at TRIM_HORIZON, no progress attributes yet
+    assert live.resume_position() is None, "the consumer would skip records 0..39"
+    live.shutdown_requested(deliver(live, records, 25))
     assert_exactly_once(uri, store, records)
 
 

@@ -119,9 +119,9 @@ def test_crash_then_another_owner_with_other_boundaries(any_zone, with_hint, hon
     assert 100 < landed < 150
     b = make_sink(any_zone, clock, hint=seen if with_hint else None, max_batch_records=23)
     finish(b, RECORDS, TH, chunk=29, honour_resume=honour_resume)
-    if honour_resume:
+    if honour_resume and with_hint:
         assert b.stats.records_already_landed == 0  # resumed exactly after the last landed record
-    else:
+    else:  # no progress on a lease at TRIM_HORIZON: read from the start (a backfill may have landed later)
         assert b.stats.records_already_landed == landed  # re-read, then dropped by the exclusion
     assert_exactly_once(any_zone, RECORDS)
 
@@ -186,8 +186,9 @@ def test_a_foreign_object_under_the_shard_prefix_is_an_error(local_zone):
     clock = Clock(NOW)
     local_zone.store.put_if_absent(f"{minute_prefix(STREAM, T0)}{SHARD}/part-0001.parquet", b"x")
     b = make_sink(local_zone, clock)
+    init(b)  # at TRIM_HORIZON without progress nothing is listed yet: the first flush of that minute lists it
     with pytest.raises(CorruptBatchError, match="part-0001.parquet under the shard's prefix is not a batch key"):
-        init(b)
+        b.shutdown_requested(deliver(b, RECORDS[:10], 10))
     # Objects that are not Parquet are ignored (e.g. a README someone left).
     local_zone.store.put_if_absent(f"{minute_prefix(STREAM, T0)}{SHARD}/README", b"x")
 
