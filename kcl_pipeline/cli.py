@@ -7,10 +7,11 @@ import logging
 import sys
 
 import click
-from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError
+from botocore.exceptions import (BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError,
+                                 NoRegionError)
 
 from .kcl.aws import AwsSettings, client
-from .kcl.config import ConfigError, ConsumerConfig, InitialPosition
+from .kcl.config import JAVA_COMPATIBLE_TIMINGS, ConfigError, ConsumerConfig, InitialPosition
 
 log = logging.getLogger("kcl_pipeline")
 
@@ -43,6 +44,9 @@ def friendly_errors(fn):
         except ClientError as exc:
             err = exc.response.get("Error", {})
             raise UserError(f"{exc.operation_name} failed: {err.get('Code')}: {err.get('Message')}") from None
+        except NoRegionError:
+            raise UserError("no AWS region: pass --region, set AWS_REGION or give the profile a region "
+                            "(aws configure set region …)") from None
         except BotoCoreError as exc:
             raise UserError(str(exc)) from None
 
@@ -50,7 +54,9 @@ def friendly_errors(fn):
 
 
 def aws_options(fn):
-    fn = click.option("--region", default=None, help="AWS region (default: AWS_REGION or us-east-1).")(fn)
+    fn = click.option("--region", default=None,
+                      help="AWS region [default: AWS_REGION, else botocore's chain: AWS_DEFAULT_REGION, the "
+                           "profile's region].")(fn)
     fn = click.option("--endpoint-url", default=None,
                       help="One endpoint for every AWS service (default: AWS_ENDPOINT_URL[_<SERVICE>] or AWS).")(fn)
     return fn
@@ -70,22 +76,73 @@ def main(verbose: int) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+# consume's flags that are ConsumerConfig fields of the same name.
+_CONSUMER_FLAGS = ("stream", "application", "table_name", "worker_id", "max_leases", "leases_to_acquire",
+                   "heartbeat_seconds", "lease_expiry_seconds", "cycle_seconds", "metrics_namespace")
+
+
+def consumer_config_from_cli(ctx: click.Context, properties_file: str | None, java_compatible: bool, *,
+                             region: str | None, endpoint_url: str | None) -> ConsumerConfig:
+    """ConsumerConfig from, in rising precedence: its own defaults, --java-compatible, a properties file,
+    flags given on the command line. Flags left at their default do not override the file."""
+    from click.core import ParameterSource
+
+    given = {name for name in (*_CONSUMER_FLAGS, "initial_position", "timestamp", "region")
+             if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None)}
+    params = ctx.params
+    kwargs: dict = dict(JAVA_COMPATIBLE_TIMINGS) if java_compatible else {}
+    if properties_file:
+        from .kcl.properties import read_properties_file
+
+        imported = read_properties_file(properties_file)
+        for key in imported.ignored:
+            log.warning("properties file %s: %s has no effect on this consumer (ignored)", properties_file, key)
+        kwargs.update(imported.settings)
+    for name in _CONSUMER_FLAGS:
+        if name in given and params[name] is not None:
+            kwargs[name] = params[name]
+    if "initial_position" in given or "timestamp" in given or "initial_position" not in kwargs:
+        kwargs["initial_position"] = InitialPosition.parse(params["initial_position"], params["timestamp"])
+    for required in ("stream", "application"):
+        if not kwargs.get(required):
+            raise UserError(f"--{required} is required (or a --properties file that sets "
+                            f"{'streamName' if required == 'stream' else 'applicationName'})")
+    file_region = kwargs.pop("region", None)
+    kwargs["aws"] = AwsSettings(region=region or file_region, endpoint_url=endpoint_url)
+    return ConsumerConfig(**kwargs)
+
+
+def _default(name: str):
+    from .kcl.config import consumer_default
+
+    return consumer_default(name)
+
+
 @main.command()
-@click.option("--stream", required=True, help="Kinesis stream name.")
-@click.option("--application", required=True, help="Application name = lease table name (shared by the fleet).")
+@click.option("--properties", "properties_file", default=None, type=click.Path(dir_okay=False),
+              help="A Java KCL / kclpy .properties file; flags given as well override its values.")
+@click.option("--stream", default=None, help="Kinesis stream name or ARN (streamName / streamArn).")
+@click.option("--application", default=None, help="Application name, shared by the fleet (applicationName).")
+@click.option("--table-name", default=None,
+              help="Lease table (tableName) [default: the application name].")
 @click.option("--initial-position", type=click.Choice(["TRIM_HORIZON", "LATEST", "AT_TIMESTAMP"],
-              case_sensitive=False), default="TRIM_HORIZON", show_default=True,
-              help="Where leases of shards with no history start.")
+              case_sensitive=False), default=InitialPosition().kind, show_default=True,
+              help="Where leases of shards with no history start (initialPositionInStream).")
 @click.option("--timestamp", default=None, help="ISO 8601 timestamp for AT_TIMESTAMP.")
-@click.option("--worker-id", default=None, help="This consumer's unique id (default: a new UUID).")
-@click.option("--max-leases", type=int, default=64, show_default=True)
-@click.option("--leases-to-acquire", type=int, default=1, show_default=True, help="Leases taken per cycle.")
-@click.option("--heartbeat-seconds", type=float, default=None, help="Lease heartbeat period [default: 10].")
-@click.option("--lease-expiry-seconds", type=float, default=None,
-              help="A lease unchanged this long is free for others [default: 30].")
+@click.option("--worker-id", default=None, help="This consumer's unique id (workerIdentifier) [default: a new UUID].")
+@click.option("--max-leases", type=int, default=_default("max_leases"), show_default=True,
+              help="maxLeasesForWorker.")
+@click.option("--leases-to-acquire", type=int, default=_default("leases_to_acquire"), show_default=True,
+              help="Leases taken per cycle (maxLeasesToStealAtOneTime).")
+@click.option("--heartbeat-seconds", type=float, default=_default("heartbeat_seconds"), show_default=True,
+              help="Lease heartbeat period.")
+@click.option("--lease-expiry-seconds", type=float, default=_default("lease_expiry_seconds"), show_default=True,
+              help="A lease unchanged this long is free for others (failoverTimeMillis / 1000).")
 @click.option("--java-compatible", is_flag=True,
-              help="Heartbeat 3 s / expiry 10 s: required when Java KCL consumers share the lease table.")
-@click.option("--cycle-seconds", type=float, default=20.0, show_default=True)
+              help="Heartbeat {heartbeat_seconds:g} s / expiry {lease_expiry_seconds:g} s: required when Java KCL "
+                   "consumers share the lease table.".format(**JAVA_COMPATIBLE_TIMINGS))
+@click.option("--cycle-seconds", type=float, default=_default("cycle_seconds"), show_default=True,
+              help="Lease-manager cycle, which also lists shards (shardSyncIntervalMillis / 1000).")
 @click.option("--metrics-namespace", default=None, help="Publish metrics to this CloudWatch namespace.")
 @click.option("--sink", default=None, help="jsonl:DIR — one JSON line per record in DIR/<shard_id>.jsonl.")
 @click.option("--landing", default=None,
@@ -95,10 +152,11 @@ def main(verbose: int) -> None:
               help="With --landing: flush a batch once its oldest record waited this long [default: 30].")
 @click.option("--batch-mb", type=float, default=None, help="With --landing: flush a batch at this size [default: 8].")
 @aws_options
+@click.pass_context
 @friendly_errors
-def consume(stream, application, initial_position, timestamp, worker_id, max_leases, leases_to_acquire,
-            heartbeat_seconds, lease_expiry_seconds, java_compatible, cycle_seconds, metrics_namespace, sink, landing,
-            batch_seconds, batch_mb, region, endpoint_url):
+def consume(ctx, properties_file, stream, application, table_name, initial_position, timestamp, worker_id,
+            max_leases, leases_to_acquire, heartbeat_seconds, lease_expiry_seconds, java_compatible, cycle_seconds,
+            metrics_namespace, sink, landing, batch_seconds, batch_mb, region, endpoint_url):
     """Run a headless consumer: a full peer of the fleet sharing the lease table. Stops on SIGTERM/SIGINT."""
     from .kcl.consumer import run_consumer
     from .kcl.jsonl_sink import parse_sink
@@ -107,20 +165,8 @@ def consume(stream, application, initial_position, timestamp, worker_id, max_lea
         raise UserError("give exactly one of --sink jsonl:DIR or --landing URI")
     if sink and (batch_seconds is not None or batch_mb is not None):
         raise UserError("--batch-seconds and --batch-mb only apply to --landing")
-    kwargs = {}
-    if worker_id:
-        kwargs["worker_id"] = worker_id
-    if java_compatible:
-        kwargs.update(heartbeat_seconds=3.0, lease_expiry_seconds=10.0)
-    if heartbeat_seconds is not None:
-        kwargs["heartbeat_seconds"] = heartbeat_seconds
-    if lease_expiry_seconds is not None:
-        kwargs["lease_expiry_seconds"] = lease_expiry_seconds
-    config = ConsumerConfig(
-        stream=stream, application=application,
-        initial_position=InitialPosition.parse(initial_position, timestamp),
-        max_leases=max_leases, leases_to_acquire=leases_to_acquire, cycle_seconds=cycle_seconds,
-        metrics_namespace=metrics_namespace, aws=_settings(region, endpoint_url), **kwargs)
+    config = consumer_config_from_cli(ctx, properties_file, java_compatible, region=region,
+                                      endpoint_url=endpoint_url)
     if sink:
         spec = parse_sink(sink)
     else:
@@ -136,7 +182,7 @@ def consume(stream, application, initial_position, timestamp, worker_id, max_lea
             settings["max_batch_age_seconds"] = batch_seconds
         if batch_mb is not None:
             settings["max_batch_bytes"] = int(batch_mb * 1024 * 1024)
-        spec = landing_spec(landing, stream, aws=config.aws, standalone=True, **settings)
+        spec = landing_spec(landing, config.stream_name, aws=config.aws, standalone=True, **settings)
     sys.exit(run_consumer(config, spec))
 
 

@@ -61,7 +61,7 @@ def output_store(consumer: KinesisConsumerResource, aws: AwsResource, s3: S3Reso
 def live_leases(consumer: KinesisConsumerResource, aws: AwsResource) -> list:
     """A read-only snapshot of the live lease table ([] when it does not exist yet)."""
     try:
-        return LeaseTable(consumer.application, client("dynamodb", aws.settings())).scan()
+        return LeaseTable(consumer.lease_table, client("dynamodb", aws.settings())).scan()
     except LeaseTableMissing:
         return []
 
@@ -206,7 +206,7 @@ def build_assets(partitions_def: TimeWindowPartitionsDefinition, window_ms: int)
         from ...landing.window_scan import plan_listing_start, window_floor
 
         settings = aws.settings()
-        table = LeaseTable(consumer.application, client("dynamodb", settings))
+        table = LeaseTable(consumer.lease_table, client("dynamodb", settings))
         leases = table.scan()
         shards = list_shards(client("kinesis", settings), consumer.stream)
         store = landing_store(consumer, aws, s3)

@@ -14,7 +14,7 @@ from dagster_pyspark import PySparkResource
 from pydantic import PrivateAttr
 
 from ...kcl.aws import AwsSettings
-from ...kcl.config import ConsumerConfig, InitialPosition
+from ...kcl.config import ConsumerConfig, InitialPosition, consumer_default, stream_name
 from ...kcl.worker import ProcessorSpec
 from .settings import PipelineSettings
 
@@ -42,29 +42,31 @@ class AwsResource(ConfigurableResource):
 class KinesisConsumerResource(ConfigurableResource):
     """The consumer this Dagster deployment hosts: stream, application (= lease table), windows, zones, leases."""
 
+    # Defaults of the consumer's own settings are ConsumerConfig's; the pipeline's are PipelineSettings'.
     stream: str
     application: str
-    initial_position: str = "TRIM_HORIZON"
+    table_name: Optional[str] = consumer_default("table_name")
+    initial_position: str = PipelineSettings.initial_position
     initial_timestamp: Optional[str] = None
-    window_minutes: int = 60
+    window_minutes: int = PipelineSettings.window_minutes
     landing_uri: str
     output_uri: str
-    create_zones: bool = False
+    create_zones: bool = PipelineSettings.create_zones
     worker_id: Optional[str] = None
-    heartbeat_seconds: float = 10.0
-    lease_expiry_seconds: float = 30.0
-    max_leases: int = 64
-    leases_to_acquire: int = 1
-    grace_seconds: float = 10.0
-    metrics_namespace: Optional[str] = None
-    decoder: str = "json"
+    heartbeat_seconds: float = consumer_default("heartbeat_seconds")
+    lease_expiry_seconds: float = consumer_default("lease_expiry_seconds")
+    max_leases: int = consumer_default("max_leases")
+    leases_to_acquire: int = consumer_default("leases_to_acquire")
+    grace_seconds: float = PipelineSettings.grace_seconds
+    metrics_namespace: Optional[str] = consumer_default("metrics_namespace")
+    decoder: str = PipelineSettings.decoder
     # Bounds of one sensor tick (a tick must return well inside Dagster's 60 s).
     max_windows_per_tick: int = 12
     tick_budget_seconds: float = 30.0
 
     @classmethod
     def from_settings(cls, settings: PipelineSettings) -> "KinesisConsumerResource":
-        return cls(stream=settings.stream, application=settings.application,
+        return cls(stream=settings.stream, application=settings.application, table_name=settings.table_name,
                    initial_position=settings.initial_position, initial_timestamp=settings.initial_timestamp,
                    window_minutes=settings.window_minutes, landing_uri=settings.landing_uri,
                    output_uri=settings.output_uri, create_zones=settings.create_zones, worker_id=settings.worker_id,
@@ -76,9 +78,14 @@ class KinesisConsumerResource(ConfigurableResource):
     def window_ms(self) -> int:
         return self.window_minutes * 60_000
 
+    @property
+    def lease_table(self) -> str:
+        """The lease table: table_name, else the application's name (Java KCL's rule)."""
+        return self.table_name or self.application
+
     def consumer_config(self, aws: AwsSettings, worker_id: str, cycle_seconds: float) -> ConsumerConfig:
         return ConsumerConfig(
-            stream=self.stream, application=self.application, worker_id=worker_id,
+            stream=self.stream, application=self.application, table_name=self.table_name, worker_id=worker_id,
             initial_position=InitialPosition.parse(self.initial_position, self.initial_timestamp),
             leases_to_acquire=self.leases_to_acquire, max_leases=self.max_leases,
             heartbeat_seconds=self.heartbeat_seconds, lease_expiry_seconds=self.lease_expiry_seconds,
@@ -88,7 +95,7 @@ class KinesisConsumerResource(ConfigurableResource):
         """The landing sink in pipeline mode: it never checkpoints (kinesis_checkpoints does)."""
         from ...landing.sink import landing_spec
 
-        return landing_spec(self.landing_uri, self.stream, aws=aws, standalone=False, create_zone=self.create_zones)
+        return landing_spec(self.landing_uri, stream_name(self.stream), aws=aws, standalone=False, create_zone=self.create_zones)
 
 
 class SparkResource(PySparkResource):
