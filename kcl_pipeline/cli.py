@@ -95,8 +95,9 @@ def consumer_config_from_cli(ctx: click.Context, properties_file: str | None, ja
         from .kcl.properties import read_properties_file
 
         imported = read_properties_file(properties_file)
-        for key in imported.ignored:
-            log.warning("properties file %s: %s has no effect on this consumer (ignored)", properties_file, key)
+        if imported.ignored:
+            click.echo(f"note: {properties_file}: {', '.join(imported.ignored)} only configure kclpy's "
+                       f"MultiLangDaemon; ignored", err=True)
         kwargs.update(imported.settings)
     for name in _CONSUMER_FLAGS:
         if name in given and params[name] is not None:
