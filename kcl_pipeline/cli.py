@@ -78,7 +78,8 @@ def main(verbose: int) -> None:
 
 # consume's flags that are ConsumerConfig fields of the same name.
 _CONSUMER_FLAGS = ("stream", "application", "table_name", "worker_id", "max_leases", "leases_to_acquire",
-                   "heartbeat_seconds", "lease_expiry_seconds", "cycle_seconds", "metrics_namespace")
+                   "heartbeat_seconds", "lease_expiry_seconds", "cycle_seconds", "metrics_namespace",
+                   "metrics_naming")
 
 
 def consumer_config_from_cli(ctx: click.Context, properties_file: str | None, java_compatible: bool, *,
@@ -145,6 +146,8 @@ def _default(name: str):
 @click.option("--cycle-seconds", type=float, default=_default("cycle_seconds"), show_default=True,
               help="Lease-manager cycle, which also lists shards (shardSyncIntervalMillis / 1000).")
 @click.option("--metrics-namespace", default=None, help="Publish metrics to this CloudWatch namespace.")
+@click.option("--metrics-naming", type=click.Choice(["pipeline", "kcl"]), default=_default("metrics_naming"),
+              show_default=True, help="kcl: Java KCL's metric names and dimensions (its dashboards carry over).")
 @click.option("--sink", default=None, help="jsonl:DIR — one JSON line per record in DIR/<shard_id>.jsonl.")
 @click.option("--landing", default=None,
               help="Land records as Parquet in s3://bucket/prefix or a directory (exactly once; checkpoints after "
@@ -157,7 +160,7 @@ def _default(name: str):
 @friendly_errors
 def consume(ctx, properties_file, stream, application, table_name, initial_position, timestamp, worker_id,
             max_leases, leases_to_acquire, heartbeat_seconds, lease_expiry_seconds, java_compatible, cycle_seconds,
-            metrics_namespace, sink, landing, batch_seconds, batch_mb, region, endpoint_url):
+            metrics_namespace, metrics_naming, sink, landing, batch_seconds, batch_mb, region, endpoint_url):
     """Run a headless consumer: a full peer of the fleet sharing the lease table. Stops on SIGTERM/SIGINT."""
     from .kcl.consumer import run_consumer
     from .kcl.jsonl_sink import parse_sink

@@ -105,6 +105,8 @@ class ConsumerConfig:
     idle_interval_seconds: float = 2.0
     max_records_per_call: int = 10000
     metrics_namespace: str | None = None  # CloudWatch namespace; None = metrics kept locally only
+    # "pipeline": this project's names; "kcl": Java KCL's names and dimensions (its dashboards carry over).
+    metrics_naming: str = "pipeline"
     metrics_interval_seconds: float = 10.0
     aws: AwsSettings = field(default_factory=AwsSettings)
 
@@ -146,6 +148,8 @@ class ConsumerConfig:
             )
         if self.idle_interval_seconds < self.polling_interval_seconds:
             raise ConfigError("idle_interval_seconds must be >= polling_interval_seconds")
+        if self.metrics_naming not in ("pipeline", "kcl"):
+            raise ConfigError(f"metrics_naming must be pipeline or kcl, got {self.metrics_naming!r}")
         if not 1 <= self.max_records_per_call <= 10000:
             raise ConfigError(f"max_records_per_call must be in 1..10000, got {self.max_records_per_call}")
 

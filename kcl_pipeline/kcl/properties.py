@@ -145,6 +145,7 @@ def import_properties(entries: dict[str, str]) -> PropertiesImport:
         raise ConfigError(f"property metricsLevel must be NONE, SUMMARY or DETAILED, got {level!r}")
     # Java KCL publishes to CloudWatch under the application's name unless metrics are off.
     settings["metrics_namespace"] = None if level == "NONE" else settings.get("application")
+    settings["metrics_naming"] = "kcl"  # a KCL user's dashboards expect KCL's names
     return PropertiesImport(settings, tuple(sorted(set(entries) & IGNORED)))
 
 

@@ -18,7 +18,7 @@ ARN = "arn:aws:kinesis:eu-west-1:123456789012:stream/orders"
 
 _SHARED = {  # PipelineSettings / KinesisConsumerResource field -> ConsumerConfig field
     "heartbeat_seconds": "heartbeat_seconds", "lease_expiry_seconds": "lease_expiry_seconds",
-    "max_leases": "max_leases", "table_name": "table_name",
+    "max_leases": "max_leases", "table_name": "table_name", "metrics_naming": "metrics_naming",
 }
 
 
@@ -134,3 +134,11 @@ def test_no_region_anywhere_is_one_clear_error_exit_2(tmp_path, monkeypatch):
     result = CliRunner().invoke(main, ["leases", "--application", "a", "--endpoint-url", "http://127.0.0.1:9"])
     assert result.exit_code == 2
     assert "no AWS region" in result.output
+
+
+def test_metrics_naming_reaches_the_consumer_from_the_environment():
+    settings = PipelineSettings.from_env({"KCL_PIPELINE_METRICS_NAMING": "KCL"})
+    resource = KinesisConsumerResource.from_settings(settings)
+    assert resource.consumer_config(AwsSettings(), "w", 20.0).metrics_naming == "kcl"
+    with pytest.raises(ConfigError, match="metrics_naming"):
+        PipelineSettings.from_env({"KCL_PIPELINE_METRICS_NAMING": "java"})

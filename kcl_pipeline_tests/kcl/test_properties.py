@@ -112,7 +112,7 @@ def test_java_kcl_names_map_to_their_fields():
     assert imported.settings == {"stream": "s", "application": "a", "table_name": "leases", "max_leases": 5,
                                  "leases_to_acquire": 2, "worker_id": "w1",
                                  "initial_position": imported.settings["initial_position"],
-                                 "metrics_namespace": None}
+                                 "metrics_namespace": None, "metrics_naming": "kcl"}
     assert imported.settings["initial_position"].kind == LATEST
     assert set(MAPPED) | IGNORED  # the tables exist; every mapped key was exercised above
 

@@ -59,6 +59,7 @@ class KinesisConsumerResource(ConfigurableResource):
     leases_to_acquire: int = consumer_default("leases_to_acquire")
     grace_seconds: float = PipelineSettings.grace_seconds
     metrics_namespace: Optional[str] = consumer_default("metrics_namespace")
+    metrics_naming: str = consumer_default("metrics_naming")
     decoder: str = PipelineSettings.decoder
     # Bounds of one sensor tick (a tick must return well inside Dagster's 60 s).
     max_windows_per_tick: int = 12
@@ -72,7 +73,8 @@ class KinesisConsumerResource(ConfigurableResource):
                    output_uri=settings.output_uri, create_zones=settings.create_zones, worker_id=settings.worker_id,
                    heartbeat_seconds=settings.heartbeat_seconds, lease_expiry_seconds=settings.lease_expiry_seconds,
                    max_leases=settings.max_leases, grace_seconds=settings.grace_seconds,
-                   metrics_namespace=settings.metrics_namespace, decoder=settings.decoder)
+                   metrics_namespace=settings.metrics_namespace, metrics_naming=settings.metrics_naming,
+                   decoder=settings.decoder)
 
     @property
     def window_ms(self) -> int:
@@ -89,7 +91,8 @@ class KinesisConsumerResource(ConfigurableResource):
             initial_position=InitialPosition.parse(self.initial_position, self.initial_timestamp),
             leases_to_acquire=self.leases_to_acquire, max_leases=self.max_leases,
             heartbeat_seconds=self.heartbeat_seconds, lease_expiry_seconds=self.lease_expiry_seconds,
-            cycle_seconds=cycle_seconds, metrics_namespace=self.metrics_namespace, aws=aws)
+            cycle_seconds=cycle_seconds, metrics_namespace=self.metrics_namespace,
+            metrics_naming=self.metrics_naming, aws=aws)
 
     def processor_spec(self, aws: AwsSettings) -> ProcessorSpec:
         """The landing sink in pipeline mode: it never checkpoints (kinesis_checkpoints does)."""

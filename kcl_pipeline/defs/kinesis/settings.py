@@ -22,6 +22,7 @@ the defaults to a demo's (2-minute windows, partitions from yesterday, zones cre
     KCL_PIPELINE_GRACE_SECONDS            clock grace of window completeness  (10)
     KCL_PIPELINE_WORKER_ID                this host's consumer id (default: made once, kept in the sensor cursor)
     KCL_PIPELINE_METRICS_NAMESPACE        CloudWatch namespace (unset: no CloudWatch metrics)
+    KCL_PIPELINE_METRICS_NAMING           pipeline | kcl (Java KCL's metric names and dimensions)
     KCL_PIPELINE_DECODER                  payload decoder of the transform    (json)
     KCL_PIPELINE_SPARK_MASTER             Spark master                        (local[*])
     KCL_PIPELINE_SPARK_CONF               extra Spark settings, a JSON object
@@ -67,6 +68,7 @@ class PipelineSettings:
     grace_seconds: float = 10.0
     worker_id: str | None = None
     metrics_namespace: str | None = None
+    metrics_naming: str = consumer_default("metrics_naming")
     decoder: str = "json"
     spark_master: str = "local[*]"
     spark_conf: Mapping[str, str] = field(default_factory=dict)
@@ -77,7 +79,8 @@ class PipelineSettings:
         # The consumer's own checks (names, heartbeat vs expiry, max leases), at load rather than at the first tick.
         ConsumerConfig(self.stream, self.application, table_name=self.table_name,
                        heartbeat_seconds=self.heartbeat_seconds, lease_expiry_seconds=self.lease_expiry_seconds,
-                       max_leases=self.max_leases, cycle_seconds=float(self.sensor_interval_seconds))
+                       max_leases=self.max_leases, cycle_seconds=float(self.sensor_interval_seconds),
+                       metrics_naming=self.metrics_naming)
         if self.partitions_start.tzinfo is None:
             raise ConfigError("partitions_start must be timezone-aware (UTC)")
         if int(self.partitions_start.timestamp()) % (self.window_minutes * 60):
@@ -148,6 +151,7 @@ class PipelineSettings:
             grace_seconds=_float(get("GRACE_SECONDS"), "GRACE_SECONDS", d["grace_seconds"]),
             worker_id=get("WORKER_ID"),
             metrics_namespace=get("METRICS_NAMESPACE"),
+            metrics_naming=get("METRICS_NAMING", d["metrics_naming"]).lower(),
             decoder=get("DECODER", d["decoder"]),
             spark_master=get("SPARK_MASTER", d["spark_master"]),
             spark_conf=_json_object(get("SPARK_CONF"), "SPARK_CONF"),
