@@ -66,7 +66,38 @@ def _settings(region, endpoint_url) -> AwsSettings:
     return AwsSettings(region=region, endpoint_url=endpoint_url)
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("kcl_pipeline")
+    except PackageNotFoundError:  # imported from a source tree that was never installed
+        return "unknown (not installed)"
+
+
+def _require_extras(command: str, modules: dict[str, str]) -> None:
+    """Fail in one line, before any work, when an optional dependency group is not installed."""
+    import importlib.util
+
+    missing = sorted({extra for module, extra in modules.items() if importlib.util.find_spec(module) is None})
+    if missing:
+        raise UserError(f"`kcl-pipeline {command}` needs the {', '.join(missing)} extra: "
+                        f"pip install 'kcl_pipeline[{','.join(missing)}]'")
+
+
+def _preflight(node: bool, java: bool) -> None:
+    """node/npm and Java 17 are checked before any emulator or Dagster starts (exit 2 with what is missing);
+    the npm emulators are installed into the user cache on first use."""
+    from .local.prerequisites import Needs, PrerequisiteMissing, ensure_ready
+
+    try:
+        ensure_ready(Needs(node=node, java=java))
+    except PrerequisiteMissing as exc:
+        raise UserError(str(exc)) from None
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(_version(), "--version", prog_name="kcl-pipeline")
 @click.option("-v", "--verbose", count=True, help="More logging (-v: debug).")
 def main(verbose: int) -> None:
     """kcl_pipeline: a leaderless, Java-KCL-v2-compatible Kinesis consumer and its Dagster pipeline."""
@@ -261,6 +292,9 @@ def demo(port, stream, shards, rate, window_minutes, no_producer, state_dir):
 
     if shards < 1 or rate <= 0:
         raise UserError("--shards must be >= 1 and --rate > 0")
+    _require_extras("demo", {"dagster": "dagster", "dagster_webserver": "dagster", "pyspark": "dagster",
+                             "moto": "local", "flask_cors": "local"})
+    _preflight(node=True, java=True)
     sys.exit(run_demo(DemoOptions(state_dir=Path(state_dir), port=port, stream=stream, shards=shards, rate=rate,
                                   window_minutes=window_minutes, producer=not no_producer)))
 
@@ -369,6 +403,8 @@ def local_up(state_dir):
 
     from .local.emulators import run_stack_foreground
 
+    _require_extras("local up", {"moto": "local", "flask_cors": "local"})
+    _preflight(node=True, java=False)
     state = Path(state_dir)
     state.mkdir(parents=True, exist_ok=True)
     pid_file = state / "local.pid"

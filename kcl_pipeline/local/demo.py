@@ -22,7 +22,8 @@ from .emulators import EmulatorStack, Endpoints
 from .producer import produce
 
 log = logging.getLogger(__name__)
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+# The code location is the module, not a workspace file: the demo runs from an installed wheel too.
+CODE_LOCATION_MODULE = "kcl_pipeline.definitions"
 
 
 @dataclass(frozen=True)
@@ -82,13 +83,13 @@ def _producer_loop(kinesis, options: DemoOptions, stop: threading.Event) -> None
 
 
 def start_dagster(env: dict[str, str], options: DemoOptions, log_path: Path) -> subprocess.Popen:
-    cmd = [str(Path(sys.executable).with_name("dagster")), "dev", "-w", str(PROJECT_ROOT / "workspace.yaml"),
+    cmd = [str(Path(sys.executable).with_name("dagster")), "dev", "-m", CODE_LOCATION_MODULE,
            "-h", options.host, "-p", str(options.port)]
     if not Path(cmd[0]).exists():
         cmd = [sys.executable, "-m", "dagster", "dev", *cmd[2:]]
     # Own process group: stopping it reaches the webserver, the daemon, the code server and its workers.
     # SIGINT/SIGTERM are restored to their defaults in the child (a backgrounded parent may ignore them).
-    return subprocess.Popen(cmd, cwd=PROJECT_ROOT, env=env, stdout=open(log_path, "ab"), stderr=subprocess.STDOUT,
+    return subprocess.Popen(cmd, cwd=options.state_dir.resolve(), env=env, stdout=open(log_path, "ab"), stderr=subprocess.STDOUT,
                             start_new_session=True, preexec_fn=_default_signals)
 
 
