@@ -8,8 +8,6 @@ import pytest
 from click.testing import CliRunner
 
 from kcl_pipeline.cli import main
-from kcl_pipeline.defs.kinesis.resources import KinesisConsumerResource
-from kcl_pipeline.defs.kinesis.settings import PipelineSettings
 from kcl_pipeline.kcl.aws import AwsSettings, client
 from kcl_pipeline.kcl.config import JAVA_COMPATIBLE_TIMINGS, ConfigError, ConsumerConfig, consumer_default
 from kcl_pipeline.landing.layout import minute_prefix
@@ -22,7 +20,17 @@ _SHARED = {  # PipelineSettings / KinesisConsumerResource field -> ConsumerConfi
 }
 
 
+def _defs():
+    """The Dagster layer (absent from a core install: those tests are skipped there)."""
+    pytest.importorskip("dagster")
+    from kcl_pipeline.defs.kinesis.resources import KinesisConsumerResource
+    from kcl_pipeline.defs.kinesis.settings import PipelineSettings
+
+    return PipelineSettings, KinesisConsumerResource
+
+
 def test_settings_and_resource_defaults_are_consumer_config_defaults():
+    PipelineSettings, KinesisConsumerResource = _defs()
     base = ConsumerConfig("s", "a")
     from_env = PipelineSettings.from_env({})
     resource = KinesisConsumerResource(stream="s", application="a", landing_uri="/l", output_uri="/o")
@@ -43,6 +51,10 @@ def test_consumer_default_names_an_unknown_field():
 def test_stream_arn_is_accepted_as_the_stream():
     config = ConsumerConfig(ARN, "app")
     assert config.stream == ARN and config.stream_name == "orders"
+
+
+def test_stream_arn_is_accepted_by_the_dagster_settings():
+    PipelineSettings, _ = _defs()
     assert PipelineSettings(stream=ARN).stream == ARN
 
 
@@ -62,6 +74,10 @@ def test_table_name_names_the_lease_table_and_defaults_to_the_application():
     assert ConsumerConfig("s", "app", table_name="leases-prod").lease_table == "leases-prod"
     with pytest.raises(ConfigError, match="table_name"):
         ConsumerConfig("s", "app", table_name="x")
+
+
+def test_table_name_setting_reaches_the_resource():
+    PipelineSettings, KinesisConsumerResource = _defs()
     settings = PipelineSettings.from_env({"KCL_PIPELINE_TABLE_NAME": "leases-prod"})
     assert KinesisConsumerResource.from_settings(settings).lease_table == "leases-prod"
 
@@ -137,6 +153,7 @@ def test_no_region_anywhere_is_one_clear_error_exit_2(tmp_path, monkeypatch):
 
 
 def test_metrics_naming_reaches_the_consumer_from_the_environment():
+    PipelineSettings, KinesisConsumerResource = _defs()
     settings = PipelineSettings.from_env({"KCL_PIPELINE_METRICS_NAMING": "KCL"})
     resource = KinesisConsumerResource.from_settings(settings)
     assert resource.consumer_config(AwsSettings(), "w", 20.0).metrics_naming == "kcl"
