@@ -183,6 +183,10 @@ def _default(name: str):
 @click.option("--landing", default=None,
               help="Land records as Parquet in s3://bucket/prefix or a directory (exactly once; checkpoints after "
                    "each landed batch when run without Dagster).")
+@click.option("--checkpoint-by", type=click.Choice(["self", "dagster"]), default="self", show_default=True,
+              help="With --landing: `self` checkpoints after each landed batch; `dagster` makes this a fleet member "
+                   "of the Dagster pipeline (it lands only; the pipeline commits checkpoints once windows are "
+                   "transformed).")
 @click.option("--batch-seconds", type=float, default=None,
               help="With --landing: flush a batch once its oldest record waited this long [default: 30].")
 @click.option("--batch-mb", type=float, default=None, help="With --landing: flush a batch at this size [default: 8].")
@@ -191,15 +195,16 @@ def _default(name: str):
 @friendly_errors
 def consume(ctx, properties_file, stream, application, table_name, initial_position, timestamp, worker_id,
             max_leases, leases_to_acquire, heartbeat_seconds, lease_expiry_seconds, java_compatible, cycle_seconds,
-            metrics_namespace, metrics_naming, sink, landing, batch_seconds, batch_mb, region, endpoint_url):
+            metrics_namespace, metrics_naming, sink, landing, checkpoint_by, batch_seconds, batch_mb, region,
+            endpoint_url):
     """Run a headless consumer: a full peer of the fleet sharing the lease table. Stops on SIGTERM/SIGINT."""
     from .kcl.consumer import run_consumer
     from .kcl.jsonl_sink import parse_sink
 
     if bool(sink) == bool(landing):
         raise UserError("give exactly one of --sink jsonl:DIR or --landing URI")
-    if sink and (batch_seconds is not None or batch_mb is not None):
-        raise UserError("--batch-seconds and --batch-mb only apply to --landing")
+    if sink and (batch_seconds is not None or batch_mb is not None or checkpoint_by != "self"):
+        raise UserError("--batch-seconds, --batch-mb and --checkpoint-by only apply to --landing")
     config = consumer_config_from_cli(ctx, properties_file, java_compatible, region=region,
                                       endpoint_url=endpoint_url)
     if sink:
@@ -217,7 +222,8 @@ def consume(ctx, properties_file, stream, application, table_name, initial_posit
             settings["max_batch_age_seconds"] = batch_seconds
         if batch_mb is not None:
             settings["max_batch_bytes"] = int(batch_mb * 1024 * 1024)
-        spec = landing_spec(landing, config.stream_name, aws=config.aws, standalone=True, **settings)
+        spec = landing_spec(landing, config.stream_name, aws=config.aws, standalone=checkpoint_by == "self",
+                            **settings)
     sys.exit(run_consumer(config, spec))
 
 

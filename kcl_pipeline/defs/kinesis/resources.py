@@ -61,6 +61,9 @@ class KinesisConsumerResource(ConfigurableResource):
     metrics_namespace: Optional[str] = consumer_default("metrics_namespace")
     metrics_naming: str = consumer_default("metrics_naming")
     decoder: str = PipelineSettings.decoder
+    # True: the sensor runs this deployment's lease manager and its workers; False: an observer (reports
+    # windows and requests runs; the fleet is `kcl-pipeline consume --checkpoint-by dagster` members elsewhere).
+    host_workers: bool = True
     # Bounds of one sensor tick (a tick must return well inside Dagster's 60 s).
     max_windows_per_tick: int = 12
     tick_budget_seconds: float = 30.0
@@ -70,7 +73,8 @@ class KinesisConsumerResource(ConfigurableResource):
         return cls(stream=settings.stream, application=settings.application, table_name=settings.table_name,
                    initial_position=settings.initial_position, initial_timestamp=settings.initial_timestamp,
                    window_minutes=settings.window_minutes, landing_uri=settings.landing_uri,
-                   output_uri=settings.output_uri, create_zones=settings.create_zones, worker_id=settings.worker_id,
+                   output_uri=settings.output_uri, create_zones=settings.create_zones,
+                   host_workers=settings.host_workers, worker_id=settings.worker_id,
                    heartbeat_seconds=settings.heartbeat_seconds, lease_expiry_seconds=settings.lease_expiry_seconds,
                    max_leases=settings.max_leases, grace_seconds=settings.grace_seconds,
                    metrics_namespace=settings.metrics_namespace, metrics_naming=settings.metrics_naming,

@@ -20,6 +20,8 @@ the defaults to a demo's (2-minute windows, partitions from yesterday, zones cre
     KCL_PIPELINE_HEARTBEAT_SECONDS / KCL_PIPELINE_LEASE_EXPIRY_SECONDS
     KCL_PIPELINE_MAX_LEASES               leases this host works at most
     KCL_PIPELINE_GRACE_SECONDS            clock grace of window completeness  (10)
+    KCL_PIPELINE_HOST_WORKERS             the sensor hosts lease workers (true) or only observes (false)
+                                          (demo: true; otherwise it must be set to true explicitly)
     KCL_PIPELINE_WORKER_ID                this host's consumer id (default: made once, kept in the sensor cursor)
     KCL_PIPELINE_METRICS_NAMESPACE        CloudWatch namespace (unset: no CloudWatch metrics)
     KCL_PIPELINE_METRICS_NAMING           pipeline | kcl (Java KCL's metric names and dimensions)
@@ -61,6 +63,9 @@ class PipelineSettings:
     landing_uri: str = "s3://kcl-pipeline/landing"
     output_uri: str = "s3://kcl-pipeline/output"
     create_zones: bool = False
+    # Hosting lease workers in the code server is opt-in outside the demo: a code location loaded by accident
+    # with production credentials observes (reports windows, requests runs) but never joins the fleet.
+    host_workers: bool = False
     sensor_interval_seconds: int = int(consumer_default("cycle_seconds"))
     heartbeat_seconds: float = consumer_default("heartbeat_seconds")
     lease_expiry_seconds: float = consumer_default("lease_expiry_seconds")
@@ -142,6 +147,7 @@ class PipelineSettings:
             landing_uri=get("LANDING_URI", d["landing_uri"]),
             output_uri=get("OUTPUT_URI", d["output_uri"]),
             create_zones=_bool(get("CREATE_ZONES"), "CREATE_ZONES", demo),
+            host_workers=_bool(get("HOST_WORKERS"), "HOST_WORKERS", demo),
             sensor_interval_seconds=_int(get("SENSOR_INTERVAL_SECONDS"), "SENSOR_INTERVAL_SECONDS",
                                          d["sensor_interval_seconds"]),
             heartbeat_seconds=_float(get("HEARTBEAT_SECONDS"), "HEARTBEAT_SECONDS", d["heartbeat_seconds"]),
