@@ -289,8 +289,10 @@ def leases(application, as_json, region, endpoint_url):
 @click.option("--window-minutes", type=int, default=2, show_default=True, help="Partition (window) length.")
 @click.option("--no-producer", is_flag=True, help="Do not run the demo producer (produce yourself).")
 @click.option("--state-dir", default=".kcl_local", show_default=True, help="Logs, DAGSTER_HOME, env.sh.")
+@click.option("--dagster-storage", type=click.Choice(["sqlite", "postgres"]), default="sqlite", show_default=True,
+              help="postgres: Dagster's storage in the PostgreSQL at DAGSTER_POSTGRES_URL.")
 @friendly_errors
-def demo(port, stream, shards, rate, window_minutes, no_producer, state_dir):
+def demo(port, stream, shards, rate, window_minutes, no_producer, state_dir, dagster_storage):
     """Emulators + demo stream + KPL producer + `dagster dev` with the consumer sensor on. Ctrl-C stops all."""
     from pathlib import Path
 
@@ -300,9 +302,39 @@ def demo(port, stream, shards, rate, window_minutes, no_producer, state_dir):
         raise UserError("--shards must be >= 1 and --rate > 0")
     _require_extras("demo", {"dagster": "dagster", "dagster_webserver": "dagster", "pyspark": "dagster",
                              "moto": "local", "flask_cors": "local"})
+    if dagster_storage == "postgres":
+        _check_postgres_storage("demo")
     _preflight(node=True, java=True)
     sys.exit(run_demo(DemoOptions(state_dir=Path(state_dir), port=port, stream=stream, shards=shards, rate=rate,
-                                  window_minutes=window_minutes, producer=not no_producer)))
+                                  window_minutes=window_minutes, producer=not no_producer,
+                                  dagster_storage=dagster_storage)))
+
+
+def _check_postgres_storage(command: str) -> None:
+    import os
+
+    from .defs.home import POSTGRES_URL_ENV
+
+    _require_extras(command, {"dagster_postgres": "postgres"})
+    if not os.environ.get(POSTGRES_URL_ENV):
+        raise UserError(f"PostgreSQL storage reads {POSTGRES_URL_ENV} "
+                        f"(postgresql://user:password@host:5432/dagster); it is not set")
+
+
+@main.command("dagster-home")
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--storage", type=click.Choice(["sqlite", "postgres"]), default="sqlite", show_default=True,
+              help="sqlite: one host, under DIRECTORY; postgres: shared by every host (DAGSTER_POSTGRES_URL).")
+@friendly_errors
+def dagster_home(directory, storage):
+    """Write the project's Dagster instance (dagster.yaml) into DIRECTORY, to use as DAGSTER_HOME."""
+    from .defs.home import POSTGRES_URL_ENV, prepare_dagster_home
+
+    home = prepare_dagster_home(directory, storage=storage)
+    click.echo(f"export DAGSTER_HOME={home}")
+    if storage == "postgres":
+        click.echo(f"# and {POSTGRES_URL_ENV}=postgresql://user:password@host:5432/dagster in every Dagster "
+                   f"process's environment")
 
 
 def _pipeline_settings():

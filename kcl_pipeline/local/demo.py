@@ -39,6 +39,7 @@ class DemoOptions:
     window_minutes: int = 2
     sensor_interval_seconds: int = 10
     producer: bool = True
+    dagster_storage: str = "sqlite"  # or "postgres" (DAGSTER_POSTGRES_URL)
 
 
 def demo_env(endpoints: Endpoints, options: DemoOptions, dagster_home: Path) -> dict[str, str]:
@@ -149,7 +150,7 @@ def run_demo(options: DemoOptions, *, ready: Callable[[Endpoints, str], None] | 
             producer.start()
             print(f"producer    {options.rate:g} records/s, KPL aggregates of {options.aggregate} "
                   f"alternating with plain records, every {options.poison_every}th payload poison", flush=True)
-        home = prepare_dagster_home(state / "dagster_home")
+        home = prepare_dagster_home(state / "dagster_home", storage=options.dagster_storage)
         env = demo_env(endpoints, options, home)
         (state / "env.sh").write_text("\n".join(endpoints.export_lines()) + "\n")
         dagster = start_dagster(env, options, state / "logs" / "dagster.log")

@@ -35,6 +35,7 @@ def test_npm_is_not_needed_once_the_emulators_are_installed():
 
 
 def test_demo_without_node_or_java_exits_2_before_starting_anything(tmp_path, monkeypatch):
+    pytest.importorskip("dagster")  # without the extras, the demo stops earlier (next test)
     monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
     state = tmp_path / "state"
     result = CliRunner().invoke(main, ["demo", "--state-dir", str(state)])
@@ -78,3 +79,14 @@ def test_first_use_installs_the_emulators_into_the_user_cache(tmp_path):
     node_modules = prerequisites.install_into_cache(env, extra_args=["--prefer-offline"])
     assert prerequisites.has_packages(node_modules)
     assert node_modules == prerequisites.cached_node_modules(env)
+
+
+def test_demo_without_its_extras_names_them_exit_2(tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in ("dagster", "moto") else
+                        real(name, *a))
+    result = CliRunner().invoke(main, ["demo", "--state-dir", str(tmp_path / "state")])
+    assert result.exit_code == 2
+    assert "needs the dagster, local extra: pip install 'kcl_pipeline[dagster,local]'" in result.output
