@@ -99,10 +99,13 @@ def _preflight(node: bool, java: bool) -> None:
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(_version(), "--version", prog_name="kcl-pipeline")
 @click.option("-v", "--verbose", count=True, help="More logging (-v: debug).")
-def main(verbose: int) -> None:
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="json: one JSON object per log line on stderr (for log shippers).")
+def main(verbose: int, log_format: str) -> None:
     """kcl_pipeline: a leaderless, Java-KCL-v2-compatible Kinesis consumer and its Dagster pipeline."""
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    from .log_format import configure
+
+    configure(logging.DEBUG if verbose else logging.INFO, log_format)
     for noisy in ("botocore", "urllib3", "boto3", "alembic"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
@@ -318,7 +321,7 @@ def _check_postgres_storage(command: str) -> None:
     _require_extras(command, {"dagster_postgres": "postgres"})
     if not os.environ.get(POSTGRES_URL_ENV):
         raise UserError(f"PostgreSQL storage reads {POSTGRES_URL_ENV} "
-                        f"(postgresql://user:password@host:5432/dagster); it is not set")
+                        f"(postgresql+psycopg2://user:password@host:5432/dagster); it is not set")
 
 
 @main.command("dagster-home")
@@ -333,8 +336,16 @@ def dagster_home(directory, storage):
     home = prepare_dagster_home(directory, storage=storage)
     click.echo(f"export DAGSTER_HOME={home}")
     if storage == "postgres":
-        click.echo(f"# and {POSTGRES_URL_ENV}=postgresql://user:password@host:5432/dagster in every Dagster "
-                   f"process's environment")
+        click.echo(f"# and {POSTGRES_URL_ENV}=postgresql+psycopg2://user:password@host:5432/dagster "
+                   f"in every Dagster process's environment")
+
+
+def _echo_report_json(report, **extra) -> None:
+    """A report as one JSON object (dataclasses, checkpoints as their fields), for scripts."""
+    import dataclasses
+
+    body = {"ok": report.ok, **extra, **dataclasses.asdict(report)}
+    click.echo(json.dumps(body, default=str, sort_keys=True))
 
 
 def _pipeline_settings():
@@ -356,9 +367,11 @@ def _pipeline_settings():
 @click.option("--transform-grace", type=click.FloatRange(min=0), default=300.0, show_default=True,
               help="Seconds after a window's end by which it must be transformed; a window landed and still "
                    "untransformed after that fails the audit.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object (every check's outcome), for scripts.")
 @aws_options
 @friendly_errors
-def audit(window, last, zone, output, stream, application, window_minutes, transform_grace, region, endpoint_url):
+def audit(window, last, zone, output, stream, application, window_minutes, transform_grace, as_json, region,
+          endpoint_url):
     """The lineage audit: chain per shard, landed = transformed + duplicates + quarantined, checkpoints ≤
     materialised. Exit 1 when a check fails."""
     from .landing.audit import audit as run_audit
@@ -370,8 +383,11 @@ def audit(window, last, zone, output, stream, application, window_minutes, trans
                        window_ms, window=parse_window(window) if window else None,
                        application=application or settings.application, aws=_settings(region, endpoint_url),
                        last=last, transform_grace_ms=int(transform_grace * 1000))
-    for line in report.lines():
-        click.echo(line)
+    if as_json:
+        _echo_report_json(report)
+    else:
+        for line in report.lines():
+            click.echo(line)
     sys.exit(0 if report.ok else 1)
 
 
@@ -381,8 +397,9 @@ def audit(window, last, zone, output, stream, application, window_minutes, trans
 @click.option("--window-minutes", type=int, default=None, help="[default: KCL_PIPELINE_WINDOW_MINUTES]")
 @click.option("--wait/--no-wait", default=True, show_default=True, help="Wait until the backfill finishes.")
 @click.option("--timeout", type=float, default=3600, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object (id, windows, status), for scripts.")
 @friendly_errors
-def backfill(window, url, window_minutes, wait, timeout):
+def backfill(window, url, window_minutes, wait, timeout, as_json):
     """Re-land and re-transform a time range (bounded AT_TIMESTAMP re-reads, isolated from the live leases)."""
     from .landing.verify import parse_window
     from .local.dagster_client import DagsterApiError, launch_backfill, wait_backfill, window_keys
@@ -391,13 +408,19 @@ def backfill(window, url, window_minutes, wait, timeout):
     keys = window_keys(*parse_window(window), window_ms)
     try:
         backfill_id = launch_backfill(url, keys)
-        click.echo(f"backfill {backfill_id}: {len(keys)} window(s) {keys[0]} … {keys[-1]}")
+        if not as_json:
+            click.echo(f"backfill {backfill_id}: {len(keys)} window(s) {keys[0]} … {keys[-1]}")
         if not wait:
+            if as_json:
+                click.echo(json.dumps({"backfill_id": backfill_id, "windows": keys, "status": "LAUNCHED"}))
             return
         status = wait_backfill(url, backfill_id, timeout)
     except DagsterApiError as exc:
         raise UserError(str(exc)) from None
-    click.echo(f"backfill {backfill_id}: {status}")
+    if as_json:
+        click.echo(json.dumps({"backfill_id": backfill_id, "windows": keys, "status": status}))
+    else:
+        click.echo(f"backfill {backfill_id}: {status}")
     sys.exit(0 if status in ("COMPLETED", "COMPLETED_SUCCESS") else 1)
 
 
@@ -413,13 +436,17 @@ def landing() -> None:
 @click.option("--stream", default=None, help="Only this stream (default: every stream in the zone).")
 @click.option("--shard", default=None, help="Only this shard.")
 @click.option("--deep", is_flag=True, help="Read every batch's rows, not only footers and keys.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object (per stream and shard), for scripts.")
 @aws_options
 @friendly_errors
-def landing_verify(zone, window, stream, shard, deep, region, endpoint_url):
+def landing_verify(zone, window, stream, shard, deep, as_json, region, endpoint_url):
     """Per-shard chain status, row counts, gaps and overlaps. Exit 1 on a gap or an overlap."""
     from .landing.verify import verify_zone
 
     report = verify_zone(zone, window, stream=stream, shard=shard, aws=_settings(region, endpoint_url), deep=deep)
+    if as_json:
+        _echo_report_json(report, rows=report.rows)
+        sys.exit(0 if report.ok else 1)
     for line in report.lines():
         click.echo(line)
     sys.exit(0 if report.ok else 1)

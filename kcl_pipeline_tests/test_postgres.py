@@ -76,7 +76,7 @@ def postgres():
     subprocess.run([*as_postgres, str(bindir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "dagster",
                     "dagster"], check=True, capture_output=True, timeout=60)
     try:
-        yield f"postgresql://dagster@127.0.0.1:{port}/dagster"
+        yield f"postgresql+psycopg2://dagster@127.0.0.1:{port}/dagster"
     finally:
         subprocess.run([*as_postgres, str(bindir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"],
                        capture_output=True, timeout=120)
