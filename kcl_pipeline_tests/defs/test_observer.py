@@ -85,3 +85,20 @@ def test_observer_reports_windows_landed_by_a_consume_fleet_member(setup, emulat
         member.send_signal(signal.SIGTERM)
         output = member.communicate(timeout=60)[0].decode()
     assert member.returncode == 0, output
+
+
+def test_fleet_observation_has_fixed_keys_and_the_lease_table(setup):
+    """Plot keys do not multiply with shards or owners; the leases are one table (lease, owner, counter, ...)."""
+    from dagster import AssetObservation, TableMetadataValue
+
+    s = setup
+    _observer(s)
+    s["table"].ensure_table()
+    result = tick(s, None)
+    (observation,) = [e for e in result.asset_events if isinstance(e, AssetObservation)]
+    meta = observation.metadata
+    assert set(meta) == {"total_leases", "total_shards", "unclaimed_leases", "worker_leases", "leases_held",
+                         "consumers", "max_lag_ms", "leases"}
+    assert isinstance(meta["leases"], TableMetadataValue)
+    assert [c.name for c in meta["leases"].schema.columns] == ["lease", "owner", "counter", "checkpoint", "lag_ms"]
+    assert meta["total_shards"].value == 2 and meta["leases_held"].value == 0

@@ -32,6 +32,9 @@ from dagster import (
     RunsFilter,
     SensorEvaluationContext,
     SensorResult,
+    TableColumn,
+    TableRecord,
+    TableSchema,
     TimeWindowPartitionsDefinition,
     sensor,
 )
@@ -307,25 +310,34 @@ def _shard_end_request(context, leases, progress, next_window: int | None, windo
                       partition_key=anchor, tags={SHARD_END_TAG: ",".join(ending)})
 
 
+LEASE_TABLE_SCHEMA = TableSchema(columns=[
+    TableColumn("lease", "string"), TableColumn("owner", "string"), TableColumn("counter", "int"),
+    TableColumn("checkpoint", "string"), TableColumn("lag_ms", "int"),
+])
+
+
 def _fleet_metadata(cycle, progress, leases) -> dict[str, Any]:
-    meta: dict[str, Any] = {
+    """Fixed keys (they plot over time whatever the shards and owners) and the lease table as a table."""
+    rows = []
+    lags = []
+    for lease in sorted(leases, key=lambda lease: lease.lease_key):
+        p = progress.get(lease.lease_key)
+        lag = p.millis_behind_latest if p is not None and not lease.is_ended else None
+        if lag is not None:
+            lags.append(lag)
+        rows.append(TableRecord({"lease": lease.lease_key, "owner": lease.lease_owner or "",
+                                 "counter": lease.lease_counter, "checkpoint": str(lease.checkpoint),
+                                 "lag_ms": lag if lag is not None else -1}))
+    return {
         "total_leases": cycle.total_leases,
         "total_shards": cycle.total_shards if cycle.total_shards is not None else -1,
         "unclaimed_leases": cycle.unclaimed_leases,
         "worker_leases": cycle.worker_leases,
+        "leases_held": sum(cycle.owners.values()),
         "consumers": len(cycle.owners),
+        "max_lag_ms": max(lags) if lags else 0,
+        "leases": MetadataValue.table(rows, schema=LEASE_TABLE_SCHEMA),
     }
-    for owner, count in sorted(cycle.owners.items()):
-        meta[f"leases.{owner}"] = count
-    lags = {}
-    for lease in leases:
-        p = progress.get(lease.lease_key)
-        if not lease.is_ended and p is not None and p.millis_behind_latest is not None:
-            lags[lease.lease_key] = p.millis_behind_latest
-    for shard_id, lag in sorted(lags.items()):
-        meta[f"lag_ms.{shard_id}"] = lag
-    meta["max_lag_ms"] = max(lags.values()) if lags else 0
-    return meta
 
 
 def _check_window(partitions_def: TimeWindowPartitionsDefinition, window_ms: int) -> None:
