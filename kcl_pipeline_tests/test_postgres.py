@@ -130,8 +130,13 @@ def test_demo_on_postgres_lands_transforms_and_checkpoints(postgres, tmp_path):
         try:
             instance = DagsterInstance.from_config(str(state / "dagster_home"))
             assert type(instance.run_storage).__name__ == "PostgresRunStorage"
-            runs = instance.get_runs(RunsFilter(job_name="kinesis_window_job", statuses=[DagsterRunStatus.SUCCESS]))
-            assert runs, "the window runs are stored in PostgreSQL"
+            assert instance.get_runs(RunsFilter(job_name="kinesis_window_job")), "runs are stored in PostgreSQL"
+            # The checkpoints are the run's last step: the run itself finishes just after.
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and not instance.get_runs(
+                    RunsFilter(job_name="kinesis_window_job", statuses=[DagsterRunStatus.SUCCESS])):
+                time.sleep(2)
+            assert instance.get_runs(RunsFilter(job_name="kinesis_window_job", statuses=[DagsterRunStatus.SUCCESS]))
             instance.dispose()
         finally:
             os.environ.pop(POSTGRES_URL_ENV, None)

@@ -27,14 +27,6 @@ def _observer(s) -> None:
     s["resources"]["consumer"] = KinesisConsumerResource(**{**s["consumer"].model_dump(), "host_workers": False})
 
 
-def test_hosting_workers_is_opt_in_outside_the_demo():
-    assert PipelineSettings.from_env({}).host_workers is False
-    assert PipelineSettings.from_env({"KCL_PIPELINE_HOST_WORKERS": "true"}).host_workers is True
-    assert PipelineSettings.from_env({"KCL_PIPELINE_PROFILE": "demo"}).host_workers is True
-    settings = PipelineSettings.from_env({})
-    assert KinesisConsumerResource.from_settings(settings).host_workers is False
-
-
 def test_observer_before_any_member_waits_for_the_lease_table(setup):
     s = setup
     _observer(s)

@@ -5,10 +5,11 @@ AWS_REGION, credentials), so the same definitions run on the emulators and on AW
 """
 from __future__ import annotations
 
+import os
 import sys
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
-from dagster import ConfigurableResource, InitResourceContext
+from dagster import ConfigurableResource, EnvVar, InitResourceContext
 from dagster_aws.s3 import S3Resource
 from dagster_pyspark import PySparkResource
 from pydantic import PrivateAttr
@@ -16,7 +17,11 @@ from pydantic import PrivateAttr
 from ...kcl.aws import AwsSettings
 from ...kcl.config import ConsumerConfig, InitialPosition, consumer_default, stream_name
 from ...kcl.worker import ProcessorSpec
-from .settings import PipelineSettings
+from .settings import PREFIX, PipelineSettings
+
+# Text settings shown in the UI as the variable that set them (EnvVar); numbers stay values (validated at load).
+ENV_TEXT_FIELDS = ("stream", "application", "table_name", "landing_uri", "output_uri", "worker_id",
+                   "metrics_namespace", "decoder")
 
 SPARK_RUN_TAG = "kcl_pipeline/spark"  # dagster.yaml limits runs with this tag (one SparkSession at a time)
 SPARK_POOL = "spark"  # and the Spark step's pool (one slot): covers runs launched without the tag
@@ -69,7 +74,20 @@ class KinesisConsumerResource(ConfigurableResource):
     tick_budget_seconds: float = 30.0
 
     @classmethod
-    def from_settings(cls, settings: PipelineSettings) -> "KinesisConsumerResource":
+    def from_settings(cls, settings: PipelineSettings,
+                      env: Mapping[str, str] | None = None) -> "KinesisConsumerResource":
+        """With `env` (the code location's environment), text fields set by a KCL_PIPELINE_* variable are
+        EnvVar references: the UI shows the variable's name, and Dagster reads it at run time."""
+        resource = cls._from_values(settings)
+        if not env:
+            return resource
+        refs = {name: EnvVar(PREFIX + name.upper()) for name in ENV_TEXT_FIELDS
+                if (env.get(PREFIX + name.upper()) or "").strip() == (getattr(settings, name) or "")
+                and getattr(settings, name)}
+        return cls(**{**resource.model_dump(), **refs}) if refs else resource
+
+    @classmethod
+    def _from_values(cls, settings: PipelineSettings) -> "KinesisConsumerResource":
         return cls(stream=settings.stream, application=settings.application, table_name=settings.table_name,
                    initial_position=settings.initial_position, initial_timestamp=settings.initial_timestamp,
                    window_minutes=settings.window_minutes, landing_uri=settings.landing_uri,
@@ -135,10 +153,10 @@ def spark_config(settings: PipelineSettings, python: str = sys.executable) -> di
             "spark.ui.enabled": "false", **spark_session_conf(python), **dict(settings.spark_conf)}
 
 
-def build_resources(settings: PipelineSettings) -> dict[str, Any]:
+def build_resources(settings: PipelineSettings, env: Mapping[str, str] | None = None) -> dict[str, Any]:
     return {
         "aws": AwsResource(),
         "s3": S3Resource(),
         "pyspark": SparkResource(spark_config=spark_config(settings)),
-        "consumer": KinesisConsumerResource.from_settings(settings),
+        "consumer": KinesisConsumerResource.from_settings(settings, env if env is not None else os.environ),
     }
