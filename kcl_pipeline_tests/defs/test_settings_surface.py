@@ -30,3 +30,21 @@ def test_text_settings_from_the_environment_are_envvar_fields(monkeypatch):
         monkeypatch.setenv(name, value)
     with build_resources({"consumer": consumer}) as resources:
         assert resources.consumer.stream == "orders" and resources.consumer.landing_uri == "s3://lake/landing"
+
+
+def test_transformed_records_has_a_freshness_policy_of_whole_windows():
+    from datetime import timedelta
+
+    from kcl_pipeline.defs.kinesis.assets import transformed_freshness
+
+    policy = transformed_freshness(60 * 60_000)
+    assert policy.fail_window.to_timedelta() == timedelta(hours=3, minutes=10)
+    assert policy.warn_window.to_timedelta() == timedelta(hours=2, minutes=10)
+    from dagster import TimeWindowPartitionsDefinition
+
+    from kcl_pipeline.defs.kinesis.assets import build_assets
+
+    partitions = TimeWindowPartitionsDefinition(start="2026-01-01-00:00", fmt="%Y-%m-%d-%H:%M",
+                                                cron_schedule="0 * * * *")
+    _, transformed, _ = build_assets(partitions, 60 * 60_000)
+    assert next(iter(transformed.specs)).freshness_policy == policy
