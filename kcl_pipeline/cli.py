@@ -253,15 +253,16 @@ def produce(stream, count, rate, aggregate, create_shards, poison_every, region,
 
 
 @main.command()
-@click.option("--application", required=True, help="Application name = lease table name.")
+@click.option("--application", required=True, help="Application name (the lease table unless --table-name).")
+@click.option("--table-name", default=None, help="The lease table (Java's tableName) [default: the application].")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per lease, for scripts.")
 @aws_options
 @friendly_errors
-def leases(application, as_json, region, endpoint_url):
+def leases(application, table_name, as_json, region, endpoint_url):
     """Show the lease table: owner, counter, checkpoint, parents, landing progress."""
     from .kcl.lease_table import LeaseTable
 
-    table = LeaseTable(application, client("dynamodb", _settings(region, endpoint_url)))
+    table = LeaseTable(table_name or application, client("dynamodb", _settings(region, endpoint_url)))
     rows = sorted(table.scan(), key=lambda lease: lease.lease_key)
     if as_json:
         for lease in rows:
@@ -274,7 +275,7 @@ def leases(application, as_json, region, endpoint_url):
                 "extra": lease.extra}, default=str))
         return
     if not rows:
-        click.echo(f"lease table {application} is empty")
+        click.echo(f"lease table {table_name or application} is empty")
         return
     header = f"{'lease':<24} {'owner':<40} {'counter':>7}  checkpoint"
     click.echo(header)

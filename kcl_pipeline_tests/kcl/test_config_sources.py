@@ -159,3 +159,13 @@ def test_metrics_naming_reaches_the_consumer_from_the_environment():
     assert resource.consumer_config(AwsSettings(), "w", 20.0).metrics_naming == "kcl"
     with pytest.raises(ConfigError, match="metrics_naming"):
         PipelineSettings.from_env({"KCL_PIPELINE_METRICS_NAMING": "java"})
+
+
+def test_leases_command_reads_the_named_table(emulators, dynamodb_client, unique_name):
+    from kcl_pipeline.kcl.lease_table import LeaseTable
+
+    table = unique_name("tbl")
+    LeaseTable(table, dynamodb_client).ensure_table()
+    result = CliRunner(env=emulators.env()).invoke(main, ["leases", "--application", "app", "--table-name", table])
+    assert result.exit_code == 0, result.output
+    assert f"lease table {table} is empty" in result.output
