@@ -3,8 +3,8 @@
 #   ./run.sh demo   — emulators + demo stream + KPL producer + `dagster dev` on 127.0.0.1:3000 (Ctrl-C stops all)
 #   ./run.sh test   — the whole test suite (add pytest args, e.g. ./run.sh test -m "not slow")
 #   ./run.sh simulate --seeds N --steps M — the deterministic simulation of the consumer fleet
-# Both install what they need first (a .venv from requirements.lock, node_modules from package-lock.json);
-# a second run reuses them.
+# Both install what they need first (a .venv from requirements.lock; the npm emulators into the user cache,
+# from kcl_pipeline/local/npm/package-lock.json); a second run reuses them.
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3.11}
@@ -19,11 +19,8 @@ setup() {
     .venv/bin/pip install -q -c requirements.lock -e ".[dev]"
     touch .venv/.installed
   fi
-  if [ ! -d node_modules ] || [ package-lock.json -nt node_modules ]; then
-    echo "==> installing the emulators (npm ci)"
-    npm ci --no-audit --no-fund --loglevel=error
-    touch node_modules
-  fi
+  # The emulators: a checkout's node_modules if present, else the user cache (npm ci on first use).
+  .venv/bin/python -c "from kcl_pipeline.local.emulators import find_node_modules; find_node_modules()"
 }
 
 cmd=${1:-help}

@@ -7,10 +7,11 @@ import logging
 import sys
 
 import click
-from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError
+from botocore.exceptions import (BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError,
+                                 NoRegionError)
 
 from .kcl.aws import AwsSettings, client
-from .kcl.config import ConfigError, ConsumerConfig, InitialPosition
+from .kcl.config import JAVA_COMPATIBLE_TIMINGS, ConfigError, ConsumerConfig, InitialPosition
 
 log = logging.getLogger("kcl_pipeline")
 
@@ -43,6 +44,9 @@ def friendly_errors(fn):
         except ClientError as exc:
             err = exc.response.get("Error", {})
             raise UserError(f"{exc.operation_name} failed: {err.get('Code')}: {err.get('Message')}") from None
+        except NoRegionError:
+            raise UserError("no AWS region: pass --region, set AWS_REGION or give the profile a region "
+                            "(aws configure set region …)") from None
         except BotoCoreError as exc:
             raise UserError(str(exc)) from None
 
@@ -50,7 +54,9 @@ def friendly_errors(fn):
 
 
 def aws_options(fn):
-    fn = click.option("--region", default=None, help="AWS region (default: AWS_REGION or us-east-1).")(fn)
+    fn = click.option("--region", default=None,
+                      help="AWS region [default: AWS_REGION, else botocore's chain: AWS_DEFAULT_REGION, the "
+                           "profile's region].")(fn)
     fn = click.option("--endpoint-url", default=None,
                       help="One endpoint for every AWS service (default: AWS_ENDPOINT_URL[_<SERVICE>] or AWS).")(fn)
     return fn
@@ -60,67 +66,150 @@ def _settings(region, endpoint_url) -> AwsSettings:
     return AwsSettings(region=region, endpoint_url=endpoint_url)
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("kcl_pipeline")
+    except PackageNotFoundError:  # imported from a source tree that was never installed
+        return "unknown (not installed)"
+
+
+def _require_extras(command: str, modules: dict[str, str]) -> None:
+    """Fail in one line, before any work, when an optional dependency group is not installed."""
+    import importlib.util
+
+    missing = sorted({extra for module, extra in modules.items() if importlib.util.find_spec(module) is None})
+    if missing:
+        raise UserError(f"`kcl-pipeline {command}` needs the {', '.join(missing)} extra: "
+                        f"pip install 'kcl_pipeline[{','.join(missing)}]'")
+
+
+def _preflight(node: bool, java: bool) -> None:
+    """node/npm and Java 17 are checked before any emulator or Dagster starts (exit 2 with what is missing);
+    the npm emulators are installed into the user cache on first use."""
+    from .local.prerequisites import Needs, PrerequisiteMissing, ensure_ready
+
+    try:
+        ensure_ready(Needs(node=node, java=java))
+    except PrerequisiteMissing as exc:
+        raise UserError(str(exc)) from None
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(_version(), "--version", prog_name="kcl-pipeline")
 @click.option("-v", "--verbose", count=True, help="More logging (-v: debug).")
-def main(verbose: int) -> None:
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="json: one JSON object per log line on stderr (for log shippers).")
+def main(verbose: int, log_format: str) -> None:
     """kcl_pipeline: a leaderless, Java-KCL-v2-compatible Kinesis consumer and its Dagster pipeline."""
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    from .log_format import configure
+
+    configure(logging.DEBUG if verbose else logging.INFO, log_format)
     for noisy in ("botocore", "urllib3", "boto3", "alembic"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+# consume's flags that are ConsumerConfig fields of the same name.
+_CONSUMER_FLAGS = ("stream", "application", "table_name", "worker_id", "max_leases", "leases_to_acquire",
+                   "heartbeat_seconds", "lease_expiry_seconds", "cycle_seconds", "metrics_namespace",
+                   "metrics_naming")
+
+
+def consumer_config_from_cli(ctx: click.Context, properties_file: str | None, java_compatible: bool, *,
+                             region: str | None, endpoint_url: str | None) -> ConsumerConfig:
+    """ConsumerConfig from, in rising precedence: its own defaults, --java-compatible, a properties file,
+    flags given on the command line. Flags left at their default do not override the file."""
+    from click.core import ParameterSource
+
+    given = {name for name in (*_CONSUMER_FLAGS, "initial_position", "timestamp", "region")
+             if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None)}
+    params = ctx.params
+    kwargs: dict = dict(JAVA_COMPATIBLE_TIMINGS) if java_compatible else {}
+    if properties_file:
+        from .kcl.properties import read_properties_file
+
+        imported = read_properties_file(properties_file)
+        if imported.ignored:
+            click.echo(f"note: {properties_file}: {', '.join(imported.ignored)} only configure kclpy's "
+                       f"MultiLangDaemon; ignored", err=True)
+        kwargs.update(imported.settings)
+    for name in _CONSUMER_FLAGS:
+        if name in given and params[name] is not None:
+            kwargs[name] = params[name]
+    if "initial_position" in given or "timestamp" in given or "initial_position" not in kwargs:
+        kwargs["initial_position"] = InitialPosition.parse(params["initial_position"], params["timestamp"])
+    for required in ("stream", "application"):
+        if not kwargs.get(required):
+            raise UserError(f"--{required} is required (or a --properties file that sets "
+                            f"{'streamName' if required == 'stream' else 'applicationName'})")
+    file_region = kwargs.pop("region", None)
+    kwargs["aws"] = AwsSettings(region=region or file_region, endpoint_url=endpoint_url)
+    return ConsumerConfig(**kwargs)
+
+
+def _default(name: str):
+    from .kcl.config import consumer_default
+
+    return consumer_default(name)
+
+
 @main.command()
-@click.option("--stream", required=True, help="Kinesis stream name.")
-@click.option("--application", required=True, help="Application name = lease table name (shared by the fleet).")
+@click.option("--properties", "properties_file", default=None, type=click.Path(dir_okay=False),
+              help="A Java KCL / kclpy .properties file; flags given as well override its values.")
+@click.option("--stream", default=None, help="Kinesis stream name or ARN (streamName / streamArn).")
+@click.option("--application", default=None, help="Application name, shared by the fleet (applicationName).")
+@click.option("--table-name", default=None,
+              help="Lease table (tableName) [default: the application name].")
 @click.option("--initial-position", type=click.Choice(["TRIM_HORIZON", "LATEST", "AT_TIMESTAMP"],
-              case_sensitive=False), default="TRIM_HORIZON", show_default=True,
-              help="Where leases of shards with no history start.")
+              case_sensitive=False), default=InitialPosition().kind, show_default=True,
+              help="Where leases of shards with no history start (initialPositionInStream).")
 @click.option("--timestamp", default=None, help="ISO 8601 timestamp for AT_TIMESTAMP.")
-@click.option("--worker-id", default=None, help="This consumer's unique id (default: a new UUID).")
-@click.option("--max-leases", type=int, default=64, show_default=True)
-@click.option("--leases-to-acquire", type=int, default=1, show_default=True, help="Leases taken per cycle.")
-@click.option("--heartbeat-seconds", type=float, default=None, help="Lease heartbeat period [default: 10].")
-@click.option("--lease-expiry-seconds", type=float, default=None,
-              help="A lease unchanged this long is free for others [default: 30].")
+@click.option("--worker-id", default=None, help="This consumer's unique id (workerIdentifier) [default: a new UUID].")
+@click.option("--max-leases", type=int, default=_default("max_leases"), show_default=True,
+              help="maxLeasesForWorker.")
+@click.option("--leases-to-acquire", type=int, default=_default("leases_to_acquire"), show_default=True,
+              help="Leases taken per cycle (maxLeasesToStealAtOneTime).")
+@click.option("--heartbeat-seconds", type=float, default=_default("heartbeat_seconds"), show_default=True,
+              help="Lease heartbeat period.")
+@click.option("--lease-expiry-seconds", type=float, default=_default("lease_expiry_seconds"), show_default=True,
+              help="A lease unchanged this long is free for others (failoverTimeMillis / 1000).")
 @click.option("--java-compatible", is_flag=True,
-              help="Heartbeat 3 s / expiry 10 s: required when Java KCL consumers share the lease table.")
-@click.option("--cycle-seconds", type=float, default=20.0, show_default=True)
+              help="Heartbeat {heartbeat_seconds:g} s / expiry {lease_expiry_seconds:g} s: required when Java KCL "
+                   "consumers share the lease table.".format(**JAVA_COMPATIBLE_TIMINGS))
+@click.option("--cycle-seconds", type=float, default=_default("cycle_seconds"), show_default=True,
+              help="Lease-manager cycle, which also lists shards (shardSyncIntervalMillis / 1000).")
 @click.option("--metrics-namespace", default=None, help="Publish metrics to this CloudWatch namespace.")
+@click.option("--metrics-naming", type=click.Choice(["pipeline", "kcl"]), default=_default("metrics_naming"),
+              show_default=True, help="kcl: Java KCL's metric names and dimensions (its dashboards carry over).")
 @click.option("--sink", default=None, help="jsonl:DIR — one JSON line per record in DIR/<shard_id>.jsonl.")
 @click.option("--landing", default=None,
               help="Land records as Parquet in s3://bucket/prefix or a directory (exactly once; checkpoints after "
                    "each landed batch when run without Dagster).")
+@click.option("--checkpoint-by", type=click.Choice(["self", "dagster"]), default="self", show_default=True,
+              help="With --landing: `self` checkpoints after each landed batch; `dagster` makes this a fleet member "
+                   "of the Dagster pipeline (it lands only; the pipeline commits checkpoints once windows are "
+                   "transformed).")
 @click.option("--batch-seconds", type=float, default=None,
               help="With --landing: flush a batch once its oldest record waited this long [default: 30].")
 @click.option("--batch-mb", type=float, default=None, help="With --landing: flush a batch at this size [default: 8].")
 @aws_options
+@click.pass_context
 @friendly_errors
-def consume(stream, application, initial_position, timestamp, worker_id, max_leases, leases_to_acquire,
-            heartbeat_seconds, lease_expiry_seconds, java_compatible, cycle_seconds, metrics_namespace, sink, landing,
-            batch_seconds, batch_mb, region, endpoint_url):
+def consume(ctx, properties_file, stream, application, table_name, initial_position, timestamp, worker_id,
+            max_leases, leases_to_acquire, heartbeat_seconds, lease_expiry_seconds, java_compatible, cycle_seconds,
+            metrics_namespace, metrics_naming, sink, landing, checkpoint_by, batch_seconds, batch_mb, region,
+            endpoint_url):
     """Run a headless consumer: a full peer of the fleet sharing the lease table. Stops on SIGTERM/SIGINT."""
     from .kcl.consumer import run_consumer
     from .kcl.jsonl_sink import parse_sink
 
     if bool(sink) == bool(landing):
         raise UserError("give exactly one of --sink jsonl:DIR or --landing URI")
-    if sink and (batch_seconds is not None or batch_mb is not None):
-        raise UserError("--batch-seconds and --batch-mb only apply to --landing")
-    kwargs = {}
-    if worker_id:
-        kwargs["worker_id"] = worker_id
-    if java_compatible:
-        kwargs.update(heartbeat_seconds=3.0, lease_expiry_seconds=10.0)
-    if heartbeat_seconds is not None:
-        kwargs["heartbeat_seconds"] = heartbeat_seconds
-    if lease_expiry_seconds is not None:
-        kwargs["lease_expiry_seconds"] = lease_expiry_seconds
-    config = ConsumerConfig(
-        stream=stream, application=application,
-        initial_position=InitialPosition.parse(initial_position, timestamp),
-        max_leases=max_leases, leases_to_acquire=leases_to_acquire, cycle_seconds=cycle_seconds,
-        metrics_namespace=metrics_namespace, aws=_settings(region, endpoint_url), **kwargs)
+    if sink and (batch_seconds is not None or batch_mb is not None or checkpoint_by != "self"):
+        raise UserError("--batch-seconds, --batch-mb and --checkpoint-by only apply to --landing")
+    config = consumer_config_from_cli(ctx, properties_file, java_compatible, region=region,
+                                      endpoint_url=endpoint_url)
     if sink:
         spec = parse_sink(sink)
     else:
@@ -136,7 +225,8 @@ def consume(stream, application, initial_position, timestamp, worker_id, max_lea
             settings["max_batch_age_seconds"] = batch_seconds
         if batch_mb is not None:
             settings["max_batch_bytes"] = int(batch_mb * 1024 * 1024)
-        spec = landing_spec(landing, stream, aws=config.aws, standalone=True, **settings)
+        spec = landing_spec(landing, config.stream_name, aws=config.aws, standalone=checkpoint_by == "self",
+                            **settings)
     sys.exit(run_consumer(config, spec))
 
 
@@ -163,15 +253,16 @@ def produce(stream, count, rate, aggregate, create_shards, poison_every, region,
 
 
 @main.command()
-@click.option("--application", required=True, help="Application name = lease table name.")
+@click.option("--application", required=True, help="Application name (the lease table unless --table-name).")
+@click.option("--table-name", default=None, help="The lease table (Java's tableName) [default: the application].")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per lease, for scripts.")
 @aws_options
 @friendly_errors
-def leases(application, as_json, region, endpoint_url):
+def leases(application, table_name, as_json, region, endpoint_url):
     """Show the lease table: owner, counter, checkpoint, parents, landing progress."""
     from .kcl.lease_table import LeaseTable
 
-    table = LeaseTable(application, client("dynamodb", _settings(region, endpoint_url)))
+    table = LeaseTable(table_name or application, client("dynamodb", _settings(region, endpoint_url)))
     rows = sorted(table.scan(), key=lambda lease: lease.lease_key)
     if as_json:
         for lease in rows:
@@ -184,7 +275,7 @@ def leases(application, as_json, region, endpoint_url):
                 "extra": lease.extra}, default=str))
         return
     if not rows:
-        click.echo(f"lease table {application} is empty")
+        click.echo(f"lease table {table_name or application} is empty")
         return
     header = f"{'lease':<24} {'owner':<40} {'counter':>7}  checkpoint"
     click.echo(header)
@@ -202,8 +293,10 @@ def leases(application, as_json, region, endpoint_url):
 @click.option("--window-minutes", type=int, default=2, show_default=True, help="Partition (window) length.")
 @click.option("--no-producer", is_flag=True, help="Do not run the demo producer (produce yourself).")
 @click.option("--state-dir", default=".kcl_local", show_default=True, help="Logs, DAGSTER_HOME, env.sh.")
+@click.option("--dagster-storage", type=click.Choice(["sqlite", "postgres"]), default="sqlite", show_default=True,
+              help="postgres: Dagster's storage in the PostgreSQL at DAGSTER_POSTGRES_URL.")
 @friendly_errors
-def demo(port, stream, shards, rate, window_minutes, no_producer, state_dir):
+def demo(port, stream, shards, rate, window_minutes, no_producer, state_dir, dagster_storage):
     """Emulators + demo stream + KPL producer + `dagster dev` with the consumer sensor on. Ctrl-C stops all."""
     from pathlib import Path
 
@@ -211,8 +304,49 @@ def demo(port, stream, shards, rate, window_minutes, no_producer, state_dir):
 
     if shards < 1 or rate <= 0:
         raise UserError("--shards must be >= 1 and --rate > 0")
+    _require_extras("demo", {"dagster": "dagster", "dagster_webserver": "dagster", "pyspark": "dagster",
+                             "moto": "local", "flask_cors": "local"})
+    if dagster_storage == "postgres":
+        _check_postgres_storage("demo")
+    _preflight(node=True, java=True)
     sys.exit(run_demo(DemoOptions(state_dir=Path(state_dir), port=port, stream=stream, shards=shards, rate=rate,
-                                  window_minutes=window_minutes, producer=not no_producer)))
+                                  window_minutes=window_minutes, producer=not no_producer,
+                                  dagster_storage=dagster_storage)))
+
+
+def _check_postgres_storage(command: str) -> None:
+    import os
+
+    from .defs.home import POSTGRES_URL_ENV
+
+    _require_extras(command, {"dagster_postgres": "postgres"})
+    if not os.environ.get(POSTGRES_URL_ENV):
+        raise UserError(f"PostgreSQL storage reads {POSTGRES_URL_ENV} "
+                        f"(postgresql+psycopg2://user:password@host:5432/dagster); it is not set")
+
+
+@main.command("dagster-home")
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--storage", type=click.Choice(["sqlite", "postgres"]), default="sqlite", show_default=True,
+              help="sqlite: one host, under DIRECTORY; postgres: shared by every host (DAGSTER_POSTGRES_URL).")
+@friendly_errors
+def dagster_home(directory, storage):
+    """Write the project's Dagster instance (dagster.yaml) into DIRECTORY, to use as DAGSTER_HOME."""
+    from .defs.home import POSTGRES_URL_ENV, prepare_dagster_home
+
+    home = prepare_dagster_home(directory, storage=storage)
+    click.echo(f"export DAGSTER_HOME={home}")
+    if storage == "postgres":
+        click.echo(f"# and {POSTGRES_URL_ENV}=postgresql+psycopg2://user:password@host:5432/dagster "
+                   f"in every Dagster process's environment")
+
+
+def _echo_report_json(report, **extra) -> None:
+    """A report as one JSON object (dataclasses, checkpoints as their fields), for scripts."""
+    import dataclasses
+
+    body = {"ok": report.ok, **extra, **dataclasses.asdict(report)}
+    click.echo(json.dumps(body, default=str, sort_keys=True))
 
 
 def _pipeline_settings():
@@ -234,9 +368,11 @@ def _pipeline_settings():
 @click.option("--transform-grace", type=click.FloatRange(min=0), default=300.0, show_default=True,
               help="Seconds after a window's end by which it must be transformed; a window landed and still "
                    "untransformed after that fails the audit.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object (every check's outcome), for scripts.")
 @aws_options
 @friendly_errors
-def audit(window, last, zone, output, stream, application, window_minutes, transform_grace, region, endpoint_url):
+def audit(window, last, zone, output, stream, application, window_minutes, transform_grace, as_json, region,
+          endpoint_url):
     """The lineage audit: chain per shard, landed = transformed + duplicates + quarantined, checkpoints ≤
     materialised. Exit 1 when a check fails."""
     from .landing.audit import audit as run_audit
@@ -248,8 +384,11 @@ def audit(window, last, zone, output, stream, application, window_minutes, trans
                        window_ms, window=parse_window(window) if window else None,
                        application=application or settings.application, aws=_settings(region, endpoint_url),
                        last=last, transform_grace_ms=int(transform_grace * 1000))
-    for line in report.lines():
-        click.echo(line)
+    if as_json:
+        _echo_report_json(report)
+    else:
+        for line in report.lines():
+            click.echo(line)
     sys.exit(0 if report.ok else 1)
 
 
@@ -259,8 +398,9 @@ def audit(window, last, zone, output, stream, application, window_minutes, trans
 @click.option("--window-minutes", type=int, default=None, help="[default: KCL_PIPELINE_WINDOW_MINUTES]")
 @click.option("--wait/--no-wait", default=True, show_default=True, help="Wait until the backfill finishes.")
 @click.option("--timeout", type=float, default=3600, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object (id, windows, status), for scripts.")
 @friendly_errors
-def backfill(window, url, window_minutes, wait, timeout):
+def backfill(window, url, window_minutes, wait, timeout, as_json):
     """Re-land and re-transform a time range (bounded AT_TIMESTAMP re-reads, isolated from the live leases)."""
     from .landing.verify import parse_window
     from .local.dagster_client import DagsterApiError, launch_backfill, wait_backfill, window_keys
@@ -269,13 +409,19 @@ def backfill(window, url, window_minutes, wait, timeout):
     keys = window_keys(*parse_window(window), window_ms)
     try:
         backfill_id = launch_backfill(url, keys)
-        click.echo(f"backfill {backfill_id}: {len(keys)} window(s) {keys[0]} … {keys[-1]}")
+        if not as_json:
+            click.echo(f"backfill {backfill_id}: {len(keys)} window(s) {keys[0]} … {keys[-1]}")
         if not wait:
+            if as_json:
+                click.echo(json.dumps({"backfill_id": backfill_id, "windows": keys, "status": "LAUNCHED"}))
             return
         status = wait_backfill(url, backfill_id, timeout)
     except DagsterApiError as exc:
         raise UserError(str(exc)) from None
-    click.echo(f"backfill {backfill_id}: {status}")
+    if as_json:
+        click.echo(json.dumps({"backfill_id": backfill_id, "windows": keys, "status": status}))
+    else:
+        click.echo(f"backfill {backfill_id}: {status}")
     sys.exit(0 if status in ("COMPLETED", "COMPLETED_SUCCESS") else 1)
 
 
@@ -291,13 +437,17 @@ def landing() -> None:
 @click.option("--stream", default=None, help="Only this stream (default: every stream in the zone).")
 @click.option("--shard", default=None, help="Only this shard.")
 @click.option("--deep", is_flag=True, help="Read every batch's rows, not only footers and keys.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object (per stream and shard), for scripts.")
 @aws_options
 @friendly_errors
-def landing_verify(zone, window, stream, shard, deep, region, endpoint_url):
+def landing_verify(zone, window, stream, shard, deep, as_json, region, endpoint_url):
     """Per-shard chain status, row counts, gaps and overlaps. Exit 1 on a gap or an overlap."""
     from .landing.verify import verify_zone
 
     report = verify_zone(zone, window, stream=stream, shard=shard, aws=_settings(region, endpoint_url), deep=deep)
+    if as_json:
+        _echo_report_json(report, rows=report.rows)
+        sys.exit(0 if report.ok else 1)
     for line in report.lines():
         click.echo(line)
     sys.exit(0 if report.ok else 1)
@@ -319,6 +469,8 @@ def local_up(state_dir):
 
     from .local.emulators import run_stack_foreground
 
+    _require_extras("local up", {"moto": "local", "flask_cors": "local"})
+    _preflight(node=True, java=False)
     state = Path(state_dir)
     state.mkdir(parents=True, exist_ok=True)
     pid_file = state / "local.pid"

@@ -53,7 +53,7 @@ def test_bad_flags_exit_2():
 
 def test_unreachable_endpoint_is_one_clear_line(tmp_path):
     proc = _run(["leases", "--application", "a", "--endpoint-url", "http://127.0.0.1:9"],
-                {"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x"})
+                {"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x", "AWS_REGION": "eu-west-1"})
     err = _one_error_line(proc)
     assert "127.0.0.1:9" in err
 

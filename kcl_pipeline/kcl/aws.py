@@ -9,6 +9,7 @@ import os
 from dataclasses import dataclass, field
 
 import boto3
+import botocore.session
 from botocore.config import Config
 
 _SERVICE_ENV = {
@@ -37,12 +38,16 @@ class AwsSettings:
             or None
         )
 
-    def resolved_region(self) -> str:
-        return self.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+    def resolved_region(self) -> str | None:
+        """The region: explicit, else AWS_REGION (the cross-SDK variable botocore does not read), else
+        botocore's own chain (AWS_DEFAULT_REGION, then the profile's `region` in ~/.aws/config). None when
+        nothing names one: no region is invented, so a profile's region is never overridden."""
+        return self.region or os.environ.get("AWS_REGION") or botocore.session.Session().get_config_variable("region")
 
     def to_env(self) -> dict[str, str]:
         """Environment that reproduces these settings in a child process."""
-        env = {"AWS_REGION": self.resolved_region(), "AWS_DEFAULT_REGION": self.resolved_region()}
+        region = self.resolved_region()
+        env = {"AWS_REGION": region, "AWS_DEFAULT_REGION": region} if region else {}
         for service, var in _SERVICE_ENV.items():
             url = self.endpoint_for(service)
             if url:

@@ -3,17 +3,38 @@ from __future__ import annotations
 
 import re
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from datetime import datetime, timezone
+from typing import Any
 
 from .aws import AwsSettings
 from .model import AT_TIMESTAMP, LATEST, TRIM_HORIZON, Checkpoint
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,255}")
+# arn:<partition>:kinesis:<region>:<account>:stream/<name> (any partition: aws, aws-cn, aws-us-gov, ...)
+_STREAM_ARN_RE = re.compile(r"arn:[a-z-]+:kinesis:[a-z0-9-]+:\d{12}:stream/(?P<name>[A-Za-z0-9_.-]{1,128})")
+# Java KCL 2.x expires a lease after failoverTimeMillis = 10 s: peers sharing its table must heartbeat inside it.
+JAVA_COMPATIBLE_TIMINGS = {"heartbeat_seconds": 3.0, "lease_expiry_seconds": 10.0}
 
 
 class ConfigError(ValueError):
     """A setting is invalid; the message names it and says what is allowed."""
+
+
+def stream_name(stream: str) -> str:
+    """The stream's name, for a name or an ARN (the landing layout and logs use the name)."""
+    m = _STREAM_ARN_RE.fullmatch(stream)
+    return m["name"] if m else stream
+
+
+def check_stream(stream: str) -> None:
+    """A stream is named by its name or, across accounts, by its ARN."""
+    if stream.startswith("arn:"):
+        if not _STREAM_ARN_RE.fullmatch(stream):
+            raise ConfigError(f"stream ARN {stream!r} is not arn:<partition>:kinesis:<region>:<account>:stream/<name>")
+    elif not _NAME_RE.fullmatch(stream) or len(stream) > 128:
+        raise ConfigError(f"stream {stream!r} must be 1-128 characters of letters, digits, '_', '.', '-' "
+                          f"(or a stream ARN)")
 
 
 @dataclass(frozen=True)
@@ -59,8 +80,10 @@ class ConsumerConfig:
     heartbeat inside Java's 10 s expiry: use `java_compatible()` (3 s heartbeat, 10 s expiry).
     """
 
-    stream: str
+    stream: str  # a name, or an ARN (a stream of another account)
     application: str
+    # The DynamoDB lease table (Java's tableName); None: named after the application, as Java KCL does.
+    table_name: str | None = None
     worker_id: str = field(default_factory=lambda: f"kclpy-{uuid.uuid4()}")
     initial_position: InitialPosition = field(default_factory=InitialPosition)
     leases_to_acquire: int = 1
@@ -82,14 +105,21 @@ class ConsumerConfig:
     idle_interval_seconds: float = 2.0
     max_records_per_call: int = 10000
     metrics_namespace: str | None = None  # CloudWatch namespace; None = metrics kept locally only
+    # "pipeline": this project's names; "kcl": Java KCL's names and dimensions (its dashboards carry over).
+    metrics_naming: str = "pipeline"
     metrics_interval_seconds: float = 10.0
     aws: AwsSettings = field(default_factory=AwsSettings)
 
     def __post_init__(self) -> None:
-        for name in ("stream", "application"):
+        check_stream(self.stream or "")
+        for name in ("application", "table_name"):
             value = getattr(self, name)
+            if value is None and name == "table_name":
+                continue
             if not value or not _NAME_RE.fullmatch(value):
                 raise ConfigError(f"{name} {value!r} must be 1-255 characters of letters, digits, '_', '.', '-'")
+        if self.table_name is not None and len(self.table_name) < 3:
+            raise ConfigError(f"table_name {self.table_name!r} is shorter than DynamoDB's 3 characters")
         if not self.worker_id or len(self.worker_id) > 255:
             raise ConfigError("worker_id must be 1-255 characters")
         if self.leases_to_acquire < 1:
@@ -118,6 +148,8 @@ class ConsumerConfig:
             )
         if self.idle_interval_seconds < self.polling_interval_seconds:
             raise ConfigError("idle_interval_seconds must be >= polling_interval_seconds")
+        if self.metrics_naming not in ("pipeline", "kcl"):
+            raise ConfigError(f"metrics_naming must be pipeline or kcl, got {self.metrics_naming!r}")
         if not 1 <= self.max_records_per_call <= 10000:
             raise ConfigError(f"max_records_per_call must be in 1..10000, got {self.max_records_per_call}")
 
@@ -130,12 +162,26 @@ class ConsumerConfig:
 
     @property
     def lease_table(self) -> str:
-        """Java KCL names the lease table after the application."""
-        return self.application
+        """The lease table: `table_name`, else (as Java KCL does) the application's name."""
+        return self.table_name or self.application
+
+    @property
+    def stream_name(self) -> str:
+        return stream_name(self.stream)
 
     def java_compatible(self) -> "ConsumerConfig":
         """Timings that are safe beside Java KCL 2.x consumers (they expire leases after 10 s)."""
-        return replace(self, heartbeat_seconds=3.0, lease_expiry_seconds=10.0)
+        return replace(self, **JAVA_COMPATIBLE_TIMINGS)
 
     def with_(self, **changes) -> "ConsumerConfig":
         return replace(self, **changes)
+
+
+def consumer_default(name: str) -> Any:
+    """The default of one ConsumerConfig field: settings, resources and the CLI read their defaults here."""
+    for f in fields(ConsumerConfig):
+        if f.name == name:
+            if f.default is MISSING:
+                raise KeyError(f"ConsumerConfig.{name} has no plain default")
+            return f.default
+    raise KeyError(f"ConsumerConfig has no field {name!r}")

@@ -80,7 +80,8 @@ class LeaseManager:
         self.kinesis = client("kinesis", config.aws)
         self.table = LeaseTable(config.lease_table, lease_table_client(config))
         cw = client("cloudwatch", config.aws, max_attempts=2) if config.metrics_namespace else None
-        self.metrics = Metrics(config.metrics_namespace, cw, config.application, config.worker_id)
+        self.metrics = Metrics(config.metrics_namespace, cw, config.application, config.worker_id,
+                               naming=config.metrics_naming)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:

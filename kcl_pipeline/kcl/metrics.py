@@ -26,6 +26,18 @@ CONSUMER_METRICS = ("total_leases", "total_shards", "unclaimed_leases", "worker_
 LEASE_METRICS = ("millis_behind_latest", "bytes", "records")
 UNITS = {"millis_behind_latest": "Milliseconds", "bytes": "Bytes"}  # everything else: Count
 MAX_DATUMS_PER_CALL = 1000  # PutMetricData limit
+NAMINGS = ("pipeline", "kcl")
+# naming="kcl": Java KCL 2.x's metric names and (Operation, ShardId / WorkerIdentifier) dimensions, so its
+# dashboards and alarms carry over. Metrics Java does not have keep their name, under these operations.
+KCL_NAMES = {
+    "millis_behind_latest": ("MillisBehindLatest", "ProcessTask"),
+    "records": ("RecordsProcessed", "ProcessTask"),
+    "bytes": ("DataBytesProcessed", "ProcessTask"),
+    "worker_leases": ("CurrentLeases", "RenewAllLeases"),
+    "total_leases": ("TotalLeases", "TakeLeases"),
+}
+KCL_SHARD_OPERATION = "ProcessTask"
+KCL_WORKER_OPERATION = "LeaseManager"
 
 
 @dataclass
@@ -52,7 +64,11 @@ class _LeaseTotals:
 
 class Metrics:
     def __init__(self, namespace: str | None, cloudwatch: Any | None, application: str, worker_id: str,
-                 clock: Callable[[], float] = time.time, *, lease_interval: float = 10.0):
+                 clock: Callable[[], float] = time.time, *, lease_interval: float = 10.0,
+                 naming: str = "pipeline"):
+        if naming not in NAMINGS:
+            raise ValueError(f"metrics naming must be one of {', '.join(NAMINGS)}, got {naming!r}")
+        self.naming = naming
         if namespace is not None and cloudwatch is None:
             raise ValueError(f"metrics namespace {namespace!r} given but no CloudWatch client to publish with")
         if lease_interval <= 0:
@@ -170,10 +186,15 @@ class Metrics:
         return out
 
     def _datum(self, name: str, value: float, at: float, shard_id: str | None = None) -> dict[str, Any]:
-        dims = [{"Name": "Application", "Value": self.application}, {"Name": "WorkerId", "Value": self.worker_id}]
-        if shard_id is not None:
-            dims.append({"Name": "ShardId", "Value": shard_id})
-        return {"MetricName": name, "Dimensions": dims, "Timestamp": datetime.fromtimestamp(at, tz=timezone.utc),
+        if self.naming == "kcl":
+            metric_name, dims = kcl_name_and_dimensions(name, self.worker_id, shard_id)
+        else:
+            metric_name = name
+            dims = [{"Name": "Application", "Value": self.application}, {"Name": "WorkerId", "Value": self.worker_id}]
+            if shard_id is not None:
+                dims.append({"Name": "ShardId", "Value": shard_id})
+        return {"MetricName": metric_name, "Dimensions": dims,
+                "Timestamp": datetime.fromtimestamp(at, tz=timezone.utc),
                 "Value": float(value), "Unit": UNITS.get(name, "Count")}
 
     def _publish(self, datums: list[dict[str, Any]]) -> int:
@@ -229,3 +250,14 @@ class Metrics:
                 "publish_failures": self._failures,
                 "last_publish_error": self._last_error,
             }
+
+
+def kcl_name_and_dimensions(name: str, worker_id: str, shard_id: str | None) -> tuple[str, list[dict[str, str]]]:
+    """Java KCL 2.x's name and dimensions for one of this consumer's metrics (the application is the namespace)."""
+    default_operation = KCL_SHARD_OPERATION if shard_id is not None else KCL_WORKER_OPERATION
+    metric_name, operation = KCL_NAMES.get(name, (name, default_operation))
+    dims = [{"Name": "Operation", "Value": operation}]
+    if shard_id is not None:
+        dims.append({"Name": "ShardId", "Value": shard_id})
+    dims.append({"Name": "WorkerIdentifier", "Value": worker_id})
+    return metric_name, dims

@@ -228,7 +228,8 @@ class LeaseWorker:
         self.table = LeaseTable(config.lease_table, lease_table_client(config))
         # Few retries for metrics: a CloudWatch outage must not stall delivery.
         cw = client("cloudwatch", config.aws, max_attempts=2) if config.metrics_namespace else None
-        self.metrics = Metrics(config.metrics_namespace, cw, config.application, config.worker_id)
+        self.metrics = Metrics(config.metrics_namespace, cw, config.application, config.worker_id,
+                               naming=config.metrics_naming)
         self.kpl_stats = KplStats()
         self._counted: dict[str, int] = {}
         self.lease: _HeldLease | None = None

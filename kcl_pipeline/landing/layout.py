@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import urlparse
 
+from ..kcl.config import stream_name  # a stream named by its ARN lands under its name
 from ..kcl.model import Checkpoint
 
 MINUTE_MS = 60_000
@@ -97,12 +98,12 @@ def minute_of(ms: int) -> int:
 
 def minute_prefix(stream: str, minute_ms: int) -> str:
     dt = datetime.fromtimestamp(minute_ms / 1000, tz=timezone.utc)
-    return f"{stream}/dt={dt:%Y-%m-%d}/hh={dt:%H}/mm={dt:%M}/"
+    return f"{stream_name(stream)}/dt={dt:%Y-%m-%d}/hh={dt:%H}/mm={dt:%M}/"
 
 
 def hour_prefix(stream: str, ms: int) -> str:
     dt = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
-    return f"{stream}/dt={dt:%Y-%m-%d}/hh={dt:%H}/"
+    return f"{stream_name(stream)}/dt={dt:%Y-%m-%d}/hh={dt:%H}/"
 
 
 def window_prefixes(stream: str, start_ms: int, end_ms: int) -> list[str]:

@@ -22,7 +22,8 @@ from .emulators import EmulatorStack, Endpoints
 from .producer import produce
 
 log = logging.getLogger(__name__)
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+# The code location is the module, not a workspace file: the demo runs from an installed wheel too.
+CODE_LOCATION_MODULE = "kcl_pipeline.definitions"
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class DemoOptions:
     window_minutes: int = 2
     sensor_interval_seconds: int = 10
     producer: bool = True
+    dagster_storage: str = "sqlite"  # or "postgres" (DAGSTER_POSTGRES_URL)
 
 
 def demo_env(endpoints: Endpoints, options: DemoOptions, dagster_home: Path) -> dict[str, str]:
@@ -82,13 +84,13 @@ def _producer_loop(kinesis, options: DemoOptions, stop: threading.Event) -> None
 
 
 def start_dagster(env: dict[str, str], options: DemoOptions, log_path: Path) -> subprocess.Popen:
-    cmd = [str(Path(sys.executable).with_name("dagster")), "dev", "-w", str(PROJECT_ROOT / "workspace.yaml"),
+    cmd = [str(Path(sys.executable).with_name("dagster")), "dev", "-m", CODE_LOCATION_MODULE,
            "-h", options.host, "-p", str(options.port)]
     if not Path(cmd[0]).exists():
         cmd = [sys.executable, "-m", "dagster", "dev", *cmd[2:]]
     # Own process group: stopping it reaches the webserver, the daemon, the code server and its workers.
     # SIGINT/SIGTERM are restored to their defaults in the child (a backgrounded parent may ignore them).
-    return subprocess.Popen(cmd, cwd=PROJECT_ROOT, env=env, stdout=open(log_path, "ab"), stderr=subprocess.STDOUT,
+    return subprocess.Popen(cmd, cwd=options.state_dir.resolve(), env=env, stdout=open(log_path, "ab"), stderr=subprocess.STDOUT,
                             start_new_session=True, preexec_fn=_default_signals)
 
 
@@ -148,7 +150,7 @@ def run_demo(options: DemoOptions, *, ready: Callable[[Endpoints, str], None] | 
             producer.start()
             print(f"producer    {options.rate:g} records/s, KPL aggregates of {options.aggregate} "
                   f"alternating with plain records, every {options.poison_every}th payload poison", flush=True)
-        home = prepare_dagster_home(state / "dagster_home")
+        home = prepare_dagster_home(state / "dagster_home", storage=options.dagster_storage)
         env = demo_env(endpoints, options, home)
         (state / "env.sh").write_text("\n".join(endpoints.export_lines()) + "\n")
         dagster = start_dagster(env, options, state / "logs" / "dagster.log")

@@ -10,7 +10,7 @@ One entry point for the README command, the CLI (`kcl-pipeline local up`) and th
 
 Every emulator is a child process in its own session, logs to a file under `log_dir`, is bound to
 127.0.0.1 on a free port, is ready only once it has answered a real API call, and exits by itself when the
-Python process that started it is gone. See ../shared/EMULATORS.md for why these emulators.
+Python process that started it is gone.
 """
 from __future__ import annotations
 
@@ -30,13 +30,13 @@ from botocore.config import Config
 
 from kcl_pipeline.kcl.aws import AwsSettings
 
+from . import prerequisites
+from .prerequisites import NODE_MODULES_ENV, NODE_PACKAGES  # the npm packages, pinned in local/npm/
+
 SERVICES: tuple[str, ...] = ("kinesis", "dynamodb", "s3", "cloudwatch")
-NODE_MODULES_ENV = "KCL_PIPELINE_NODE_MODULES"
 PARENT_PID_ENV = "KCL_PIPELINE_PARENT_PID"
 LOOPBACK = "127.0.0.1"
 DEFAULT_REGION = "us-east-1"
-# The npm packages (pinned in package.json / package-lock.json at the repo root).
-NODE_PACKAGES = ("kinesis-local", "dynalite")
 
 _LOOPBACK_JS = Path(__file__).with_name("loopback.js")
 # kinesis-local state transitions; "0ms" makes stream creation and resharding immediate.
@@ -90,11 +90,11 @@ class Endpoints:
         return [f"export {name}={value}" for name, value in self.env().items()]
 
 
-def find_node_modules(start: Path | None = None) -> Path:
+def find_node_modules(start: Path | None = None, *, install: bool = True) -> Path:
     """The node_modules holding kinesis-local and dynalite.
 
-    KCL_PIPELINE_NODE_MODULES wins; otherwise walk up from this package to the directory holding
-    package.json (the repo root) and use its node_modules.
+    KCL_PIPELINE_NODE_MODULES wins; then a checkout's node_modules beside the kcl_pipeline package; then the
+    user cache, where the packaged manifest is `npm ci`-installed on first use (unless install=False).
     """
     override = os.environ.get(NODE_MODULES_ENV)
     if override:
@@ -102,25 +102,24 @@ def find_node_modules(start: Path | None = None) -> Path:
         missing = [p for p in NODE_PACKAGES if not (path / p / "package.json").is_file()]
         if missing:
             raise NodeModulesMissing(
-                f"{NODE_MODULES_ENV}={override} does not hold {', '.join(missing)}: run npm ci in the "
-                f"directory holding kcl_pipeline's package.json, or point {NODE_MODULES_ENV} at its node_modules"
-            )
+                f"{NODE_MODULES_ENV}={override} does not hold {', '.join(missing)}: unset it (the emulators "
+                f"install into the user cache on first use) or point it at a node_modules holding them")
         return path
-    here = (start or Path(__file__)).resolve()
-    for directory in (here, *here.parents):
-        if (directory / "package.json").is_file() and (directory / "kcl_pipeline").is_dir():
-            node_modules = directory / "node_modules"
-            missing = [p for p in NODE_PACKAGES if not (node_modules / p / "package.json").is_file()]
-            if missing:
-                raise NodeModulesMissing(
-                    f"the local emulators are not installed ({', '.join(missing)} missing from {node_modules}): "
-                    f"run npm ci in {directory}"
-                )
-            return node_modules
-    raise NodeModulesMissing(
-        f"no package.json found above {here}: set {NODE_MODULES_ENV} to a node_modules holding "
-        f"{' and '.join(NODE_PACKAGES)} (npm ci in a kcl_pipeline checkout)"
-    )
+    found = prerequisites.checkout_node_modules(start)
+    if found is not None:
+        return found
+    cached = prerequisites.cached_node_modules()
+    if prerequisites.has_packages(cached):
+        return cached
+    if not install:
+        raise NodeModulesMissing(f"the local emulators are not installed in {cached}")
+    problems = prerequisites.check(prerequisites.Needs(node=True))
+    if problems:
+        raise NodeModulesMissing("; ".join(problems))
+    try:
+        return prerequisites.install_into_cache()
+    except prerequisites.PrerequisiteMissing as exc:
+        raise NodeModulesMissing(str(exc)) from None
 
 
 def free_port() -> int:

@@ -18,11 +18,12 @@ from dagster import (
 )
 
 from kcl_pipeline.defs import build_definitions
-from kcl_pipeline.defs.home import WORKSPACE_YAML, prepare_dagster_home
+from kcl_pipeline.defs.home import prepare_dagster_home
 from kcl_pipeline.defs.kinesis.resources import SPARK_POOL, SPARK_RUN_TAG, AwsResource, SparkResource, spark_config
 from kcl_pipeline.defs.kinesis.settings import PipelineSettings
 
 DAGSTER = os.path.join(os.path.dirname(sys.executable), "dagster")
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NOW = datetime(2026, 11, 22, 3, 17, tzinfo=timezone.utc)
 
 
@@ -30,7 +31,7 @@ def validate(tmp_path, **extra_env: str) -> subprocess.CompletedProcess:
     home = prepare_dagster_home(tmp_path / "home")
     env = {**os.environ, "DAGSTER_HOME": str(home), **extra_env}
     return subprocess.run([DAGSTER, "definitions", "validate", "-m", "kcl_pipeline.definitions"],
-                          capture_output=True, text=True, env=env, timeout=180, cwd=WORKSPACE_YAML.parent)
+                          capture_output=True, text=True, env=env, timeout=180, cwd=REPO_ROOT)
 
 
 def test_definitions_validate(tmp_path):

@@ -225,3 +225,33 @@ def test_unreachable_cloudwatch_does_not_raise():
     assert m.flush_due() == 0
     assert m.snapshot()["publish_failures"] == 1
     assert "127.0.0.1:9" in m.snapshot()["last_publish_error"]
+
+
+def test_kcl_naming_publishes_java_kcl_names_and_dimensions(cloudwatch_client, unique_name):
+    """A Java KCL dashboard (MillisBehindLatest by Operation=ProcessTask, ShardId) finds this consumer's data."""
+    namespace = unique_name("orders-app")
+    m = Metrics(namespace, cloudwatch_client, "orders-app", "worker-7", naming="kcl")
+    m.record_cycle(6, 8, 2, 3)
+    m.record_lease("shardId-000000000001", 1234, 4096, 40)
+    assert m.flush() == 7
+    listed = {(x["MetricName"], tuple((d["Name"], d["Value"]) for d in sorted(x["Dimensions"], key=lambda d: d["Name"])))
+              for x in cloudwatch_client.list_metrics(Namespace=namespace)["Metrics"]}
+    shard = ("ShardId", "shardId-000000000001")
+    worker = ("WorkerIdentifier", "worker-7")
+    for name in ("MillisBehindLatest", "RecordsProcessed", "DataBytesProcessed"):
+        assert (name, (("Operation", "ProcessTask"), shard, worker)) in listed
+    assert ("CurrentLeases", (("Operation", "RenewAllLeases"), worker)) in listed
+    assert ("TotalLeases", (("Operation", "TakeLeases"), worker)) in listed
+    now = datetime.now(timezone.utc)
+    resp = cloudwatch_client.get_metric_data(
+        MetricDataQueries=[{"Id": "lag", "MetricStat": {"Metric": {
+            "Namespace": namespace, "MetricName": "MillisBehindLatest",
+            "Dimensions": [{"Name": "Operation", "Value": "ProcessTask"}, {"Name": "ShardId", "Value": shard[1]},
+                           {"Name": "WorkerIdentifier", "Value": "worker-7"}]}, "Period": 60, "Stat": "Maximum"}}],
+        StartTime=now - timedelta(minutes=5), EndTime=now + timedelta(minutes=5))
+    assert resp["MetricDataResults"][0]["Values"] == [1234.0]
+
+
+def test_unknown_metrics_naming_is_rejected():
+    with pytest.raises(ValueError, match="naming must be one of pipeline, kcl"):
+        Metrics(None, None, "app", "w", naming="java")

@@ -100,6 +100,7 @@ def test_check_checkpoints(leases, materialised, ok):
 
 
 def test_output_partition_is_the_transforms():
+    pytest.importorskip("pyspark")  # absent from a core install
     from kcl_pipeline.transform.job import window_partition
 
     for start in (T0, T0 + 7 * MINUTE_MS, 0):

@@ -272,25 +272,27 @@ def test_node_modules_found_from_the_package():
     assert find_node_modules() == REPO_ROOT / "node_modules"
 
 
-def test_node_modules_missing_says_run_npm_ci(tmp_path, monkeypatch):
+def test_outside_a_checkout_without_npm_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.delenv(NODE_MODULES_ENV, raising=False)
-    (tmp_path / "package.json").write_text("{}")
-    (tmp_path / "kcl_pipeline" / "local").mkdir(parents=True)
-    with pytest.raises(NodeModulesMissing, match=f"run npm ci in {tmp_path}$"):
-        find_node_modules(tmp_path / "kcl_pipeline" / "local" / "emulators.py")
-
-
-def test_no_checkout_above_asks_for_the_env_var(tmp_path, monkeypatch):
-    monkeypatch.delenv(NODE_MODULES_ENV, raising=False)
-    with pytest.raises(NodeModulesMissing, match=NODE_MODULES_ENV):
+    monkeypatch.setenv("KCL_PIPELINE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("PATH", str(tmp_path))  # neither node nor npm
+    with pytest.raises(NodeModulesMissing, match="node is not on PATH.*npm is not on PATH"):
         find_node_modules(tmp_path / "site-packages" / "kcl_pipeline" / "local" / "emulators.py")
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+
+
+def test_without_install_a_missing_cache_is_reported(tmp_path, monkeypatch):
+    monkeypatch.delenv(NODE_MODULES_ENV, raising=False)
+    monkeypatch.setenv("KCL_PIPELINE_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.raises(NodeModulesMissing, match="not installed in .*cache"):
+        find_node_modules(tmp_path / "site-packages" / "kcl_pipeline" / "local" / "emulators.py", install=False)
 
 
 def test_env_var_overrides_and_is_checked(tmp_path, monkeypatch):
     monkeypatch.setenv(NODE_MODULES_ENV, str(REPO_ROOT / "node_modules"))
-    assert find_node_modules(tmp_path / "x.py") == REPO_ROOT / "node_modules"
+    assert find_node_modules(tmp_path / "x.py") == (REPO_ROOT / "node_modules").resolve()
     monkeypatch.setenv(NODE_MODULES_ENV, str(tmp_path))
-    with pytest.raises(NodeModulesMissing, match="does not hold kinesis-local, dynalite: run npm ci"):
+    with pytest.raises(NodeModulesMissing, match="does not hold kinesis-local, dynalite: unset it"):
         find_node_modules()
     with pytest.raises(NodeModulesMissing):
         EmulatorStack(tmp_path / "logs", services=["kinesis"]).start()

@@ -6,6 +6,7 @@ landing/checkpoint_plan.py (what to commit). Every asset shares the window parti
 
 import json
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from dagster import (
@@ -21,6 +22,8 @@ from dagster import (
     TimeWindowPartitionsDefinition,
     asset,
 )
+from dagster import FreshnessPolicy
+from dagster._core.definitions.metadata.metadata_set import TableMetadataSet, UriMetadataSet  # not re-exported
 from dagster_aws.s3 import S3Resource
 
 from ...kcl.aws import client
@@ -61,7 +64,7 @@ def output_store(consumer: KinesisConsumerResource, aws: AwsResource, s3: S3Reso
 def live_leases(consumer: KinesisConsumerResource, aws: AwsResource) -> list:
     """A read-only snapshot of the live lease table ([] when it does not exist yet)."""
     try:
-        return LeaseTable(consumer.application, client("dynamodb", aws.settings())).scan()
+        return LeaseTable(consumer.lease_table, client("dynamodb", aws.settings())).scan()
     except LeaseTableMissing:
         return []
 
@@ -87,6 +90,14 @@ def window_range(context, partitions_def: TimeWindowPartitionsDefinition, window
 
 def _pos(cp) -> list[Any] | None:
     return None if cp is None else [cp.sequence_number, cp.sub_sequence_number]
+
+
+def transformed_freshness(window_ms: int) -> FreshnessPolicy:
+    """A window is transformed about one window + grace after it ends: warn when the newest transform is two
+    windows and ten minutes old (one window late), fail at three windows and ten minutes (two late)."""
+    window = timedelta(milliseconds=window_ms)
+    return FreshnessPolicy.time_window(fail_window=3 * window + timedelta(minutes=10),
+                                       warn_window=2 * window + timedelta(minutes=10))
 
 
 def build_assets(partitions_def: TimeWindowPartitionsDefinition, window_ms: int):
@@ -147,6 +158,7 @@ def build_assets(partitions_def: TimeWindowPartitionsDefinition, window_ms: int)
 
     @asset(key=TRANSFORMED, partitions_def=partitions_def, deps=[LANDED], group_name=GROUP,
            backfill_policy=BackfillPolicy.single_run(), kinds={"pyspark", "parquet"}, pool=SPARK_POOL,
+           freshness_policy=transformed_freshness(window_ms),
            description="The window's records, deduplicated on (shard, sequence, sub-sequence) and decoded, "
                        "written idempotently (the partition is replaced); undecodable records go to quarantine "
                        "with the reason.")
@@ -181,10 +193,14 @@ def build_assets(partitions_def: TimeWindowPartitionsDefinition, window_ms: int)
             per_window[str(start)] = {k: getattr(report, k) for k in totals}
             schema = report.schema
             paths.append(report.output_path)
+        column_schema = TableSchema([TableColumn(name, dtype) for name, dtype in schema])
         return MaterializeResult(metadata={
+            **TableMetadataSet(column_schema=column_schema, partition_row_count=totals["rows_out"],
+                               storage_kind="parquet"),
+            **UriMetadataSet(uri=paths[-1]),
             **totals,
             "windows": len(span.starts),
-            "schema": TableSchema([TableColumn(name, dtype) for name, dtype in schema]),
+            "schema": column_schema,
             "per_shard": MetadataValue.json(per_shard),
             "per_window": MetadataValue.json(per_window),
             "output_path": MetadataValue.path(paths[-1]) if len(paths) == 1 else MetadataValue.json(paths),
@@ -206,7 +222,7 @@ def build_assets(partitions_def: TimeWindowPartitionsDefinition, window_ms: int)
         from ...landing.window_scan import plan_listing_start, window_floor
 
         settings = aws.settings()
-        table = LeaseTable(consumer.application, client("dynamodb", settings))
+        table = LeaseTable(consumer.lease_table, client("dynamodb", settings))
         leases = table.scan()
         shards = list_shards(client("kinesis", settings), consumer.stream)
         store = landing_store(consumer, aws, s3)

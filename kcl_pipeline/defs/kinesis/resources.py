@@ -5,18 +5,23 @@ AWS_REGION, credentials), so the same definitions run on the emulators and on AW
 """
 from __future__ import annotations
 
+import os
 import sys
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
-from dagster import ConfigurableResource, InitResourceContext
+from dagster import ConfigurableResource, EnvVar, InitResourceContext
 from dagster_aws.s3 import S3Resource
 from dagster_pyspark import PySparkResource
 from pydantic import PrivateAttr
 
 from ...kcl.aws import AwsSettings
-from ...kcl.config import ConsumerConfig, InitialPosition
+from ...kcl.config import ConsumerConfig, InitialPosition, consumer_default, stream_name
 from ...kcl.worker import ProcessorSpec
-from .settings import PipelineSettings
+from .settings import PREFIX, PipelineSettings
+
+# Text settings shown in the UI as the variable that set them (EnvVar); numbers stay values (validated at load).
+ENV_TEXT_FIELDS = ("stream", "application", "table_name", "landing_uri", "output_uri", "worker_id",
+                   "metrics_namespace", "decoder")
 
 SPARK_RUN_TAG = "kcl_pipeline/spark"  # dagster.yaml limits runs with this tag (one SparkSession at a time)
 SPARK_POOL = "spark"  # and the Spark step's pool (one slot): covers runs launched without the tag
@@ -42,53 +47,80 @@ class AwsResource(ConfigurableResource):
 class KinesisConsumerResource(ConfigurableResource):
     """The consumer this Dagster deployment hosts: stream, application (= lease table), windows, zones, leases."""
 
+    # Defaults of the consumer's own settings are ConsumerConfig's; the pipeline's are PipelineSettings'.
     stream: str
     application: str
-    initial_position: str = "TRIM_HORIZON"
+    table_name: Optional[str] = consumer_default("table_name")
+    initial_position: str = PipelineSettings.initial_position
     initial_timestamp: Optional[str] = None
-    window_minutes: int = 60
+    window_minutes: int = PipelineSettings.window_minutes
     landing_uri: str
     output_uri: str
-    create_zones: bool = False
+    create_zones: bool = PipelineSettings.create_zones
     worker_id: Optional[str] = None
-    heartbeat_seconds: float = 10.0
-    lease_expiry_seconds: float = 30.0
-    max_leases: int = 64
-    leases_to_acquire: int = 1
-    grace_seconds: float = 10.0
-    metrics_namespace: Optional[str] = None
-    decoder: str = "json"
+    heartbeat_seconds: float = consumer_default("heartbeat_seconds")
+    lease_expiry_seconds: float = consumer_default("lease_expiry_seconds")
+    max_leases: int = consumer_default("max_leases")
+    leases_to_acquire: int = consumer_default("leases_to_acquire")
+    grace_seconds: float = PipelineSettings.grace_seconds
+    metrics_namespace: Optional[str] = consumer_default("metrics_namespace")
+    metrics_naming: str = consumer_default("metrics_naming")
+    decoder: str = PipelineSettings.decoder
+    # True: the sensor runs this deployment's lease manager and its workers; False: an observer (reports
+    # windows and requests runs; the fleet is `kcl-pipeline consume --checkpoint-by dagster` members elsewhere).
+    host_workers: bool = True
     # Bounds of one sensor tick (a tick must return well inside Dagster's 60 s).
     max_windows_per_tick: int = 12
     tick_budget_seconds: float = 30.0
 
     @classmethod
-    def from_settings(cls, settings: PipelineSettings) -> "KinesisConsumerResource":
-        return cls(stream=settings.stream, application=settings.application,
+    def from_settings(cls, settings: PipelineSettings,
+                      env: Mapping[str, str] | None = None) -> "KinesisConsumerResource":
+        """With `env` (the code location's environment), text fields set by a KCL_PIPELINE_* variable are
+        EnvVar references: the UI shows the variable's name, and Dagster reads it at run time."""
+        resource = cls._from_values(settings)
+        if not env:
+            return resource
+        refs = {name: EnvVar(PREFIX + name.upper()) for name in ENV_TEXT_FIELDS
+                if (env.get(PREFIX + name.upper()) or "").strip() == (getattr(settings, name) or "")
+                and getattr(settings, name)}
+        return cls(**{**resource.model_dump(), **refs}) if refs else resource
+
+    @classmethod
+    def _from_values(cls, settings: PipelineSettings) -> "KinesisConsumerResource":
+        return cls(stream=settings.stream, application=settings.application, table_name=settings.table_name,
                    initial_position=settings.initial_position, initial_timestamp=settings.initial_timestamp,
                    window_minutes=settings.window_minutes, landing_uri=settings.landing_uri,
-                   output_uri=settings.output_uri, create_zones=settings.create_zones, worker_id=settings.worker_id,
+                   output_uri=settings.output_uri, create_zones=settings.create_zones,
+                   host_workers=settings.host_workers, worker_id=settings.worker_id,
                    heartbeat_seconds=settings.heartbeat_seconds, lease_expiry_seconds=settings.lease_expiry_seconds,
                    max_leases=settings.max_leases, grace_seconds=settings.grace_seconds,
-                   metrics_namespace=settings.metrics_namespace, decoder=settings.decoder)
+                   metrics_namespace=settings.metrics_namespace, metrics_naming=settings.metrics_naming,
+                   decoder=settings.decoder)
 
     @property
     def window_ms(self) -> int:
         return self.window_minutes * 60_000
 
+    @property
+    def lease_table(self) -> str:
+        """The lease table: table_name, else the application's name (Java KCL's rule)."""
+        return self.table_name or self.application
+
     def consumer_config(self, aws: AwsSettings, worker_id: str, cycle_seconds: float) -> ConsumerConfig:
         return ConsumerConfig(
-            stream=self.stream, application=self.application, worker_id=worker_id,
+            stream=self.stream, application=self.application, table_name=self.table_name, worker_id=worker_id,
             initial_position=InitialPosition.parse(self.initial_position, self.initial_timestamp),
             leases_to_acquire=self.leases_to_acquire, max_leases=self.max_leases,
             heartbeat_seconds=self.heartbeat_seconds, lease_expiry_seconds=self.lease_expiry_seconds,
-            cycle_seconds=cycle_seconds, metrics_namespace=self.metrics_namespace, aws=aws)
+            cycle_seconds=cycle_seconds, metrics_namespace=self.metrics_namespace,
+            metrics_naming=self.metrics_naming, aws=aws)
 
     def processor_spec(self, aws: AwsSettings) -> ProcessorSpec:
         """The landing sink in pipeline mode: it never checkpoints (kinesis_checkpoints does)."""
         from ...landing.sink import landing_spec
 
-        return landing_spec(self.landing_uri, self.stream, aws=aws, standalone=False, create_zone=self.create_zones)
+        return landing_spec(self.landing_uri, stream_name(self.stream), aws=aws, standalone=False, create_zone=self.create_zones)
 
 
 class SparkResource(PySparkResource):
@@ -121,10 +153,10 @@ def spark_config(settings: PipelineSettings, python: str = sys.executable) -> di
             "spark.ui.enabled": "false", **spark_session_conf(python), **dict(settings.spark_conf)}
 
 
-def build_resources(settings: PipelineSettings) -> dict[str, Any]:
+def build_resources(settings: PipelineSettings, env: Mapping[str, str] | None = None) -> dict[str, Any]:
     return {
         "aws": AwsResource(),
         "s3": S3Resource(),
         "pyspark": SparkResource(spark_config=spark_config(settings)),
-        "consumer": KinesisConsumerResource.from_settings(settings),
+        "consumer": KinesisConsumerResource.from_settings(settings, env if env is not None else os.environ),
     }

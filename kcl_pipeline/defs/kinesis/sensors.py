@@ -32,13 +32,19 @@ from dagster import (
     RunsFilter,
     SensorEvaluationContext,
     SensorResult,
+    TableColumn,
+    TableRecord,
+    TableSchema,
     TimeWindowPartitionsDefinition,
     sensor,
 )
 from dagster._core.storage.dagster_run import IN_PROGRESS_RUN_STATUSES
 from dagster_aws.s3 import S3Resource
 
-from ...kcl.manager import LeaseManager
+from ...kcl.aws import client
+from ...kcl.lease_table import LeaseTable, LeaseTableMissing
+from ...kcl.manager import CycleReport, LeaseManager
+from ...kcl.shards import list_shards
 from ...landing.completeness import window_complete
 from ...landing.progress import progress_from_leases
 from ...landing.window_report import earliest_landed_minute, iso, summarise_window
@@ -53,6 +59,7 @@ CURSOR_VERSION = 1
 WINDOW_JOB = "kinesis_window_job"
 CHECKPOINTS_JOB = "kinesis_checkpoints_job"
 SHARD_END_TAG = "kcl_pipeline/shard_end"
+HOST_WORKERS_SETTING = "KCL_PIPELINE_HOST_WORKERS"
 OBSERVE_EVERY_MS = 60_000  # fleet observations (lag, leases per consumer): at most once a minute
 
 
@@ -160,6 +167,21 @@ def consumer_tick(context: SensorEvaluationContext, consumer: KinesisConsumerRes
     cursor = Cursor.parse(context.cursor)
     window_ms = consumer.window_ms
     _check_window(partitions_def, window_ms)
+    said: list[str] = []
+
+    def say(message: str) -> None:  # the tick log, and the tick's status line when it requests nothing
+        context.log.info(message)
+        said.append(message)
+
+    if not consumer.host_workers:
+        observed = observe_fleet(consumer, aws)
+        if observed is None:
+            return SensorResult(cursor=cursor.to_json(), skip_reason=(
+                f"observer: lease table {consumer.lease_table} does not exist yet (no fleet member has started)"))
+        cycle, leases, shards = observed
+        say(f"observer (hosts no workers; {HOST_WORKERS_SETTING}=true to join the fleet): {cycle.summary()}")
+        return _report_windows(context, consumer, aws, s3, partitions_def, cursor, cursor.worker_id, cycle, leases,
+                               shards, started, said, say, now_ms)
     with _REGISTRY_LOCK:
         hosted = _REGISTRY.get((consumer.stream, consumer.application))
     # The consumer's name is stable (setting, cursor); its worker id is one per code-server process
@@ -171,15 +193,36 @@ def consumer_tick(context: SensorEvaluationContext, consumer: KinesisConsumerRes
     hosted = hosted_consumer(consumer, aws, worker_id, interval_seconds)
     manager = hosted.manager
     cycle = manager.run_cycle()
-    said: list[str] = []
-
-    def say(message: str) -> None:  # the tick log, and the tick's status line when it requests nothing
-        context.log.info(message)
-        said.append(message)
-
     say(f"consumer {worker_id} cycle: {cycle.summary()}")
+    return _report_windows(context, consumer, aws, s3, partitions_def, cursor, worker_id, cycle, manager.leases,
+                           manager.shards, started, said, say, now_ms)
+
+
+def observe_fleet(consumer: KinesisConsumerResource, aws: AwsResource):
+    """The fleet as an observer sees it: the lease table and the stream's shards, without holding a lease.
+    None when the lease table does not exist yet."""
+    settings = aws.settings()
+    try:
+        leases = LeaseTable(consumer.lease_table, client("dynamodb", settings)).scan()
+    except LeaseTableMissing:
+        return None
+    shards = list_shards(client("kinesis", settings), consumer.stream)
+    report = CycleReport(total_leases=len(leases), total_shards=len(shards))
+    for lease in leases:
+        if lease.is_ended:
+            continue
+        if lease.lease_owner:
+            report.owners[lease.lease_owner] = report.owners.get(lease.lease_owner, 0) + 1
+        else:
+            report.unclaimed_leases += 1
+    return report, leases, shards
+
+
+def _report_windows(context, consumer, aws, s3, partitions_def, cursor, worker_id, cycle, leases, shards, started,
+                    said, say, now_ms) -> SensorResult:
+    """Report every window that became complete since the cursor and request its transform (host or observer)."""
+    window_ms = consumer.window_ms
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-    leases, shards = manager.leases, manager.shards
     progress = progress_from_leases(leases)
     grace_ms = int(consumer.grace_seconds * 1000)
     store = landing_store(consumer, aws, s3)
@@ -267,25 +310,34 @@ def _shard_end_request(context, leases, progress, next_window: int | None, windo
                       partition_key=anchor, tags={SHARD_END_TAG: ",".join(ending)})
 
 
+LEASE_TABLE_SCHEMA = TableSchema(columns=[
+    TableColumn("lease", "string"), TableColumn("owner", "string"), TableColumn("counter", "int"),
+    TableColumn("checkpoint", "string"), TableColumn("lag_ms", "int"),
+])
+
+
 def _fleet_metadata(cycle, progress, leases) -> dict[str, Any]:
-    meta: dict[str, Any] = {
+    """Fixed keys (they plot over time whatever the shards and owners) and the lease table as a table."""
+    rows = []
+    lags = []
+    for lease in sorted(leases, key=lambda lease: lease.lease_key):
+        p = progress.get(lease.lease_key)
+        lag = p.millis_behind_latest if p is not None and not lease.is_ended else None
+        if lag is not None:
+            lags.append(lag)
+        rows.append(TableRecord({"lease": lease.lease_key, "owner": lease.lease_owner or "",
+                                 "counter": lease.lease_counter, "checkpoint": str(lease.checkpoint),
+                                 "lag_ms": lag if lag is not None else -1}))
+    return {
         "total_leases": cycle.total_leases,
         "total_shards": cycle.total_shards if cycle.total_shards is not None else -1,
         "unclaimed_leases": cycle.unclaimed_leases,
         "worker_leases": cycle.worker_leases,
+        "leases_held": sum(cycle.owners.values()),
         "consumers": len(cycle.owners),
+        "max_lag_ms": max(lags) if lags else 0,
+        "leases": MetadataValue.table(rows, schema=LEASE_TABLE_SCHEMA),
     }
-    for owner, count in sorted(cycle.owners.items()):
-        meta[f"leases.{owner}"] = count
-    lags = {}
-    for lease in leases:
-        p = progress.get(lease.lease_key)
-        if not lease.is_ended and p is not None and p.millis_behind_latest is not None:
-            lags[lease.lease_key] = p.millis_behind_latest
-    for shard_id, lag in sorted(lags.items()):
-        meta[f"lag_ms.{shard_id}"] = lag
-    meta["max_lag_ms"] = max(lags.values()) if lags else 0
-    return meta
 
 
 def _check_window(partitions_def: TimeWindowPartitionsDefinition, window_ms: int) -> None:

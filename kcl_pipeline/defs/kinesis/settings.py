@@ -7,7 +7,8 @@ the defaults to a demo's (2-minute windows, partitions from yesterday, zones cre
 
     KCL_PIPELINE_PROFILE                  default | demo
     KCL_PIPELINE_STREAM                   Kinesis stream name or ARN          (kcl-pipeline-demo)
-    KCL_PIPELINE_APPLICATION              application = lease table name     (kcl-pipeline)
+    KCL_PIPELINE_APPLICATION              application name                    (kcl-pipeline)
+    KCL_PIPELINE_TABLE_NAME               lease table (Java's tableName)      (the application name)
     KCL_PIPELINE_INITIAL_POSITION         TRIM_HORIZON | LATEST | AT_TIMESTAMP (TRIM_HORIZON)
     KCL_PIPELINE_INITIAL_TIMESTAMP        ISO 8601, with AT_TIMESTAMP only
     KCL_PIPELINE_WINDOW_MINUTES           window length: a divisor of 60, or whole hours dividing 24 (60; demo 2)
@@ -15,26 +16,32 @@ the defaults to a demo's (2-minute windows, partitions from yesterday, zones cre
     KCL_PIPELINE_LANDING_URI              s3://bucket/prefix or a directory   (s3://kcl-pipeline/landing)
     KCL_PIPELINE_OUTPUT_URI               s3://bucket/prefix or a directory   (s3://kcl-pipeline/output)
     KCL_PIPELINE_CREATE_ZONES             create missing buckets/directories (false; demo true)
-    KCL_PIPELINE_SENSOR_INTERVAL_SECONDS  sensor interval = lease-manager cycle (20)
-    KCL_PIPELINE_HEARTBEAT_SECONDS / KCL_PIPELINE_LEASE_EXPIRY_SECONDS  (10 / 30)
-    KCL_PIPELINE_MAX_LEASES               leases this host works at most      (64)
+    KCL_PIPELINE_SENSOR_INTERVAL_SECONDS  sensor interval = lease-manager cycle
+    KCL_PIPELINE_HEARTBEAT_SECONDS / KCL_PIPELINE_LEASE_EXPIRY_SECONDS
+    KCL_PIPELINE_MAX_LEASES               leases this host works at most
     KCL_PIPELINE_GRACE_SECONDS            clock grace of window completeness  (10)
+    KCL_PIPELINE_HOST_WORKERS             the sensor hosts lease workers (true) or only observes (false)
+                                          (demo: true; otherwise it must be set to true explicitly)
     KCL_PIPELINE_WORKER_ID                this host's consumer id (default: made once, kept in the sensor cursor)
     KCL_PIPELINE_METRICS_NAMESPACE        CloudWatch namespace (unset: no CloudWatch metrics)
+    KCL_PIPELINE_METRICS_NAMING           pipeline | kcl (Java KCL's metric names and dimensions)
     KCL_PIPELINE_DECODER                  payload decoder of the transform    (json)
     KCL_PIPELINE_SPARK_MASTER             Spark master                        (local[*])
     KCL_PIPELINE_SPARK_CONF               extra Spark settings, a JSON object
-    AWS_REGION, AWS_ENDPOINT_URL[_KINESIS|_DYNAMODB|_S3|_CLOUDWATCH]  where AWS is (read by the SDK)
+    AWS_REGION, AWS_PROFILE, AWS_ENDPOINT_URL[_KINESIS|_DYNAMODB|_S3|_CLOUDWATCH]  where AWS is (read by the SDK)
+
+The consumer's defaults (timings, lease counts, initial position) are ConsumerConfig's: they are declared
+once, in kcl_pipeline.kcl.config, and read from there.
 """
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from datetime import datetime, timedelta, timezone
 from typing import Mapping
 
-from ...kcl.config import ConfigError, ConsumerConfig, InitialPosition
+from ...kcl.config import ConfigError, ConsumerConfig, InitialPosition, consumer_default
 
 PREFIX = "KCL_PIPELINE_"
 PROFILES = ("default", "demo")
@@ -48,20 +55,25 @@ _FALSE = {"0", "false", "no", "off", ""}
 class PipelineSettings:
     stream: str = "kcl-pipeline-demo"
     application: str = "kcl-pipeline"
-    initial_position: str = "TRIM_HORIZON"
+    initial_position: str = InitialPosition().kind
     initial_timestamp: str | None = None
+    table_name: str | None = consumer_default("table_name")
     window_minutes: int = 60
     partitions_start: datetime = field(default_factory=lambda: _midnight_days_ago(7))
     landing_uri: str = "s3://kcl-pipeline/landing"
     output_uri: str = "s3://kcl-pipeline/output"
     create_zones: bool = False
-    sensor_interval_seconds: int = 20
-    heartbeat_seconds: float = 10.0
-    lease_expiry_seconds: float = 30.0
-    max_leases: int = 64
+    # Hosting lease workers in the code server is opt-in outside the demo: a code location loaded by accident
+    # with production credentials observes (reports windows, requests runs) but never joins the fleet.
+    host_workers: bool = False
+    sensor_interval_seconds: int = int(consumer_default("cycle_seconds"))
+    heartbeat_seconds: float = consumer_default("heartbeat_seconds")
+    lease_expiry_seconds: float = consumer_default("lease_expiry_seconds")
+    max_leases: int = consumer_default("max_leases")
     grace_seconds: float = 10.0
     worker_id: str | None = None
     metrics_namespace: str | None = None
+    metrics_naming: str = consumer_default("metrics_naming")
     decoder: str = "json"
     spark_master: str = "local[*]"
     spark_conf: Mapping[str, str] = field(default_factory=dict)
@@ -70,9 +82,10 @@ class PipelineSettings:
         check_window_minutes(self.window_minutes)
         InitialPosition.parse(self.initial_position, self.initial_timestamp)  # raises ConfigError
         # The consumer's own checks (names, heartbeat vs expiry, max leases), at load rather than at the first tick.
-        ConsumerConfig(self.stream, self.application, heartbeat_seconds=self.heartbeat_seconds,
-                       lease_expiry_seconds=self.lease_expiry_seconds, max_leases=self.max_leases,
-                       cycle_seconds=float(self.sensor_interval_seconds))
+        ConsumerConfig(self.stream, self.application, table_name=self.table_name,
+                       heartbeat_seconds=self.heartbeat_seconds, lease_expiry_seconds=self.lease_expiry_seconds,
+                       max_leases=self.max_leases, cycle_seconds=float(self.sensor_interval_seconds),
+                       metrics_naming=self.metrics_naming)
         if self.partitions_start.tzinfo is None:
             raise ConfigError("partitions_start must be timezone-aware (UTC)")
         if int(self.partitions_start.timestamp()) % (self.window_minutes * 60):
@@ -122,29 +135,40 @@ class PipelineSettings:
         window = _int(get("WINDOW_MINUTES"), "WINDOW_MINUTES", 2 if demo else 60)
         start_text = get("PARTITIONS_START")
         start = _parse_start(start_text) if start_text else _midnight_days_ago(1 if demo else 7, now)
+        d = _defaults(cls)
         settings = cls(
-            stream=get("STREAM", "kcl-pipeline-demo"),
-            application=get("APPLICATION", "kcl-pipeline"),
-            initial_position=get("INITIAL_POSITION", "TRIM_HORIZON").upper(),
+            stream=get("STREAM", d["stream"]),
+            application=get("APPLICATION", d["application"]),
+            initial_position=get("INITIAL_POSITION", d["initial_position"]).upper(),
             initial_timestamp=get("INITIAL_TIMESTAMP"),
+            table_name=get("TABLE_NAME", d["table_name"]),
             window_minutes=window,
             partitions_start=start,
-            landing_uri=get("LANDING_URI", "s3://kcl-pipeline/landing"),
-            output_uri=get("OUTPUT_URI", "s3://kcl-pipeline/output"),
+            landing_uri=get("LANDING_URI", d["landing_uri"]),
+            output_uri=get("OUTPUT_URI", d["output_uri"]),
             create_zones=_bool(get("CREATE_ZONES"), "CREATE_ZONES", demo),
-            sensor_interval_seconds=_int(get("SENSOR_INTERVAL_SECONDS"), "SENSOR_INTERVAL_SECONDS", 20),
-            heartbeat_seconds=_float(get("HEARTBEAT_SECONDS"), "HEARTBEAT_SECONDS", 10.0),
-            lease_expiry_seconds=_float(get("LEASE_EXPIRY_SECONDS"), "LEASE_EXPIRY_SECONDS", 30.0),
-            max_leases=_int(get("MAX_LEASES"), "MAX_LEASES", 64),
-            grace_seconds=_float(get("GRACE_SECONDS"), "GRACE_SECONDS", 10.0),
+            host_workers=_bool(get("HOST_WORKERS"), "HOST_WORKERS", demo),
+            sensor_interval_seconds=_int(get("SENSOR_INTERVAL_SECONDS"), "SENSOR_INTERVAL_SECONDS",
+                                         d["sensor_interval_seconds"]),
+            heartbeat_seconds=_float(get("HEARTBEAT_SECONDS"), "HEARTBEAT_SECONDS", d["heartbeat_seconds"]),
+            lease_expiry_seconds=_float(get("LEASE_EXPIRY_SECONDS"), "LEASE_EXPIRY_SECONDS",
+                                        d["lease_expiry_seconds"]),
+            max_leases=_int(get("MAX_LEASES"), "MAX_LEASES", d["max_leases"]),
+            grace_seconds=_float(get("GRACE_SECONDS"), "GRACE_SECONDS", d["grace_seconds"]),
             worker_id=get("WORKER_ID"),
             metrics_namespace=get("METRICS_NAMESPACE"),
-            decoder=get("DECODER", "json"),
-            spark_master=get("SPARK_MASTER", "local[*]"),
+            metrics_naming=get("METRICS_NAMING", d["metrics_naming"]).lower(),
+            decoder=get("DECODER", d["decoder"]),
+            spark_master=get("SPARK_MASTER", d["spark_master"]),
             spark_conf=_json_object(get("SPARK_CONF"), "SPARK_CONF"),
         )
         settings.check_partition_count(now)
         return settings
+
+
+def _defaults(cls) -> dict[str, object]:
+    """The dataclass's own plain defaults: from_env falls back to exactly these (no second copy)."""
+    return {f.name: f.default for f in fields(cls) if f.default is not MISSING}
 
 
 def check_window_minutes(minutes: int) -> None:

@@ -1,0 +1,178 @@
+"""Java KCL / kclpy `.properties` files, read into ConsumerConfig settings.
+
+A team moving from kclpy's MultiLangDaemon keeps its properties file: each key it knows becomes the
+ConsumerConfig field it means (times in milliseconds become seconds). Keys that only matter to the
+MultiLangDaemon (the child process to run, its thread pool, its user agent) are accepted and reported as
+ignored, so the file kclpy ships works unchanged. Any other key — a typo, or a KCL 3.x setting this
+consumer does not have — is an error naming the key: a setting silently dropped is a surprise in production.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+from .config import ConfigError, InitialPosition, consumer_default
+from .model import AT_TIMESTAMP
+
+
+@dataclass(frozen=True)
+class PropertiesImport:
+    """What a properties file sets: ConsumerConfig keyword arguments, plus the keys it ignored."""
+
+    settings: dict[str, Any] = field(default_factory=dict)  # ConsumerConfig field -> value (`region` for the AWS one)
+    ignored: tuple[str, ...] = ()
+
+
+def _millis(key: str, text: str) -> float:
+    return _positive_int(key, text) / 1000.0
+
+
+def _positive_int(key: str, text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ConfigError(f"property {key} must be a whole number, got {text!r}") from None
+    if value <= 0:
+        raise ConfigError(f"property {key} must be > 0, got {value}")
+    return value
+
+
+def _text(key: str, text: str) -> str:
+    if not text:
+        raise ConfigError(f"property {key} is empty")
+    return text
+
+
+# property -> (ConsumerConfig field, parser). Java's meaning, in this consumer's units.
+MAPPED: dict[str, tuple[str, Callable[[str, str], Any]]] = {
+    "streamName": ("stream", _text),
+    "streamArn": ("stream", _text),  # wins over streamName, as in kclpy
+    "applicationName": ("application", _text),
+    "tableName": ("table_name", _text),
+    "workerId": ("worker_id", _text),
+    "workerIdentifier": ("worker_id", _text),
+    "regionName": ("region", _text),
+    "failoverTimeMillis": ("lease_expiry_seconds", _millis),
+    "maxLeasesForWorker": ("max_leases", _positive_int),
+    "maxLeasesToStealAtOneTime": ("leases_to_acquire", _positive_int),
+    "shardSyncIntervalMillis": ("cycle_seconds", _millis),
+    "idleTimeBetweenReadsInMillis": ("polling_interval_seconds", _millis),
+    "maxRecords": ("max_records_per_call", _positive_int),
+    "metricsBufferTimeMillis": ("metrics_interval_seconds", _millis),
+}
+# Read separately: they combine with other keys.
+_SPECIAL = ("initialPositionInStream", "initialPositionInStreamExtended", "metricsLevel",
+            "AwsCredentialsProvider", "AwsCredentialsProviderDynamoDB", "AwsCredentialsProviderCloudWatch")
+# The MultiLangDaemon's own knobs, or behaviour this consumer has fixed: accepted, reported, without effect.
+IGNORED = frozenset({
+    "executableName", "processingLanguage", "maxActiveThreads", "callProcessRecordsEvenForEmptyRecordList",
+    "parentShardPollIntervalMillis", "cleanupLeasesUponShardCompletion", "taskBackoffTimeMillis",
+    "metricsMaxQueueSize", "validateSequenceNumberBeforeCheckpointing",
+})
+KNOWN = frozenset(MAPPED) | frozenset(_SPECIAL) | IGNORED
+# boto3's default chain (environment, profile, container and instance roles) is Java's default provider.
+_DEFAULT_PROVIDERS = {"DefaultCredentialsProvider", "DefaultAWSCredentialsProviderChain"}
+
+
+def parse_properties(text: str, source: str = "properties") -> dict[str, str]:
+    """Java .properties syntax: `key = value` or `key: value`, `#`/`!` comments, `\\` line continuations.
+
+    A key given twice is an error (Java keeps the last silently; here it is most likely a mistake).
+    """
+    entries: dict[str, str] = {}
+    logical = ""
+    start_line = 0
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip() if not logical else raw.lstrip()
+        if not logical and (not line or line[0] in "#!"):
+            continue
+        if not logical:
+            start_line = number
+        if line.endswith("\\") and not line.endswith("\\\\"):
+            logical += line[:-1]
+            continue
+        logical += line
+        key, sep, value = _split(logical)
+        if not sep or not key:
+            raise ConfigError(f"{source}:{start_line}: expected `key = value`, got {logical!r}")
+        if key in entries:
+            raise ConfigError(f"{source}:{start_line}: {key} is set twice")
+        entries[key] = value
+        logical = ""
+    if logical:
+        raise ConfigError(f"{source}:{start_line}: the file ends inside a continued line")
+    return entries
+
+
+def _split(line: str) -> tuple[str, str, str]:
+    cut = min((i for i in (line.find("="), line.find(":")) if i >= 0), default=-1)
+    if cut < 0:
+        return line.strip(), "", ""
+    return line[:cut].strip(), line[cut], line[cut + 1:].strip()
+
+
+def import_properties(entries: dict[str, str]) -> PropertiesImport:
+    """The ConsumerConfig settings a kclpy/Java KCL properties file means. Unknown keys are an error."""
+    unknown = sorted(set(entries) - KNOWN)
+    if unknown:
+        raise ConfigError(
+            f"unknown propert{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)}; supported: "
+            f"{', '.join(sorted(set(MAPPED) | set(_SPECIAL)))} (and, ignored: {', '.join(sorted(IGNORED))})")
+    settings: dict[str, Any] = {}
+    for key, value in entries.items():
+        if key in MAPPED and key != "streamName":
+            name, parse = MAPPED[key]
+            settings[name] = parse(key, value)
+    if "streamArn" not in entries and "streamName" in entries:
+        settings["stream"] = _text("streamName", entries["streamName"])
+    if "failoverTimeMillis" in entries:
+        # Java renews every failoverTime/3: the same ratio keeps a lease alive through one lost renewal.
+        settings["heartbeat_seconds"] = settings["lease_expiry_seconds"] / 3
+    if "idleTimeBetweenReadsInMillis" in entries:
+        settings["idle_interval_seconds"] = max(settings["polling_interval_seconds"],
+                                                consumer_default("idle_interval_seconds"))
+    position = _initial_position(entries)
+    if position is not None:
+        settings["initial_position"] = position
+    for key in ("AwsCredentialsProvider", "AwsCredentialsProviderDynamoDB", "AwsCredentialsProviderCloudWatch"):
+        provider = entries.get(key)
+        if provider is not None and provider not in _DEFAULT_PROVIDERS:
+            raise ConfigError(f"property {key} = {provider}: only the default provider chain is supported "
+                              f"(configure credentials through AWS_PROFILE, the environment or an instance role)")
+    level = entries.get("metricsLevel", "SUMMARY").upper()
+    if level not in ("NONE", "SUMMARY", "DETAILED"):
+        raise ConfigError(f"property metricsLevel must be NONE, SUMMARY or DETAILED, got {level!r}")
+    # Java KCL publishes to CloudWatch under the application's name unless metrics are off.
+    settings["metrics_namespace"] = None if level == "NONE" else settings.get("application")
+    settings["metrics_naming"] = "kcl"  # a KCL user's dashboards expect KCL's names
+    return PropertiesImport(settings, tuple(sorted(set(entries) & IGNORED)))
+
+
+def _initial_position(entries: dict[str, str]) -> InitialPosition | None:
+    extended = entries.get("initialPositionInStreamExtended")
+    if extended is not None:
+        # kclpy: epoch seconds, and it means AT_TIMESTAMP whatever initialPositionInStream says.
+        try:
+            seconds = float(extended)
+        except ValueError:
+            raise ConfigError(f"property initialPositionInStreamExtended must be epoch seconds, "
+                              f"got {extended!r}") from None
+        stamp = datetime.fromtimestamp(seconds, tz=timezone.utc).isoformat()
+        return InitialPosition.parse(AT_TIMESTAMP, stamp)
+    kind = entries.get("initialPositionInStream")
+    if kind is None:
+        return None
+    if kind.upper() == AT_TIMESTAMP:
+        raise ConfigError("property initialPositionInStream = AT_TIMESTAMP needs initialPositionInStreamExtended "
+                          "(epoch seconds)")
+    return InitialPosition.parse(kind)
+
+
+def read_properties_file(path: str) -> PropertiesImport:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise ConfigError(f"cannot read properties file {path}: {exc.strerror}") from None
+    return import_properties(parse_properties(text, path))
