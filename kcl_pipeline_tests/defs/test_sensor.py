@@ -301,3 +301,39 @@ def test_a_split_parent_is_ended_by_the_checkpoint_plan_and_its_children_are_con
         time.sleep(INTERVAL)
     assert all(s["table"].get(c).lease_owner == me for c in children)
     assert children <= set(hosted(s).manager.workers)
+
+
+def test_children_are_read_once_their_parent_landed_its_last_record_before_its_end_is_committed(setup):
+    """A window run that fails or waits (the code server killed while it is queued) must not stop a resharded
+    stream: the parent's SHARD_END is committed only after materialisation, but its children are read as soon as
+    the parent's last record has landed."""
+    from kcl_pipeline.kcl.shards import list_shards, wait_stream_active
+    from kcl_pipeline.landing.progress import progress_from_leases
+
+    s = setup
+    parent = "shardId-000000000000"
+    cursor = tick(s, None).cursor
+
+    def landed_everywhere() -> bool:
+        nonlocal cursor
+        cursor = tick(s, cursor).cursor
+        progress = progress_from_leases(s["table"].scan())
+        return len(progress) == 2 and all(p.landed is not None for p in progress.values())
+
+    assert wait_until(landed_everywhere, 90, step=INTERVAL)
+    shard = next(x for x in list_shards(s["kinesis"], s["stream"]) if x.shard_id == parent)
+    lo, hi = int(shard.hash_key_range.starting_hash_key), int(shard.hash_key_range.ending_hash_key)
+    s["kinesis"].split_shard(StreamName=s["stream"], ShardToSplit=parent, NewStartingHashKey=str((lo + hi) // 2))
+    wait_stream_active(s["kinesis"], s["stream"])
+    produce(s["kinesis"], s["stream"], 40, aggregate=1, first_id=1000, seed=3)
+
+    def children_read() -> bool:
+        nonlocal cursor
+        cursor = tick(s, cursor).cursor  # no window run and no checkpoint run is ever executed here
+        leases = {lease.lease_key: lease for lease in s["table"].scan()}
+        children = [lease for lease in leases.values() if parent in lease.parent_shard_ids]
+        progress = progress_from_leases(children)
+        return len(children) == 2 and any(p.landed is not None for p in progress.values())
+
+    assert wait_until(children_read, 150, step=INTERVAL), "the children waited for the parent's SHARD_END"
+    assert s["table"].get(parent).checkpoint.sequence_number != "SHARD_END"  # still only the pipeline ends it

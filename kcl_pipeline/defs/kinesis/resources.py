@@ -16,6 +16,7 @@ from pydantic import PrivateAttr
 
 from ...kcl.aws import AwsSettings
 from ...kcl.config import ConsumerConfig, InitialPosition, consumer_default, stream_name
+from ...landing.progress import A_SHARD_END as SHARD_END_LANDED
 from ...kcl.worker import ProcessorSpec
 from .settings import PREFIX, PipelineSettings
 
@@ -114,7 +115,11 @@ class KinesisConsumerResource(ConfigurableResource):
             leases_to_acquire=self.leases_to_acquire, max_leases=self.max_leases,
             heartbeat_seconds=self.heartbeat_seconds, lease_expiry_seconds=self.lease_expiry_seconds,
             cycle_seconds=cycle_seconds, metrics_namespace=self.metrics_namespace,
-            metrics_naming=self.metrics_naming, aws=aws)
+            metrics_naming=self.metrics_naming, aws=aws,
+            # Children are read once the parent's last record has LANDED (the sink's heartbeat says so), not
+            # once SHARD_END is committed after the transform: a failed or late window run must not stop
+            # a resharded stream. SHARD_END itself still waits for materialisation.
+            parent_drained_attribute=SHARD_END_LANDED)
 
     def processor_spec(self, aws: AwsSettings) -> ProcessorSpec:
         """The landing sink in pipeline mode: it never checkpoints (kinesis_checkpoints does)."""
