@@ -28,13 +28,14 @@ def friendly_errors(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        from .kcl.coordinator_state import Kcl3FleetActive
         from .kcl.lease_table import LeaseTableError
         from .kcl.shards import KinesisError
         from .landing.errors import LandingError
 
         try:
             return fn(*args, **kwargs)
-        except (ConfigError, KinesisError, LeaseTableError, LandingError, ValueError) as exc:
+        except (ConfigError, KinesisError, LeaseTableError, LandingError, Kcl3FleetActive, ValueError) as exc:
             raise UserError(str(exc)) from None
         except EndpointConnectionError as exc:
             raise UserError(f"cannot reach the AWS endpoint: {exc}") from None

@@ -1,90 +1,114 @@
-"""KCL 3.x's coordinator state: is a KCL 3.x fleet running this application in 3.x mode?
+"""KCL 3.x's coordinator state: is a 3.x fleet running leader-assigned on this application?
 
-KCL 3.x keeps, beside the lease table, a coordinator state table (`<application>-CoordinatorState`, hash
-key `key`). Its item `Migration3.0` says which protocol the fleet runs (`cv`, the client version; `mb`, who
-set it; `mts`, when; `h`, the history of changes):
+Java KCL 3.x keeps a table `<application>-CoordinatorState` (hash key `key`) next to the lease table. Its
+item `Migration3.0` records the 2.x→3.x migration: `cv` (the client version the fleet runs), `mb` (the
+worker that last modified it), `mts` (when, epoch millis), `h` (history). In the 3.x modes an elected
+leader assigns leases by load and 3.x workers renew only what they are given; a leaderless peer taking
+leases on its own would fight that leader. This consumer therefore refuses to start in those modes and
+proceeds in the 2.x-compatible ones (docs/kcl3.md explains the choice).
 
-* `CLIENT_VERSION_2X`, `CLIENT_VERSION_UPGRADE_FROM_2X` — the fleet runs the KCL 2.x protocol (leaderless
-  taking and stealing by lease counter): this consumer can share the lease table, as with Java KCL 2.x;
-* `CLIENT_VERSION_3X_WITH_ROLLBACK`, `CLIENT_VERSION_3X` — an elected leader assigns leases; a worker that
-  takes or steals on its own would fight the leader's assignments;
-* `CLIENT_VERSION_INIT` — the fleet is still deciding.
-
-Decision (docs/kcl3.md): this consumer refuses to start beside a fleet in (or entering) 3.x mode, with a
-message saying why and what to do, rather than follow a leader's assignments. It only reads the item.
+`decide` is the pure decision (item in, verdict out); `read_migration_state` is the thin read around it.
+It only ever reads: nothing here writes or strips attributes of KCL 3.x's items.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
-
-from .lease_table import LeaseTableError
+from typing import Mapping
 
 MIGRATION_KEY = "Migration3.0"
-LEADERLESS_VERSIONS = frozenset({"CLIENT_VERSION_2X", "CLIENT_VERSION_UPGRADE_FROM_2X"})
+HASH_KEY = "key"
+
+CLIENT_VERSION_INIT = "CLIENT_VERSION_INIT"
+CLIENT_VERSION_UPGRADE_FROM_2X = "CLIENT_VERSION_UPGRADE_FROM_2X"
+CLIENT_VERSION_2X = "CLIENT_VERSION_2X"
+CLIENT_VERSION_3X_WITH_ROLLBACK = "CLIENT_VERSION_3X_WITH_ROLLBACK"
+CLIENT_VERSION_3X = "CLIENT_VERSION_3X"
+
+# 2.x-compatible: 3.x workers (if any) run the 2.x lease-count protocol, leaderless like this consumer.
+COMPATIBLE_VERSIONS = frozenset({CLIENT_VERSION_INIT, CLIENT_VERSION_UPGRADE_FROM_2X, CLIENT_VERSION_2X})
+# Leader-assigned: a 3.x leader owns the assignment (3X_WITH_ROLLBACK is already 3.x mode, only reversible).
+LEADER_ASSIGNED_VERSIONS = frozenset({CLIENT_VERSION_3X_WITH_ROLLBACK, CLIENT_VERSION_3X})
 
 
-class Kcl3FleetConflict(LeaseTableError):
-    """A KCL 3.x fleet runs this application in 3.x (leader-assigned) mode."""
+def coordinator_state_table(application: str) -> str:
+    """Java KCL 3.x's default name of the coordinator state table."""
+    return f"{application}-CoordinatorState"
 
 
 @dataclass(frozen=True)
 class MigrationState:
-    client_version: str | None
+    client_version: str
     modified_by: str | None = None
-    modified_at_ms: int | None = None
-
-    @classmethod
-    def from_item(cls, item: Mapping[str, Mapping[str, Any]]) -> "MigrationState":
-        def text(name: str) -> str | None:
-            value = item.get(name)
-            return value.get("S") if isinstance(value, Mapping) else None
-
-        mts = item.get("mts")
-        modified_at = int(mts["N"]) if isinstance(mts, Mapping) and "N" in mts else None
-        return cls(text("cv"), text("mb"), modified_at)
+    modified_at_millis: int | None = None
 
 
-def coordinator_state_table(application: str) -> str:
-    """KCL 3.x's default name for the application's coordinator state table."""
-    return f"{application}-CoordinatorState"
+@dataclass(frozen=True)
+class Verdict:
+    proceed: bool
+    reason: str
 
 
-def conflict(application: str, state: MigrationState | None) -> str | None:
-    """Why this consumer must not join the application's fleet, or None when it may (pure)."""
-    if state is None or state.client_version in LEADERLESS_VERSIONS:
+class CoordinatorStateInvalid(ValueError):
+    """The migration item is there but not in KCL 3.x's format: never guess a fleet's mode."""
+
+
+def migration_state_from_item(item: Mapping[str, Mapping] | None) -> MigrationState | None:
+    if item is None:
         return None
-    who = f" (set by {state.modified_by})" if state.modified_by else ""
-    return (f"application {application}: a KCL 3.x fleet runs it with client version {state.client_version}{who} "
-            f"in table {coordinator_state_table(application)}, where an elected leader assigns leases; this "
-            f"consumer takes and steals leases itself (the KCL 2.x protocol) and would fight those assignments. "
-            f"Run it under another application name, or keep the KCL 3.x fleet in 2.x-compatible mode "
-            f"(CLIENT_VERSION_2X / CLIENT_VERSION_UPGRADE_FROM_2X).")
+    cv = item.get("cv")
+    if not isinstance(cv, Mapping) or not isinstance(cv.get("S"), str) or not cv["S"]:
+        raise CoordinatorStateInvalid(
+            f"coordinator state item {MIGRATION_KEY!r} has no string attribute 'cv' (client version): {dict(item)!r}")
+    mb = item.get("mb", {}).get("S") if isinstance(item.get("mb"), Mapping) else None
+    mts_text = item.get("mts", {}).get("N") if isinstance(item.get("mts"), Mapping) else None
+    try:
+        mts = int(mts_text) if mts_text is not None else None
+    except ValueError:
+        raise CoordinatorStateInvalid(f"coordinator state item {MIGRATION_KEY!r}: 'mts' is not a number: "
+                                      f"{mts_text!r}") from None
+    return MigrationState(cv["S"], mb, mts)
+
+
+def decide(state: MigrationState | None, application: str) -> Verdict:
+    """Proceed when no 3.x fleet is recorded or it runs 2.x-compatible; refuse in 3.x (leader-assigned) mode.
+
+    An unknown client version is refused too: a newer KCL's mode cannot be assumed to be leaderless.
+    """
+    if state is None:
+        return Verdict(True, "no KCL 3.x migration state: a 2.x-compatible table")
+    version = state.client_version
+    if version in COMPATIBLE_VERSIONS:
+        return Verdict(True, f"KCL 3.x fleet in 2.x-compatible mode ({version})")
+    by = f" (set by {state.modified_by})" if state.modified_by else ""
+    table = coordinator_state_table(application)
+    if version in LEADER_ASSIGNED_VERSIONS:
+        return Verdict(False, (
+            f"a KCL 3.x fleet runs application {application!r} in 3.x mode ({version}{by} in {table}): its leader "
+            f"assigns leases, and a leaderless consumer would fight it. Refusing to start. Run this consumer "
+            f"under another application name, or roll the KCL 3.x fleet back to {CLIENT_VERSION_2X} "
+            f"(KCL's migration tool) first."))
+    return Verdict(False, (
+        f"unknown KCL client version {version!r}{by} in {table}: refusing to start rather than guess whether a "
+        f"leader assigns this application's leases"))
+
+
+class Kcl3FleetActive(RuntimeError):
+    """A KCL 3.x fleet runs this application leader-assigned; starting would fight its leader."""
 
 
 def read_migration_state(dynamodb_client, application: str) -> MigrationState | None:
-    """The migration item, or None when the application has no coordinator state table or no such item."""
+    """The migration item, or None when there is no coordinator state table or no item (strongly consistent)."""
     try:
         response = dynamodb_client.get_item(TableName=coordinator_state_table(application),
-                                            Key={"key": {"S": MIGRATION_KEY}}, ConsistentRead=True)
-    except Exception as exc:
-        code = getattr(exc, "response", {}).get("Error", {}).get("Code")
-        if code == "ResourceNotFoundException":
-            return None
-        raise LeaseTableError(f"cannot read {coordinator_state_table(application)} ({code or type(exc).__name__}: "
-                              f"{exc}); it says whether a KCL 3.x fleet runs application {application}") from exc
-    item = response.get("Item")
-    return MigrationState.from_item(item) if item else None
+                                            Key={HASH_KEY: {"S": MIGRATION_KEY}}, ConsistentRead=True)
+    except dynamodb_client.exceptions.ResourceNotFoundException:
+        return None
+    return migration_state_from_item(response.get("Item"))
 
 
-def check_fleet_compatible(dynamodb_client, application: str) -> MigrationState | None:
-    """Raise Kcl3FleetConflict when a KCL 3.x fleet runs `application` in 3.x mode; else the state read."""
-    state = read_migration_state(dynamodb_client, application)
-    reason = conflict(application, state)
-    if reason:
-        raise Kcl3FleetConflict(reason)
-    return state
-
-
-__all__ = ["Kcl3FleetConflict", "MIGRATION_KEY", "MigrationState", "check_fleet_compatible", "conflict",
-           "coordinator_state_table", "read_migration_state"]
+def check_coordinator_state(dynamodb_client, application: str) -> Verdict:
+    """Raise Kcl3FleetActive (or CoordinatorStateInvalid) unless this consumer may start."""
+    verdict = decide(read_migration_state(dynamodb_client, application), application)
+    if not verdict.proceed:
+        raise Kcl3FleetActive(verdict.reason)
+    return verdict

@@ -20,9 +20,9 @@ from typing import Callable
 from . import cycle as cyc
 from .aws import client
 from .config import ConsumerConfig
+from .coordinator_state import check_coordinator_state
 from .lease_life import Create, ListShards, drive
 from .lease_table import LeaseTable
-from .coordinator_state import check_fleet_compatible
 from .metrics import Metrics
 from .model import Lease, Shard
 from .planner import LeaseAges
@@ -85,10 +85,12 @@ class LeaseManager:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
-        """Fail fast with a clear error when the stream is missing or a KCL 3.x fleet runs the application in
-        3.x mode (coordinator_state.py); create the lease table when missing."""
+        """Fail fast with a clear error when the stream is missing or a KCL 3.x fleet runs in 3.x mode; create the
+        lease table when missing."""
         self.shards = list_shards(self.kinesis, self.config.stream)
-        check_fleet_compatible(self.table.client, self.config.application)
+        # Before the lease table is created or touched: a 3.x leader-assigned fleet is never joined.
+        verdict = check_coordinator_state(self.table.client, self.config.application)
+        log.info("coordinator state: %s", verdict.reason)
         if self.table.ensure_table():
             log.info("created lease table %s", self.config.lease_table)
 

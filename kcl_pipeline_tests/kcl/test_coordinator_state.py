@@ -1,7 +1,8 @@
-"""Sharing an application with KCL 3.x: the coordinator state's migration item, written exactly as KCL 3.x
-writes it, decides whether this consumer may join (2.x-compatible modes) or must refuse (3.x mode)."""
+"""Sharing an application with KCL 3.x: refuse to start beside a leader-assigned (3.x mode) fleet, proceed
+beside a 2.x-compatible one, and leave every KCL 3.x item exactly as KCL 3.x wrote it."""
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -10,92 +11,149 @@ import pytest
 
 from kcl_pipeline.kcl.config import ConsumerConfig
 from kcl_pipeline.kcl.coordinator_state import (
-    Kcl3FleetConflict,
-    MigrationState,
-    conflict,
-    coordinator_state_table,
-    read_migration_state,
-)
+    CLIENT_VERSION_2X, CLIENT_VERSION_3X, CLIENT_VERSION_3X_WITH_ROLLBACK, CLIENT_VERSION_INIT,
+    CLIENT_VERSION_UPGRADE_FROM_2X, CoordinatorStateInvalid, Kcl3FleetActive, MigrationState,
+    coordinator_state_table, decide, migration_state_from_item)
+from kcl_pipeline.kcl.lease_table import LeaseTable
 from kcl_pipeline.kcl.manager import LeaseManager
-from kcl_pipeline.kcl.shards import wait_stream_active
+from kcl_pipeline.kcl.shards import list_shards, wait_stream_active
 from kcl_pipeline.kcl.worker import ProcessorSpec
 
 
-@pytest.mark.parametrize("version,refused", [
-    (None, False),
-    ("CLIENT_VERSION_2X", False),
-    ("CLIENT_VERSION_UPGRADE_FROM_2X", False),
-    ("CLIENT_VERSION_3X_WITH_ROLLBACK", True),
-    ("CLIENT_VERSION_3X", True),
-    ("CLIENT_VERSION_INIT", True),  # still deciding: never join a fleet that may go 3.x under us
-])
-def test_which_kcl3_modes_this_consumer_can_join(version, refused):
-    state = None if version is None else MigrationState(version, "worker-7", 1732400000000)
-    reason = conflict("orders", state)
-    assert (reason is not None) is refused
-    if refused:
-        assert version in reason and "orders-CoordinatorState" in reason and "worker-7" in reason
+def migration_item(version: str) -> dict:
+    """Numbers in DynamoDB's normal form (it stores 100.0 as 100). The item as KCL 3.x's MigrationState writes it (key, cv, mb, mts, h)."""
+    return {"key": {"S": "Migration3.0"}, "cv": {"S": version}, "mb": {"S": "java-3x-worker-1"},
+            "mts": {"N": "1732441200000"},
+            "h": {"L": [{"M": {"cv": {"S": CLIENT_VERSION_UPGRADE_FROM_2X}, "mb": {"S": "java-3x-worker-1"},
+                               "mts": {"N": "1732440000000"}}}]}}
 
 
-def _migration_item(version: str) -> dict:
-    """The item as KCL 3.x's MigrationState writes it (key, cv, mb, mts, and the history h)."""
-    return {"key": {"S": "Migration3.0"}, "cv": {"S": version}, "mb": {"S": "worker-7"},
-            "mts": {"N": "1732400000000"},
-            "h": {"L": [{"M": {"cv": {"S": "CLIENT_VERSION_INIT"}, "mb": {"S": "worker-7"},
-                               "mts": {"N": "1732399990000"}}}]}}
+# -- the pure decision -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("version", [CLIENT_VERSION_INIT, CLIENT_VERSION_UPGRADE_FROM_2X, CLIENT_VERSION_2X])
+def test_a_2x_compatible_fleet_does_not_stop_this_consumer(version):
+    verdict = decide(migration_state_from_item(migration_item(version)), "app")
+    assert verdict.proceed and version in verdict.reason
 
 
-@pytest.fixture
-def application(emulators, dynamodb_client, kinesis_client, unique_name):
-    """An application whose coordinator state table KCL 3.x created; returns (config, put)."""
+@pytest.mark.parametrize("version", [CLIENT_VERSION_3X_WITH_ROLLBACK, CLIENT_VERSION_3X])
+def test_a_leader_assigned_3x_fleet_is_never_joined(version):
+    verdict = decide(migration_state_from_item(migration_item(version)), "app")
+    assert not verdict.proceed
+    assert version in verdict.reason and "app-CoordinatorState" in verdict.reason and "java-3x-worker-1" in verdict.reason
+
+
+def test_no_migration_item_means_a_2x_table():
+    assert decide(None, "app").proceed
+
+
+def test_an_unknown_client_version_is_refused_not_guessed():
+    verdict = decide(MigrationState("CLIENT_VERSION_4X"), "app")
+    assert not verdict.proceed and "CLIENT_VERSION_4X" in verdict.reason
+
+
+@pytest.mark.parametrize("item", [{"key": {"S": "Migration3.0"}}, {"key": {"S": "Migration3.0"}, "cv": {"N": "3"}},
+                                  {"key": {"S": "Migration3.0"}, "cv": {"S": "CLIENT_VERSION_3X"}, "mts": {"N": "x"}}])
+def test_a_malformed_migration_item_is_a_specific_error(item):
+    with pytest.raises(CoordinatorStateInvalid, match="Migration3.0"):
+        migration_state_from_item(item)
+
+
+# -- against the emulators ------------------------------------------------------------------------------
+def _create_table(dynamodb_client, name: str, hash_key: str) -> None:
+    dynamodb_client.create_table(TableName=name, BillingMode="PAY_PER_REQUEST",
+                                 AttributeDefinitions=[{"AttributeName": hash_key, "AttributeType": "S"}],
+                                 KeySchema=[{"AttributeName": hash_key, "KeyType": "HASH"}])
+    dynamodb_client.get_waiter("table_exists").wait(TableName=name, WaiterConfig={"Delay": 0.2, "MaxAttempts": 100})
+
+
+@pytest.mark.emulator
+@pytest.mark.parametrize("version", [CLIENT_VERSION_3X, CLIENT_VERSION_3X_WITH_ROLLBACK])
+def test_consume_beside_a_3x_mode_fleet_exits_2_without_touching_the_lease_table(
+        version, emulators, kinesis_client, dynamodb_client, unique_name):
     stream, app = unique_name("k3"), unique_name("k3app")
     kinesis_client.create_stream(StreamName=stream, ShardCount=1)
     wait_stream_active(kinesis_client, stream)
-    dynamodb_client.create_table(TableName=coordinator_state_table(app),
-                                 AttributeDefinitions=[{"AttributeName": "key", "AttributeType": "S"}],
-                                 KeySchema=[{"AttributeName": "key", "KeyType": "HASH"}],
-                                 BillingMode="PAY_PER_REQUEST")
+    _create_table(dynamodb_client, coordinator_state_table(app), "key")
+    dynamodb_client.put_item(TableName=coordinator_state_table(app), Item=migration_item(version))
+    done = subprocess.run([sys.executable, "-m", "kcl_pipeline.cli", "consume", "--stream", stream,
+                           "--application", app, "--worker-id", "me", "--sink", "jsonl:/dev/null"],
+                          env={**os.environ, **emulators.env()}, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "3.x mode" in done.stderr and version in done.stderr and "Traceback" not in done.stderr
+    assert app not in dynamodb_client.list_tables()["TableNames"]  # no lease table created
+
+
+@pytest.mark.emulator
+def test_kcl3_items_round_trip_unchanged_through_this_consumer(
+        emulators, kinesis_client, dynamodb_client, unique_name):
+    """Lease with checkpointOwner held by a 3.x worker, worker metrics, coordinator state: byte-for-byte the
+    same after this consumer started, cycled and renewed its own lease (which carries a 3.x attribute too)."""
+    stream, app = unique_name("k3rt"), unique_name("k3rtapp")
+    kinesis_client.create_stream(StreamName=stream, ShardCount=2)
+    wait_stream_active(kinesis_client, stream)
+    theirs, mine = [s.shard_id for s in list_shards(kinesis_client, stream)]
+    _create_table(dynamodb_client, coordinator_state_table(app), "key")
+    _create_table(dynamodb_client, f"{app}-WorkerMetricStats", "wid")
+    coordinator = migration_item(CLIENT_VERSION_UPGRADE_FROM_2X)
+    metrics = {"wid": {"S": "java-3x-worker-1"}, "lut": {"N": "1732441200"},
+               "sts": {"M": {"CPU": {"L": [{"N": "41.5"}, {"N": "43.25"}]},
+                             "NETWORK_IN": {"L": [{"N": "1024"}]}}},
+               "opr": {"M": {"CPU": {"L": [{"N": "100"}]}}}}
+    dynamodb_client.put_item(TableName=coordinator_state_table(app), Item=coordinator)
+    dynamodb_client.put_item(TableName=f"{app}-WorkerMetricStats", Item=metrics)
+
+    config = ConsumerConfig(stream=stream, application=app, worker_id="me", heartbeat_seconds=10.0,
+                            lease_expiry_seconds=30.0, max_leases=4, aws=emulators.aws_settings())
+    clock = [1000.0]
+    manager = LeaseManager(config, ProcessorSpec("kcl_pipeline.kcl.jsonl_sink:JsonlSink"), clock=lambda: clock[0])
+    manager._spawn = lambda lease: None  # the decisions only
+    manager.start()  # 2.x-compatible: proceeds and creates the lease table
+    table = LeaseTable(app, dynamodb_client)
+    # A 3.x graceful hand-off in flight: the new owner holds the lease, the old one still has to checkpoint.
+    their_lease = {"leaseKey": {"S": theirs}, "leaseOwner": {"S": "java-3x-worker-2"}, "leaseCounter": {"N": "12"},
+                   "checkpoint": {"S": "49590338271490256608559692538361571095921575989136588898"},
+                   "checkpointSubSequenceNumber": {"N": "0"}, "ownerSwitchesSinceCheckpoint": {"N": "1"},
+                   "checkpointOwner": {"S": "java-3x-worker-1"}, "throughputKBps": {"N": "12.5"},
+                   "startingHashKey": {"S": "0"}, "endingHashKey": {"S": "170141183460469231731687303715884105727"}}
+    my_lease = {"leaseKey": {"S": mine}, "leaseOwner": {"S": "me"}, "leaseCounter": {"N": "3"},
+                "checkpoint": {"S": "TRIM_HORIZON"}, "checkpointSubSequenceNumber": {"N": "0"},
+                "ownerSwitchesSinceCheckpoint": {"N": "0"}, "throughputKBps": {"N": "3"},
+                "startingHashKey": {"S": "170141183460469231731687303715884105728"},
+                "endingHashKey": {"S": "340282366920938463463374607431768211455"}}
+    for item in (their_lease, my_lease):
+        dynamodb_client.put_item(TableName=app, Item=item)
+    before = copy.deepcopy([their_lease, metrics, coordinator])
+    for _ in range(3):
+        manager.run_cycle()
+        clock[0] += 5.0  # within the expiry: the 3.x worker is alive
+    assert table.heartbeat(mine, "me", 3)
+    assert table.release(mine, "me", 4)
+
+    def get(table_name, key):
+        return dynamodb_client.get_item(TableName=table_name, Key=key, ConsistentRead=True)["Item"]
+    after = [get(app, {"leaseKey": {"S": theirs}}),
+             get(f"{app}-WorkerMetricStats", {"wid": {"S": "java-3x-worker-1"}}),
+             get(coordinator_state_table(app), {"key": {"S": "Migration3.0"}})]
+    assert after == before
+    mine_after = get(app, {"leaseKey": {"S": mine}})
+    for name in ("throughputKBps", "startingHashKey", "endingHashKey"):
+        assert mine_after[name] == my_lease[name], f"{name} was stripped or changed by our own writes"
+
+
+@pytest.mark.emulator
+def test_a_malformed_coordinator_state_stops_the_manager_with_a_specific_error(
+        emulators, kinesis_client, dynamodb_client, unique_name):
+    stream, app = unique_name("k3bad"), unique_name("k3badapp")
+    kinesis_client.create_stream(StreamName=stream, ShardCount=1)
+    wait_stream_active(kinesis_client, stream)
+    _create_table(dynamodb_client, coordinator_state_table(app), "key")
+    dynamodb_client.put_item(TableName=coordinator_state_table(app), Item={"key": {"S": "Migration3.0"}})
     config = ConsumerConfig(stream=stream, application=app, worker_id="me", aws=emulators.aws_settings())
-
-    def put(version: str) -> dict:
-        item = _migration_item(version)
-        dynamodb_client.put_item(TableName=coordinator_state_table(app), Item=item)
-        return item
-    return config, put
+    manager = LeaseManager(config, ProcessorSpec("kcl_pipeline.kcl.jsonl_sink:JsonlSink"))
+    with pytest.raises(CoordinatorStateInvalid, match="'cv'"):
+        manager.start()
+    assert app not in dynamodb_client.list_tables()["TableNames"]
 
 
-@pytest.mark.emulator
-def test_a_consumer_refuses_to_join_a_kcl3_fleet_in_3x_mode(application, dynamodb_client):
-    config, put = application
-    item = put("CLIENT_VERSION_3X")
-    with pytest.raises(Kcl3FleetConflict, match="CLIENT_VERSION_3X.*elected leader"):
-        LeaseManager(config, ProcessorSpec("kcl_pipeline.kcl.jsonl_sink:JsonlSink")).start()
-    tables = dynamodb_client.list_tables()["TableNames"]
-    assert config.application not in tables, "the lease table was created although the consumer refused to start"
-    after = dynamodb_client.get_item(TableName=coordinator_state_table(config.application),
-                                     Key={"key": {"S": "Migration3.0"}}, ConsistentRead=True)["Item"]
-    assert after == item  # only ever read
-
-
-@pytest.mark.emulator
-def test_a_consumer_joins_a_kcl3_fleet_in_2x_compatible_mode(application, dynamodb_client):
-    config, put = application
-    item = put("CLIENT_VERSION_UPGRADE_FROM_2X")
-    LeaseManager(config, ProcessorSpec("kcl_pipeline.kcl.jsonl_sink:JsonlSink")).start()
-    assert read_migration_state(dynamodb_client, config.application) == MigrationState(
-        "CLIENT_VERSION_UPGRADE_FROM_2X", "worker-7", 1732400000000)
-    after = dynamodb_client.get_item(TableName=coordinator_state_table(config.application),
-                                     Key={"key": {"S": "Migration3.0"}}, ConsistentRead=True)["Item"]
-    assert after == item
-
-
-@pytest.mark.emulator
-def test_consume_beside_a_3x_fleet_exits_2_with_the_reason(application, emulators, tmp_path):
-    config, put = application
-    put("CLIENT_VERSION_3X_WITH_ROLLBACK")
-    result = subprocess.run(
-        [sys.executable, "-m", "kcl_pipeline.cli", "consume", "--stream", config.stream, "--application",
-         config.application, "--sink", f"jsonl:{tmp_path}"],
-        env={**os.environ, **emulators.env()}, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2, result.stderr
-    assert "CLIENT_VERSION_3X_WITH_ROLLBACK" in result.stderr and "another application name" in result.stderr
+def test_kcl3_fleet_active_is_a_runtime_error_the_cli_reports():
+    assert issubclass(Kcl3FleetActive, RuntimeError)

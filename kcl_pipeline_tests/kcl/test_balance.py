@@ -1,0 +1,107 @@
+"""Load-aware balance (kcl/balance.py) against the balance vectors, and convergence of whole fleets."""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from kcl_pipeline.kcl.balance import BalanceSettings, effective_loads, plan_steal
+
+VECTORS = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "balance_vectors.json").read_text())
+
+
+@pytest.mark.parametrize("vector", VECTORS["vectors"], ids=[v["name"] for v in VECTORS["vectors"]])
+def test_balance_vectors(vector):
+    mine, owned = vector["mine"], vector["owned"]
+    if vector.get("reported"):
+        reported = dict(mine)
+        for leases in owned.values():
+            reported.update(leases)
+        loads = effective_loads(reported)
+        mine = {key: loads[key] for key in mine}
+        owned = {owner: {key: loads[key] for key in leases} for owner, leases in owned.items()}
+    steal = plan_steal(vector["me"], mine, owned)
+    got = None if steal is None else {"lease_key": steal.lease_key, "owner": steal.owner}
+    assert got == vector["expect"]
+
+
+def settle(assignment: dict[str, dict[str, float]], rng: random.Random, settings=BalanceSettings(),
+           max_rounds: int = 200) -> tuple[int, int]:
+    """Rounds of every consumer (in random order) planning on the current table; (rounds, steals) to settle."""
+    steals = 0
+    for rounds in range(1, max_rounds + 1):
+        moved = 0
+        for me in rng.sample(sorted(assignment), len(assignment)):
+            others = {o: leases for o, leases in assignment.items() if o != me and leases}
+            idle = sum(1 for o, leases in assignment.items() if o != me and not leases)  # from worker metrics
+            steal = plan_steal(me, assignment[me], others, settings, idle_consumers=idle)
+            if steal is not None:
+                assignment[me][steal.lease_key] = assignment[steal.owner].pop(steal.lease_key)
+                moved += 1
+        steals += moved
+        if moved == 0:
+            return rounds, steals
+    raise AssertionError(f"no steady state after {max_rounds} rounds")
+
+
+def within_tolerance_or_granular(assignment, settings=BalanceSettings()) -> bool:
+    totals = {o: sum(leases.values()) for o, leases in assignment.items()}
+    mean = sum(totals.values()) / len(totals)
+    lightest = min(totals.values())
+    for owner, load in totals.items():
+        if load > mean * (1 + settings.tolerance):
+            # allowed only when no single lease of it fits the gap to the lightest consumer
+            if any(x <= load - lightest - settings.margin * mean for x in assignment[owner].values()):
+                return False
+    return True
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_fleet_with_a_10x_hot_shard_converges_and_then_never_steals(seed):
+    rng = random.Random(seed)
+    consumers, shards = rng.randint(2, 8), rng.randint(4, 40)
+    reported = {f"shard-{i:03d}": rng.uniform(50, 150) for i in range(shards)}
+    reported["shard-000"] *= 10  # the hot shard
+    loads = effective_loads(reported)
+    start = {f"c{j}": {} for j in range(consumers)}
+    for key in sorted(loads):  # the worst start: everything on one consumer
+        start["c0"][key] = loads[key]
+    rounds, steals = settle(start, rng)
+    assert within_tolerance_or_granular(start)
+    assert settle(start, rng) == (1, 0)  # steady state: a further round steals nothing
+
+
+def test_no_report_settles_to_a_count_balance():
+    loads = effective_loads({f"s{i}": None for i in range(10)})
+    assignment = {"a": dict(loads), "b": {}, "c": {}}
+    settle(assignment, random.Random(1))
+    counts = sorted(len(leases) for leases in assignment.values())
+    assert counts[-1] - counts[0] <= 1
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan")])
+def test_a_corrupt_load_report_is_a_specific_error(bad):
+    with pytest.raises(ValueError, match="lease s1: load must be a number >= 0"):
+        effective_loads({"s1": bad})
+
+
+def test_me_among_the_other_owners_is_an_error():
+    with pytest.raises(ValueError, match="both this consumer and another owner"):
+        plan_steal("me", {}, {"me": {"a": 1.0}})
+
+
+def test_an_idle_consumer_invisible_in_the_lease_table_counts_in_the_mean():
+    """Visible mean 53.3 (ceiling 64) leaves b's 60 alone; two lease-less peers make the mean 32."""
+    owned = {"a": {"h": 100.0}, "b": {"b1": 30.0, "b2": 30.0}}
+    assert plan_steal("me", {}, owned) is None
+    steal = plan_steal("me", {}, owned, idle_consumers=2)
+    assert (steal.lease_key, steal.owner) == ("b1", "b")
+    with pytest.raises(ValueError, match="idle_consumers"):
+        plan_steal("me", {}, owned, idle_consumers=-1)
+
+
+def test_negative_settings_are_refused():
+    with pytest.raises(ValueError, match="must be >= 0"):
+        BalanceSettings(tolerance=-0.1)
