@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
 from ..kcl.model import TRIM_HORIZON, Checkpoint, Lease, Shard, checkpoint_advances
+from ..transform.manifest import Materialised, batch_materialised
 from .layout import BatchKey
 from .progress import ShardProgress
 
@@ -67,18 +68,21 @@ def window_of(minute_ms: int, window_ms: int) -> int:
     return minute_ms - minute_ms % window_ms
 
 
-def plan_checkpoints(materialised: Iterable[tuple[int, int] | int], window_ms: int,
+def plan_checkpoints(materialised: Iterable[tuple[int, int] | int] | Materialised, window_ms: int,
                      batches: Mapping[str, Sequence[BatchKey]], progress: Mapping[str, ShardProgress],
                      leases: Iterable[Lease] | Mapping[str, Lease]) -> CheckpointPlan:
-    """The plan for every leased shard. `materialised`: windows as (t0, t1) or t0 (aligned, `window_ms` long)."""
+    """The plan for every leased shard. `materialised`: the committed manifests (transform/manifest.py), or
+    windows asserted whole as (t0, t1) or t0 (aligned, `window_ms` long)."""
     if window_ms <= 0 or window_ms % 60_000:
         raise ValueError(f"window_ms must be a positive whole number of minutes, got {window_ms}")
-    done: set[int] = set()
-    for w in materialised:
+    done: set[int] | Materialised = set()
+    for w in ([] if isinstance(materialised, Materialised) else materialised):
         t0, t1 = (w, w + window_ms) if isinstance(w, int) else w
         if t1 - t0 != window_ms or t0 % window_ms:
             raise ValueError(f"materialised window [{t0}, {t1}) is not an aligned {window_ms} ms window")
         done.add(t0)
+    if isinstance(materialised, Materialised):  # committed manifests: per batch, not per window
+        done = materialised
     by_key = dict(leases) if isinstance(leases, Mapping) else {lease.lease_key: lease for lease in leases}
     return CheckpointPlan({
         key: _plan_shard(lease, batches.get(key, ()), progress.get(key), done, window_ms)
@@ -101,8 +105,8 @@ def _plan_shard(lease: Lease, batches: Sequence[BatchKey], progress: ShardProgre
             stop = f"overlapping batches {previous.key()} and {b.key()}: not advancing past them"
             break
         w = window_of(b.minute_ms, window_ms)
-        if w not in done:
-            stop = f"window starting {w} (batch {b.key()}) not materialised"
+        if not batch_materialised(done, w, b.key()):
+            stop = f"window starting {w} (batch {b.key()}) not materialised (or the batch landed after its run)"
             break
         commit = b.last
         previous = b
@@ -126,7 +130,8 @@ def _may_end(pending: Sequence[BatchKey], progress: ShardProgress, done: set[int
     if holder is None:
         return False, f"shard end landed at {landed}, but no listed batch holds it: not ending"
     last_window = window_of(holder.minute_ms, window_ms)
-    missing = sorted({window_of(b.minute_ms, window_ms) for b in pending} - done - {last_window})
+    missing = sorted({window_of(b.minute_ms, window_ms) for b in pending
+                      if not batch_materialised(done, window_of(b.minute_ms, window_ms), b.key())} - {last_window})
     if missing:
         return False, f"shard end landed; windows {missing} not materialised: not ending"
     return True, (f"shard end landed; every earlier window materialised (its last window {last_window} may wait "

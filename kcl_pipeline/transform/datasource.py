@@ -95,6 +95,23 @@ def select_window_batches(listing: Iterable[tuple[str, int]], stream: str,
     return sorted(set(out), key=lambda b: b.key)
 
 
+BATCHES_OPTION = "batches"
+
+
+def batches_option(batches: Sequence[WindowBatch]) -> str:
+    """The reader option that fixes the batches to read (JSON [[key, size], ...])."""
+    return json.dumps([[b.key, b.size] for b in batches])
+
+
+def batches_from_option(value: str | None) -> tuple[WindowBatch, ...] | None:
+    if value is None:
+        return None
+    try:
+        return tuple(WindowBatch(str(k), int(n)) for k, n in json.loads(value))
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{LANDING_FORMAT}: option {BATCHES_OPTION} is a JSON list of [key, size]: {exc}") from exc
+
+
 def plan_partitions(batches: Sequence[WindowBatch], max_bytes: int) -> list[tuple[WindowBatch, ...]]:
     """Consecutive groups of at most `max_bytes` (a larger batch gets a group of its own)."""
     if max_bytes <= 0:
@@ -157,6 +174,8 @@ class WindowRead:
     end_ms: int
     s3: S3Options
     max_partition_bytes: int = DEFAULT_MAX_PARTITION_BYTES
+    # The driver's listing, when it fixed one (the window's commit names exactly these batches).
+    batches: tuple[WindowBatch, ...] | None = None
 
     @classmethod
     def from_options(cls, options) -> "WindowRead":
@@ -171,9 +190,12 @@ class WindowRead:
             raise ValueError(f"{LANDING_FORMAT}: window_start_ms, window_end_ms and max_partition_bytes "
                              f"are integers: {exc}") from exc
         check_window(start, end)
-        return cls(opts["zone"], opts["stream"], start, end, S3Options.from_options(opts), max_bytes)
+        return cls(opts["zone"], opts["stream"], start, end, S3Options.from_options(opts), max_bytes,
+                   batches_from_option(opts.get(BATCHES_OPTION)))
 
     def list_batches(self) -> list[WindowBatch]:
+        if self.batches is not None:
+            return list(self.batches)
         store = open_store(self.zone, self.s3)
         store.check_exists()
         listing = (item for prefix in window_prefixes(self.stream, self.start_ms, self.end_ms)

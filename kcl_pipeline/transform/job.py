@@ -35,12 +35,16 @@ from pyspark.sql.types import StringType, StructType
 
 from ..kcl.model import Checkpoint
 from .datasource import (
+    BATCHES_OPTION,
     LANDING_FORMAT,
     MANIFEST,
     OUTPUT_FORMAT,
+    WindowRead,
+    batches_option,
     check_window,
     register,
 )
+from .manifest import WindowCommit, commit_key
 from .decoders import DecoderFn, get_decoder
 from .storage import S3Options, StorageNotFoundError, open_store
 
@@ -205,6 +209,11 @@ def transform_window(
                "window_end_ms": str(window_end_ms), **s3.to_options()}
     if max_partition_bytes:
         options["max_partition_bytes"] = str(max_partition_bytes)
+    # The window is un-materialised from here until this run's commit is written (last, below); the
+    # listing fixed now is exactly what the reader reads and what the commit names.
+    out_store.delete([commit_key(window_start_ms)])
+    batches = WindowRead.from_options(options).list_batches()
+    options[BATCHES_OPTION] = batches_option(batches)
 
     raw = spark.read.format(LANDING_FORMAT).options(**options).load()
     distinct = raw.groupBy(*RECORD_KEY).agg(
@@ -231,6 +240,14 @@ def transform_window(
              .options(path=_dataset_uri(output_uri, name), partition=partition, **s3.to_options()).save())
     finally:
         decoded.unpersist()
+    datasets = {}
+    for name in (TRANSFORMED, QUARANTINE):
+        dataset_manifest = json.loads(open_store(_dataset_uri(output_uri, name), s3).get(f"{partition}/{MANIFEST}"))
+        datasets[name] = {"job_id": dataset_manifest["job_id"], "files": dataset_manifest["files"],
+                          "rows": dataset_manifest["rows"]}
+    commit = WindowCommit(window_start_ms, window_end_ms, datasets[TRANSFORMED]["job_id"],
+                          frozenset(b.key for b in batches), datasets)
+    out_store.put(commit_key(window_start_ms), commit.to_json())  # last: the window is now materialised
 
     rows_in = sum(r["rows_in"] for r in shard_rows)
     distinct_rows = sum(r["distinct"] for r in shard_rows)

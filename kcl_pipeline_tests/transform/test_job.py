@@ -12,6 +12,7 @@ from kcl_pipeline.transform.job import (
     transform_window,
     window_partition,
 )
+from kcl_pipeline.transform.manifest import commit_key
 from kcl_pipeline.transform.storage import S3Options, StorageNotFoundError
 
 from .landing_batches import MINUTE, SHARD0, SHARD1, T0, Rec, seq, write_local, write_s3
@@ -186,7 +187,8 @@ def test_transform_s3_window(spark, s3_client, s3, unique_name):
         [f"out/transformed/{window_partition(T0)}/{f}" for f in output.manifests["transformed"]["files"]]
         + [f"out/quarantine/{window_partition(T0)}/{f}" for f in output.manifests["quarantine"]["files"]]
         + [f"out/transformed/{window_partition(T0)}/_manifest.json",
-           f"out/quarantine/{window_partition(T0)}/_manifest.json"])  # staging is gone
+           f"out/quarantine/{window_partition(T0)}/_manifest.json",
+           f"out/{commit_key(T0)}"])  # staging is gone; the window's commit is in
 
 
 def test_missing_bucket_is_a_clear_error(spark, s3_client, s3, unique_name, tmp_path):

@@ -214,7 +214,7 @@ def build_assets(partitions_def: TimeWindowPartitionsDefinition, window_ms: int)
     def kinesis_checkpoints(context: AssetExecutionContext, consumer: KinesisConsumerResource, aws: AwsResource,
                             s3: S3Resource) -> MaterializeResult:
         from ...kcl.config import InitialPosition
-        from ...landing.audit import materialised_windows
+        from ...transform.manifest import read_materialised
         from ...landing.checkpoint_plan import apply_plan, plan_checkpoints, window_of as plan_window
         from ...landing.progress import progress_from_leases
         from ...landing.verify import list_batches
@@ -226,7 +226,8 @@ def build_assets(partitions_def: TimeWindowPartitionsDefinition, window_ms: int)
         leases = table.scan()
         shards = list_shards(client("kinesis", settings), consumer.stream)
         store = landing_store(consumer, aws, s3)
-        materialised = materialised_windows(output_store(consumer, aws, s3))
+        committed = read_materialised(output_store(consumer, aws, s3))  # a window counts once its commit is in
+        materialised = committed.windows
         previous = _previous_frontier(context)
         earliest = earliest_landed_minute(store, consumer.stream)
         zone_start = None if earliest is None else window_floor(earliest, window_ms)
@@ -241,7 +242,7 @@ def build_assets(partitions_def: TimeWindowPartitionsDefinition, window_ms: int)
         if start is not None and end is not None and end > start:
             for b in list_batches(store, consumer.stream, start, end):
                 batches.setdefault(b.shard_id, []).append(b)
-        plan = plan_checkpoints(materialised, window_ms, batches, progress, leases)
+        plan = plan_checkpoints(committed, window_ms, batches, progress, leases)
         initial = InitialPosition.parse(consumer.initial_position, consumer.initial_timestamp).checkpoint()
         committed = apply_plan(plan, table, shards=shards, initial=initial)
         frontier = dict(previous)

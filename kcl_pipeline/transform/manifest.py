@@ -1,0 +1,131 @@
+"""A window's commit: the one object that makes a transformed window count as materialised (pure; no Spark).
+
+A window's transform writes two datasets (transformed and quarantine). A folder under `transformed/` proves
+nothing: it exists after a run that failed half-way, before the quarantine write, or while the window is
+still receiving batches. So each run ends by writing one commit object, LAST, after both datasets are in
+place:
+
+    _commits/window=<YYYYMMDDTHHMMSSZ>.json
+        {"window_start_ms", "window_end_ms", "run_id", "batches": [landed batch keys the run read],
+         "datasets": {"transformed": {...}, "quarantine": {...}}}
+
+A run deletes the window's commit before it writes anything, so a run that fails leaves the window
+un-materialised (it was transformed before, but from now on it is being replaced).
+
+"Materialised through" is per batch, not per window: a landed batch counts only when a committed manifest
+names it. A batch that lands in a window after its run listed the zone (a late batch: a slow worker, a
+backfill) is not in the manifest, so the checkpoint plan stops before it, and `reopened_windows` reports
+the window as needing a new run; it is never checkpointed untransformed.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Iterable, Mapping
+
+from ..landing.errors import ZoneNotFoundError
+
+COMMITS = "_commits"
+_NAME_FORMAT = "window=%Y%m%dT%H%M%SZ"
+
+
+class CommitFormatError(ValueError):
+    """A commit object that is not a window commit this code wrote."""
+
+
+@dataclass(frozen=True)
+class WindowCommit:
+    window_start_ms: int
+    window_end_ms: int
+    run_id: str
+    batches: frozenset[str]  # landed batch keys (relative to the zone root) the run read
+    datasets: Mapping[str, Mapping] = field(default_factory=dict)
+
+    def to_json(self) -> bytes:
+        return json.dumps({
+            "window_start_ms": self.window_start_ms, "window_end_ms": self.window_end_ms, "run_id": self.run_id,
+            "batches": sorted(self.batches), "datasets": {k: dict(v) for k, v in self.datasets.items()},
+        }, indent=1, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes, where: str = "commit") -> "WindowCommit":
+        try:
+            data = json.loads(raw)
+            commit = cls(int(data["window_start_ms"]), int(data["window_end_ms"]), str(data["run_id"]),
+                         frozenset(str(k) for k in data["batches"]), dict(data.get("datasets") or {}))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CommitFormatError(f"{where}: not a window commit ({exc})") from exc
+        if commit.window_end_ms <= commit.window_start_ms:
+            raise CommitFormatError(f"{where}: window end {commit.window_end_ms} is not after its start")
+        return commit
+
+
+def commit_key(window_start_ms: int) -> str:
+    """`_commits/window=20240501T120000Z.json`, relative to the output root."""
+    start = datetime.fromtimestamp(window_start_ms / 1000, tz=timezone.utc)
+    return f"{COMMITS}/{start:{_NAME_FORMAT}}.json"
+
+
+def is_commit_key(key: str) -> bool:
+    if not (key.startswith(f"{COMMITS}/") and key.endswith(".json")):
+        return False
+    try:
+        datetime.strptime(key[len(COMMITS) + 1:-len(".json")], _NAME_FORMAT)
+    except ValueError:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class Materialised:
+    """What the committed manifests prove: per window start, the landed batch keys transformed."""
+
+    batches_by_window: Mapping[int, frozenset[str]]
+
+    @classmethod
+    def from_commits(cls, commits: Iterable[WindowCommit]) -> "Materialised":
+        return cls({c.window_start_ms: c.batches for c in commits})
+
+    @property
+    def windows(self) -> list[int]:
+        return sorted(self.batches_by_window)
+
+    def covers(self, window_start_ms: int, batch_key: str) -> bool:
+        """True when the batch is named by its window's committed manifest."""
+        return batch_key in self.batches_by_window.get(window_start_ms, frozenset())
+
+
+def batch_materialised(materialised: "Materialised | Mapping[int, frozenset[str] | None] | set[int]",
+                       window_start_ms: int, batch_key: str) -> bool:
+    """The checkpoint plan's test for one landed batch.
+
+    `materialised` is a `Materialised` (the committed manifests), or the plan's own window table: a window
+    mapped to None (or a bare set of windows) is asserted whole by the caller (pure tests, older callers)."""
+    if isinstance(materialised, Materialised):
+        return materialised.covers(window_start_ms, batch_key)
+    if window_start_ms not in materialised:
+        return False
+    batches = materialised.get(window_start_ms) if isinstance(materialised, Mapping) else None
+    return batches is None or batch_key in batches
+
+
+def reopened_windows(materialised: Materialised, landed: Iterable[tuple[int, str]]) -> list[int]:
+    """Committed windows holding a landed batch (window start, key) that their manifest does not name:
+    each needs a new run before the plan can advance past that batch."""
+    return sorted({w for w, key in landed
+                   if w in materialised.batches_by_window and not materialised.covers(w, key)})
+
+
+def read_materialised(output) -> Materialised:
+    """The committed manifests of an output location (any store with `list_keys(prefix)` and `get(key)`,
+    e.g. landing/store.py's). A missing location has none; an unreadable commit raises CommitFormatError."""
+    try:
+        keys = [k for k in output.list_keys(f"{COMMITS}/") if is_commit_key(k)]
+    except ZoneNotFoundError:
+        return Materialised({})
+    return Materialised.from_commits(WindowCommit.from_json(output.get(k), f"{output.uri}/{k}") for k in keys)
+
+
+__all__ = ["COMMITS", "CommitFormatError", "Materialised", "WindowCommit", "batch_materialised", "commit_key",
+           "is_commit_key", "read_materialised", "reopened_windows"]
