@@ -172,3 +172,23 @@ def test_the_checks_that_guard_checkpoints_block_the_checkpoint_commit():
     chain, counts, within = build_checks(window_partitions(settings), settings.window_ms)
     blocking = {spec.name: spec.blocking for checks in (chain, counts, within) for spec in checks.check_specs}
     assert blocking == {"chain_unbroken": True, "rows_reconcile": True, "checkpoint_within_materialised": False}
+
+
+def test_a_split_child_is_not_stalled_behind_its_parents_untransformed_window():
+    """Children read once the parent's last record has landed, not once SHARD_END is committed (that waits for
+    the window's transform, so one failed run would stop the split for ever)."""
+    from kcl_pipeline.defs.kinesis.resources import KinesisConsumerResource
+    from kcl_pipeline.kcl.model import TRIM_HORIZON, Checkpoint, Lease
+    from kcl_pipeline.kcl.planner import blocked_on_parents
+    from kcl_pipeline.landing.progress import ShardProgress
+
+    consumer = KinesisConsumerResource(stream="s", application="a", window_minutes=2, landing_uri="/tmp/z",
+                                       output_uri="/tmp/o")
+    config = consumer.consumer_config(AwsResource().settings(), "me#1", 20.0)
+    drained = ShardProgress("shardId-0", shard_end_landed=True).to_attributes()
+    parent = Lease(lease_key="shardId-0", checkpoint=Checkpoint(TRIM_HORIZON),
+                   extra={k: v for k, v in drained.items() if v is not None})
+    child = Lease(lease_key="shardId-1", checkpoint=Checkpoint(TRIM_HORIZON), parent_shard_ids=("shardId-0",))
+    assert not parent.is_ended
+    assert blocked_on_parents(child, {"shardId-0": parent}, config.parent_drained_attribute) == []
+    assert blocked_on_parents(child, {"shardId-0": parent}, None) == ["shardId-0"]

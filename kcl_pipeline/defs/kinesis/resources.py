@@ -77,12 +77,19 @@ class KinesisConsumerResource(ConfigurableResource):
         return self.window_minutes * 60_000
 
     def consumer_config(self, aws: AwsSettings, worker_id: str, cycle_seconds: float) -> ConsumerConfig:
+        # Children read as soon as their parent's last record has LANDED (the sink's last heartbeat says so):
+        # reading order needs the parent landed, not checkpointed. Waiting for SHARD_END (committed only after
+        # the window holding the parent's last record has materialised) would stall the split behind any
+        # failed or slow transform.
+        from ...landing.progress import A_SHARD_END
+
         return ConsumerConfig(
             stream=self.stream, application=self.application, worker_id=worker_id,
             initial_position=InitialPosition.parse(self.initial_position, self.initial_timestamp),
             leases_to_acquire=self.leases_to_acquire, max_leases=self.max_leases,
             heartbeat_seconds=self.heartbeat_seconds, lease_expiry_seconds=self.lease_expiry_seconds,
-            cycle_seconds=cycle_seconds, metrics_namespace=self.metrics_namespace, aws=aws)
+            cycle_seconds=cycle_seconds, metrics_namespace=self.metrics_namespace, aws=aws,
+            parent_drained_attribute=A_SHARD_END)
 
     def processor_spec(self, aws: AwsSettings) -> ProcessorSpec:
         """The landing sink in pipeline mode: it never checkpoints (kinesis_checkpoints does)."""
