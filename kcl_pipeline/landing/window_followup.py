@@ -8,7 +8,9 @@ times the sensor requested it), and each tick decides, from what the Dagster ins
 
   * materialised                          -> done, forgotten;
   * a run queued, running, or retrying    -> wait;
-  * the last run failed for good / no run -> request it again (a new run key), up to `max_requests`;
+  * the last run failed for good          -> request it again (a new run key), up to `max_requests`;
+  * no run known                          -> wait (the instance creates the requested run after the tick;
+                                             re-requesting would race it); stalled once overdue;
   * still not materialised past its end + `overdue_ms` -> stalled, reported by name (status, metric, check).
 
 Pure: observations in, decision out (no clock, no I/O); the sensor gathers the observations.
@@ -57,7 +59,7 @@ def follow_up(outstanding: Mapping[int, int], observed: Mapping[int, WindowObser
         seen = observed.get(start)
         if seen is not None and seen.materialised:
             continue
-        if seen is not None and seen.run in (RunState.FAILED, RunState.NONE):
+        if seen is not None and seen.run is RunState.FAILED:
             if requests < max_requests:
                 again.append(start)
                 requests += 1

@@ -25,14 +25,15 @@ def test_a_materialised_window_is_forgotten():
     assert out == FollowUp({}, (), (), ())
 
 
-@pytest.mark.parametrize("run", [RunState.ACTIVE, RunState.SUCCEEDED])
-def test_a_window_whose_run_is_active_or_just_succeeded_waits(run):
+@pytest.mark.parametrize("run", [RunState.ACTIVE, RunState.SUCCEEDED, RunState.NONE])
+def test_a_window_whose_run_is_active_just_succeeded_or_not_created_yet_waits(run):
     out = decide({8 * W: 1}, {8 * W: WindowObservation(False, run)})
     assert out == FollowUp({8 * W: 1}, (), (), ())
 
 
-def test_a_window_with_no_run_at_all_is_requested_again():
-    assert decide({8 * W: 1}, {8 * W: WindowObservation(False, RunState.NONE)}).rerequest == (8 * W,)
+def test_a_window_with_no_run_at_all_is_stalled_once_overdue():
+    out = decide({5 * W: 1}, {5 * W: WindowObservation(False, RunState.NONE)}, now_ms=8 * W)
+    assert (out.rerequest, out.stalled) == ((), (5 * W,))
 
 
 def test_an_unobserved_window_is_kept_unchanged():
