@@ -1,0 +1,62 @@
+"""The sensor's follow-up of reported windows against a real (ephemeral) Dagster instance: a window whose run
+failed for good is requested again under a new run key, a materialised one is forgotten, an overdue one is
+named as stalled."""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from dagster import (
+    Definitions,
+    DagsterInstance,
+    Failure,
+    TimeWindowPartitionsDefinition,
+    asset,
+    define_asset_job,
+    materialize,
+)
+
+from kcl_pipeline.defs.kinesis.partitions import PARTITION_FMT, partition_key
+from kcl_pipeline.defs.kinesis.sensors import WINDOW_JOB, Cursor, _observe_windows
+from kcl_pipeline.landing.window_followup import RunState, follow_up, rerun_key
+
+W = 60_000
+T0 = 1_795_000_000_000 - 1_795_000_000_000 % W
+PARTITIONS = TimeWindowPartitionsDefinition(
+    start=datetime.fromtimestamp(T0 / 1000 - 3600, tz=timezone.utc).replace(tzinfo=None),
+    fmt=PARTITION_FMT, cron_schedule="* * * * *", timezone="UTC")
+
+
+@asset(name="transformed_records")
+def failing_transform(context) -> None:
+    raise Failure("the transform failed")
+
+
+@asset(name="transformed_records")
+def good_transform(context) -> None:
+    return None
+
+
+def test_a_window_whose_run_failed_is_requested_again_and_a_materialised_one_forgotten():
+    instance = DagsterInstance.ephemeral()
+    failed, done, queued = T0, T0 + W, T0 + 2 * W
+    job = define_asset_job(WINDOW_JOB, selection=[failing_transform])
+    resolved = Definitions(assets=[failing_transform], jobs=[job]).resolve_job_def(WINDOW_JOB)
+    result = resolved.execute_in_process(partition_key=partition_key(failed), instance=instance,
+                                         raise_on_error=False)
+    assert not result.success
+    assert materialize([good_transform], partition_key=partition_key(done), instance=instance).success
+
+    outstanding = {failed: 1, done: 1, queued: 1}
+    observed = _observe_windows(instance, outstanding)
+    assert observed[failed].run is RunState.FAILED and not observed[failed].materialised
+    assert observed[done].materialised
+    assert observed[queued].run is RunState.NONE
+
+    decision = follow_up(outstanding, observed, now_ms=queued + W + 300_000, window_ms=W, overdue_ms=300_000,
+                         max_requests=3)
+    assert decision.rerequest == (failed,)
+    assert decision.outstanding == {failed: 2, queued: 1}  # the cursor never forgets an unmaterialised window
+    assert decision.stalled == (failed, queued)
+    assert rerun_key(partition_key(failed), decision.outstanding[failed]) != f"window-{partition_key(failed)}"
+    cursor = Cursor("w", queued + W, None, decision.outstanding)
+    assert Cursor.parse(cursor.to_json()) == cursor
