@@ -39,7 +39,7 @@ def good_transform(context) -> None:
 def test_a_window_whose_run_failed_is_requested_again_and_a_materialised_one_forgotten():
     instance = DagsterInstance.ephemeral()
     failed, done, queued = T0, T0 + W, T0 + 2 * W
-    job = define_asset_job(WINDOW_JOB, selection=[failing_transform])
+    job = define_asset_job(WINDOW_JOB, selection=[failing_transform], partitions_def=PARTITIONS)
     resolved = Definitions(assets=[failing_transform], jobs=[job]).resolve_job_def(WINDOW_JOB)
     result = resolved.execute_in_process(partition_key=partition_key(failed), instance=instance,
                                          raise_on_error=False)
