@@ -26,12 +26,12 @@ PARTITIONS = TimeWindowPartitionsDefinition(
     fmt=PARTITION_FMT, cron_schedule="* * * * *", timezone="UTC")
 
 
-@asset(name="transformed_records")
+@asset(name="transformed_records", partitions_def=PARTITIONS)
 def failing_transform(context) -> None:
     raise Failure("the transform failed")
 
 
-@asset(name="transformed_records")
+@asset(name="transformed_records", partitions_def=PARTITIONS)
 def good_transform(context) -> None:
     return None
 
