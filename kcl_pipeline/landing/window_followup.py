@@ -71,6 +71,14 @@ def follow_up(outstanding: Mapping[int, int], observed: Mapping[int, WindowObser
     return FollowUp(keep, tuple(again), tuple(stalled), tuple(gave_up))
 
 
+def stall_description(stalled: list[str], overdue_seconds: float) -> str:
+    """The windows_not_stalled check's verdict, naming every stalled window."""
+    if not stalled:
+        return "no reported window is overdue"
+    return (f"{len(stalled)} window(s) not materialised {overdue_seconds:.0f}s after their end: "
+            + ", ".join(stalled))
+
+
 def rerun_key(partition: str, request: int) -> str:
     """The run key of the sensor's `request`-th request of a window (the first is the plain window key)."""
     return f"window-{partition}" if request <= 1 else f"window-{partition}-request-{request}"

@@ -176,7 +176,7 @@ def test_the_checks_that_guard_checkpoints_block_the_checkpoint_commit():
     from kcl_pipeline.defs.kinesis.partitions import window_partitions
 
     settings = PipelineSettings.from_env({"KCL_PIPELINE_PARTITIONS_START": "2026-11-15"})
-    chain, counts, within = build_checks(window_partitions(settings), settings.window_ms)
+    chain, counts, within, _ = build_checks(window_partitions(settings), settings.window_ms)
     blocking = {spec.name: spec.blocking for checks in (chain, counts, within) for spec in checks.check_specs}
     assert blocking == {"chain_unbroken": True, "rows_reconcile": True, "checkpoint_within_materialised": False}
 

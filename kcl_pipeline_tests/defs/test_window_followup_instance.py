@@ -60,3 +60,30 @@ def test_a_window_whose_run_failed_is_requested_again_and_a_materialised_one_for
     assert rerun_key(partition_key(failed), decision.outstanding[failed]) != f"window-{partition_key(failed)}"
     cursor = Cursor("w", queued + W, None, decision.outstanding)
     assert Cursor.parse(cursor.to_json()) == cursor
+
+
+def test_the_stall_check_fails_naming_each_stalled_window_the_sensor_reported():
+    from dagster import AssetCheckKey, AssetObservation, AssetSelection, MetadataValue
+
+    from kcl_pipeline.defs.kinesis.assets import TRANSFORMED
+    from kcl_pipeline.defs.kinesis.checks import build_checks
+    from kcl_pipeline.defs.kinesis.resources import KinesisConsumerResource
+
+    instance = DagsterInstance.ephemeral()
+    stalled_check = build_checks(PARTITIONS, W)[3]
+    consumer = KinesisConsumerResource(stream="s", application="a", window_minutes=1, landing_uri="/tmp/z",
+                                       output_uri="/tmp/o")
+
+    def verdict():
+        result = materialize([good_transform, stalled_check], selection=AssetSelection.checks(stalled_check),
+                             instance=instance, resources={"consumer": consumer})
+        (evaluation,) = result.get_asset_check_evaluations()
+        assert evaluation.asset_check_key == AssetCheckKey(TRANSFORMED, "windows_not_stalled")
+        return evaluation
+
+    assert verdict().passed  # nothing observed yet
+    names = [partition_key(T0), partition_key(T0 + W)]
+    instance.report_runless_asset_event(AssetObservation(
+        asset_key=TRANSFORMED, metadata={"stalled_windows": 2, "stalled": MetadataValue.json(names)}))
+    failed = verdict()
+    assert not failed.passed and all(name in failed.description for name in names)

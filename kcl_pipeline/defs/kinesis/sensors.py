@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dagster import (
+    AssetCheckEvaluation,
     AssetMaterialization,
     AssetObservation,
     DefaultSensorStatus,
@@ -42,7 +43,7 @@ from dagster_aws.s3 import S3Resource
 from ...kcl.manager import LeaseManager
 from ...landing.completeness import window_complete
 from ...landing.progress import progress_from_leases
-from ...landing.window_followup import RunState, WindowObservation, follow_up, rerun_key
+from ...landing.window_followup import RunState, WindowObservation, follow_up, rerun_key, stall_description
 from ...landing.window_report import earliest_landed_minute, iso, summarise_window
 from ...landing.window_scan import first_window, scan_windows
 from .assets import KINESIS_STREAM, LANDED, TRANSFORMED, landing_store
@@ -55,6 +56,7 @@ CURSOR_VERSION = 1
 WINDOW_JOB = "kinesis_window_job"
 CHECKPOINTS_JOB = "kinesis_checkpoints_job"
 SHARD_END_TAG = "kcl_pipeline/shard_end"
+STALL_CHECK = "windows_not_stalled"
 OBSERVE_EVERY_MS = 60_000  # fleet observations (lag, leases per consumer): at most once a minute
 
 
@@ -280,6 +282,11 @@ def consumer_tick(context: SensorEvaluationContext, consumer: KinesisConsumerRes
             "stalled_windows": len(followed.stalled),
             "stalled": MetadataValue.json([partition_key(w) for w in followed.stalled]),
             "outstanding_windows": len(outstanding)}))
+        names = [partition_key(w) for w in followed.stalled]
+        events.append(AssetCheckEvaluation(
+            asset_key=TRANSFORMED, check_name=STALL_CHECK, passed=not names,
+            metadata={"stalled": MetadataValue.json(names),
+                      "description": stall_description(names, consumer.overdue_seconds)}))
     new_cursor = Cursor(worker_id, next_window, observed_at, outstanding)
     return SensorResult(run_requests=run_requests, asset_events=events, cursor=new_cursor.to_json(),
                         skip_reason=None if run_requests else " | ".join(said)[:4000])
