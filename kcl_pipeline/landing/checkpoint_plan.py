@@ -16,6 +16,11 @@ parent then is safe: its records are durably landed (the landing zone, not Kines
 window's transform), and the lineage audit must compare SHARD_END with the landed chain, not with the
 materialised windows.
 
+Records older than the first partition (`first_window_ms`, the fixed KCL_PIPELINE_PARTITIONS_START) belong
+to no window, so no window run will ever transform them: the plan steps over their batches (they stay in the
+landing zone, where a backfill with an earlier start can transform them) and reports them per shard
+(`before_start`), rather than holding the shard's checkpoint before them for ever.
+
 The listing passed in must hold every landed batch of each shard after its lease checkpoint (a batch
 missing from it would be stepped over). Batches at or below the checkpoint are ignored; overlapping
 batches stop the walk (the lineage audit reports them).
@@ -39,6 +44,7 @@ class ShardPlan:
     commit: Checkpoint | None  # advance the lease checkpoint to it (None: nothing new to commit)
     end: bool  # then write SHARD_END
     reason: str
+    before_start: int = 0  # batches stepped over because they precede the first partition
 
 
 @dataclass(frozen=True)
@@ -69,8 +75,10 @@ def window_of(minute_ms: int, window_ms: int) -> int:
 
 def plan_checkpoints(materialised: Iterable[tuple[int, int] | int], window_ms: int,
                      batches: Mapping[str, Sequence[BatchKey]], progress: Mapping[str, ShardProgress],
-                     leases: Iterable[Lease] | Mapping[str, Lease]) -> CheckpointPlan:
-    """The plan for every leased shard. `materialised`: windows as (t0, t1) or t0 (aligned, `window_ms` long)."""
+                     leases: Iterable[Lease] | Mapping[str, Lease], *,
+                     first_window_ms: int | None = None) -> CheckpointPlan:
+    """The plan for every leased shard. `materialised`: windows as (t0, t1) or t0 (aligned, `window_ms` long);
+    `first_window_ms`: the first partition's start (batches before it are stepped over and counted)."""
     if window_ms <= 0 or window_ms % 60_000:
         raise ValueError(f"window_ms must be a positive whole number of minutes, got {window_ms}")
     done: set[int] = set()
@@ -81,13 +89,13 @@ def plan_checkpoints(materialised: Iterable[tuple[int, int] | int], window_ms: i
         done.add(t0)
     by_key = dict(leases) if isinstance(leases, Mapping) else {lease.lease_key: lease for lease in leases}
     return CheckpointPlan({
-        key: _plan_shard(lease, batches.get(key, ()), progress.get(key), done, window_ms)
+        key: _plan_shard(lease, batches.get(key, ()), progress.get(key), done, window_ms, first_window_ms)
         for key, lease in sorted(by_key.items())
     })
 
 
 def _plan_shard(lease: Lease, batches: Sequence[BatchKey], progress: ShardProgress | None,
-                done: set[int], window_ms: int) -> ShardPlan:
+                done: set[int], window_ms: int, first_window_ms: int | None = None) -> ShardPlan:
     key = lease.lease_key
     if lease.is_ended:
         return ShardPlan(key, None, False, "already SHARD_END")
@@ -96,11 +104,17 @@ def _plan_shard(lease: Lease, batches: Sequence[BatchKey], progress: ShardProgre
     commit: Checkpoint | None = None
     stop = None
     previous: BatchKey | None = None
+    before_start = 0
     for b in pending:
         if previous is not None and b.first.key() <= previous.last.key():
             stop = f"overlapping batches {previous.key()} and {b.key()}: not advancing past them"
             break
         w = window_of(b.minute_ms, window_ms)
+        if first_window_ms is not None and w < first_window_ms:
+            before_start += 1  # in no partition: never transformed by a window run (see the module docstring)
+            commit = b.last
+            previous = b
+            continue
         if w not in done:
             stop = f"window starting {w} (batch {b.key()}) not materialised"
             break
@@ -110,14 +124,16 @@ def _plan_shard(lease: Lease, batches: Sequence[BatchKey], progress: ShardProgre
     end = False
     reason = stop or ("every landed batch is in a materialised window" if pending else "no landed batch after "
                       f"the checkpoint {current}")
+    if before_start:
+        reason = f"{reason}; {before_start} batch(es) before the first partition stepped over, untransformed"
     if progress is not None and progress.shard_end_landed:
-        end, why = _may_end(pending, progress, done, window_ms, current)
+        end, why = _may_end(pending, progress, done, window_ms, current, first_window_ms)
         reason = f"{reason}; {why}"
-    return ShardPlan(key, commit, end, reason)
+    return ShardPlan(key, commit, end, reason, before_start)
 
 
 def _may_end(pending: Sequence[BatchKey], progress: ShardProgress, done: set[int], window_ms: int,
-             current: Checkpoint) -> tuple[bool, str]:
+             current: Checkpoint, first_window_ms: int | None = None) -> tuple[bool, str]:
     landed = progress.landed
     if landed is None or not checkpoint_advances(current, landed):
         # Nothing landed after the checkpoint: the shard's last record (if any) is committed already.
@@ -126,7 +142,8 @@ def _may_end(pending: Sequence[BatchKey], progress: ShardProgress, done: set[int
     if holder is None:
         return False, f"shard end landed at {landed}, but no listed batch holds it: not ending"
     last_window = window_of(holder.minute_ms, window_ms)
-    missing = sorted({window_of(b.minute_ms, window_ms) for b in pending} - done - {last_window})
+    missing = sorted(w for w in {window_of(b.minute_ms, window_ms) for b in pending} - done - {last_window}
+                     if first_window_ms is None or w >= first_window_ms)
     if missing:
         return False, f"shard end landed; windows {missing} not materialised: not ending"
     return True, (f"shard end landed; every earlier window materialised (its last window {last_window} may wait "

@@ -225,7 +225,12 @@ def build_assets(partitions_def: TimeWindowPartitionsDefinition, window_ms: int)
         if start is not None and end is not None and end > start:
             for b in list_batches(store, consumer.stream, start, end):
                 batches.setdefault(b.shard_id, []).append(b)
-        plan = plan_checkpoints(materialised, window_ms, batches, progress, leases)
+        first_window_ms = int(partitions_def.start.timestamp() * 1000)
+        plan = plan_checkpoints(materialised, window_ms, batches, progress, leases, first_window_ms=first_window_ms)
+        before_start = {k: p.before_start for k, p in plan.shards.items() if p.before_start}
+        if before_start:
+            context.log.warning(f"batches landed before the first partition ({partitions_def.start.isoformat()}) "
+                                f"are in no window and stay untransformed in the landing zone: {before_start}")
         initial = InitialPosition.parse(consumer.initial_position, consumer.initial_timestamp).checkpoint()
         committed = apply_plan(plan, table, shards=shards, initial=initial)
         frontier = dict(previous)
@@ -248,6 +253,7 @@ def build_assets(partitions_def: TimeWindowPartitionsDefinition, window_ms: int)
             "commits": sum(1 for c in committed if c.checkpointed),
             "ends": sum(1 for c in committed if c.ended),
             "materialised_windows": len(materialised),
+            "batches_before_first_partition": MetadataValue.json(before_start),
             "listed_from_ms": start if start is not None else -1,
             "frontier": MetadataValue.json(frontier),
             "plan": MetadataValue.json({k: {"commit": _pos(p.commit), "end": p.end, "reason": p.reason}
