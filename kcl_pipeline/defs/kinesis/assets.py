@@ -203,7 +203,7 @@ def build_assets(partitions_def: TimeWindowPartitionsDefinition, window_ms: int)
         from ...landing.progress import progress_from_leases
         from ...landing.verify import list_batches
         from ...landing.window_report import earliest_landed_minute
-        from ...landing.window_scan import plan_listing_start, window_floor
+        from ...landing.window_scan import plan_listing_end, plan_listing_start, window_floor
 
         settings = aws.settings()
         table = LeaseTable(consumer.application, client("dynamodb", settings))
@@ -216,11 +216,7 @@ def build_assets(partitions_def: TimeWindowPartitionsDefinition, window_ms: int)
         zone_start = None if earliest is None else window_floor(earliest, window_ms)
         start = plan_listing_start(zone_start, previous, leases)
         progress = progress_from_leases(leases)
-        # Up to the last materialised window, and to the window of every last record of an ended shard (the plan
-        # needs the batch holding it to end the shard; its window need not have materialised).
-        ends = [window_floor(p.landed_arrival_ms, window_ms) + window_ms for p in progress.values()
-                if p.shard_end_landed and p.landed_arrival_ms is not None]
-        end = max(([max(materialised) + window_ms] if materialised else []) + ends, default=None)
+        end = plan_listing_end(materialised, progress, window_ms)
         batches: dict[str, list] = {}
         if start is not None and end is not None and end > start:
             for b in list_batches(store, consumer.stream, start, end):

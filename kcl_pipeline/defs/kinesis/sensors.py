@@ -45,7 +45,7 @@ from ...landing.completeness import window_complete
 from ...landing.progress import progress_from_leases
 from ...landing.window_followup import RunState, WindowObservation, follow_up, rerun_key, stall_description
 from ...landing.window_report import earliest_landed_minute, iso, summarise_window
-from ...landing.window_scan import first_window, scan_windows
+from ...landing.window_scan import ending_shards, first_window, resume_window, scan_windows
 from .assets import KINESIS_STREAM, LANDED, TRANSFORMED, landing_store
 from .partitions import partition_key
 from .resources import SPARK_RUN_TAG, AwsResource, KinesisConsumerResource
@@ -213,10 +213,12 @@ def consumer_tick(context: SensorEvaluationContext, consumer: KinesisConsumerRes
         else:
             say(f"first window {iso(first.start_ms)}: {first.reason}")
             next_window = first.start_ms
-    elif next_window < partitions_start_ms:
-        context.log.warning(f"the cursor's next window {iso(next_window)} precedes the first partition; "
-                            f"skipping to {iso(partitions_start_ms)}")
-        next_window = partitions_start_ms
+    else:
+        resumed, moved = resume_window(next_window, partitions_start_ms)
+        if moved:
+            context.log.warning(f"the cursor's next window {iso(next_window)} precedes the first partition; "
+                                f"skipping to {iso(partitions_start_ms)}")
+        next_window = resumed
 
     run_requests: list[RunRequest] = []
     outstanding = dict(cursor.outstanding)
@@ -327,8 +329,7 @@ def _shard_end_request(context, leases, progress, next_window: int | None, windo
     Only the checkpoint plan ends a shard in the pipeline, and the window holding a parent's last record
     cannot complete until its children land, whose leases exist only once the parent is ended: without
     this run a split would wait forever. At most one such run is in flight, and one per window period."""
-    ending = sorted(lease.lease_key for lease in leases if not lease.is_ended
-                    and progress.get(lease.lease_key) is not None and progress[lease.lease_key].shard_end_landed)
+    ending = ending_shards(leases, progress)
     if not ending or next_window is None or next_window - window_ms < partitions_start_ms:
         return None
     in_flight = context.instance.get_runs_count(RunsFilter(
