@@ -140,3 +140,13 @@ def plan_listing_end(materialised: Iterable[int], progress: Mapping[str, ShardPr
             if p.shard_end_landed and p.landed_arrival_ms is not None]
     done = list(materialised)
     return max(([max(done) + window_ms] if done else []) + ends, default=None)
+
+
+def skip_materialised(start_ms: int, materialised: Iterable[int], window_ms: int) -> int:
+    """A fresh cursor's first window, past the unbroken run of windows from `start_ms` whose transformed
+    output is already committed: a new Dagster instance (or a cleared cursor) must not re-transform days of
+    windows. The first gap stops the skip; everything from there is reported as usual."""
+    done = set(materialised)
+    while start_ms in done:
+        start_ms += window_ms
+    return start_ms

@@ -148,3 +148,11 @@ def test_plan_listing_end_covers_the_last_materialised_window_and_every_landed_s
                 B: ShardProgress(B, Checkpoint(seq(9)), T0 + 9 * W)}  # not at its end: ignored
     assert plan_listing_end([T0], late_end, W) == T0 + 6 * W
     assert plan_listing_end([], late_end, W) == T0 + 6 * W
+
+
+def test_a_fresh_cursor_does_not_re_transform_windows_whose_output_is_committed():
+    from kcl_pipeline.landing.window_scan import skip_materialised
+
+    assert skip_materialised(T0, [T0, T0 + W, T0 + 2 * W, T0 + 4 * W], W) == T0 + 3 * W  # stops at the gap
+    assert skip_materialised(T0, [T0 + W], W) == T0
+    assert skip_materialised(T0, [], W) == T0

@@ -45,8 +45,8 @@ from ...landing.completeness import window_complete
 from ...landing.progress import progress_from_leases
 from ...landing.window_followup import RunState, WindowObservation, follow_up, rerun_key, stall_description
 from ...landing.window_report import earliest_landed_minute, iso, summarise_window
-from ...landing.window_scan import ending_shards, first_window, resume_window, scan_windows
-from .assets import KINESIS_STREAM, LANDED, TRANSFORMED, landing_store
+from ...landing.window_scan import ending_shards, first_window, resume_window, scan_windows, skip_materialised
+from .assets import KINESIS_STREAM, LANDED, TRANSFORMED, landing_store, output_store
 from .partitions import partition_key
 from .resources import SPARK_RUN_TAG, AwsResource, KinesisConsumerResource
 
@@ -211,8 +211,14 @@ def consumer_tick(context: SensorEvaluationContext, consumer: KinesisConsumerRes
             say(f"first window not decided yet: {first.reason}"
                 + (f" ({', '.join(first.waiting_on)})" if first.waiting_on else ""))
         else:
-            say(f"first window {iso(first.start_ms)}: {first.reason}")
-            next_window = first.start_ms
+            from ...landing.audit import materialised_windows
+
+            next_window = skip_materialised(first.start_ms, materialised_windows(output_store(consumer, aws, s3)),
+                                            window_ms)
+            skipped = (next_window - first.start_ms) // window_ms
+            say(f"first window {iso(next_window)}: {first.reason}"
+                + (f"; {skipped} window(s) from {iso(first.start_ms)} already transformed (their output is "
+                   f"committed): not reported again" if skipped else ""))
     else:
         resumed, moved = resume_window(next_window, partitions_start_ms)
         if moved:
