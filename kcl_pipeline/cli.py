@@ -354,7 +354,7 @@ def _pipeline_settings():
     """The Dagster deployment's settings (KCL_PIPELINE_* variables): defaults for audit and backfill."""
     from .defs.kinesis.settings import PipelineSettings
 
-    return PipelineSettings.from_env()
+    return PipelineSettings.from_env(for_partitions=False)
 
 
 @main.command()

@@ -16,6 +16,11 @@ parent then is safe: its records are durably landed (the landing zone, not Kines
 window's transform), and the lineage audit must compare SHARD_END with the landed chain, not with the
 materialised windows.
 
+Records older than the first partition (`first_window_ms`, the fixed KCL_PIPELINE_PARTITIONS_START) belong
+to no window, so no window run will ever transform them: the plan steps over their batches (they stay in the
+landing zone, where a backfill with an earlier start can transform them) and reports them per shard
+(`before_start`), rather than holding the shard's checkpoint before them for ever.
+
 The listing passed in must hold every landed batch of each shard after its lease checkpoint (a batch
 missing from it would be stepped over). Batches at or below the checkpoint are ignored; overlapping
 batches stop the walk (the lineage audit reports them).
@@ -40,6 +45,7 @@ class ShardPlan:
     commit: Checkpoint | None  # advance the lease checkpoint to it (None: nothing new to commit)
     end: bool  # then write SHARD_END
     reason: str
+    before_start: int = 0  # batches stepped over because they precede the first partition
 
 
 @dataclass(frozen=True)
@@ -70,9 +76,11 @@ def window_of(minute_ms: int, window_ms: int) -> int:
 
 def plan_checkpoints(materialised: Iterable[tuple[int, int] | int] | Materialised, window_ms: int,
                      batches: Mapping[str, Sequence[BatchKey]], progress: Mapping[str, ShardProgress],
-                     leases: Iterable[Lease] | Mapping[str, Lease]) -> CheckpointPlan:
+                     leases: Iterable[Lease] | Mapping[str, Lease], *,
+                     first_window_ms: int | None = None) -> CheckpointPlan:
     """The plan for every leased shard. `materialised`: the committed manifests (transform/manifest.py), or
-    windows asserted whole as (t0, t1) or t0 (aligned, `window_ms` long)."""
+    windows asserted whole as (t0, t1) or t0 (aligned, `window_ms` long); `first_window_ms`: the first
+    partition's start (batches before it are stepped over and counted)."""
     if window_ms <= 0 or window_ms % 60_000:
         raise ValueError(f"window_ms must be a positive whole number of minutes, got {window_ms}")
     done: set[int] | Materialised = set()
@@ -85,13 +93,13 @@ def plan_checkpoints(materialised: Iterable[tuple[int, int] | int] | Materialise
         done = materialised
     by_key = dict(leases) if isinstance(leases, Mapping) else {lease.lease_key: lease for lease in leases}
     return CheckpointPlan({
-        key: _plan_shard(lease, batches.get(key, ()), progress.get(key), done, window_ms)
+        key: _plan_shard(lease, batches.get(key, ()), progress.get(key), done, window_ms, first_window_ms)
         for key, lease in sorted(by_key.items())
     })
 
 
 def _plan_shard(lease: Lease, batches: Sequence[BatchKey], progress: ShardProgress | None,
-                done: set[int], window_ms: int) -> ShardPlan:
+                done: set[int], window_ms: int, first_window_ms: int | None = None) -> ShardPlan:
     key = lease.lease_key
     if lease.is_ended:
         return ShardPlan(key, None, False, "already SHARD_END")
@@ -100,11 +108,17 @@ def _plan_shard(lease: Lease, batches: Sequence[BatchKey], progress: ShardProgre
     commit: Checkpoint | None = None
     stop = None
     previous: BatchKey | None = None
+    before_start = 0
     for b in pending:
         if previous is not None and b.first.key() <= previous.last.key():
             stop = f"overlapping batches {previous.key()} and {b.key()}: not advancing past them"
             break
         w = window_of(b.minute_ms, window_ms)
+        if first_window_ms is not None and w < first_window_ms:
+            before_start += 1  # in no partition: never transformed by a window run (see the module docstring)
+            commit = b.last
+            previous = b
+            continue
         if not batch_materialised(done, w, b.key()):
             stop = f"window starting {w} (batch {b.key()}) not materialised (or the batch landed after its run)"
             break
@@ -114,14 +128,16 @@ def _plan_shard(lease: Lease, batches: Sequence[BatchKey], progress: ShardProgre
     end = False
     reason = stop or ("every landed batch is in a materialised window" if pending else "no landed batch after "
                       f"the checkpoint {current}")
+    if before_start:
+        reason = f"{reason}; {before_start} batch(es) before the first partition stepped over, untransformed"
     if progress is not None and progress.shard_end_landed:
-        end, why = _may_end(pending, progress, done, window_ms, current)
+        end, why = _may_end(pending, progress, done, window_ms, current, first_window_ms)
         reason = f"{reason}; {why}"
-    return ShardPlan(key, commit, end, reason)
+    return ShardPlan(key, commit, end, reason, before_start)
 
 
 def _may_end(pending: Sequence[BatchKey], progress: ShardProgress, done: set[int], window_ms: int,
-             current: Checkpoint) -> tuple[bool, str]:
+             current: Checkpoint, first_window_ms: int | None = None) -> tuple[bool, str]:
     landed = progress.landed
     if landed is None or not checkpoint_advances(current, landed):
         # Nothing landed after the checkpoint: the shard's last record (if any) is committed already.
@@ -131,7 +147,9 @@ def _may_end(pending: Sequence[BatchKey], progress: ShardProgress, done: set[int
         return False, f"shard end landed at {landed}, but no listed batch holds it: not ending"
     last_window = window_of(holder.minute_ms, window_ms)
     missing = sorted({window_of(b.minute_ms, window_ms) for b in pending
-                      if not batch_materialised(done, window_of(b.minute_ms, window_ms), b.key())} - {last_window})
+                      if not batch_materialised(done, window_of(b.minute_ms, window_ms), b.key())
+                      and (first_window_ms is None or window_of(b.minute_ms, window_ms) >= first_window_ms)}
+                     - {last_window})
     if missing:
         return False, f"shard end landed; windows {missing} not materialised: not ending"
     return True, (f"shard end landed; every earlier window materialised (its last window {last_window} may wait "

@@ -115,3 +115,38 @@ def plan_listing_start(zone_start_ms: int | None, frontier: Mapping[str, int], l
             parents = [frontier[p] for p in lease.parent_shard_ids if p in frontier]
             starts.append(min(parents) if parents else zone_start_ms)
     return max(zone_start_ms, min(starts)) if starts else None
+
+
+def resume_window(cursor_next_ms: int | None, partitions_start_ms: int) -> tuple[int | None, bool]:
+    """The sensor's next window to report, from its cursor: never before the first partition (a cursor from
+    an earlier start, or written before the start was fixed). Returns (window, whether it was moved up)."""
+    if cursor_next_ms is not None and cursor_next_ms < partitions_start_ms:
+        return partitions_start_ms, True
+    return cursor_next_ms, False
+
+
+def ending_shards(leases: Iterable[Lease], progress: Mapping[str, ShardProgress]) -> list[str]:
+    """Shards whose last record has landed but whose lease is not SHARD_END yet: the checkpoint plan ends them."""
+    return sorted(lease.lease_key for lease in leases if not lease.is_ended
+                  and progress.get(lease.lease_key) is not None and progress[lease.lease_key].shard_end_landed)
+
+
+def plan_listing_end(materialised: Iterable[int], progress: Mapping[str, ShardProgress],
+                     window_ms: int) -> int | None:
+    """Where the checkpoint plan's listing ends: after the last materialised window, and after the window of
+    every landed last record of a shard (the plan needs the batch holding it to end the shard; that window
+    need not have materialised). None: nothing to list."""
+    ends = [window_floor(p.landed_arrival_ms, window_ms) + window_ms for p in progress.values()
+            if p.shard_end_landed and p.landed_arrival_ms is not None]
+    done = list(materialised)
+    return max(([max(done) + window_ms] if done else []) + ends, default=None)
+
+
+def skip_materialised(start_ms: int, materialised: Iterable[int], window_ms: int) -> int:
+    """A fresh cursor's first window, past the unbroken run of windows from `start_ms` whose transformed
+    output is already committed: a new Dagster instance (or a cleared cursor) must not re-transform days of
+    windows. The first gap stops the skip; everything from there is reported as usual."""
+    done = set(materialised)
+    while start_ms in done:
+        start_ms += window_ms
+    return start_ms

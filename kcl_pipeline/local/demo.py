@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
@@ -42,9 +43,13 @@ class DemoOptions:
     dagster_storage: str = "sqlite"  # or "postgres" (DAGSTER_POSTGRES_URL)
 
 
-def demo_env(endpoints: Endpoints, options: DemoOptions, dagster_home: Path) -> dict[str, str]:
-    """The environment `dagster dev` runs with: the emulators' endpoints and the demo profile."""
+def demo_env(endpoints: Endpoints, options: DemoOptions, dagster_home: Path,
+             partitions_start: datetime | None = None) -> dict[str, str]:
+    """The environment `dagster dev` runs with: the emulators' endpoints and the demo profile; the partitions
+    start at `partitions_start` (the window the stream was created in: the UI shows only windows that can exist)."""
+    start = {} if partitions_start is None else {"KCL_PIPELINE_PARTITIONS_START": partitions_start.isoformat()}
     return {
+        **start,
         **os.environ,
         **endpoints.env(),
         "DAGSTER_HOME": str(dagster_home),
@@ -57,6 +62,13 @@ def demo_env(endpoints: Endpoints, options: DemoOptions, dagster_home: Path) -> 
         "KCL_PIPELINE_LEASE_EXPIRY_SECONDS": "10",
         "PYTHONUNBUFFERED": "1",
     }
+
+
+def stream_start_window(kinesis, stream: str, window_minutes: int) -> datetime:
+    """The start of the window the stream was created in: where the demo's partitions start."""
+    created = kinesis.describe_stream_summary(StreamName=stream)["StreamDescriptionSummary"]["StreamCreationTimestamp"]
+    seconds = int(created.timestamp())
+    return datetime.fromtimestamp(seconds - seconds % (window_minutes * 60), tz=timezone.utc)
 
 
 def ensure_stream(kinesis, stream: str, shards: int) -> None:
@@ -151,7 +163,8 @@ def run_demo(options: DemoOptions, *, ready: Callable[[Endpoints, str], None] | 
             print(f"producer    {options.rate:g} records/s, KPL aggregates of {options.aggregate} "
                   f"alternating with plain records, every {options.poison_every}th payload poison", flush=True)
         home = prepare_dagster_home(state / "dagster_home", storage=options.dagster_storage)
-        env = demo_env(endpoints, options, home)
+        env = demo_env(endpoints, options, home,
+                       stream_start_window(kinesis, options.stream, options.window_minutes))
         (state / "env.sh").write_text("\n".join(endpoints.export_lines()) + "\n")
         dagster = start_dagster(env, options, state / "logs" / "dagster.log")
         url = f"http://{options.host}:{options.port}"

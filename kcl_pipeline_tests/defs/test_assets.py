@@ -52,7 +52,8 @@ def pipeline(emulators, aws_settings, unique_name, tmp_path):
         fmt=PARTITION_FMT, cron_schedule="* * * * *", timezone="UTC", end_offset=1)
     landed, transformed, checkpoints = build_assets(partitions, W)
     checks = build_checks(partitions, W)
-    settings = PipelineSettings.from_env({"KCL_PIPELINE_WINDOW_MINUTES": "1"})
+    settings = PipelineSettings.from_env({"KCL_PIPELINE_WINDOW_MINUTES": "1",
+                                          "KCL_PIPELINE_PARTITIONS_START": "2026-11-15"})
     consumer = KinesisConsumerResource(stream=stream, application=unique_name("app"), window_minutes=1,
                                        landing_uri=f"s3://{bucket}/landing", output_uri=str(tmp_path / "out"),
                                        create_zones=True, grace_seconds=1.0)

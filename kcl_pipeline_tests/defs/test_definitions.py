@@ -40,8 +40,14 @@ def test_definitions_validate(tmp_path):
     assert "Validation successful for code location kcl_pipeline.definitions" in result.stdout + result.stderr
 
 
+def test_definitions_without_a_fixed_partitions_start_fail_to_load_with_a_clear_error(tmp_path):
+    result = validate(tmp_path)
+    assert result.returncode != 0
+    assert "KCL_PIPELINE_PARTITIONS_START is required" in result.stdout + result.stderr
+
+
 def test_definitions_validate_fails_on_a_bad_setting(tmp_path):
-    result = validate(tmp_path, KCL_PIPELINE_WINDOW_MINUTES="7")
+    result = validate(tmp_path, KCL_PIPELINE_WINDOW_MINUTES="7", KCL_PIPELINE_PARTITIONS_START="2026-11-15")
     assert result.returncode != 0
     assert "KCL_PIPELINE_WINDOW_MINUTES must divide an hour" in result.stdout + result.stderr
 
@@ -76,7 +82,8 @@ def test_prepare_dagster_home_needs_the_project_file(tmp_path):
 
 @pytest.fixture(scope="module")
 def defs():
-    return build_definitions(PipelineSettings.from_env({"KCL_PIPELINE_PROFILE": "demo"}, now=NOW))
+    return build_definitions(PipelineSettings.from_env({"KCL_PIPELINE_PROFILE": "demo",
+                                                       "KCL_PIPELINE_PARTITIONS_START": "2026-11-21"}, now=NOW))
 
 
 def test_jobs_sensor_and_schedule(defs):
@@ -122,7 +129,7 @@ def test_aws_resource_settings():
 
 
 def test_spark_config_sets_this_python_and_the_master():
-    s = PipelineSettings.from_env({"KCL_PIPELINE_SPARK_MASTER": "spark://h:7077",
+    s = PipelineSettings.from_env({"KCL_PIPELINE_SPARK_MASTER": "spark://h:7077", "KCL_PIPELINE_PARTITIONS_START": "2026-11-15",
                                    "KCL_PIPELINE_SPARK_CONF": '{"spark.executor.memory": "2g"}'}, now=NOW)
     conf = spark_config(s)
     assert conf["spark.master"] == "spark://h:7077" and conf["spark.pyspark.python"] == sys.executable
@@ -169,7 +176,27 @@ def test_the_checks_that_guard_checkpoints_block_the_checkpoint_commit():
     from kcl_pipeline.defs.kinesis.checks import build_checks
     from kcl_pipeline.defs.kinesis.partitions import window_partitions
 
-    settings = PipelineSettings.from_env({})
-    chain, counts, within = build_checks(window_partitions(settings), settings.window_ms)
+    settings = PipelineSettings.from_env({"KCL_PIPELINE_PARTITIONS_START": "2026-11-15"})
+    chain, counts, within, _ = build_checks(window_partitions(settings), settings.window_ms)
     blocking = {spec.name: spec.blocking for checks in (chain, counts, within) for spec in checks.check_specs}
     assert blocking == {"chain_unbroken": True, "rows_reconcile": True, "checkpoint_within_materialised": False}
+
+
+def test_a_split_child_is_not_stalled_behind_its_parents_untransformed_window():
+    """Children read once the parent's last record has landed, not once SHARD_END is committed (that waits for
+    the window's transform, so one failed run would stop the split for ever)."""
+    from kcl_pipeline.defs.kinesis.resources import KinesisConsumerResource
+    from kcl_pipeline.kcl.model import TRIM_HORIZON, Checkpoint, Lease
+    from kcl_pipeline.kcl.planner import blocked_on_parents
+    from kcl_pipeline.landing.progress import ShardProgress
+
+    consumer = KinesisConsumerResource(stream="s", application="a", window_minutes=2, landing_uri="/tmp/z",
+                                       output_uri="/tmp/o")
+    config = consumer.consumer_config(AwsResource().settings(), "me#1", 20.0)
+    drained = ShardProgress("shardId-0", shard_end_landed=True).to_attributes()
+    parent = Lease(lease_key="shardId-0", checkpoint=Checkpoint(TRIM_HORIZON),
+                   extra={k: v for k, v in drained.items() if v is not None})
+    child = Lease(lease_key="shardId-1", checkpoint=Checkpoint(TRIM_HORIZON), parent_shard_ids=("shardId-0",))
+    assert not parent.is_ended
+    assert blocked_on_parents(child, {"shardId-0": parent}, config.parent_drained_attribute) == []
+    assert blocked_on_parents(child, {"shardId-0": parent}, None) == ["shardId-0"]

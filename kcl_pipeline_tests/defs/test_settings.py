@@ -19,7 +19,7 @@ def env(**values: str) -> dict[str, str]:
 
 
 def test_defaults():
-    s = PipelineSettings.from_env({}, now=NOW)
+    s = PipelineSettings.from_env(env(PARTITIONS_START="2026-11-15"), now=NOW)
     assert (s.stream, s.application, s.window_minutes, s.initial_position) == \
         ("kcl-pipeline-demo", "kcl-pipeline", 60, "TRIM_HORIZON")
     assert s.partitions_start == datetime(2026, 11, 15, tzinfo=timezone.utc)
@@ -30,7 +30,7 @@ def test_defaults():
 def test_demo_profile_and_overrides():
     s = PipelineSettings.from_env(env(PROFILE="demo"), now=NOW)
     assert (s.window_minutes, s.create_zones) == (2, True)
-    assert s.partitions_start == datetime(2026, 11, 21, tzinfo=timezone.utc)
+    assert s.partitions_start == datetime(2026, 11, 22, 3, 16, tzinfo=timezone.utc)  # the current 2-min window
     s = PipelineSettings.from_env(env(PROFILE="demo", WINDOW_MINUTES="5", CREATE_ZONES="no", STREAM="orders",
                                       PARTITIONS_START="2026-11-22T03:00:00Z", INITIAL_POSITION="at_timestamp",
                                       INITIAL_TIMESTAMP="2026-11-22T03:00:00Z", SPARK_CONF='{"spark.x": 1}',
@@ -39,6 +39,15 @@ def test_demo_profile_and_overrides():
         (5, False, "orders", "AT_TIMESTAMP", "me")
     assert s.partitions_start == datetime(2026, 11, 22, 3, tzinfo=timezone.utc)
     assert s.spark_conf == {"spark.x": "1"} and s.landing_uri == "/data/zone"
+
+
+def test_the_partitions_start_is_required_outside_the_demo_and_never_moves_with_the_clock():
+    with pytest.raises(ConfigError, match="KCL_PIPELINE_PARTITIONS_START is required"):
+        PipelineSettings.from_env({}, now=NOW)
+    fixed = env(PARTITIONS_START="2026-11-20T00:00:00Z")
+    later = datetime(2026, 11, 29, 3, 17, tzinfo=timezone.utc)
+    assert PipelineSettings.from_env(fixed, now=NOW).partitions_start == \
+        PipelineSettings.from_env(fixed, now=later).partitions_start == datetime(2026, 11, 20, tzinfo=timezone.utc)
 
 
 @pytest.mark.parametrize("values,message", [
@@ -63,7 +72,7 @@ def test_demo_profile_and_overrides():
 ])
 def test_bad_settings_say_what_is_wrong(values, message):
     with pytest.raises(ConfigError, match=message):
-        PipelineSettings.from_env(values, now=NOW)
+        PipelineSettings.from_env({**env(PARTITIONS_START="2026-11-15"), **values}, now=NOW)
 
 
 @pytest.mark.parametrize("minutes,ok", [(1, True), (2, True), (7, False), (15, True), (30, True), (45, False),

@@ -5,11 +5,14 @@ from kcl_pipeline.defs.kinesis.resources import KinesisConsumerResource
 from kcl_pipeline.defs.kinesis.settings import PipelineSettings
 
 
+START = {"KCL_PIPELINE_PARTITIONS_START": "2026-01-01"}  # required outside the demo profile
+
+
 def test_hosting_workers_is_opt_in_outside_the_demo():
-    assert PipelineSettings.from_env({}).host_workers is False
-    assert PipelineSettings.from_env({"KCL_PIPELINE_HOST_WORKERS": "true"}).host_workers is True
+    assert PipelineSettings.from_env(START).host_workers is False
+    assert PipelineSettings.from_env({**START, "KCL_PIPELINE_HOST_WORKERS": "true"}).host_workers is True
     assert PipelineSettings.from_env({"KCL_PIPELINE_PROFILE": "demo"}).host_workers is True
-    settings = PipelineSettings.from_env({})
+    settings = PipelineSettings.from_env(START)
     assert KinesisConsumerResource.from_settings(settings).host_workers is False
 
 
@@ -19,7 +22,7 @@ def test_text_settings_from_the_environment_are_envvar_fields(monkeypatch):
 
     from kcl_pipeline.defs.kinesis.resources import build_resources as pipeline_resources
 
-    env = {"KCL_PIPELINE_STREAM": "orders", "KCL_PIPELINE_LANDING_URI": "s3://lake/landing"}
+    env = {**START, "KCL_PIPELINE_STREAM": "orders", "KCL_PIPELINE_LANDING_URI": "s3://lake/landing"}
     settings = PipelineSettings.from_env(env)
     consumer = pipeline_resources(settings, env)["consumer"]
     fields = consumer.model_dump()

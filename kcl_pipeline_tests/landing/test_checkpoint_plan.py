@@ -136,3 +136,19 @@ def test_apply_plan_commits_ends_and_creates_children(dynamodb_client, unique_na
     assert [(c.checkpointed, c.children_created) for c in again] == [(False, ())]
     assert {lease.lease_key: lease.checkpoint for lease in table.scan()} == \
         {k: v.checkpoint for k, v in leases.items()}
+
+
+def test_records_older_than_the_first_partition_never_stall_the_checkpoint():
+    """W0 precedes the first partition (W1): its batches belong to no window run. They used to hold the
+    checkpoint before them for ever; now they are stepped over and counted."""
+    stalled = plan_checkpoints([W1, W2], HOUR, {S: S_BATCHES}, {}, [Lease(S, TH)])
+    assert stalled.shards[S].commit is None  # without the start, W0 is just "not materialised"
+    plan = plan_checkpoints([W1, W2], HOUR, {S: S_BATCHES}, {}, [Lease(S, TH)], first_window_ms=W1)
+    shard = plan.shards[S]
+    assert shard.commit == cp(50) and shard.before_start == 2
+    assert "2 batch(es) before the first partition" in shard.reason
+    # Nothing materialised yet: the pre-start batches alone are passed, nothing beyond them.
+    assert plan_checkpoints([], HOUR, {S: S_BATCHES}, {}, [Lease(S, TH)], first_window_ms=W1).commits == {S: cp(20)}
+    # A shard whose last record landed: pre-start windows never block its end.
+    ending = plan_checkpoints([W1], HOUR, {S: S_BATCHES}, {S: ended(50)}, [Lease(S, TH)], first_window_ms=W1)
+    assert ending.shards[S].end and ending.shards[S].commit == cp(30)

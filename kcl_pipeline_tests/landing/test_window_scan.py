@@ -6,7 +6,15 @@ import pytest
 from kcl_pipeline.kcl.model import Checkpoint, Lease
 from kcl_pipeline.landing.completeness import WindowStatus
 from kcl_pipeline.landing.progress import ShardProgress
-from kcl_pipeline.landing.window_scan import first_window, plan_listing_start, scan_windows, window_floor
+from kcl_pipeline.landing.window_scan import (
+    ending_shards,
+    first_window,
+    plan_listing_end,
+    plan_listing_start,
+    resume_window,
+    scan_windows,
+    window_floor,
+)
 
 from .helpers import T0, seq
 
@@ -113,3 +121,38 @@ def test_plan_listing_start(zone_start, frontier, leases, expected):
 
 def test_window_floor():
     assert window_floor(T0 + W + 5, W) == T0 + W and window_floor(T0, W) == T0
+
+
+@pytest.mark.parametrize("cursor,start,expected", [
+    (None, T0, (None, False)),
+    (T0 + W, T0, (T0 + W, False)),
+    (T0, T0, (T0, False)),
+    (T0 - 5 * W, T0, (T0, True)),  # a cursor from before the fixed start moves up to it
+])
+def test_resume_window(cursor, start, expected):
+    assert resume_window(cursor, start) == expected
+
+
+def test_ending_shards_are_those_landed_to_their_end_and_not_ended():
+    progress = {A: ShardProgress(A, Checkpoint(seq(5)), T0, shard_end_landed=True),
+                B: ShardProgress(B, Checkpoint(seq(9)), T0),
+                "shardId-ended": ShardProgress("shardId-ended", None, None, shard_end_landed=True)}
+    leases = [lease(A), lease(B), lease("shardId-ended", Checkpoint("SHARD_END")), lease("shardId-none")]
+    assert ending_shards(leases, progress) == [A]
+
+
+def test_plan_listing_end_covers_the_last_materialised_window_and_every_landed_shard_end():
+    assert plan_listing_end([], {}, W) is None
+    assert plan_listing_end([T0, T0 + W], {}, W) == T0 + 2 * W
+    late_end = {A: ShardProgress(A, Checkpoint(seq(5)), T0 + 5 * W + 1, shard_end_landed=True),
+                B: ShardProgress(B, Checkpoint(seq(9)), T0 + 9 * W)}  # not at its end: ignored
+    assert plan_listing_end([T0], late_end, W) == T0 + 6 * W
+    assert plan_listing_end([], late_end, W) == T0 + 6 * W
+
+
+def test_a_fresh_cursor_does_not_re_transform_windows_whose_output_is_committed():
+    from kcl_pipeline.landing.window_scan import skip_materialised
+
+    assert skip_materialised(T0, [T0, T0 + W, T0 + 2 * W, T0 + 4 * W], W) == T0 + 3 * W  # stops at the gap
+    assert skip_materialised(T0, [T0 + W], W) == T0
+    assert skip_materialised(T0, [], W) == T0

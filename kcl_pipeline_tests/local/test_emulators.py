@@ -296,3 +296,24 @@ def test_env_var_overrides_and_is_checked(tmp_path, monkeypatch):
         find_node_modules()
     with pytest.raises(NodeModulesMissing):
         EmulatorStack(tmp_path / "logs", services=["kinesis"]).start()
+
+
+def test_the_demo_partitions_start_in_the_window_its_stream_was_created(emulators, kinesis_client, unique_name,
+                                                                        tmp_path):
+    """`./run.sh demo` showed 1,086 "missing" partitions back to yesterday midnight: the demo's partitions start
+    where its stream starts."""
+    from datetime import datetime, timezone
+
+    from kcl_pipeline.defs.kinesis.settings import PipelineSettings
+    from kcl_pipeline.local.demo import DemoOptions, demo_env, ensure_stream, stream_start_window
+
+    stream = unique_name("demo-start")
+    before = datetime.now(timezone.utc)
+    ensure_stream(kinesis_client, stream, 1)
+    start = stream_start_window(kinesis_client, stream, 2)
+    assert int(start.timestamp()) % 120 == 0
+    assert 0 <= before.timestamp() - start.timestamp() < 120 + 5
+    options = DemoOptions(state_dir=tmp_path, stream=stream)
+    env = {k: v for k, v in demo_env(emulators, options, tmp_path, start).items() if k.startswith("KCL_PIPELINE_")}
+    settings = PipelineSettings.from_env(env, now=datetime(2026, 12, 24, tzinfo=timezone.utc))
+    assert settings.partitions_start == start

@@ -219,7 +219,7 @@ def build_assets(partitions_def: TimeWindowPartitionsDefinition, window_ms: int)
         from ...landing.progress import progress_from_leases
         from ...landing.verify import list_batches
         from ...landing.window_report import earliest_landed_minute
-        from ...landing.window_scan import plan_listing_start, window_floor
+        from ...landing.window_scan import plan_listing_end, plan_listing_start, window_floor
 
         settings = aws.settings()
         table = LeaseTable(consumer.lease_table, client("dynamodb", settings))
@@ -233,16 +233,17 @@ def build_assets(partitions_def: TimeWindowPartitionsDefinition, window_ms: int)
         zone_start = None if earliest is None else window_floor(earliest, window_ms)
         start = plan_listing_start(zone_start, previous, leases)
         progress = progress_from_leases(leases)
-        # Up to the last materialised window, and to the window of every last record of an ended shard (the plan
-        # needs the batch holding it to end the shard; its window need not have materialised).
-        ends = [window_floor(p.landed_arrival_ms, window_ms) + window_ms for p in progress.values()
-                if p.shard_end_landed and p.landed_arrival_ms is not None]
-        end = max(([max(materialised) + window_ms] if materialised else []) + ends, default=None)
+        end = plan_listing_end(materialised, progress, window_ms)
         batches: dict[str, list] = {}
         if start is not None and end is not None and end > start:
             for b in list_batches(store, consumer.stream, start, end):
                 batches.setdefault(b.shard_id, []).append(b)
-        plan = plan_checkpoints(committed, window_ms, batches, progress, leases)
+        first_window_ms = int(partitions_def.start.timestamp() * 1000)
+        plan = plan_checkpoints(committed, window_ms, batches, progress, leases, first_window_ms=first_window_ms)
+        before_start = {k: p.before_start for k, p in plan.shards.items() if p.before_start}
+        if before_start:
+            context.log.warning(f"batches landed before the first partition ({partitions_def.start.isoformat()}) "
+                                f"are in no window and stay untransformed in the landing zone: {before_start}")
         initial = InitialPosition.parse(consumer.initial_position, consumer.initial_timestamp).checkpoint()
         committed = apply_plan(plan, table, shards=shards, initial=initial)
         frontier = dict(previous)
@@ -265,6 +266,7 @@ def build_assets(partitions_def: TimeWindowPartitionsDefinition, window_ms: int)
             "commits": sum(1 for c in committed if c.checkpointed),
             "ends": sum(1 for c in committed if c.ended),
             "materialised_windows": len(materialised),
+            "batches_before_first_partition": MetadataValue.json(before_start),
             "listed_from_ms": start if start is not None else -1,
             "frontier": MetadataValue.json(frontier),
             "plan": MetadataValue.json({k: {"commit": _pos(p.commit), "end": p.end, "reason": p.reason}

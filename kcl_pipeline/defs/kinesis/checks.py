@@ -3,6 +3,9 @@
 * landed_records / chain_unbroken              every shard's batches chain without gap or overlap
 * transformed_records / rows_reconcile         landed = transformed + duplicates + quarantined
 * kinesis_checkpoints / checkpoint_within_materialised   no checkpoint beyond materialised records
+* transformed_records / windows_not_stalled    no reported window left unmaterialised past its end + overdue;
+                                               evaluated by the kinesis_consumer sensor on every change (a run
+                                               of it re-reads the sensor's latest stall metric)
 """
 
 from typing import Any, Mapping
@@ -91,4 +94,18 @@ def build_checks(partitions_def: TimeWindowPartitionsDefinition, window_ms: int)
                                        aws: AwsResource, s3: S3Resource) -> AssetCheckResult:
         return run(context, consumer, aws, s3, "checkpoints", leases=live_leases(consumer, aws))
 
-    return chain_unbroken, rows_reconcile, checkpoint_within_materialised
+    @asset_check(asset=TRANSFORMED, name="windows_not_stalled",
+                 description="No window the sensor reported is still unmaterialised past its end + the overdue "
+                             "time (its runs failed for good, or never ran); fails naming each stalled window.")
+    def windows_not_stalled(context: AssetCheckExecutionContext, consumer: KinesisConsumerResource) -> AssetCheckResult:
+        from ...landing.window_followup import stall_description
+
+        records = context.instance.fetch_observations(AssetRecordsFilter(asset_key=TRANSFORMED), limit=1).records
+        observation = records[0].asset_observation if records else None
+        value = observation.metadata.get("stalled") if observation is not None else None
+        stalled = [str(k) for k in (getattr(value, "data", None) or [])]
+        return AssetCheckResult(passed=not stalled, severity=AssetCheckSeverity.ERROR,
+                                description=stall_description(stalled, consumer.overdue_seconds),
+                                metadata={"stalled": MetadataValue.json(stalled)})
+
+    return chain_unbroken, rows_reconcile, checkpoint_within_materialised, windows_not_stalled

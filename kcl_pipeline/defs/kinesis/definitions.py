@@ -18,9 +18,11 @@ def build_definitions(settings: PipelineSettings | None = None) -> Definitions:
     settings = settings or PipelineSettings.from_env()
     partitions_def = window_partitions(settings)
     landed, transformed, checkpoints = build_assets(partitions_def, settings.window_ms)
-    chain, counts, within = build_checks(partitions_def, settings.window_ms)
+    chain, counts, within, stalled = build_checks(partitions_def, settings.window_ms)
     window_job = define_asset_job(
-        WINDOW_JOB, selection=AssetSelection.assets(TRANSFORMED, CHECKPOINTS) | AssetSelection.checks(chain),
+        # windows_not_stalled is the sensor's verdict (evaluated by the sensor), not a window run's step.
+        WINDOW_JOB, selection=(AssetSelection.assets(TRANSFORMED, CHECKPOINTS) | AssetSelection.checks(chain))
+        - AssetSelection.checks(stalled),
         partitions_def=partitions_def, tags={SPARK_RUN_TAG: "true"},
         description="Transform a window the kinesis_consumer sensor reported complete, then commit its checkpoints.")
     checkpoints_job = define_asset_job(
@@ -28,12 +30,13 @@ def build_definitions(settings: PipelineSettings | None = None) -> Definitions:
         description="Apply the checkpoint plan alone (the sensor runs it when a shard's last record has landed, so "
                     "the shard is ended and its children's leases are created).")
     backfill_job = define_asset_job(
-        BACKFILL_JOB, selection=AssetSelection.assets(LANDED, TRANSFORMED), partitions_def=partitions_def,
+        BACKFILL_JOB, selection=AssetSelection.assets(LANDED, TRANSFORMED) - AssetSelection.checks(stalled),
+        partitions_def=partitions_def,
         tags={SPARK_RUN_TAG: "true"},
         description="Re-land windows from Kinesis (bounded re-reads) and transform them; checkpoints untouched.")
     return Definitions(
         assets=[kinesis_stream, landed, transformed, checkpoints],
-        asset_checks=[chain, counts, within],
+        asset_checks=[chain, counts, within, stalled],
         jobs=[window_job, checkpoints_job, backfill_job],
         sensors=[build_consumer_sensor(partitions_def, [window_job, checkpoints_job], settings.sensor_interval_seconds)],
         schedules=[build_backfill_schedule(backfill_job, partitions_def, settings.window_ms)],

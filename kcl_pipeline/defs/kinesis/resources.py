@@ -73,6 +73,11 @@ class KinesisConsumerResource(ConfigurableResource):
     # Bounds of one sensor tick (a tick must return well inside Dagster's 60 s).
     max_windows_per_tick: int = 12
     tick_budget_seconds: float = 30.0
+    # A reported window not materialised this long after its end is STALLED (sensor status, metric); a window
+    # whose run failed for good is requested again up to max_window_requests times in all. The same 300 s as
+    # the audit's default transform grace.
+    overdue_seconds: float = 300.0
+    max_window_requests: int = 3
 
     @classmethod
     def from_settings(cls, settings: PipelineSettings,

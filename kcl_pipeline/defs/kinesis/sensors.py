@@ -20,10 +20,11 @@ import socket
 import threading
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from dagster import (
+    AssetCheckEvaluation,
     AssetMaterialization,
     AssetObservation,
     DefaultSensorStatus,
@@ -38,7 +39,8 @@ from dagster import (
     TimeWindowPartitionsDefinition,
     sensor,
 )
-from dagster._core.storage.dagster_run import IN_PROGRESS_RUN_STATUSES
+from dagster._core.storage.dagster_run import IN_PROGRESS_RUN_STATUSES, DagsterRunStatus
+from dagster._core.storage.tags import PARTITION_NAME_TAG, WILL_RETRY_TAG
 from dagster_aws.s3 import S3Resource
 
 from ...kcl.aws import client
@@ -47,9 +49,10 @@ from ...kcl.manager import CycleReport, LeaseManager
 from ...kcl.shards import list_shards
 from ...landing.completeness import window_complete
 from ...landing.progress import progress_from_leases
+from ...landing.window_followup import RunState, WindowObservation, follow_up, rerun_key, stall_description
 from ...landing.window_report import earliest_landed_minute, iso, summarise_window
-from ...landing.window_scan import first_window, scan_windows
-from .assets import KINESIS_STREAM, LANDED, landing_store
+from ...landing.window_scan import ending_shards, first_window, resume_window, scan_windows, skip_materialised
+from .assets import KINESIS_STREAM, LANDED, TRANSFORMED, landing_store, output_store
 from .partitions import partition_key
 from .resources import SPARK_RUN_TAG, AwsResource, KinesisConsumerResource
 
@@ -60,6 +63,7 @@ WINDOW_JOB = "kinesis_window_job"
 CHECKPOINTS_JOB = "kinesis_checkpoints_job"
 SHARD_END_TAG = "kcl_pipeline/shard_end"
 HOST_WORKERS_SETTING = "KCL_PIPELINE_HOST_WORKERS"
+STALL_CHECK = "windows_not_stalled"
 OBSERVE_EVERY_MS = 60_000  # fleet observations (lag, leases per consumer): at most once a minute
 
 
@@ -72,9 +76,13 @@ class Cursor:
     worker_id: str | None = None
     next_window_ms: int | None = None  # the first window not reported yet (None: not decided yet)
     observed_at_ms: int | None = None
+    # reported windows not materialised yet -> how many times the sensor requested them (window_followup.py)
+    outstanding: dict[int, int] = field(default_factory=dict)
 
     def to_json(self) -> str:
-        return json.dumps({"v": CURSOR_VERSION, **asdict(self)}, sort_keys=True)
+        return json.dumps({"v": CURSOR_VERSION, "worker_id": self.worker_id, "next_window_ms": self.next_window_ms,
+                           "observed_at_ms": self.observed_at_ms,
+                           "outstanding": {str(k): v for k, v in sorted(self.outstanding.items())}}, sort_keys=True)
 
     @classmethod
     def parse(cls, text: str | None) -> "Cursor":
@@ -85,7 +93,8 @@ class Cursor:
             if not isinstance(data, dict) or data.get("v") != CURSOR_VERSION:
                 raise ValueError(f"version {data.get('v') if isinstance(data, dict) else None!r}")
             return cls(worker_id=_opt(data.get("worker_id"), str), next_window_ms=_opt(data.get("next_window_ms"), int),
-                       observed_at_ms=_opt(data.get("observed_at_ms"), int))
+                       observed_at_ms=_opt(data.get("observed_at_ms"), int),
+                       outstanding=_outstanding(data.get("outstanding")))
         except (ValueError, TypeError) as exc:
             raise CursorError(
                 f"kinesis_consumer cursor {text[:200]!r} is not a v{CURSOR_VERSION} cursor ({exc}); clear the "
@@ -101,6 +110,14 @@ def _opt(value: Any, kind: type) -> Any:
     if kind is str and not isinstance(value, str):
         raise TypeError(f"expected a string, got {value!r}")
     return value
+
+
+def _outstanding(value: Any) -> dict[int, int]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise TypeError(f"outstanding must be an object, got {value!r}")
+    return {int(k): _opt(v, int) for k, v in value.items()}
 
 
 def new_worker_id() -> str:
@@ -237,14 +254,38 @@ def _report_windows(context, consumer, aws, s3, partitions_def, cursor, worker_i
             say(f"first window not decided yet: {first.reason}"
                 + (f" ({', '.join(first.waiting_on)})" if first.waiting_on else ""))
         else:
-            say(f"first window {iso(first.start_ms)}: {first.reason}")
-            next_window = first.start_ms
-    elif next_window < partitions_start_ms:
-        context.log.warning(f"the cursor's next window {iso(next_window)} precedes the first partition; "
-                            f"skipping to {iso(partitions_start_ms)}")
-        next_window = partitions_start_ms
+            from ...landing.audit import materialised_windows
+
+            next_window = skip_materialised(first.start_ms, materialised_windows(output_store(consumer, aws, s3)),
+                                            window_ms)
+            skipped = (next_window - first.start_ms) // window_ms
+            say(f"first window {iso(next_window)}: {first.reason}"
+                + (f"; {skipped} window(s) from {iso(first.start_ms)} already transformed (their output is "
+                   f"committed): not reported again" if skipped else ""))
+    else:
+        resumed, moved = resume_window(next_window, partitions_start_ms)
+        if moved:
+            context.log.warning(f"the cursor's next window {iso(next_window)} precedes the first partition; "
+                                f"skipping to {iso(partitions_start_ms)}")
+        next_window = resumed
 
     run_requests: list[RunRequest] = []
+    outstanding = dict(cursor.outstanding)
+    followed = follow_up(outstanding, _observe_windows(context.instance, outstanding), now_ms=now_ms,
+                         window_ms=window_ms, overdue_ms=int(consumer.overdue_seconds * 1000),
+                         max_requests=consumer.max_window_requests)
+    outstanding = dict(followed.outstanding)
+    for start in followed.rerequest:
+        key = partition_key(start)
+        run_requests.append(RunRequest(run_key=rerun_key(key, outstanding[start]), job_name=WINDOW_JOB,
+                                       partition_key=key, tags={SPARK_RUN_TAG: "true"}))
+        say(f"window {key} has no materialisation and its last run failed: transform requested again "
+            f"(request {outstanding[start]} of {consumer.max_window_requests})")
+    if followed.stalled:
+        names = ", ".join(partition_key(w) for w in followed.stalled)
+        say(f"STALLED windows (not materialised {consumer.overdue_seconds:.0f}s past their end): {names}"
+            + (f"; no more requests for {', '.join(partition_key(w) for w in followed.gave_up)}"
+               if followed.gave_up else ""))
     if next_window is not None:
         scan = scan_windows(next_window, window_ms, now_ms,
                             lambda t0, t1: window_complete(t0, t1, shards, progress, leases, grace_ms),
@@ -266,8 +307,9 @@ def _report_windows(context, consumer, aws, s3, partitions_def, cursor, worker_i
                 "completeness": MetadataValue.json(status.reasons),
                 "source": "kinesis_consumer sensor",
             }))
-            run_requests.append(RunRequest(run_key=f"window-{key}", job_name=WINDOW_JOB, partition_key=key,
+            run_requests.append(RunRequest(run_key=rerun_key(key, 1), job_name=WINDOW_JOB, partition_key=key,
                                            tags={SPARK_RUN_TAG: "true"}))
+            outstanding[status.window_start_ms] = 1
             next_window = status.window_end_ms
             say(f"window {key} complete: {summary.rows} rows, {summary.bytes} bytes in "
                 f"{len(summary.keys)} batches; transform requested")
@@ -285,9 +327,48 @@ def _report_windows(context, consumer, aws, s3, partitions_def, cursor, worker_i
     if observed_at is None or now_ms - observed_at >= OBSERVE_EVERY_MS:
         events.append(AssetObservation(asset_key=KINESIS_STREAM, metadata=_fleet_metadata(cycle, progress, leases)))
         observed_at = now_ms
-    new_cursor = Cursor(worker_id, next_window, observed_at)
+    if followed.stalled or set(followed.stalled) != _stalled_before(cursor, now_ms, window_ms, consumer):
+        # The stall metric: on every tick while windows are stalled, and once when they no longer are.
+        events.append(AssetObservation(asset_key=TRANSFORMED, metadata={
+            "stalled_windows": len(followed.stalled),
+            "stalled": MetadataValue.json([partition_key(w) for w in followed.stalled]),
+            "outstanding_windows": len(outstanding)}))
+        names = [partition_key(w) for w in followed.stalled]
+        events.append(AssetCheckEvaluation(
+            asset_key=TRANSFORMED, check_name=STALL_CHECK, passed=not names,
+            metadata={"stalled": MetadataValue.json(names),
+                      "description": stall_description(names, consumer.overdue_seconds)}))
+    new_cursor = Cursor(worker_id, next_window, observed_at, outstanding)
     return SensorResult(run_requests=run_requests, asset_events=events, cursor=new_cursor.to_json(),
                         skip_reason=None if run_requests else " | ".join(said)[:4000])
+
+
+def _stalled_before(cursor: Cursor, now_ms: int, window_ms: int, consumer: KinesisConsumerResource) -> set[int]:
+    overdue_ms = int(consumer.overdue_seconds * 1000)
+    return {w for w in cursor.outstanding if now_ms >= w + window_ms + overdue_ms}
+
+
+def _observe_windows(instance, outstanding: dict[int, int]) -> dict[int, WindowObservation]:
+    """What the Dagster instance says about each outstanding window: materialised, and its newest run's state."""
+    if not outstanding:
+        return {}
+    keys = {start: partition_key(start) for start in outstanding}
+    done = instance.get_materialized_partitions(TRANSFORMED)
+    observed: dict[int, WindowObservation] = {}
+    for start, key in keys.items():
+        runs = instance.get_runs(RunsFilter(job_name=WINDOW_JOB, tags={PARTITION_NAME_TAG: key}), limit=1)
+        observed[start] = WindowObservation(key in done, _run_state(runs[0] if runs else None))
+    return observed
+
+
+def _run_state(run) -> RunState:
+    if run is None:
+        return RunState.NONE
+    if run.status == DagsterRunStatus.SUCCESS:
+        return RunState.SUCCEEDED
+    if run.status in (DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED):
+        return RunState.ACTIVE if run.tags.get(WILL_RETRY_TAG) == "true" else RunState.FAILED
+    return RunState.ACTIVE
 
 
 def _shard_end_request(context, leases, progress, next_window: int | None, window_ms: int, partitions_start_ms: int,
@@ -297,8 +378,7 @@ def _shard_end_request(context, leases, progress, next_window: int | None, windo
     Only the checkpoint plan ends a shard in the pipeline, and the window holding a parent's last record
     cannot complete until its children land, whose leases exist only once the parent is ended: without
     this run a split would wait forever. At most one such run is in flight, and one per window period."""
-    ending = sorted(lease.lease_key for lease in leases if not lease.is_ended
-                    and progress.get(lease.lease_key) is not None and progress[lease.lease_key].shard_end_landed)
+    ending = ending_shards(leases, progress)
     if not ending or next_window is None or next_window - window_ms < partitions_start_ms:
         return None
     in_flight = context.instance.get_runs_count(RunsFilter(

@@ -2,8 +2,13 @@
 
 Partitions and the sensor's interval are fixed when Definitions are built, so they cannot come from a
 resource at run time: every setting is read here, and the resources are built from the same object (one
-source of truth for the window length). Every variable is optional; `KCL_PIPELINE_PROFILE=demo` changes
-the defaults to a demo's (2-minute windows, partitions from yesterday, zones created on first use).
+source of truth for the window length). Every variable but KCL_PIPELINE_PARTITIONS_START is optional;
+`KCL_PIPELINE_PROFILE=demo` changes the defaults to a demo's (2-minute windows, partitions from the current
+window, zones created on first use; `kcl-pipeline demo` sets the start to its stream's creation).
+
+The first partition is fixed configuration, never computed from the clock at load: a start that moved with
+every load ("7 days ago") made the windows before it unreportable, so their records never materialised and no
+checkpoint moved past them.
 
     KCL_PIPELINE_PROFILE                  default | demo
     KCL_PIPELINE_STREAM                   Kinesis stream name or ARN          (kcl-pipeline-demo)
@@ -12,7 +17,7 @@ the defaults to a demo's (2-minute windows, partitions from yesterday, zones cre
     KCL_PIPELINE_INITIAL_POSITION         TRIM_HORIZON | LATEST | AT_TIMESTAMP (TRIM_HORIZON)
     KCL_PIPELINE_INITIAL_TIMESTAMP        ISO 8601, with AT_TIMESTAMP only
     KCL_PIPELINE_WINDOW_MINUTES           window length: a divisor of 60, or whole hours dividing 24 (60; demo 2)
-    KCL_PIPELINE_PARTITIONS_START         first partition, ISO date/time UTC  (midnight UTC 7 days ago; demo 1 day)
+    KCL_PIPELINE_PARTITIONS_START         first partition, ISO date/time UTC  (REQUIRED; demo: the current window)
     KCL_PIPELINE_LANDING_URI              s3://bucket/prefix or a directory   (s3://kcl-pipeline/landing)
     KCL_PIPELINE_OUTPUT_URI               s3://bucket/prefix or a directory   (s3://kcl-pipeline/output)
     KCL_PIPELINE_CREATE_ZONES             create missing buckets/directories (false; demo true)
@@ -59,7 +64,7 @@ class PipelineSettings:
     initial_timestamp: str | None = None
     table_name: str | None = consumer_default("table_name")
     window_minutes: int = 60
-    partitions_start: datetime = field(default_factory=lambda: _midnight_days_ago(7))
+    partitions_start: datetime = field(kw_only=True)  # required: fixed configuration, see above
     landing_uri: str = "s3://kcl-pipeline/landing"
     output_uri: str = "s3://kcl-pipeline/output"
     create_zones: bool = False
@@ -120,7 +125,10 @@ class PipelineSettings:
                 f"{PREFIX}WINDOW_MINUTES longer")
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, *, now: datetime | None = None) -> "PipelineSettings":
+    def from_env(cls, env: Mapping[str, str] | None = None, *, now: datetime | None = None,
+                 for_partitions: bool = True) -> "PipelineSettings":
+        """The settings from KCL_PIPELINE_* variables. `for_partitions=False` (the CLI's defaults for audit,
+        verify and backfill, which name their windows themselves) does not require the partitions' start."""
         env = os.environ if env is None else env
         now = now or datetime.now(timezone.utc)
         profile = env.get(f"{PREFIX}PROFILE", "default").strip().lower() or "default"
@@ -134,8 +142,16 @@ class PipelineSettings:
 
         window = _int(get("WINDOW_MINUTES"), "WINDOW_MINUTES", 2 if demo else 60)
         start_text = get("PARTITIONS_START")
-        start = _parse_start(start_text) if start_text else _midnight_days_ago(1 if demo else 7, now)
         d = _defaults(cls)
+        if start_text:
+            start = _parse_start(start_text)
+        elif demo or not for_partitions:
+            start = _window_start(now, window)
+        else:
+            raise ConfigError(
+                f"{PREFIX}PARTITIONS_START is required: the first window partition, fixed for the deployment's "
+                f"life (ISO 8601 UTC on a window boundary, e.g. 2026-01-31 or 2026-01-31T06:00:00Z). Choose the "
+                f"window of the oldest record you want transformed; older records land into the first window")
         settings = cls(
             stream=get("STREAM", d["stream"]),
             application=get("APPLICATION", d["application"]),
@@ -179,9 +195,9 @@ def check_window_minutes(minutes: int) -> None:
             f"dividing a day (60, 120, 180, 240, 360, 480, 720, 1440), got {minutes}")
 
 
-def _midnight_days_ago(days: int, now: datetime | None = None) -> datetime:
-    now = now or datetime.now(timezone.utc)
-    return (now - timedelta(days=days)).replace(hour=0, minute=0, second=0, microsecond=0)
+def _window_start(now: datetime, window_minutes: int) -> datetime:
+    seconds = int(now.timestamp())
+    return datetime.fromtimestamp(seconds - seconds % (window_minutes * 60), tz=timezone.utc)
 
 
 def _parse_start(text: str) -> datetime:
