@@ -44,7 +44,7 @@ from ..kcl.processor import Checkpointer, InitializationInput, ProcessRecordsInp
 from .batch import COMPRESSIONS, BatchInfo, encode_batch, read_batch_info
 from .errors import CorruptBatchError, LandingConfigError
 from .exclusion import exclude_landed
-from .layout import MINUTE_MS, BatchKey, minute_of, minute_prefix, parse_batch_key
+from .layout import MINUTE_MS, BatchKey, link_key, minute_of, minute_prefix, parse_batch_key
 from .progress import ShardProgress, merge_progress
 from .store import ZoneStore, open_store
 
@@ -99,6 +99,7 @@ class LandingStats:
     bytes_written: int = 0
     records_already_landed: int = 0  # dropped by the exclusion (re-delivered after a restart/hand-over)
     batches_already_landed: int = 0  # conditional put found the object there
+    links_lost: int = 0  # another writer had claimed the batch after the same position
     flushes: dict[str, int] = field(default_factory=dict)  # by reason
 
 
@@ -322,36 +323,99 @@ class LandingProcessor:
             log.info("%s: %d of %d records were landed already (%s)", self.shard_id, covered, len(records),
                      ", ".join(b.key() for b in exclusion.covering))
         final_key: BatchKey | None = exclusion.last_covered_by
+        landed_end = exclusion.last_covered_by.last if exclusion.last_covered_by else None
+        kept: list[UserRecord] = []
+        kept_prev: Checkpoint | None = None
         for run in exclusion.runs:
-            encoded = encode_batch(self.stream, self.shard_id, run.records, run.prev, self.settings.compression)
-            if self.store.put_if_absent(encoded.key.key(), encoded.body):
-                self.stats.batches_written += 1
-                self.stats.rows_written += encoded.rows
-                self.stats.bytes_written += len(encoded.body)
-            else:
-                # Same key = same range: someone landed exactly these records. Check it really holds them.
-                info = self._validate(encoded.key)
-                if info.rows != encoded.rows:
-                    raise CorruptBatchError(
-                        f"landing zone {self.store.uri}: object {encoded.key.key()} holds {info.rows} rows, "
-                        f"but {encoded.rows} records have that range")
-                self.stats.batches_already_landed += 1
-            final_key = encoded.key if run.records[-1] is records[-1] else final_key
-        last = records[-1]
-        arrival = last.approximate_arrival_timestamp_ms
-        prior = self._progress.landed_arrival_ms
-        self._progress = replace(
-            self._progress, landed=last.checkpoint,
-            landed_arrival_ms=arrival if prior is None or arrival > prior else prior,
-            last_batch_key=final_key.key() if final_key else self._progress.last_batch_key)
-        self._buffer = []
-        self._buffer_bytes = 0
+            pending, run_prev = list(run.records), run.prev
+            while pending:
+                outcome = self._land_after(run_prev, pending)
+                if outcome is None:  # the batch after run_prev is claimed but not written yet, and ends later
+                    kept, kept_prev = pending, run_prev
+                    break
+                key, consumed = outcome
+                final_key, landed_end = key, key.last
+                pending, run_prev = pending[consumed:], key.last
+            if kept:
+                break
+        if kept:
+            # Everything from the unfinished link on stays buffered; a later flush (with more records of the
+            # minute) completes the claimed batch. The exclusion drops whatever else lands meanwhile.
+            start = next(i for i, r in enumerate(records) if r is kept[0])
+            kept = records[start:]
+        landed_records = records[:len(records) - len(kept)] if kept else records
+        if landed_records:
+            last = landed_records[-1]
+            arrival = last.approximate_arrival_timestamp_ms
+            prior = self._progress.landed_arrival_ms
+            end = landed_end if landed_end is not None and landed_end.key() > last.position() else last.checkpoint
+            self._progress = replace(
+                self._progress, landed=end,
+                landed_arrival_ms=arrival if prior is None or arrival > prior else prior,
+                last_batch_key=final_key.key() if final_key else self._progress.last_batch_key)
+            if end.key() > last.position():
+                # Another writer landed further than we have read: drop those records when they come.
+                self._skip_key = end.key() if self._skip_key is None or end.key() > self._skip_key else self._skip_key
+        self._buffer = list(kept)
+        self._buffer_bytes = sum(len(r.data) + len(r.partition_key) + len(r.sequence_number) + RECORD_OVERHEAD_BYTES
+                                 for r in kept)
+        if kept:
+            self._buffer_prev = kept_prev
+            self._buffer_started = self._monotonic()
         self.stats.flushes[reason] = self.stats.flushes.get(reason, 0) + 1
-        if self.settings.checkpoint_after_flush and self._checkpointer is not None:
+        if self.settings.checkpoint_after_flush and self._checkpointer is not None and landed_records:
             # On the next heartbeat write when the worker offers it (no extra DynamoDB write): a checkpoint
             # that lags only makes a successor re-read records the exclusion then drops.
+            last = landed_records[-1]
             commit = getattr(self._checkpointer, "checkpoint_at_next_heartbeat", None) or self._checkpointer.checkpoint
             commit(last.sequence_number, last.sub_sequence_number)
+
+    def _land_after(self, prev: Checkpoint | None, records: list[UserRecord]) -> tuple[BatchKey, int] | None:
+        """Land the batch following `prev`, fenced by its link; (the batch that follows prev, how many of
+        `records` it holds), or None when another writer claimed a longer batch that is not written yet."""
+        encoded = encode_batch(self.stream, self.shard_id, records, prev, self.settings.compression)
+        link = link_key(self.stream, encoded.key.minute_ms, self.shard_id, prev)
+        if self.store.put_if_absent(link, encoded.key.key().encode()):
+            return self._put_batch(encoded), len(records)
+        owner_text = self.store.get(link).decode("utf-8", "replace")
+        owner = parse_batch_key(owner_text)
+        if owner is None or owner.shard_id != self.shard_id or owner.first != records[0].checkpoint:
+            raise CorruptBatchError(
+                f"landing zone {self.store.uri}: link {link} names {owner_text!r}, not a batch of {self.shard_id} "
+                f"starting at {records[0].checkpoint}; move it away to resume landing")
+        if owner == encoded.key:
+            return self._put_batch(encoded), len(records)  # our own claim (a retry), or the same range
+        held = sum(1 for r in records if r.position() <= owner.last.key())
+        self.stats.links_lost += 1
+        if self.store.exists(owner.key()):
+            self._validate(owner)  # never drop records on the word of an unreadable object
+            self.stats.records_already_landed += held
+            log.info("%s: the batch after %s is %s (another writer's): %d records dropped",
+                     self.shard_id, prev, owner.key(), held)
+            return owner, held
+        if held == len(records) and records[-1].checkpoint != owner.last:
+            return None  # the claimed batch ends beyond what we hold: wait for more records
+        # The claimer died between link and batch: land exactly its range (same records, same key).
+        mine = encode_batch(self.stream, self.shard_id, records[:held], prev, self.settings.compression)
+        if mine.key != owner:
+            raise CorruptBatchError(f"landing zone {self.store.uri}: link {link} names {owner.key()}, "
+                                    f"but the records after {prev} make {mine.key.key()}")
+        return self._put_batch(mine), held
+
+    def _put_batch(self, encoded) -> BatchKey:
+        if self.store.put_if_absent(encoded.key.key(), encoded.body):
+            self.stats.batches_written += 1
+            self.stats.rows_written += encoded.rows
+            self.stats.bytes_written += len(encoded.body)
+        else:
+            # Same key = same range: someone landed exactly these records. Check it really holds them.
+            info = self._validate(encoded.key)
+            if info.rows != encoded.rows:
+                raise CorruptBatchError(
+                    f"landing zone {self.store.uri}: object {encoded.key.key()} holds {info.rows} rows, "
+                    f"but {encoded.rows} records have that range")
+            self.stats.batches_already_landed += 1
+        return encoded.key
 
     def _validate(self, key: BatchKey) -> BatchInfo:
         info = read_batch_info(self.store, key)
