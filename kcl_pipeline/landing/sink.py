@@ -138,6 +138,7 @@ class LandingProcessor:
         self._resume: Checkpoint | None = None
         self._skip_key: tuple | None = None  # records at or below it were landed before: dropped
         self._start_prev: Checkpoint | None = None
+        self._tail: tuple[Checkpoint, str] | None = None  # the last landed batch we know: (its last, its key)
         self._last_delivered: UserRecord | None = None
         self._buffer: list[UserRecord] = []
         self._buffer_bytes = 0
@@ -167,6 +168,7 @@ class LandingProcessor:
         if found is not None:
             key, info = found
             landed = ShardProgress(self.shard_id, key.last, info.last_arrival_ms, last_batch_key=key.key())
+            self._tail = (key.last, key.key())
             if hint is not None and hint.landed is not None and hint.landed.key() <= key.last.key():
                 landed = merge_progress(landed, hint)  # the previous owner's poll facts still hold
             self._progress = landed
@@ -317,6 +319,9 @@ class LandingProcessor:
         exclusion = exclude_landed(records, prev, existing)
         for cover in exclusion.covering:
             self._validate(cover)  # never drop records on the word of an unreadable object
+            if self._tail is None or cover.last.key() > self._tail[0].key():
+                self._tail = (cover.last, cover.key())
+        ends = {c.last: c.key() for c in exclusion.covering}
         covered = len(records) - sum(len(run.records) for run in exclusion.runs)
         if covered:
             self.stats.records_already_landed += covered
@@ -329,12 +334,17 @@ class LandingProcessor:
         for run in exclusion.runs:
             pending, run_prev = list(run.records), run.prev
             while pending:
-                outcome = self._land_after(run_prev, pending)
+                prev_key = ends.get(run_prev) if run_prev is not None else None
+                if prev_key is None and self._tail is not None and self._tail[0] == run_prev:
+                    prev_key = self._tail[1]
+                outcome = self._land_after(run_prev, pending, prev_key)
                 if outcome is None:  # the batch after run_prev is claimed but not written yet, and ends later
                     kept, kept_prev = pending, run_prev
                     break
                 key, consumed = outcome
                 final_key, landed_end = key, key.last
+                ends[key.last] = key.key()
+                self._tail = (key.last, key.key())
                 pending, run_prev = pending[consumed:], key.last
             if kept:
                 break
@@ -370,10 +380,11 @@ class LandingProcessor:
             commit = getattr(self._checkpointer, "checkpoint_at_next_heartbeat", None) or self._checkpointer.checkpoint
             commit(last.sequence_number, last.sub_sequence_number)
 
-    def _land_after(self, prev: Checkpoint | None, records: list[UserRecord]) -> tuple[BatchKey, int] | None:
+    def _land_after(self, prev: Checkpoint | None, records: list[UserRecord],
+                    prev_key: str | None) -> tuple[BatchKey, int] | None:
         """Land the batch following `prev`, fenced by its link; (the batch that follows prev, how many of
         `records` it holds), or None when another writer claimed a longer batch that is not written yet."""
-        encoded = encode_batch(self.stream, self.shard_id, records, prev, self.settings.compression)
+        encoded = encode_batch(self.stream, self.shard_id, records, prev, self.settings.compression, prev_key)
         link = link_key(self.stream, encoded.key.minute_ms, self.shard_id, prev)
         if self.store.put_if_absent(link, encoded.key.key().encode()):
             return self._put_batch(encoded), len(records)
@@ -396,7 +407,7 @@ class LandingProcessor:
         if held == len(records) and records[-1].checkpoint != owner.last:
             return None  # the claimed batch ends beyond what we hold: wait for more records
         # The claimer died between link and batch: land exactly its range (same records, same key).
-        mine = encode_batch(self.stream, self.shard_id, records[:held], prev, self.settings.compression)
+        mine = encode_batch(self.stream, self.shard_id, records[:held], prev, self.settings.compression, prev_key)
         if mine.key != owner:
             raise CorruptBatchError(f"landing zone {self.store.uri}: link {link} names {owner.key()}, "
                                     f"but the records after {prev} make {mine.key.key()}")

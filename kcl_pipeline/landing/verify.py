@@ -52,6 +52,7 @@ class ChainReport:
     first: Checkpoint | None = None
     last: Checkpoint | None = None
     starts_after: Checkpoint | None = None  # the prev of the first batch (outside the window)
+    starts_after_key: str | None = None  # the key of the batch the first one says it follows (its footer)
     gaps: list[Gap] = field(default_factory=list)
     overlaps: list[Overlap] = field(default_factory=list)
     corrupt: dict[str, str] = field(default_factory=dict)  # key -> why it could not be read
@@ -176,9 +177,13 @@ def verify_chain(infos: Sequence[BatchInfo], corrupt: dict[str, BatchKey | str] 
             if previous is None:
                 report.first = key.first
                 report.starts_after = info.prev if info else None
+                report.starts_after_key = info.prev_key if info else None
             elif key.first.key() <= previous.last.key():
                 report.overlaps.append(Overlap(previous.key(), key.key()))
             elif info is not None and info.prev != previous.last:
+                report.gaps.append(Gap(previous.last, info.prev, key.key()))
+            elif info is not None and info.prev_key is not None and info.prev_key != previous.key():
+                # The positions meet, but the batch names another predecessor: a batch was replaced or reordered.
                 report.gaps.append(Gap(previous.last, info.prev, key.key()))
             if previous is None or key.last.key() > previous.last.key():
                 report.last = key.last
