@@ -151,3 +151,10 @@ def test_a_tick_refuses_a_consumer_window_unlike_the_partitions(defs):
     with build_sensor_context(resources={"consumer": consumer, "aws": AwsResource(), "s3": object()}) as context:
         with pytest.raises(Exception, match=r"window \(5 min\) differs from the partitions' \(2 min\)"):
             sensor(context)
+
+
+def test_checks_guarding_checkpoints_are_blocking_so_a_red_check_stops_the_commit(defs):
+    """A red chain or reconcile check must stop the run before `kinesis_checkpoints` materialises."""
+    specs = {spec.key: spec for check in defs.asset_checks or () for spec in check.check_specs}
+    assert specs[AssetCheckKey(AssetKey("landed_records"), "chain_unbroken")].blocking
+    assert specs[AssetCheckKey(AssetKey("transformed_records"), "rows_reconcile")].blocking

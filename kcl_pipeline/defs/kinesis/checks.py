@@ -68,14 +68,16 @@ def build_checks(partitions_def: TimeWindowPartitionsDefinition, window_ms: int)
             context.log.info(f"{o.check} {'OK' if o.ok else 'FAILED'}: {o.summary}")
         return check_result(outcomes)
 
-    @asset_check(asset=LANDED, name="chain_unbroken", partitions_def=partitions_def,
+    # The checks on the assets a checkpoint depends on are blocking: a red check stops the run before the
+    # downstream assets (and so the checkpoint commit) materialise.
+    @asset_check(asset=LANDED, name="chain_unbroken", partitions_def=partitions_def, blocking=True,
                  description="Every shard's landed batches form an unbroken chain (each batch follows the previous "
                              "one's last record; no gap, no overlap, no unreadable object), across windows too.")
     def chain_unbroken(context: AssetCheckExecutionContext, consumer: KinesisConsumerResource, aws: AwsResource,
                        s3: S3Resource) -> AssetCheckResult:
         return run(context, consumer, aws, s3, "chain")
 
-    @asset_check(asset=TRANSFORMED, name="rows_reconcile", partitions_def=partitions_def,
+    @asset_check(asset=TRANSFORMED, name="rows_reconcile", partitions_def=partitions_def, blocking=True,
                  description="Landed rows = transformed rows + duplicates dropped + quarantined rows (from the "
                              "landing zone and the output manifests; the transform's own report must agree).")
     def rows_reconcile(context: AssetCheckExecutionContext, consumer: KinesisConsumerResource, aws: AwsResource,
