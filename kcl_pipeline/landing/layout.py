@@ -95,15 +95,20 @@ def parse_batch_key(key: str) -> BatchKey | None:
 
 
 LINK_PREFIX = "after="
+START_DIR = "_start"
 
 
 def link_key(stream: str, minute_ms: int, shard_id: str, prev: Checkpoint | None) -> str:
     """The key naming "the batch after `prev`" of a shard (see docs/landing.md, fencing).
 
     Its minute is the arrival minute of the record after `prev`, which every reader of the shard sees alike,
-    so two writers of the batch after one position always meet on this one key.
+    so two writers of the batch after one position always meet on this one key. The link after a starting
+    position (TRIM_HORIZON, LATEST, AT_TIMESTAMP) has a fixed key instead, `<stream>/_start/<shard>/after=…`,
+    so a consumer can find where its chain begins without knowing when the first record arrived.
     """
     after = "none" if prev is None else f"{prev.sequence_number}_{prev.sub_sequence_number}"
+    if prev is not None and prev.is_starting_sentinel:
+        return f"{stream}/{START_DIR}/{shard_id}/{LINK_PREFIX}{after}"
     return f"{minute_prefix(stream, minute_ms)}{shard_id}/{LINK_PREFIX}{after}"
 
 

@@ -42,7 +42,7 @@ from ..kcl.aws import AwsSettings
 from ..kcl.model import Checkpoint, UserRecord
 from ..kcl.processor import Checkpointer, InitializationInput, ProcessRecordsInput
 from .batch import COMPRESSIONS, BatchInfo, encode_batch, read_batch_info
-from .errors import CorruptBatchError, LandingConfigError
+from .errors import CorruptBatchError, LandingConfigError, LandingError
 from .exclusion import exclude_landed
 from .layout import MINUTE_MS, BatchKey, link_key, minute_of, minute_prefix, parse_batch_key
 from .progress import ShardProgress, merge_progress
@@ -164,7 +164,12 @@ class LandingProcessor:
             return  # the worker only waits for children; nothing will be delivered
         hint = self._hint or ShardProgress.from_attributes(
             self.shard_id, getattr(init, "lease_attributes", None) or {})
-        found = self._find_last_landed(hint)
+        if start.is_starting_sentinel and (hint is None or hint.landed is None):
+            # No hint: follow this start's own chain, never "any batch of the last minutes" (a backfill's
+            # batches there would make the consumer skip everything older).
+            found = self._follow_chain(start)
+        else:
+            found = self._find_last_landed(hint)
         if found is not None:
             key, info = found
             landed = ShardProgress(self.shard_id, key.last, info.last_arrival_ms, last_batch_key=key.key())
@@ -469,6 +474,41 @@ class LandingProcessor:
         if found is None:
             return None
         return found, self._validate(found)
+
+    def _follow_chain(self, start: Checkpoint) -> tuple[BatchKey, BatchInfo] | None:
+        """The last batch of the chain that begins at the starting position `start`, followed link by link
+        (one GET per link and one LIST per minute the chain spans, once per lease start without a hint)."""
+        cur = self._linked(link_key(self.stream, 0, self.shard_id, start))
+        if cur is None:
+            return None
+        now_minute = minute_of(int(self._clock() * 1000))
+        minute, empty = cur.minute_ms, 0
+        # Stopping early only UNDER-estimates the resume point (safe: re-read records meet the links and the
+        # exclusion); following one chain never lands beyond it (a backfill's batches are another chain).
+        while minute <= now_minute + MINUTE_MS and empty < RESUME_EMPTY_MINUTES:
+            link = link_key(self.stream, minute, self.shard_id, cur.last)
+            names = set(self.store.list_keys(f"{minute_prefix(self.stream, minute)}{self.shard_id}/"))
+            nxt = self._linked(link) if link in names else None
+            if nxt is None:
+                minute += MINUTE_MS
+                empty += 1
+                continue
+            cur, minute, empty = nxt, nxt.minute_ms, 0
+        return cur, self._validate(cur)
+
+    def _linked(self, link: str) -> BatchKey | None:
+        """The batch a link names, if that batch is landed (a claimed but unwritten one ends the chain)."""
+        try:
+            text = self.store.get(link).decode("utf-8", "replace")
+        except LandingError:
+            if self.store.exists(link):
+                raise
+            return None
+        key = parse_batch_key(text)
+        if key is None or key.shard_id != self.shard_id:
+            raise CorruptBatchError(f"landing zone {self.store.uri}: link {link} names {text!r}, not a batch of "
+                                    f"{self.shard_id}; move it away to resume landing")
+        return key if self.store.exists(key.key()) else None
 
     def _walk(self, start_minute: int, now_minute: int) -> BatchKey | None:
         """The furthest batch of the shard from `start_minute` on (see the module docstring)."""

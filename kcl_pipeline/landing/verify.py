@@ -187,7 +187,7 @@ def verify_chain(infos: Sequence[BatchInfo], corrupt: dict[str, BatchKey | str] 
                 report.starts_after_key = info.prev_key if info else None
             elif key.first.key() <= previous.last.key():
                 report.overlaps.append(Overlap(previous.key(), key.key()))
-            elif info is not None and info.prev != previous.last:
+            elif info is not None and info.prev != previous.last and not _joins_by_backfill(info):
                 report.gaps.append(Gap(previous.last, info.prev, key.key()))
             elif info is not None and info.prev_key is not None and info.prev_key != previous.key():
                 # The positions meet, but the batch names another predecessor: a batch was replaced or reordered.
@@ -196,6 +196,13 @@ def verify_chain(infos: Sequence[BatchInfo], corrupt: dict[str, BatchKey | str] 
                 report.last = key.last
                 previous = key
     return reports
+
+
+def _joins_by_backfill(info: BatchInfo) -> bool:
+    """A backfill's first batch (it follows AT_TIMESTAMP) after batches of the live chain: the backfill read
+    from a time, not from a batch, so it cannot name one; the fencing link and the exclusion kept it from
+    overlapping, and no overlap is what the chain can still check."""
+    return info.prev is not None and info.prev.sequence_number == "AT_TIMESTAMP"
 
 
 def _deep_check(table: pa.Table, info: BatchInfo) -> list[str]:

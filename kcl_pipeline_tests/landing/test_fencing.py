@@ -92,3 +92,35 @@ def test_a_winner_that_died_between_link_and_batch_is_completed_by_the_loser(loc
     assert dead.key in list_batches(store, STREAM)
     report = verify_zone(uri, stream=STREAM, store=store, deep=True)
     assert report.ok, "\n".join(report.lines())
+
+
+def test_a_backfill_before_the_first_live_run_does_not_make_the_consumer_skip_older_data(local_zone):
+    """Lease at TRIM_HORIZON, no landing hint, and a backfill's batches in the last minutes: start from the
+    beginning, not after the backfill."""
+    from kcl_pipeline.kcl.model import Checkpoint
+
+    uri, store = local_zone
+    records = make_records(40, per_minute=10)
+    clock = Clock(T0 + 5 * 60_000)
+    backfill = LandingProcessor(store, STREAM, clock=clock.time, monotonic=clock.monotonic)
+    init(backfill, Checkpoint("AT_TIMESTAMP", T0 + 2 * 60_000))
+    backfill.shutdown_requested(deliver(backfill, records[20:], 20))
+    live = LandingProcessor(store, STREAM, clock=clock.time, monotonic=clock.monotonic, max_batch_records=7)
+    init(live)
+    assert live.resume_position() is None  # read from TRIM_HORIZON
+    live.shutdown_requested(deliver(live, records, 40))
+    assert _rows(store) == [(r.sequence_number, r.sub_sequence_number) for r in records]
+    assert verify_zone(uri, stream=STREAM, store=store, deep=True).ok
+
+
+def test_without_a_hint_a_lease_at_trim_horizon_resumes_after_its_chains_last_batch(local_zone):
+    """The chain ended long before the lookback window: resume exactly after its last batch all the same."""
+    uri, store = local_zone
+    records = make_records(60, per_minute=10)  # six minutes
+    first = LandingProcessor(store, STREAM, clock=Clock(T0 + 7 * 60_000).time, max_batch_records=8)
+    init(first)
+    first.shutdown_requested(deliver(first, records[:45], 15))
+    later = Clock(T0 + 180 * 60_000)  # three hours later, no landing progress in the lease
+    second = LandingProcessor(store, STREAM, clock=later.time, monotonic=later.monotonic, max_batch_records=8)
+    init(second)
+    assert second.resume_position() == records[44].checkpoint

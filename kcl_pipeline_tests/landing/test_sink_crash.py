@@ -6,6 +6,7 @@ sink the way the lease worker does: initialize, read after `resume_position()`, 
 """
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 
 from kcl_pipeline.kcl.model import Checkpoint
 from kcl_pipeline.landing.errors import CorruptBatchError
-from kcl_pipeline.landing.layout import MINUTE_MS, BatchKey, minute_prefix
+from kcl_pipeline.landing.layout import MINUTE_MS, BatchKey, link_key, minute_prefix
 from kcl_pipeline.landing.progress import ShardProgress
 from kcl_pipeline.landing.sink import LandingProcessor
 from kcl_pipeline.landing.store import ZoneStore, open_store
@@ -180,8 +181,11 @@ def test_a_corrupt_covering_batch_is_never_trusted(local_zone):
     run_until_crash(make_sink(local_zone, clock, max_batch_records=16), RECORDS, TH, 16, crash_after=32)
     first = min(list_batches(local_zone.store, STREAM), key=lambda k: k.first.key())
     _replace(local_zone, first, b"garbage")
+    # Without its start link the chain cannot be followed: the next owner re-reads from TRIM_HORIZON.
+    os.unlink(os.path.join(local_zone.uri, link_key(STREAM, 0, SHARD, TH)))
     b = make_sink(local_zone, clock, max_batch_records=16, resume_lookback_minutes=0)
-    init(b)  # finds nothing to resume from in the lookback (the minute is older): re-reads from TRIM_HORIZON
+    init(b)
+    assert b.resume_position() is None
     with pytest.raises(CorruptBatchError, match=first.key()):
         b.shutdown_requested(deliver(b, RECORDS[:40], 40))
     assert len([k for k in local_zone.store.list_keys("") if k.endswith(".parquet")]) == 2
@@ -191,8 +195,9 @@ def test_a_foreign_object_under_the_shard_prefix_is_an_error(local_zone):
     clock = Clock(NOW)
     local_zone.store.put_if_absent(f"{minute_prefix(STREAM, T0)}{SHARD}/part-0001.parquet", b"x")
     b = make_sink(local_zone, clock)
+    init(b)  # a lease at TRIM_HORIZON without a chain reads from the start; its first flush lists the minute
     with pytest.raises(CorruptBatchError, match="part-0001.parquet under the shard's prefix is not a batch key"):
-        init(b)
+        b.shutdown_requested(deliver(b, RECORDS[:10], 10))
     # Objects that are not Parquet are ignored (e.g. a README someone left).
     local_zone.store.put_if_absent(f"{minute_prefix(STREAM, T0)}{SHARD}/README", b"x")
 
@@ -202,18 +207,17 @@ def test_an_existing_object_under_the_same_key_is_checked(local_zone):
     the object really holds that range."""
     clock = Clock(NOW)
     a = make_sink(local_zone, clock, max_batch_records=16)
-    init(a)
+    b = make_sink(local_zone, clock, max_batch_records=16, resume_lookback_minutes=0)
+    c = make_sink(local_zone, clock, max_batch_records=16, resume_lookback_minutes=0)
+    for sink in (a, b, c):
+        init(sink)  # all start before anything landed (a race)
     deliver(a, RECORDS[:16], 16)
     (key,) = list_batches(local_zone.store, STREAM)
-    b = make_sink(local_zone, clock, max_batch_records=16, resume_lookback_minutes=0)
-    init(b)
     # b does not see a's batch at its first listing (a race): simulate with an exclusion that lists nothing.
     b._list_minute = lambda minute: []
     deliver(b, RECORDS[:16], 16)
     assert b.stats.batches_already_landed == 1 and b.stats.batches_written == 0
     _replace(local_zone, key, b"not that range")
-    c = make_sink(local_zone, clock, max_batch_records=16, resume_lookback_minutes=0)
-    init(c)
     c._list_minute = lambda minute: []
     with pytest.raises(CorruptBatchError, match=key.key()):
         deliver(c, RECORDS[:16], 16)
