@@ -438,14 +438,24 @@ def landing() -> None:
 @click.option("--stream", default=None, help="Only this stream (default: every stream in the zone).")
 @click.option("--shard", default=None, help="Only this shard.")
 @click.option("--deep", is_flag=True, help="Read every batch's rows, not only footers and keys.")
+@click.option("--application", default=None,
+              help="Cross-check the consumer's lease table (starting positions, landing progress, checkpoints).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object (per stream and shard), for scripts.")
 @aws_options
 @friendly_errors
-def landing_verify(zone, window, stream, shard, deep, as_json, region, endpoint_url):
-    """Per-shard chain status, row counts, gaps and overlaps. Exit 1 on a gap or an overlap."""
+def landing_verify(zone, window, stream, shard, deep, application, as_json, region, endpoint_url):
+    """Per-shard chain status, row counts, gaps and overlaps. Exit 1 on a gap, an overlap, or (with
+    --application) a chain that does not start at a starting position or falls short of the lease table."""
     from .landing.verify import verify_zone
 
-    report = verify_zone(zone, window, stream=stream, shard=shard, aws=_settings(region, endpoint_url), deep=deep)
+    aws = _settings(region, endpoint_url)
+    leases = None
+    if application:
+        from .kcl.aws import client
+        from .kcl.lease_table import LeaseTable
+
+        leases = LeaseTable(application, client("dynamodb", aws)).scan()
+    report = verify_zone(zone, window, stream=stream, shard=shard, aws=aws, deep=deep, leases=leases)
     if as_json:
         _echo_report_json(report, rows=report.rows)
         sys.exit(0 if report.ok else 1)

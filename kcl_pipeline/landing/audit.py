@@ -84,17 +84,31 @@ class AuditReport:
 # -- the checks (pure) -------------------------------------------------------------------------------------
 
 def check_chain(t0: int, t1: int, reports: Mapping[str, ChainReport],
-                previous_last: Mapping[str, Checkpoint]) -> CheckOutcome:
-    """`previous_last`: per shard, the last position of its batches in the previous window (when it has any)."""
+                previous_last: Mapping[str, Checkpoint],
+                missing_predecessors: Mapping[str, str] | None = None) -> CheckOutcome:
+    """`previous_last`: per shard, the last position of its batches in the previous window (when it has any);
+    `missing_predecessors`: per shard, the predecessor key its first batch names but the zone does not hold.
+
+    A first batch that names its predecessor (footer `prev_key`) is linked to it directly, across any number
+    of empty windows; one that follows a starting position AT_TIMESTAMP (a backfill) starts a chain of its
+    own. Only batches landed before predecessor keys existed fall back to the previous window's last batch."""
     details: list[str] = []
     broken: list[str] = []
+    missing = missing_predecessors or {}
     for shard_id, r in sorted(reports.items()):
         problems = [f"gap after {g.after}: {g.next_key} follows {g.next_prev}" for g in r.gaps]
         problems += [f"overlap: {o.first_key} and {o.second_key}" for o in r.overlaps]
         problems += [f"unreadable: {k}: {why}" for k, why in sorted(r.corrupt.items())]
         before = previous_last.get(shard_id)
         link = "no batch in the previous window"
-        if before is not None:
+        if shard_id in missing:
+            problems.append(f"first batch follows {missing[shard_id]}, which the zone does not hold (deleted?)")
+            link = "predecessor missing"
+        elif r.starts_after_key is not None:
+            link = f"follows {r.starts_after_key}"
+        elif r.starts_after is not None and r.starts_after.sequence_number == "AT_TIMESTAMP":
+            link = "starts a backfill (AT_TIMESTAMP)"
+        elif before is not None:
             if r.starts_after == before:
                 link = f"follows {before} (previous window)"
             else:
@@ -196,6 +210,12 @@ def read_output_counts(output: ZoneStore, window_start_ms: int) -> OutputCounts 
     return OutputCounts(*counts)
 
 
+def missing_predecessors(store: ZoneStore, reports: Mapping[str, ChainReport]) -> dict[str, str]:
+    """Per shard, the predecessor its window's first batch names when the zone does not hold it (one HEAD each)."""
+    return {shard_id: r.starts_after_key for shard_id, r in reports.items()
+            if r.starts_after_key is not None and not store.exists(r.starts_after_key)}
+
+
 def _last_positions(batches: Iterable[BatchKey]) -> dict[str, Checkpoint]:
     out: dict[str, Checkpoint] = {}
     for b in batches:
@@ -223,7 +243,7 @@ def audit_window(store: ZoneStore, output: ZoneStore, stream: str, t0: int, t1: 
             reports = verify_batches(store, batches, deep=True)  # count the rows landed twice
     if "chain" in checks:
         previous = _last_positions(list_batches(store, stream, t0 - (t1 - t0), t0))
-        outcomes.append(check_chain(t0, t1, reports, previous))
+        outcomes.append(check_chain(t0, t1, reports, previous, missing_predecessors(store, reports)))
     output_counts = read_output_counts(output, t0) if ("counts" in checks or "checkpoints" in checks) else None
     if "counts" in checks:
         landed = sum(r.rows for r in reports.values())

@@ -143,7 +143,7 @@ class _BackfillLanding(LandingProcessor):
     of its range to the exclusion, so that records missing from the zone are landed whatever came after them.
     """
 
-    def _find_last_landed(self, hint, start):  # noqa: D401 - see the class docstring
+    def _find_last_landed(self, hint):  # noqa: D401 - see the class docstring
         return None
 
 

@@ -90,6 +90,7 @@ class BatchInfo:
     first_arrival_ms: int
     last_arrival_ms: int
     size: int
+    prev_key: str | None = None  # the key of the batch ending at `prev` (None: a starting position, or unknown)
 
     @property
     def starts_consumption(self) -> bool:
@@ -98,8 +99,9 @@ class BatchInfo:
 
 
 def encode_batch(stream: str, shard_id: str, records: Sequence[UserRecord], prev: Checkpoint | None,
-                 compression: str = "zstd") -> EncodedBatch:
-    """One batch object. `records` are consecutive records of `shard_id`, in shard order, of one minute."""
+                 compression: str = "zstd", prev_key: str | None = None) -> EncodedBatch:
+    """One batch object. `records` are consecutive records of `shard_id`, in shard order, of one minute;
+    `prev_key` is the key of the batch ending at `prev`, so the chain can be followed back directly."""
     if not records:
         raise ValueError("a batch needs at least one record")
     first, last = records[0], records[-1]
@@ -114,7 +116,7 @@ def encode_batch(stream: str, shard_id: str, records: Sequence[UserRecord], prev
     meta = {
         "batch_format": FORMAT_VERSION, "stream": stream, "shard_id": shard_id,
         "prev": format_position(prev), "first": format_position(key.first), "last": format_position(key.last),
-        "rows": str(n), "minute": str(minute),
+        "rows": str(n), "minute": str(minute), "prev_key": prev_key or "",
         "first_arrival_ms": str(min(arrivals)), "last_arrival_ms": str(max(arrivals)),
     }
     # Row groups of about ROW_GROUP_BYTES: only one group's Arrow copy of the records exists at a time.
@@ -173,7 +175,8 @@ def info_from_metadata(metadata: pq.FileMetaData, key: BatchKey, size: int, wher
         first = parse_position(meta["first"])
         last = parse_position(meta["last"])
         rows = int(meta["rows"])
-        info = BatchInfo(key, prev, rows, int(meta["first_arrival_ms"]), int(meta["last_arrival_ms"]), size)
+        info = BatchInfo(key, prev, rows, int(meta["first_arrival_ms"]), int(meta["last_arrival_ms"]), size,
+                         meta.get("prev_key") or None)
     except (KeyError, ValueError) as exc:
         raise CorruptBatchError(f"{where}: batch metadata unreadable ({exc})") from exc
     problems = []

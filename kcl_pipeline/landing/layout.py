@@ -4,12 +4,15 @@ Layout (the same for S3 and a local directory; `/` separated, relative to the zo
 
     <stream>/dt=YYYY-MM-DD/hh=HH/mm=MM/<shard_id>/<firstSeq>_<firstSub>-<lastSeq>_<lastSub>.parquet
 
-* grouped by the records' ApproximateArrivalTimestamp minute (seeds/002), so a batch's key never depends
+* grouped by the records' ApproximateArrivalTimestamp minute, so a batch's key never depends
   on when it was processed or on the window length: a window of any whole number of minutes is a set of
   minute prefixes, and re-landing the same records (restart, hand-over, backfill) yields the same key;
 * a batch never spans two minutes (the writer flushes at every minute boundary);
 * named by the first and last (sequence, sub-sequence) it holds, so a listing alone shows which ranges
-  of a shard are landed (the sequence-range exclusion of seeds/002) without reading any object.
+  of a shard are landed (the sequence-range exclusion) without reading any object;
+* fenced by its predecessor: before a batch is written its writer claims the link
+  `<stream>/dt/hh/mm/<shard>/after=<prevSeq>_<prevSub>` (put-if-absent, body = the batch's key), so exactly
+  one batch can ever follow a position, whoever writes it.
 """
 from __future__ import annotations
 
@@ -90,6 +93,24 @@ def parse_batch_key(key: str) -> BatchKey | None:
         first=Checkpoint(m["fs"], int(m["fss"])),
         last=Checkpoint(m["ls"], int(m["lss"])),
     )
+
+
+LINK_PREFIX = "after="
+START_DIR = "_start"
+
+
+def link_key(stream: str, minute_ms: int, shard_id: str, prev: Checkpoint | None) -> str:
+    """The key naming "the batch after `prev`" of a shard (see docs/landing.md, fencing).
+
+    Its minute is the arrival minute of the record after `prev`, which every reader of the shard sees alike,
+    so two writers of the batch after one position always meet on this one key. The link after a starting
+    position (TRIM_HORIZON, LATEST, AT_TIMESTAMP) has a fixed key instead, `<stream>/_start/<shard>/after=…`,
+    so a consumer can find where its chain begins without knowing when the first record arrived.
+    """
+    after = "none" if prev is None else f"{prev.sequence_number}_{prev.sub_sequence_number}"
+    if prev is not None and prev.is_starting_sentinel:
+        return f"{stream}/{START_DIR}/{shard_id}/{LINK_PREFIX}{after}"
+    return f"{minute_prefix(stream, minute_ms)}{shard_id}/{LINK_PREFIX}{after}"
 
 
 def minute_of(ms: int) -> int:

@@ -42,9 +42,9 @@ from ..kcl.aws import AwsSettings
 from ..kcl.model import Checkpoint, UserRecord
 from ..kcl.processor import Checkpointer, InitializationInput, ProcessRecordsInput
 from .batch import COMPRESSIONS, BatchInfo, encode_batch, read_batch_info
-from .errors import CorruptBatchError, LandingConfigError
+from .errors import CorruptBatchError, LandingConfigError, LandingError
 from .exclusion import exclude_landed
-from .layout import MINUTE_MS, BatchKey, minute_of, minute_prefix, parse_batch_key
+from .layout import MINUTE_MS, BatchKey, link_key, minute_of, minute_prefix, parse_batch_key
 from .progress import ShardProgress, merge_progress
 from .store import ZoneStore, open_store
 
@@ -99,6 +99,7 @@ class LandingStats:
     bytes_written: int = 0
     records_already_landed: int = 0  # dropped by the exclusion (re-delivered after a restart/hand-over)
     batches_already_landed: int = 0  # conditional put found the object there
+    links_lost: int = 0  # another writer had claimed the batch after the same position
     flushes: dict[str, int] = field(default_factory=dict)  # by reason
 
 
@@ -137,6 +138,7 @@ class LandingProcessor:
         self._resume: Checkpoint | None = None
         self._skip_key: tuple | None = None  # records at or below it were landed before: dropped
         self._start_prev: Checkpoint | None = None
+        self._tail: tuple[Checkpoint, str] | None = None  # the last landed batch we know: (its last, its key)
         self._last_delivered: UserRecord | None = None
         self._buffer: list[UserRecord] = []
         self._buffer_bytes = 0
@@ -162,10 +164,16 @@ class LandingProcessor:
             return  # the worker only waits for children; nothing will be delivered
         hint = self._hint or ShardProgress.from_attributes(
             self.shard_id, getattr(init, "lease_attributes", None) or {})
-        found = self._find_last_landed(hint, start)
+        if start.is_starting_sentinel and (hint is None or hint.landed is None):
+            # No hint: follow this start's own chain, never "any batch of the last minutes" (a backfill's
+            # batches there would make the consumer skip everything older).
+            found = self._follow_chain(start)
+        else:
+            found = self._find_last_landed(hint)
         if found is not None:
             key, info = found
             landed = ShardProgress(self.shard_id, key.last, info.last_arrival_ms, last_batch_key=key.key())
+            self._tail = (key.last, key.key())
             if hint is not None and hint.landed is not None and hint.landed.key() <= key.last.key():
                 landed = merge_progress(landed, hint)  # the previous owner's poll facts still hold
             self._progress = landed
@@ -320,42 +328,114 @@ class LandingProcessor:
         exclusion = exclude_landed(records, prev, existing)
         for cover in exclusion.covering:
             self._validate(cover)  # never drop records on the word of an unreadable object
+            if self._tail is None or cover.last.key() > self._tail[0].key():
+                self._tail = (cover.last, cover.key())
+        ends = {c.last: c.key() for c in exclusion.covering}
         covered = len(records) - sum(len(run.records) for run in exclusion.runs)
         if covered:
             self.stats.records_already_landed += covered
             log.info("%s: %d of %d records were landed already (%s)", self.shard_id, covered, len(records),
                      ", ".join(b.key() for b in exclusion.covering))
         final_key: BatchKey | None = exclusion.last_covered_by
+        landed_end = exclusion.last_covered_by.last if exclusion.last_covered_by else None
+        kept: list[UserRecord] = []
+        kept_prev: Checkpoint | None = None
         for run in exclusion.runs:
-            encoded = encode_batch(self.stream, self.shard_id, run.records, run.prev, self.settings.compression)
-            if self.store.put_if_absent(encoded.key.key(), encoded.body):
-                self.stats.batches_written += 1
-                self.stats.rows_written += encoded.rows
-                self.stats.bytes_written += len(encoded.body)
-            else:
-                # Same key = same range: someone landed exactly these records. Check it really holds them.
-                info = self._validate(encoded.key)
-                if info.rows != encoded.rows:
-                    raise CorruptBatchError(
-                        f"landing zone {self.store.uri}: object {encoded.key.key()} holds {info.rows} rows, "
-                        f"but {encoded.rows} records have that range")
-                self.stats.batches_already_landed += 1
-            final_key = encoded.key if run.records[-1] is records[-1] else final_key
-        last = records[-1]
-        arrival = last.approximate_arrival_timestamp_ms
-        prior = self._progress.landed_arrival_ms
-        self._progress = replace(
-            self._progress, landed=last.checkpoint,
-            landed_arrival_ms=arrival if prior is None or arrival > prior else prior,
-            last_batch_key=final_key.key() if final_key else self._progress.last_batch_key)
-        self._buffer = []
-        self._buffer_bytes = 0
+            pending, run_prev = list(run.records), run.prev
+            while pending:
+                prev_key = ends.get(run_prev) if run_prev is not None else None
+                if prev_key is None and self._tail is not None and self._tail[0] == run_prev:
+                    prev_key = self._tail[1]
+                outcome = self._land_after(run_prev, pending, prev_key)
+                if outcome is None:  # the batch after run_prev is claimed but not written yet, and ends later
+                    kept, kept_prev = pending, run_prev
+                    break
+                key, consumed = outcome
+                final_key, landed_end = key, key.last
+                ends[key.last] = key.key()
+                self._tail = (key.last, key.key())
+                pending, run_prev = pending[consumed:], key.last
+            if kept:
+                break
+        if kept:
+            # Everything from the unfinished link on stays buffered; a later flush (with more records of the
+            # minute) completes the claimed batch. The exclusion drops whatever else lands meanwhile.
+            start = next(i for i, r in enumerate(records) if r is kept[0])
+            kept = records[start:]
+        landed_records = records[:len(records) - len(kept)] if kept else records
+        if landed_records:
+            last = landed_records[-1]
+            arrival = last.approximate_arrival_timestamp_ms
+            prior = self._progress.landed_arrival_ms
+            end = landed_end if landed_end is not None and landed_end.key() > last.position() else last.checkpoint
+            self._progress = replace(
+                self._progress, landed=end,
+                landed_arrival_ms=arrival if prior is None or arrival > prior else prior,
+                last_batch_key=final_key.key() if final_key else self._progress.last_batch_key)
+            if end.key() > last.position():
+                # Another writer landed further than we have read: drop those records when they come.
+                self._skip_key = end.key() if self._skip_key is None or end.key() > self._skip_key else self._skip_key
+        self._buffer = list(kept)
+        self._buffer_bytes = sum(len(r.data) + len(r.partition_key) + len(r.sequence_number) + RECORD_OVERHEAD_BYTES
+                                 for r in kept)
+        if kept:
+            self._buffer_prev = kept_prev
+            self._buffer_started = self._monotonic()
         self.stats.flushes[reason] = self.stats.flushes.get(reason, 0) + 1
-        if self.settings.checkpoint_after_flush and self._checkpointer is not None:
+        if self.settings.checkpoint_after_flush and self._checkpointer is not None and landed_records:
             # On the next heartbeat write when the worker offers it (no extra DynamoDB write): a checkpoint
             # that lags only makes a successor re-read records the exclusion then drops.
+            last = landed_records[-1]
             commit = getattr(self._checkpointer, "checkpoint_at_next_heartbeat", None) or self._checkpointer.checkpoint
             commit(last.sequence_number, last.sub_sequence_number)
+
+    def _land_after(self, prev: Checkpoint | None, records: list[UserRecord],
+                    prev_key: str | None) -> tuple[BatchKey, int] | None:
+        """Land the batch following `prev`, fenced by its link; (the batch that follows prev, how many of
+        `records` it holds), or None when another writer claimed a longer batch that is not written yet."""
+        encoded = encode_batch(self.stream, self.shard_id, records, prev, self.settings.compression, prev_key)
+        link = link_key(self.stream, encoded.key.minute_ms, self.shard_id, prev)
+        if self.store.put_if_absent(link, encoded.key.key().encode()):
+            return self._put_batch(encoded), len(records)
+        owner_text = self.store.get(link).decode("utf-8", "replace")
+        owner = parse_batch_key(owner_text)
+        if owner is None or owner.shard_id != self.shard_id or owner.first != records[0].checkpoint:
+            raise CorruptBatchError(
+                f"landing zone {self.store.uri}: link {link} names {owner_text!r}, not a batch of {self.shard_id} "
+                f"starting at {records[0].checkpoint}; move it away to resume landing")
+        if owner == encoded.key:
+            return self._put_batch(encoded), len(records)  # our own claim (a retry), or the same range
+        held = sum(1 for r in records if r.position() <= owner.last.key())
+        self.stats.links_lost += 1
+        if self.store.exists(owner.key()):
+            self._validate(owner)  # never drop records on the word of an unreadable object
+            self.stats.records_already_landed += held
+            log.info("%s: the batch after %s is %s (another writer's): %d records dropped",
+                     self.shard_id, prev, owner.key(), held)
+            return owner, held
+        if held == len(records) and records[-1].checkpoint != owner.last:
+            return None  # the claimed batch ends beyond what we hold: wait for more records
+        # The claimer died between link and batch: land exactly its range (same records, same key).
+        mine = encode_batch(self.stream, self.shard_id, records[:held], prev, self.settings.compression, prev_key)
+        if mine.key != owner:
+            raise CorruptBatchError(f"landing zone {self.store.uri}: link {link} names {owner.key()}, "
+                                    f"but the records after {prev} make {mine.key.key()}")
+        return self._put_batch(mine), held
+
+    def _put_batch(self, encoded) -> BatchKey:
+        if self.store.put_if_absent(encoded.key.key(), encoded.body):
+            self.stats.batches_written += 1
+            self.stats.rows_written += encoded.rows
+            self.stats.bytes_written += len(encoded.body)
+        else:
+            # Same key = same range: someone landed exactly these records. Check it really holds them.
+            info = self._validate(encoded.key)
+            if info.rows != encoded.rows:
+                raise CorruptBatchError(
+                    f"landing zone {self.store.uri}: object {encoded.key.key()} holds {info.rows} rows, "
+                    f"but {encoded.rows} records have that range")
+            self.stats.batches_already_landed += 1
+        return encoded.key
 
     def _validate(self, key: BatchKey) -> BatchInfo:
         info = read_batch_info(self.store, key)
@@ -382,7 +462,7 @@ class LandingProcessor:
 
     # -- resuming ------------------------------------------------------------------------------------------
 
-    def _find_last_landed(self, hint: ShardProgress | None, start: Checkpoint) -> tuple[BatchKey, BatchInfo] | None:
+    def _find_last_landed(self, hint: ShardProgress | None) -> tuple[BatchKey, BatchInfo] | None:
         now_minute = minute_of(int(self._clock() * 1000))
         found = None
         if hint is not None and hint.landed is not None and hint.landed_arrival_ms is not None:
@@ -393,18 +473,46 @@ class LandingProcessor:
                             "looking for landed batches of the last %d minutes instead", self.shard_id,
                             hint.landed, hint.last_batch_key, self.store.uri, self.settings.resume_lookback_minutes)
                 found = None
-        if found is None and start.is_starting_sentinel:
-            # No trustworthy progress and a lease still at its starting position: the batches near now may be
-            # a backfill's (AT_TIMESTAMP re-reads), not the chain from the start. Resuming after them would skip
-            # everything older, so read from the start; the exclusion drops what is already landed.
-            log.info("%s: no landing progress on the lease and the lease at %s: reading from it (landed records "
-                     "are skipped at flush time)", self.shard_id, start)
-            return None
         if found is None:
             found = self._walk(now_minute - self.settings.resume_lookback_minutes * MINUTE_MS, now_minute)
         if found is None:
             return None
         return found, self._validate(found)
+
+    def _follow_chain(self, start: Checkpoint) -> tuple[BatchKey, BatchInfo] | None:
+        """The last batch of the chain that begins at the starting position `start`, followed link by link
+        (one GET per link and one LIST per minute the chain spans, once per lease start without a hint)."""
+        cur = self._linked(link_key(self.stream, 0, self.shard_id, start))
+        if cur is None:
+            return None
+        now_minute = minute_of(int(self._clock() * 1000))
+        minute, empty = cur.minute_ms, 0
+        # Stopping early only UNDER-estimates the resume point (safe: re-read records meet the links and the
+        # exclusion); following one chain never lands beyond it (a backfill's batches are another chain).
+        while minute <= now_minute + MINUTE_MS and empty < RESUME_EMPTY_MINUTES:
+            link = link_key(self.stream, minute, self.shard_id, cur.last)
+            names = set(self.store.list_keys(f"{minute_prefix(self.stream, minute)}{self.shard_id}/"))
+            nxt = self._linked(link) if link in names else None
+            if nxt is None:
+                minute += MINUTE_MS
+                empty += 1
+                continue
+            cur, minute, empty = nxt, nxt.minute_ms, 0
+        return cur, self._validate(cur)
+
+    def _linked(self, link: str) -> BatchKey | None:
+        """The batch a link names, if that batch is landed (a claimed but unwritten one ends the chain)."""
+        try:
+            text = self.store.get(link).decode("utf-8", "replace")
+        except LandingError:
+            if self.store.exists(link):
+                raise
+            return None
+        key = parse_batch_key(text)
+        if key is None or key.shard_id != self.shard_id:
+            raise CorruptBatchError(f"landing zone {self.store.uri}: link {link} names {text!r}, not a batch of "
+                                    f"{self.shard_id}; move it away to resume landing")
+        return key if self.store.exists(key.key()) else None
 
     def _walk(self, start_minute: int, now_minute: int) -> BatchKey | None:
         """The furthest batch of the shard from `start_minute` on (see the module docstring)."""

@@ -73,6 +73,10 @@ class ZoneStore(ABC):
         ...
 
     @abstractmethod
+    def exists(self, key: str) -> bool:
+        """Whether an object is stored under `key`."""
+
+    @abstractmethod
     def get_tail(self, key: str, nbytes: int) -> tuple[bytes, int]:
         """The last `nbytes` of the object (all of it if smaller) and the object's size."""
 
@@ -201,6 +205,9 @@ class LocalZoneStore(ZoneStore):
         except OSError as exc:
             raise self._fail(exc, f"read {key}") from exc
 
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
     def get_tail(self, key: str, nbytes: int) -> tuple[bytes, int]:
         try:
             with open(self._path(key), "rb") as f:
@@ -328,6 +335,18 @@ class S3ZoneStore(ZoneStore):
             return self.client.get_object(Bucket=self.bucket, Key=self._full(key))["Body"].read()
         except Exception as exc:
             raise self._error(exc, f"read {key}") from exc
+
+    def exists(self, key: str) -> bool:
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=self._full(key))
+            return True
+        except ClientError as exc:
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if status == 404 or exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return False
+            raise self._error(exc, f"find {key}") from exc
+        except Exception as exc:
+            raise self._error(exc, f"find {key}") from exc
 
     def get_tail(self, key: str, nbytes: int) -> tuple[bytes, int]:
         try:

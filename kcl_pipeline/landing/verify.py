@@ -13,14 +13,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import pyarrow as pa
 
 from ..kcl.aws import AwsSettings
-from ..kcl.model import Checkpoint
+from ..kcl.model import Checkpoint, Lease
 from .batch import SCHEMA, BatchInfo, decode_batch, read_batch_info
 from .errors import CorruptBatchError
+from .progress import progress_from_leases
 from .layout import HOUR_MS, MINUTE_MS, BatchKey, minute_prefix, parse_batch_key, window_prefixes
 from .store import ZoneStore, open_store
 
@@ -52,6 +53,7 @@ class ChainReport:
     first: Checkpoint | None = None
     last: Checkpoint | None = None
     starts_after: Checkpoint | None = None  # the prev of the first batch (outside the window)
+    starts_after_key: str | None = None  # the key of the batch the first one says it follows (its footer)
     gaps: list[Gap] = field(default_factory=list)
     overlaps: list[Overlap] = field(default_factory=list)
     corrupt: dict[str, str] = field(default_factory=dict)  # key -> why it could not be read
@@ -69,10 +71,12 @@ class ZoneReport:
     window: tuple[int, int] | None
     streams: dict[str, dict[str, ChainReport]]
     bad_keys: list[str] = field(default_factory=list)
+    lease_problems: list[str] = field(default_factory=list)  # disagreements with the lease table
+    leases_checked: int | None = None  # None: no lease table was given
 
     @property
     def ok(self) -> bool:
-        return not self.bad_keys and all(r.ok for shards in self.streams.values() for r in shards.values())
+        return not self.bad_keys and not self.lease_problems and all(r.ok for shards in self.streams.values() for r in shards.values())
 
     @property
     def rows(self) -> int:
@@ -97,6 +101,10 @@ class ZoneReport:
                 out += [f"    corrupt: {k}: {why}" for k, why in sorted(r.corrupt.items())]
                 out += [f"    rows: {e}" for e in r.row_errors]
         out += [f"  not a batch key: {k}" for k in self.bad_keys]
+        if self.leases_checked is not None:
+            out.append(f"lease table: {self.leases_checked} leases cross-checked"
+                       + ("" if not self.lease_problems else f", {len(self.lease_problems)} problems"))
+            out += [f"  {p}" for p in self.lease_problems]
         out.append(f"{'OK' if self.ok else 'BROKEN'}: {self.rows} rows")
         return out
 
@@ -176,14 +184,25 @@ def verify_chain(infos: Sequence[BatchInfo], corrupt: dict[str, BatchKey | str] 
             if previous is None:
                 report.first = key.first
                 report.starts_after = info.prev if info else None
+                report.starts_after_key = info.prev_key if info else None
             elif key.first.key() <= previous.last.key():
                 report.overlaps.append(Overlap(previous.key(), key.key()))
-            elif info is not None and info.prev != previous.last:
+            elif info is not None and info.prev != previous.last and not _joins_by_backfill(info):
+                report.gaps.append(Gap(previous.last, info.prev, key.key()))
+            elif info is not None and info.prev_key is not None and info.prev_key != previous.key():
+                # The positions meet, but the batch names another predecessor: a batch was replaced or reordered.
                 report.gaps.append(Gap(previous.last, info.prev, key.key()))
             if previous is None or key.last.key() > previous.last.key():
                 report.last = key.last
                 previous = key
     return reports
+
+
+def _joins_by_backfill(info: BatchInfo) -> bool:
+    """A backfill's first batch (it follows AT_TIMESTAMP) after batches of the live chain: the backfill read
+    from a time, not from a batch, so it cannot name one; the fencing link and the exclusion kept it from
+    overlapping, and no overlap is what the chain can still check."""
+    return info.prev is not None and info.prev.sequence_number == "AT_TIMESTAMP"
 
 
 def _deep_check(table: pa.Table, info: BatchInfo) -> list[str]:
@@ -234,10 +253,51 @@ def verify_batches(store: ZoneStore, batches: Iterable[BatchKey], *, deep: bool 
     return reports
 
 
+def check_leases(chains: Mapping[str, ChainReport], leases: Iterable[Lease], *, whole_history: bool,
+                 missing_predecessors: Mapping[str, str] | None = None) -> list[str]:
+    """Pure: the zone's chains against the lease table (starting positions, landing progress, checkpoints).
+
+    Over the whole history a shard's chain must start at a starting position (TRIM_HORIZON, LATEST,
+    AT_TIMESTAMP): a first batch that follows a sequence number means the batches before it are gone. Its
+    end must reach what the lease's landing progress says was landed and what the checkpoint committed:
+    a shorter chain means its last batches are gone. Progress is a hint for resuming, but a hint the zone
+    once confirmed, so the zone falling short of it is a loss."""
+    leases = list(leases)
+    progress = progress_from_leases(leases)
+    missing = missing_predecessors or {}
+    problems: list[str] = []
+    for lease in sorted(leases, key=lambda x: x.lease_key):
+        shard_id, cp = lease.lease_key, lease.checkpoint
+        chain = chains.get(shard_id)
+        landed = progress[shard_id].landed if shard_id in progress else None
+        if chain is None or chain.last is None:
+            if landed is not None:
+                problems.append(f"{shard_id}: the lease says {landed} was landed, the zone holds no batch of the shard")
+            elif not cp.is_sentinel:
+                problems.append(f"{shard_id}: checkpoint {cp}, but the zone holds no batch of the shard")
+            continue
+        if shard_id in missing:
+            what = "the shard's first batch is missing" if whole_history else "the batch before the window is missing"
+            problems.append(f"{shard_id}: the first batch follows {missing[shard_id]}, which the zone does not "
+                            f"hold: {what}")
+        elif whole_history and chain.starts_after is not None and not chain.starts_after.is_starting_sentinel:
+            problems.append(f"{shard_id}: the chain starts after {chain.starts_after}, not at a starting position "
+                            f"(TRIM_HORIZON, LATEST or AT_TIMESTAMP): the shard's first batch is missing")
+        if landed is not None and landed.key() > chain.last.key():
+            problems.append(f"{shard_id}: the lease's landing progress says {landed} was landed, the zone ends at "
+                            f"{chain.last}: the shard's last batch is missing")
+        if not cp.is_sentinel and cp.key() > chain.last.key():
+            problems.append(f"{shard_id}: checkpoint {cp} is past the zone's last landed record {chain.last}")
+    return problems
+
+
 def verify_zone(uri: str, window: tuple[int, int] | str | None = None, *, stream: str | None = None,
                 shard: str | None = None, aws: AwsSettings | None = None, deep: bool = False,
-                store: ZoneStore | None = None) -> ZoneReport:
-    """Verify every shard's chain in the window (every stream of the zone unless `stream` is given)."""
+                store: ZoneStore | None = None, leases: Sequence[Lease] | None = None) -> ZoneReport:
+    """Verify every shard's chain in the window (every stream of the zone unless `stream` is given).
+
+    With `leases` (the consumer application's lease table) the chains of `stream` (or the zone's only
+    stream) are cross-checked against it too (`check_leases`)."""
     store = store or open_store(uri, aws)
     store.ensure_zone(create=False)
     span = parse_window(window) if isinstance(window, str) else window
@@ -248,6 +308,18 @@ def verify_zone(uri: str, window: tuple[int, int] | str | None = None, *, stream
         report.bad_keys += listing.bad_keys
         if listing.batches:
             report.streams[name] = verify_batches(store, listing.batches, deep=deep)
+    if leases is not None:
+        if stream is None and len(streams) > 1:
+            raise ValueError(f"landing zone {store.uri} holds streams {', '.join(streams)}: give --stream to "
+                             f"cross-check the lease table")
+        name = stream or (streams[0] if streams else "")
+        chains = report.streams.get(name, {})
+        if shard is not None:
+            leases = [x for x in leases if x.lease_key == shard]
+        missing = {s: r.starts_after_key for s, r in chains.items()
+                   if r.starts_after_key is not None and not store.exists(r.starts_after_key)}
+        report.lease_problems = check_leases(chains, leases, whole_history=span is None, missing_predecessors=missing)
+        report.leases_checked = len(leases)
     return report
 
 

@@ -232,3 +232,76 @@ def test_a_missing_output_directory_means_nothing_materialised(landed, tmp_path)
     uri, store, _, _ = landed
     missing = open_store(str(tmp_path / "nowhere"))
     assert materialised_windows(missing) == [] and read_output_counts(missing, T0) is None
+
+
+# -- the chain follows predecessors directly (footer prev_key) ------------------------------------------------
+
+@pytest.fixture
+def sparse(local_zone, tmp_path):
+    """One shard with records in minutes 0 and 5 only: the windows between them hold no batch."""
+    uri, store = local_zone
+    records = make_records(40, per_minute=20)
+    records = records[:20] + [r.__class__(r.shard_id, r.sequence_number, r.sub_sequence_number, r.partition_key,
+                                          r.explicit_hash_key, r.approximate_arrival_timestamp_ms + 4 * MINUTE_MS,
+                                          r.data, r.aggregated) for r in records[20:]]
+    p = LandingProcessor(uri, STREAM, max_batch_records=8, clock=Clock(T0).time)
+    init(p)
+    p.shutdown_requested(deliver(p, records, 20))
+    out = tmp_path / "output"
+    out.mkdir()
+    return uri, store, str(out), records
+
+
+def _chain(store, out, t0):
+    outcome, = audit_window(store, open_store(out), STREAM, t0, t0 + W, checks=["chain"])
+    return outcome
+
+
+def test_chain_detects_a_deleted_batch_when_the_previous_window_is_empty(sparse):
+    uri, store, out, records = sparse
+    late = T0 + 4 * MINUTE_MS  # the window of minute 5; the window before it has no batch
+    assert _chain(store, out, late).ok
+    last_early = max(list_batches(store, STREAM, T0, T0 + W), key=lambda b: b.last.key())
+    os.unlink(os.path.join(uri, last_early.key()))
+    outcome = _chain(store, out, late)
+    assert not outcome.ok and "which the zone does not hold" in " ".join(outcome.details)
+
+
+def test_chain_detects_a_duplicated_batch(sparse):
+    from kcl_pipeline.landing.batch import encode_batch
+
+    uri, store, out, records = sparse
+    copy = encode_batch(STREAM, SHARD, records[2:9], records[1].checkpoint)
+    store.put_if_absent(copy.key.key(), copy.body)
+    outcome = _chain(store, out, T0)
+    assert not outcome.ok and "overlap" in " ".join(outcome.details)
+
+
+def test_chain_detects_a_reordered_batch(sparse):
+    """A batch replaced by one that covers the same records but names another predecessor (re-ordered chain)."""
+    from kcl_pipeline.landing.batch import encode_batch
+
+    uri, store, out, records = sparse
+    batches = sorted(list_batches(store, STREAM, T0, T0 + W), key=lambda b: b.first.key())
+    second = batches[1]
+    os.unlink(os.path.join(uri, second.key()))
+    rows = [r for r in records if second.first.key() <= r.position() <= second.last.key()]
+    forged = encode_batch(STREAM, SHARD, rows, batches[0].last, prev_key=batches[2].key())
+    store.put_if_absent(forged.key.key(), forged.body)
+    outcome = _chain(store, out, T0)
+    assert not outcome.ok and "gap after" in " ".join(outcome.details)
+
+
+def test_a_backfills_first_batch_is_a_valid_chain_start(local_zone, tmp_path):
+    from kcl_pipeline.landing.batch import encode_batch
+
+    uri, store = local_zone
+    records = make_records(20, per_minute=10)
+    first = encode_batch(STREAM, SHARD, records[10:15], Checkpoint("AT_TIMESTAMP", T0 + MINUTE_MS))
+    store.put_if_absent(first.key.key(), first.body)
+    (tmp_path / "out").mkdir()
+    earlier = encode_batch(STREAM, SHARD, records[:10], TH)  # live data of the previous window
+    store.put_if_absent(earlier.key.key(), earlier.body)
+    outcome, = audit_window(store, open_store(str(tmp_path / "out")), STREAM, T0 + MINUTE_MS, T0 + 2 * MINUTE_MS,
+                            checks=["chain"])
+    assert outcome.ok, outcome.details

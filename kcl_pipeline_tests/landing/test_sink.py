@@ -360,7 +360,7 @@ def test_landing_spec_builds_a_processor_in_a_worker_process(local_zone):
     proc.join(120)
     assert proc.exitcode == 0
     assert landed_rows(store) == expected_rows(make_records(10))
-    assert all(parse_batch_key(k) for k in store.list_keys(""))
+    assert all(parse_batch_key(k) for k in store.list_keys("") if "/after=" not in k)  # links fence batches
 
 
 def _land_in_child(spec, records) -> None:
