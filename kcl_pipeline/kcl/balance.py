@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-THROUGHPUT_ATTRIBUTE = "throughputKBps"
+from .lease_rules import THROUGHPUT_ATTRIBUTE
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,27 @@ class Steal:
     lease_key: str
     owner: str
     load: float
+
+
+@dataclass
+class ThroughputMeter:
+    """Bytes delivered since the last heartbeat → KB/s for `throughputKBps` (the caller passes the time)."""
+
+    since: float | None = None
+    bytes: int = 0
+
+    def add(self, delivered_bytes: int) -> None:
+        self.bytes += delivered_bytes
+
+    def take(self, now: float) -> float | None:
+        """The rate since the previous take (None on the first, or when no time passed); starts anew."""
+        since, delivered = self.since, self.bytes
+        if since is not None and now <= since:
+            return None
+        self.since, self.bytes = now, 0
+        if since is None:
+            return None
+        return delivered / 1024.0 / (now - since)
 
 
 def effective_loads(reported: Mapping[str, float | None], settings: BalanceSettings = BalanceSettings()
@@ -94,4 +115,4 @@ def plan_steal(me: str, mine: Mapping[str, float], owned: Mapping[str, Mapping[s
     return None
 
 
-__all__ = ["BalanceSettings", "Steal", "THROUGHPUT_ATTRIBUTE", "effective_loads", "plan_steal"]
+__all__ = ["BalanceSettings", "Steal", "ThroughputMeter", "THROUGHPUT_ATTRIBUTE", "effective_loads", "plan_steal"]

@@ -32,7 +32,7 @@ from botocore.exceptions import (
     ReadTimeoutError,
 )
 
-from .lease_rules import CLAIM_ATTRIBUTE, JAVA_HANDOVER_ATTRIBUTES, LEASE_ATTRIBUTES
+from .lease_rules import CLAIM_ATTRIBUTE, JAVA_HANDOVER_ATTRIBUTES, LEASE_ATTRIBUTES, check_throughput
 from .model import AT_TIMESTAMP, LATEST, SHARD_END, TRIM_HORIZON, Checkpoint, Lease, checkpoint_advances
 
 log = logging.getLogger(__name__)
@@ -400,7 +400,7 @@ class LeaseTable:
         return lease_from_item(response["Attributes"])
 
     def heartbeat(self, key: str, owner: str, counter: int, extra: Mapping[str, Any] | None = None,
-                  checkpoint: Checkpoint | None = None) -> bool:
+                  checkpoint: Checkpoint | None = None, throughput_kbps: float | None = None) -> bool:
         """Renew the lease held as (`owner`, `counter`): the counter becomes counter + 1; `extra` rides along.
 
         Extra values: str→S, int/float→N, bool→BOOL (and bytes, lists, dicts, sets); None removes.
@@ -416,6 +416,10 @@ class LeaseTable:
         values: dict[str, dict] = {":me": {"S": owner}, ":mine": {"N": str(counter)},
                                    ":next": {"N": str(counter + 1)}, ":SHARD_END": _SHARD_END}
         sets, removes = ["leaseCounter = :next"], []
+        check_throughput(throughput_kbps)
+        if throughput_kbps is not None:  # KCL's attribute, read by the load-aware balance
+            sets.append("throughputKBps = :kbps")
+            values[":kbps"] = encode_value(float(throughput_kbps))
         for i, (name, value) in enumerate(sorted(extra.items())):
             names[f"#x{i}"] = name
             encoded = encode_value(value)

@@ -386,6 +386,19 @@ def test_heartbeat_bumps_the_counter_and_writes_extras(table):
     assert table.get(KEY).lease_counter == 9
 
 
+def test_heartbeat_writes_throughput_as_kcl_does_and_matches_the_rule(table):
+    assert table.create(lease(owner="w1", counter=7, extra={"keep": 1}))
+    before = table.get(KEY)
+    assert table.heartbeat(KEY, "w1", 7, throughput_kbps=12.5)
+    assert raw(table)["throughputKBps"] == {"N": "12.5"}
+    assert table.get(KEY) == rules.heartbeat(before, "w1", 7, throughput_kbps=12.5)
+    assert table.heartbeat(KEY, "w1", 8)  # a heartbeat without a measurement keeps the last one
+    assert raw(table)["throughputKBps"] == {"N": "12.5"}
+    with pytest.raises(ValueError, match="throughputKBps"):
+        table.heartbeat(KEY, "w1", 9, throughput_kbps=float("nan"))
+    assert table.get(KEY).lease_counter == 9  # nothing written
+
+
 @pytest.mark.parametrize("state", ["other owner", "no owner", "ended", "missing", "same id, other counter"])
 def test_heartbeat_fails_when_not_held_ended_or_missing(table, state):
     if state != "missing":
