@@ -52,6 +52,19 @@ _THROTTLING_CODES = frozenset({
 _UNREACHABLE = (EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError, ConnectionClosedError)
 
 
+# Java KCL 3.x's index of leases by owner (DynamoDBLeaseRefresher): leaseOwner HASH, leaseKey RANGE, KEYS_ONLY.
+OWNER_INDEX_NAME = "LeaseOwnerToLeaseKeyIndex"
+OWNER_INDEX = {"IndexName": OWNER_INDEX_NAME,
+               "KeySchema": [{"AttributeName": "leaseOwner", "KeyType": "HASH"},
+                             {"AttributeName": "leaseKey", "KeyType": "RANGE"}],
+               "Projection": {"ProjectionType": "KEYS_ONLY"}}
+
+
+def owner_index_active(description: Mapping[str, Any] | None) -> bool:
+    return any(index.get("IndexName") == OWNER_INDEX_NAME and index.get("IndexStatus", "ACTIVE") == "ACTIVE"
+               for index in (description or {}).get("GlobalSecondaryIndexes", []))
+
+
 class LeaseTableError(RuntimeError):
     """The lease table could not be used (not a lost race: those are False / None answers)."""
 
@@ -269,21 +282,26 @@ class LeaseTable:
         self.wait_timeout = wait_timeout
         self.scan_page_size = scan_page_size  # Scan Limit; None lets DynamoDB fill 1 MB pages
         self.ambiguous_writes = 0  # writes whose outcome had to be read back (lost responses)
+        self.has_owner_index = False  # set by ensure_table
 
     # -- table lifecycle ----------------------------------------------------------------------------
 
     def ensure_table(self) -> bool:
-        """Create the table when missing (PAY_PER_REQUEST, hash key leaseKey), wait until ACTIVE.
+        """Create the table when missing (PAY_PER_REQUEST, hash key leaseKey, with KCL 3.x's leaseOwner
+        index), wait until ACTIVE; `has_owner_index` tells whether an existing table has the index ACTIVE.
 
-        True if this call created it. Consumers race to create it: losing that race is fine.
+        True if this call created it. Consumers race to create it: losing that race is fine. An existing
+        table without the index is used as it is (scans only): adding an index is the operator's call.
         """
         created = False
         description = self._describe()
         if description is None:
             try:
                 self._call("create_table", TableName=self.table_name, BillingMode="PAY_PER_REQUEST",
-                           AttributeDefinitions=[{"AttributeName": "leaseKey", "AttributeType": "S"}],
-                           KeySchema=[{"AttributeName": "leaseKey", "KeyType": "HASH"}])
+                           AttributeDefinitions=[{"AttributeName": "leaseKey", "AttributeType": "S"},
+                                                 {"AttributeName": "leaseOwner", "AttributeType": "S"}],
+                           KeySchema=[{"AttributeName": "leaseKey", "KeyType": "HASH"}],
+                           GlobalSecondaryIndexes=[OWNER_INDEX])
                 created = True
             except _ConditionFailed:  # ResourceInUseException: another consumer is creating it
                 pass
@@ -299,7 +317,25 @@ class LeaseTable:
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
             description = self._describe()
+        self.has_owner_index = owner_index_active(description)
         return created
+
+    def owned_keys(self, owner: str) -> list[str]:
+        """The keys of the leases `owner` holds, from the leaseOwner index (KEYS_ONLY, so one read unit
+        covers many keys; eventually consistent, as every GSI read: a hint between full scans, never a
+        basis for a conditional write)."""
+        if not self.has_owner_index:
+            raise LeaseTableError(f"lease table {self.table_name} has no ACTIVE {OWNER_INDEX_NAME} index")
+        keys: list[str] = []
+        request: dict[str, Any] = dict(TableName=self.table_name, IndexName=OWNER_INDEX_NAME,
+                                       KeyConditionExpression="leaseOwner = :owner",
+                                       ExpressionAttributeValues={":owner": {"S": owner}})
+        while True:
+            page = self._call("query", **request)
+            keys += [item["leaseKey"]["S"] for item in page.get("Items", [])]
+            if not page.get("LastEvaluatedKey"):
+                return keys
+            request["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
     def _describe(self) -> dict | None:
         try:
