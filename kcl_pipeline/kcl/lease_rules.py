@@ -41,6 +41,7 @@ from .model import SHARD_END, Checkpoint, Lease, checkpoint_advances
 
 # Java KCL's graceful-handover state; a new owner clears it so that no peer acts on another owner's
 # half-finished handover. `childShardIds` and `throughputKBps` are not handover state: they are kept.
+HANDOFF_ATTRIBUTE = "checkpointOwner"  # set while a KCL 3.x graceful hand-off is in flight
 JAVA_HANDOVER_ATTRIBUTES = (
     "checkpointOwner",
     "pendingCheckpoint",

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Collection, Mapping, Sequence
 
 from .balance import THROUGHPUT_ATTRIBUTE, effective_loads, plan_steal
+from .lease_rules import HANDOFF_ATTRIBUTE
 from .model import AT_TIMESTAMP, LATEST, TRIM_HORIZON, Checkpoint, Lease, Shard
 from .shard_graph import ShardGraph
 
@@ -314,6 +315,11 @@ def leases_to_acquire(
         else:
             owned.setdefault(lease.lease_owner, []).append(lease)
 
+    # A KCL 3.x graceful hand-off in flight (leaseOwner names the new owner, checkpointOwner the old one
+    # that still has to checkpoint): counted for balance, never stolen — stealing would cut the hand-off.
+    stealable = {owner: [lease for lease in held if HANDOFF_ATTRIBUTE not in lease.extra]
+                 for owner, held in owned.items()}
+
     capacity = min(leases_to_acquire, max_leases - held)
     if capacity <= 0:
         return AcquirePlan()
@@ -329,14 +335,17 @@ def leases_to_acquire(
         return AcquirePlan()
     loads = _reported_loads(leases, local, worker_id, owned)
     if any(load is not None for load in loads.values()):
-        return _load_aware_steal(worker_id, loads, local, owned, by_key, idle_consumers)
+        return _load_aware_steal(worker_id, loads, local, owned, stealable, by_key, idle_consumers)
     counts = {owner: len(held_by) for owner, held_by in owned.items()}
     average = (sum(counts.values()) + held) // (len(counts) + 1)
     richest = max(counts.values())
     if richest < max(average + 1, held + 2):
         return AcquirePlan()
-    victim = rng.choice(sorted(owner for owner, count in counts.items() if count == richest))
-    return AcquirePlan(steal=rng.choice(sorted(owned[victim], key=lambda lease: lease.lease_key)))
+    victims = sorted(owner for owner, count in counts.items() if count == richest and stealable[owner])
+    if not victims:
+        return AcquirePlan()
+    victim = rng.choice(victims)
+    return AcquirePlan(steal=rng.choice(sorted(stealable[victim], key=lambda lease: lease.lease_key)))
 
 
 def _reported_load(lease: Lease) -> float | None:
@@ -358,13 +367,14 @@ def _reported_loads(leases: Sequence[Lease], local: Collection[str], worker_id: 
 
 
 def _load_aware_steal(worker_id: str, reported: Mapping[str, float | None], local: Collection[str],
-                      owned: Mapping[str, list[Lease]], by_key: Mapping[str, Lease], idle_consumers: int
-                      ) -> AcquirePlan:
+                      owned: Mapping[str, list[Lease]], stealable: Mapping[str, list[Lease]],
+                      by_key: Mapping[str, Lease], idle_consumers: int) -> AcquirePlan:
     loads = effective_loads(reported)
     theirs = {owner: {lease.lease_key: loads[lease.lease_key] for lease in held} for owner, held in owned.items()}
     counted = {key for held in theirs.values() for key in held}
     mine = {key: load for key, load in loads.items() if key not in counted}
-    steal = plan_steal(worker_id, mine, theirs, idle_consumers=idle_consumers)
+    steal = plan_steal(worker_id, mine, theirs, idle_consumers=idle_consumers,
+                       movable={lease.lease_key for held in stealable.values() for lease in held})
     return AcquirePlan() if steal is None else AcquirePlan(steal=by_key[steal.lease_key])
 
 

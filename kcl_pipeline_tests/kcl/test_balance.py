@@ -160,3 +160,16 @@ def test_throughput_meter_reports_kb_per_second_between_heartbeats():
     assert meter.take(104.0) == 5.0
     assert meter.take(104.0) is None  # no time passed: no rate
     assert meter.take(106.0) == 0.0  # idle
+
+
+def test_a_lease_in_a_kcl3_graceful_handoff_is_never_stolen():
+    """leaseOwner names the new owner, checkpointOwner the old one still checkpointing: hands off."""
+    handing = Lease("a1", Checkpoint(TRIM_HORIZON), "a", 5, extra={"checkpointOwner": "old"})
+    by_count = [handing, _lease("a2", "a"), _lease("a3", "a"), _lease("a4", "a")]
+    assert _plan("me", by_count).steal.lease_key in {"a2", "a3", "a4"}
+    only_handing = [handing, Lease("a2", Checkpoint(TRIM_HORIZON), "a", 5, extra={"checkpointOwner": "old"})]
+    assert _plan("me", only_handing).steal is None
+    # h is the lease closest to half the gap (300 of 600), but in a hand-off: the next best moves
+    by_load = [Lease("h", Checkpoint(TRIM_HORIZON), "a", 5, extra={"checkpointOwner": "old", "throughputKBps": 300.0}),
+               _lease("a2", "a", 50.0), _lease("a3", "a", 250.0)]
+    assert _plan("me", by_load).steal.lease_key == "a3"
