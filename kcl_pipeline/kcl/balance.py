@@ -25,9 +25,9 @@ load, so idle leases still spread by count.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Collection, Mapping
 
-THROUGHPUT_ATTRIBUTE = "throughputKBps"
+from .lease_rules import THROUGHPUT_ATTRIBUTE
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,27 @@ class Steal:
     load: float
 
 
+@dataclass
+class ThroughputMeter:
+    """Bytes delivered since the last heartbeat → KB/s for `throughputKBps` (the caller passes the time)."""
+
+    since: float | None = None
+    bytes: int = 0
+
+    def add(self, delivered_bytes: int) -> None:
+        self.bytes += delivered_bytes
+
+    def take(self, now: float) -> float | None:
+        """The rate since the previous take (None on the first, or when no time passed); starts anew."""
+        since, delivered = self.since, self.bytes
+        if since is not None and now <= since:
+            return None
+        self.since, self.bytes = now, 0
+        if since is None:
+            return None
+        return delivered / 1024.0 / (now - since)
+
+
 def effective_loads(reported: Mapping[str, float | None], settings: BalanceSettings = BalanceSettings()
                     ) -> dict[str, float]:
     """Every lease's load for balancing: unknown → mean of the known (1.0 if none), plus the idle weight."""
@@ -61,14 +82,16 @@ def effective_loads(reported: Mapping[str, float | None], settings: BalanceSetti
 
 
 def plan_steal(me: str, mine: Mapping[str, float], owned: Mapping[str, Mapping[str, float]],
-               settings: BalanceSettings = BalanceSettings(), *, idle_consumers: int = 0) -> Steal | None:
+               settings: BalanceSettings = BalanceSettings(), *, idle_consumers: int = 0,
+               movable: Collection[str] | None = None) -> Steal | None:
     """The one lease `me` steals this cycle, or None.
 
     `mine`: the leases `me` holds with their effective loads; `owned`: every other live owner's leases
     with their effective loads (see `effective_loads`). `idle_consumers`: other live consumers holding
     no lease, which the lease table cannot show (known from their worker metrics items); without them the
-    mean is that of the visible consumers, and an idle consumer settles for less. Ties break on owner then lease key, so the
-    decision depends on its inputs alone.
+    mean is that of the visible consumers, and an idle consumer settles for less. `movable`, when given,
+    limits which leases may be taken (the others still count for load: a lease in a graceful hand-off).
+    Ties break on owner then lease key, so the decision depends on its inputs alone.
     """
     if idle_consumers < 0:
         raise ValueError(f"idle_consumers must be >= 0, got {idle_consumers}")
@@ -87,11 +110,12 @@ def plan_steal(me: str, mine: Mapping[str, float], owned: Mapping[str, Mapping[s
         if load <= ceiling:
             break  # richest first: nobody left above the tolerance
         gap = load - my_load
-        movable = [(key, x) for key, x in owned[owner].items() if x <= gap - margin]
-        if movable:
-            key, x = min(movable, key=lambda kx: (abs(kx[1] - gap / 2), kx[0]))
+        fitting = [(key, x) for key, x in owned[owner].items()
+                   if x <= gap - margin and (movable is None or key in movable)]
+        if fitting:
+            key, x = min(fitting, key=lambda kx: (abs(kx[1] - gap / 2), kx[0]))
             return Steal(key, owner, x)
     return None
 
 
-__all__ = ["BalanceSettings", "Steal", "THROUGHPUT_ATTRIBUTE", "effective_loads", "plan_steal"]
+__all__ = ["BalanceSettings", "Steal", "ThroughputMeter", "THROUGHPUT_ATTRIBUTE", "effective_loads", "plan_steal"]

@@ -41,6 +41,7 @@ from .model import SHARD_END, Checkpoint, Lease, checkpoint_advances
 
 # Java KCL's graceful-handover state; a new owner clears it so that no peer acts on another owner's
 # half-finished handover. `childShardIds` and `throughputKBps` are not handover state: they are kept.
+HANDOFF_ATTRIBUTE = "checkpointOwner"  # set while a KCL 3.x graceful hand-off is in flight
 JAVA_HANDOVER_ATTRIBUTES = (
     "checkpointOwner",
     "pendingCheckpoint",
@@ -123,11 +124,21 @@ def check_heartbeat_attributes(attributes: Mapping[str, Any] | None) -> None:
             raise ValueError(f"heartbeat attributes must not overwrite lease attributes: {', '.join(clash)}")
 
 
+THROUGHPUT_ATTRIBUTE = "throughputKBps"
+
+
+def check_throughput(throughput_kbps: float | None) -> None:
+    if throughput_kbps is not None and not (throughput_kbps >= 0 and throughput_kbps != float("inf")):
+        raise ValueError(f"throughputKBps must be a finite number >= 0, got {throughput_kbps!r}")
+
+
 def heartbeat(lease: Lease | None, owner: str, counter: int, attributes: Mapping[str, Any] | None = None,
-              checkpoint: Checkpoint | None = None) -> Lease | None:
+              checkpoint: Checkpoint | None = None, throughput_kbps: float | None = None) -> Lease | None:
     """Renew: the holder (owner and counter it last wrote) moves the counter on; progress and a
-    checkpoint may ride along (the checkpoint under its own forward-only condition too)."""
+    checkpoint may ride along (the checkpoint under its own forward-only condition too), and the
+    holder's recent throughput as KCL's `throughputKBps` (read by the load-aware balance)."""
     check_heartbeat_attributes(attributes)
+    check_throughput(throughput_kbps)
     if checkpoint is not None and checkpoint.is_sentinel:
         raise ValueError(f"heartbeat checkpoint takes a sequence number, not {checkpoint.sequence_number}")
     if not _held_by(lease, owner, counter) or lease.is_ended:
@@ -140,6 +151,8 @@ def heartbeat(lease: Lease | None, owner: str, counter: int, attributes: Mapping
             extra.pop(name, None)
         else:
             extra[name] = value
+    if throughput_kbps is not None:
+        extra[THROUGHPUT_ATTRIBUTE] = throughput_kbps
     changes: dict[str, Any] = {"lease_counter": counter + 1, "extra": extra}
     if checkpoint is not None:
         changes.update(checkpoint=checkpoint, owner_switches_since_checkpoint=0)

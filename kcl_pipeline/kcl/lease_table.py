@@ -32,7 +32,7 @@ from botocore.exceptions import (
     ReadTimeoutError,
 )
 
-from .lease_rules import CLAIM_ATTRIBUTE, JAVA_HANDOVER_ATTRIBUTES, LEASE_ATTRIBUTES
+from .lease_rules import CLAIM_ATTRIBUTE, JAVA_HANDOVER_ATTRIBUTES, LEASE_ATTRIBUTES, check_throughput
 from .model import AT_TIMESTAMP, LATEST, SHARD_END, TRIM_HORIZON, Checkpoint, Lease, checkpoint_advances
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,19 @@ _THROTTLING_CODES = frozenset({
     "LimitExceededException", "InternalServerError", "ServiceUnavailable", "TransactionInProgressException",
 })
 _UNREACHABLE = (EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError, ConnectionClosedError)
+
+
+# Java KCL 3.x's index of leases by owner (DynamoDBLeaseRefresher): leaseOwner HASH, leaseKey RANGE, KEYS_ONLY.
+OWNER_INDEX_NAME = "LeaseOwnerToLeaseKeyIndex"
+OWNER_INDEX = {"IndexName": OWNER_INDEX_NAME,
+               "KeySchema": [{"AttributeName": "leaseOwner", "KeyType": "HASH"},
+                             {"AttributeName": "leaseKey", "KeyType": "RANGE"}],
+               "Projection": {"ProjectionType": "KEYS_ONLY"}}
+
+
+def owner_index_active(description: Mapping[str, Any] | None) -> bool:
+    return any(index.get("IndexName") == OWNER_INDEX_NAME and index.get("IndexStatus", "ACTIVE") == "ACTIVE"
+               for index in (description or {}).get("GlobalSecondaryIndexes", []))
 
 
 class LeaseTableError(RuntimeError):
@@ -269,21 +282,26 @@ class LeaseTable:
         self.wait_timeout = wait_timeout
         self.scan_page_size = scan_page_size  # Scan Limit; None lets DynamoDB fill 1 MB pages
         self.ambiguous_writes = 0  # writes whose outcome had to be read back (lost responses)
+        self.has_owner_index = False  # set by ensure_table
 
     # -- table lifecycle ----------------------------------------------------------------------------
 
     def ensure_table(self) -> bool:
-        """Create the table when missing (PAY_PER_REQUEST, hash key leaseKey), wait until ACTIVE.
+        """Create the table when missing (PAY_PER_REQUEST, hash key leaseKey, with KCL 3.x's leaseOwner
+        index), wait until ACTIVE; `has_owner_index` tells whether an existing table has the index ACTIVE.
 
-        True if this call created it. Consumers race to create it: losing that race is fine.
+        True if this call created it. Consumers race to create it: losing that race is fine. An existing
+        table without the index is used as it is (scans only): adding an index is the operator's call.
         """
         created = False
         description = self._describe()
         if description is None:
             try:
                 self._call("create_table", TableName=self.table_name, BillingMode="PAY_PER_REQUEST",
-                           AttributeDefinitions=[{"AttributeName": "leaseKey", "AttributeType": "S"}],
-                           KeySchema=[{"AttributeName": "leaseKey", "KeyType": "HASH"}])
+                           AttributeDefinitions=[{"AttributeName": "leaseKey", "AttributeType": "S"},
+                                                 {"AttributeName": "leaseOwner", "AttributeType": "S"}],
+                           KeySchema=[{"AttributeName": "leaseKey", "KeyType": "HASH"}],
+                           GlobalSecondaryIndexes=[OWNER_INDEX])
                 created = True
             except _ConditionFailed:  # ResourceInUseException: another consumer is creating it
                 pass
@@ -299,7 +317,25 @@ class LeaseTable:
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
             description = self._describe()
+        self.has_owner_index = owner_index_active(description)
         return created
+
+    def owned_keys(self, owner: str) -> list[str]:
+        """The keys of the leases `owner` holds, from the leaseOwner index (KEYS_ONLY, so one read unit
+        covers many keys; eventually consistent, as every GSI read: a hint between full scans, never a
+        basis for a conditional write)."""
+        if not self.has_owner_index:
+            raise LeaseTableError(f"lease table {self.table_name} has no ACTIVE {OWNER_INDEX_NAME} index")
+        keys: list[str] = []
+        request: dict[str, Any] = dict(TableName=self.table_name, IndexName=OWNER_INDEX_NAME,
+                                       KeyConditionExpression="leaseOwner = :owner",
+                                       ExpressionAttributeValues={":owner": {"S": owner}})
+        while True:
+            page = self._call("query", **request)
+            keys += [item["leaseKey"]["S"] for item in page.get("Items", [])]
+            if not page.get("LastEvaluatedKey"):
+                return keys
+            request["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
     def _describe(self) -> dict | None:
         try:
@@ -400,7 +436,7 @@ class LeaseTable:
         return lease_from_item(response["Attributes"])
 
     def heartbeat(self, key: str, owner: str, counter: int, extra: Mapping[str, Any] | None = None,
-                  checkpoint: Checkpoint | None = None) -> bool:
+                  checkpoint: Checkpoint | None = None, throughput_kbps: float | None = None) -> bool:
         """Renew the lease held as (`owner`, `counter`): the counter becomes counter + 1; `extra` rides along.
 
         Extra values: str→S, int/float→N, bool→BOOL (and bytes, lists, dicts, sets); None removes.
@@ -416,6 +452,10 @@ class LeaseTable:
         values: dict[str, dict] = {":me": {"S": owner}, ":mine": {"N": str(counter)},
                                    ":next": {"N": str(counter + 1)}, ":SHARD_END": _SHARD_END}
         sets, removes = ["leaseCounter = :next"], []
+        check_throughput(throughput_kbps)
+        if throughput_kbps is not None:  # KCL's attribute, read by the load-aware balance
+            sets.append("throughputKBps = :kbps")
+            values[":kbps"] = encode_value(float(throughput_kbps))
         for i, (name, value) in enumerate(sorted(extra.items())):
             names[f"#x{i}"] = name
             encoded = encode_value(value)

@@ -11,6 +11,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable, Collection, Mapping, Sequence
 
+from .balance import THROUGHPUT_ATTRIBUTE, effective_loads, plan_steal
+from .lease_rules import HANDOFF_ATTRIBUTE
 from .model import AT_TIMESTAMP, LATEST, TRIM_HORIZON, Checkpoint, Lease, Shard
 from .shard_graph import ShardGraph
 
@@ -269,6 +271,7 @@ def leases_to_acquire(
     locally_worked: Collection[str] = (),
     drained_attribute: str | None = None,
     predecessor: Callable[[str], bool] | None = None,
+    idle_consumers: int = 0,
     rng: random.Random,
 ) -> AcquirePlan:
     """What this consumer tries to acquire this cycle.
@@ -284,6 +287,9 @@ def leases_to_acquire(
     loaded live owner when it holds at least max(avg + 1, ours + 2), avg being the integer mean over live
     owners, us included. The integer mean guarantees that any spread of 2 or more gets stolen from,
     so the fleet settles with max - min <= 1; ours + 2 means a steal never reverses the imbalance.
+    When any live lease reports its throughput (`throughputKBps`, written by holders on heartbeats), the
+    steal is load-aware instead (balance.py: load converges within its tolerance, hot shards spread, one
+    steal at most, hysteresis); `idle_consumers` counts live peers holding no lease (worker metrics).
     Owners for which `predecessor` is true are earlier incarnations of this very consumer (a reloaded code
     server): their leases are never stolen nor counted for balance, only taken once expired.
     """
@@ -309,6 +315,11 @@ def leases_to_acquire(
         else:
             owned.setdefault(lease.lease_owner, []).append(lease)
 
+    # A KCL 3.x graceful hand-off in flight (leaseOwner names the new owner, checkpointOwner the old one
+    # that still has to checkpoint): counted for balance, never stolen — stealing would cut the hand-off.
+    stealable = {owner: [lease for lease in held if HANDOFF_ATTRIBUTE not in lease.extra]
+                 for owner, held in owned.items()}
+
     capacity = min(leases_to_acquire, max_leases - held)
     if capacity <= 0:
         return AcquirePlan()
@@ -322,13 +333,49 @@ def leases_to_acquire(
 
     if not owned:
         return AcquirePlan()
+    loads = _reported_loads(leases, local, worker_id, owned)
+    if any(load is not None for load in loads.values()):
+        return _load_aware_steal(worker_id, loads, local, owned, stealable, by_key, idle_consumers)
     counts = {owner: len(held_by) for owner, held_by in owned.items()}
     average = (sum(counts.values()) + held) // (len(counts) + 1)
     richest = max(counts.values())
     if richest < max(average + 1, held + 2):
         return AcquirePlan()
-    victim = rng.choice(sorted(owner for owner, count in counts.items() if count == richest))
-    return AcquirePlan(steal=rng.choice(sorted(owned[victim], key=lambda lease: lease.lease_key)))
+    victims = sorted(owner for owner, count in counts.items() if count == richest and stealable[owner])
+    if not victims:
+        return AcquirePlan()
+    victim = rng.choice(victims)
+    return AcquirePlan(steal=rng.choice(sorted(stealable[victim], key=lambda lease: lease.lease_key)))
+
+
+def _reported_load(lease: Lease) -> float | None:
+    value = lease.extra.get(THROUGHPUT_ATTRIBUTE)
+    try:
+        load = float(value) if value is not None and not isinstance(value, bool) else None
+    except (TypeError, ValueError):
+        return None
+    # A corrupt report (negative, NaN, infinite) counts as unknown rather than stopping the cycle.
+    return load if load is not None and 0 <= load < float("inf") else None
+
+
+def _reported_loads(leases: Sequence[Lease], local: Collection[str], worker_id: str,
+                    owned: Mapping[str, list[Lease]]) -> dict[str, float | None]:
+    counted = {lease.lease_key for held in owned.values() for lease in held}
+    return {lease.lease_key: _reported_load(lease) for lease in leases
+            if lease.lease_key in local or lease.lease_key in counted
+            or (lease.lease_owner == worker_id and not lease.is_ended)}
+
+
+def _load_aware_steal(worker_id: str, reported: Mapping[str, float | None], local: Collection[str],
+                      owned: Mapping[str, list[Lease]], stealable: Mapping[str, list[Lease]],
+                      by_key: Mapping[str, Lease], idle_consumers: int) -> AcquirePlan:
+    loads = effective_loads(reported)
+    theirs = {owner: {lease.lease_key: loads[lease.lease_key] for lease in held} for owner, held in owned.items()}
+    counted = {key for held in theirs.values() for key in held}
+    mine = {key: load for key, load in loads.items() if key not in counted}
+    steal = plan_steal(worker_id, mine, theirs, idle_consumers=idle_consumers,
+                       movable={lease.lease_key for held in stealable.values() for lease in held})
+    return AcquirePlan() if steal is None else AcquirePlan(steal=by_key[steal.lease_key])
 
 
 __all__ = [

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from .aws import client
+from .balance import ThroughputMeter
 from .config import ConsumerConfig
 from .kpl import KplStats
 from . import lease_life as life
@@ -241,6 +242,8 @@ class LeaseWorker:
         self.pending_checkpoint: Checkpoint | None = None
         self.pending_lock = threading.Lock()
         self.heartbeat_attribute_errors = 0
+        self.throughput = ThroughputMeter()  # delivered bytes → throughputKBps on heartbeats (balance.py)
+        self._throughput_lock = threading.Lock()
         self._heartbeat_thread: threading.Thread | None = None
         self._checkpointer = _Checkpointer(self)
         self._parent_pid = os.getppid()
@@ -351,6 +354,8 @@ class LeaseWorker:
         self.processor.process_records(ProcessRecordsInput(batch.records, batch.millis_behind_latest,
                                                            self._checkpointer, batch.service_time_ms))
         self.metrics.record_lease(self.lease_key, batch.millis_behind_latest, batch.bytes, len(batch.records))
+        with self._throughput_lock:
+            self.throughput.add(batch.bytes)
         self._count_operational(self.reader)
         self.metrics.flush_due()
 
@@ -367,7 +372,10 @@ class LeaseWorker:
 
     def _renew(self, effect: life.Renew) -> Outcome:
         key, me, attributes, cp = self.lease_key, self.config.worker_id, effect.attributes, effect.checkpoint
-        return self.lease.renew(lambda counter: self.table.heartbeat(key, me, counter, attributes, checkpoint=cp))
+        with self._throughput_lock:
+            kbps = self.throughput.take(self.monotonic())
+        return self.lease.renew(lambda counter: self.table.heartbeat(key, me, counter, attributes, checkpoint=cp,
+                                                                     throughput_kbps=kbps))
 
     def _end(self, _effect) -> Outcome:
         return self.lease.end(lambda counter: self.table.end(self.lease_key, self.config.worker_id, counter))

@@ -105,3 +105,71 @@ def test_an_idle_consumer_invisible_in_the_lease_table_counts_in_the_mean():
 def test_negative_settings_are_refused():
     with pytest.raises(ValueError, match="must be >= 0"):
         BalanceSettings(tolerance=-0.1)
+
+
+# -- wired into the planner and the lease writes ------------------------------------------------------
+from kcl_pipeline.kcl import lease_rules  # noqa: E402
+from kcl_pipeline.kcl.model import TRIM_HORIZON, Checkpoint, Lease  # noqa: E402
+from kcl_pipeline.kcl.planner import leases_to_acquire  # noqa: E402
+
+
+def _lease(key, owner, kbps=None):
+    return Lease(key, Checkpoint(TRIM_HORIZON), owner, 5, extra={} if kbps is None else {"throughputKBps": kbps})
+
+
+def _plan(me, leases, local=()):
+    return leases_to_acquire(me, leases, {lease.lease_key: 0.0 for lease in leases}, expiry_seconds=10.0,
+                             leases_to_acquire=1, max_leases=100, locally_worked=set(local), rng=random.Random(0))
+
+
+def test_the_planner_leaves_a_count_balanced_fleet_with_a_hot_shard_to_load_balance():
+    """By count a (2 leases) and me (2) are balanced; by load a carries the hot shard and a companion."""
+    leases = [_lease("hot", "a", 1000.0), _lease("a1", "a", 100.0), _lease("m1", "me", 100.0),
+              _lease("m2", "me", 100.0), _lease("b1", "b", 100.0), _lease("b2", "b", 100.0)]
+    plan = _plan("me", leases, local={"m1", "m2"})
+    assert plan.take == [] and plan.steal is not None and plan.steal.lease_key == "a1"
+
+
+def test_the_planner_keeps_counting_when_no_lease_reports_throughput():
+    leases = [_lease(f"a{i}", "a") for i in range(4)]
+    plan = _plan("me", leases)
+    assert plan.steal is not None and plan.steal.lease_owner == "a"
+
+
+@pytest.mark.parametrize("corrupt", [-5.0, float("nan"), "fast", True])
+def test_a_corrupt_throughput_report_does_not_stop_the_cycle(corrupt):
+    leases = [_lease("a1", "a", corrupt), _lease("a2", "a", 100.0), _lease("a3", "a", 100.0)]
+    plan = _plan("me", leases)
+    assert plan.steal is not None
+
+
+def test_heartbeat_writes_throughput_kbps_and_refuses_a_bad_value():
+    lease = _lease("s1", "me")
+    after = lease_rules.heartbeat(lease, "me", 5, throughput_kbps=12.5)
+    assert after.extra["throughputKBps"] == 12.5 and after.lease_counter == 6
+    with pytest.raises(ValueError, match="throughputKBps must be a finite number >= 0"):
+        lease_rules.heartbeat(lease, "me", 5, throughput_kbps=-1.0)
+
+
+def test_throughput_meter_reports_kb_per_second_between_heartbeats():
+    from kcl_pipeline.kcl.balance import ThroughputMeter
+    meter = ThroughputMeter()
+    assert meter.take(100.0) is None  # first heartbeat: no interval yet
+    meter.add(10 * 1024)
+    meter.add(10 * 1024)
+    assert meter.take(104.0) == 5.0
+    assert meter.take(104.0) is None  # no time passed: no rate
+    assert meter.take(106.0) == 0.0  # idle
+
+
+def test_a_lease_in_a_kcl3_graceful_handoff_is_never_stolen():
+    """leaseOwner names the new owner, checkpointOwner the old one still checkpointing: hands off."""
+    handing = Lease("a1", Checkpoint(TRIM_HORIZON), "a", 5, extra={"checkpointOwner": "old"})
+    by_count = [handing, _lease("a2", "a"), _lease("a3", "a"), _lease("a4", "a")]
+    assert _plan("me", by_count).steal.lease_key in {"a2", "a3", "a4"}
+    only_handing = [handing, Lease("a2", Checkpoint(TRIM_HORIZON), "a", 5, extra={"checkpointOwner": "old"})]
+    assert _plan("me", only_handing).steal is None
+    # h is the lease closest to half the gap (300 of 600), but in a hand-off: the next best moves
+    by_load = [Lease("h", Checkpoint(TRIM_HORIZON), "a", 5, extra={"checkpointOwner": "old", "throughputKBps": 300.0}),
+               _lease("a2", "a", 50.0), _lease("a3", "a", 250.0)]
+    assert _plan("me", by_load).steal.lease_key == "a3"

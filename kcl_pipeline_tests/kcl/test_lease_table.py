@@ -263,6 +263,19 @@ def table(any_dynamodb_client, unique_name) -> LeaseTable:
     return t
 
 
+@pytest.fixture
+def plain_table(any_dynamodb_client, unique_name) -> LeaseTable:
+    """A lease table as KCL 2.x creates it, without the leaseOwner index: DynamoDB refuses a NULL-typed
+    leaseOwner in a table that indexes it, so items with an explicit NULL owner can only exist here."""
+    name = unique_name("plain")
+    any_dynamodb_client.create_table(TableName=name, BillingMode="PAY_PER_REQUEST",
+                                     AttributeDefinitions=[{"AttributeName": "leaseKey", "AttributeType": "S"}],
+                                     KeySchema=[{"AttributeName": "leaseKey", "KeyType": "HASH"}])
+    t = LeaseTable(name, any_dynamodb_client)
+    t.ensure_table()
+    return t
+
+
 def put_raw(table: LeaseTable, item: dict) -> None:
     table.client.put_item(TableName=table.table_name, Item=item)
 
@@ -329,7 +342,8 @@ def test_scan_reads_every_page_and_skips_other_entities(any_dynamodb_client, uni
 @pytest.mark.parametrize("owner_attribute, observed_owner", [
     (None, None), ({"NULL": True}, None), ({"S": "w1"}, "w1"),
 ])
-def test_acquire_passes_when_exactly_as_observed(table, owner_attribute, observed_owner):
+def test_acquire_passes_when_exactly_as_observed(plain_table, owner_attribute, observed_owner):
+    table = plain_table
     item = {**JAVA_ITEM, "ownerSwitchesSinceCheckpoint": {"N": "4"}}
     item.pop("leaseOwner")
     if owner_attribute:
@@ -384,6 +398,19 @@ def test_heartbeat_bumps_the_counter_and_writes_extras(table):
     assert raw(table)["landedTo"] == {"S": SEQ56} and raw(table)["caughtUp"] == {"BOOL": True}
     assert table.heartbeat(KEY, "w1", 8)
     assert table.get(KEY).lease_counter == 9
+
+
+def test_heartbeat_writes_throughput_as_kcl_does_and_matches_the_rule(table):
+    assert table.create(lease(owner="w1", counter=7, extra={"keep": 1}))
+    before = table.get(KEY)
+    assert table.heartbeat(KEY, "w1", 7, throughput_kbps=12.5)
+    assert raw(table)["throughputKBps"] == {"N": "12.5"}
+    assert table.get(KEY) == rules.heartbeat(before, "w1", 7, throughput_kbps=12.5)
+    assert table.heartbeat(KEY, "w1", 8)  # a heartbeat without a measurement keeps the last one
+    assert raw(table)["throughputKBps"] == {"N": "12.5"}
+    with pytest.raises(ValueError, match="throughputKBps"):
+        table.heartbeat(KEY, "w1", 9, throughput_kbps=float("nan"))
+    assert table.get(KEY).lease_counter == 9  # nothing written
 
 
 @pytest.mark.parametrize("state", ["other owner", "no owner", "ended", "missing", "same id, other counter"])
@@ -532,7 +559,8 @@ OPERATIONS = {
 }
 
 
-def test_lease_rules_and_the_table_agree(table):
+def test_lease_rules_and_the_table_agree(plain_table):
+    table = plain_table  # its states include an explicit NULL owner (see plain_table)
     mismatches = []
     for s, (state_name, state) in enumerate(STATES.items()):
         for o, (op_name, (on_table, on_rules)) in enumerate(OPERATIONS.items()):
@@ -587,3 +615,30 @@ def test_heartbeat_with_checkpoint_needs_ownership(table):
 def test_heartbeat_with_a_sentinel_checkpoint_is_rejected(table):
     with pytest.raises(ValueError, match="sequence number"):
         table.heartbeat(KEY, "w1", 7, checkpoint=Checkpoint(TRIM_HORIZON))
+
+
+# -- the leaseOwner index (KCL 3.x's LeaseOwnerToLeaseKeyIndex) ---------------------------------------------
+
+def test_a_new_table_has_kcl3s_owner_index_and_owned_keys_reads_it(table):
+    index = [i for i in table.client.describe_table(TableName=table.table_name)["Table"]["GlobalSecondaryIndexes"]
+             if i["IndexName"] == "LeaseOwnerToLeaseKeyIndex"]
+    assert index and index[0]["Projection"]["ProjectionType"] == "KEYS_ONLY"
+    assert [(k["AttributeName"], k["KeyType"]) for k in index[0]["KeySchema"]] == [
+        ("leaseOwner", "HASH"), ("leaseKey", "RANGE")]
+    assert table.has_owner_index
+    for i, owner in enumerate(["w1", "w2", "w1", None]):
+        assert table.create(Lease(f"shardId-{i:012d}", Checkpoint(TRIM_HORIZON), owner, 1))
+    assert sorted(table.owned_keys("w1")) == ["shardId-000000000000", "shardId-000000000002"]
+    assert table.owned_keys("nobody") == []
+
+
+def test_an_existing_table_without_the_index_is_detected_and_used_by_scans_only(any_dynamodb_client, unique_name):
+    name = unique_name("noindex")
+    any_dynamodb_client.create_table(TableName=name, BillingMode="PAY_PER_REQUEST",
+                                     AttributeDefinitions=[{"AttributeName": "leaseKey", "AttributeType": "S"}],
+                                     KeySchema=[{"AttributeName": "leaseKey", "KeyType": "HASH"}])
+    t = LeaseTable(name, any_dynamodb_client)
+    assert t.ensure_table() is False
+    assert not t.has_owner_index
+    with pytest.raises(LeaseTableError, match="no ACTIVE LeaseOwnerToLeaseKeyIndex"):
+        t.owned_keys("w1")

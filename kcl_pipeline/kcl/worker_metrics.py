@@ -1,0 +1,56 @@
+"""This consumer's item in KCL 3.x's worker metrics table (`<application>-WorkerMetricStats`, hash key `wid`).
+
+KCL 3.x's format: `wid` (worker id), `lut` (last update, epoch seconds), `sts` (metric name → list of
+recent values), `opr` (operating range), `properties`, `sup`/`slu` (support code and its update time).
+A worker whose `sts` holds `THROUGHPUT` uses KCL's default metric: load is judged by throughput, and no
+operating range is needed. This consumer publishes THROUGHPUT (KB/s, most recent last) — CPU utilisation
+of a container is not reliably observable from Python without extra dependencies.
+
+The write sets only `lut` and `sts`: any other attribute (a KCL 3.x worker's `opr`, `properties`, `sup`,
+`slu` under the same id, or attributes of later versions) is never stripped.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+HASH_KEY = "wid"
+THROUGHPUT_METRIC = "THROUGHPUT"  # KCL's WorkerMetricType.THROUGHPUT.name(): the default worker metric
+MAX_VALUES = 10  # recent values kept, most recent last
+
+
+def worker_metrics_table(application: str) -> str:
+    return f"{application}-WorkerMetricStats"
+
+
+def metrics_update(worker_id: str, now_epoch_seconds: int, throughput_kbps: Sequence[float]) -> dict[str, Any]:
+    """The UpdateItem arguments (without TableName) for this worker's item: pure."""
+    if not worker_id:
+        raise ValueError("worker metrics need a worker id")
+    values = list(throughput_kbps)[-MAX_VALUES:]
+    for value in values:
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+            raise ValueError(f"worker metric {THROUGHPUT_METRIC}: values must be finite numbers >= 0, got {value!r}")
+    return dict(Key={HASH_KEY: {"S": worker_id}},
+                UpdateExpression="SET lut = :lut, sts = :sts",
+                ExpressionAttributeValues={
+                    ":lut": {"N": str(int(now_epoch_seconds))},
+                    ":sts": {"M": {THROUGHPUT_METRIC: {"L": [{"N": repr(float(v))} for v in values]}}}})
+
+
+def publish(dynamodb_client, application: str, worker_id: str, now_epoch_seconds: int,
+            throughput_kbps: Sequence[float]) -> None:
+    """Write this worker's item; create the table (as KCL 3.x does, PAY_PER_REQUEST) when missing."""
+    table = worker_metrics_table(application)
+    update = metrics_update(worker_id, now_epoch_seconds, throughput_kbps)
+    try:
+        dynamodb_client.update_item(TableName=table, **update)
+    except dynamodb_client.exceptions.ResourceNotFoundException:
+        try:
+            dynamodb_client.create_table(TableName=table, BillingMode="PAY_PER_REQUEST",
+                                         AttributeDefinitions=[{"AttributeName": HASH_KEY, "AttributeType": "S"}],
+                                         KeySchema=[{"AttributeName": HASH_KEY, "KeyType": "HASH"}])
+        except dynamodb_client.exceptions.ResourceInUseException:
+            pass  # another consumer created it first
+        dynamodb_client.get_waiter("table_exists").wait(TableName=table, WaiterConfig={"Delay": 1, "MaxAttempts": 60})
+        dynamodb_client.update_item(TableName=table, **update)
