@@ -129,7 +129,8 @@ def test_aws_resource_settings():
 
 
 def test_spark_config_sets_this_python_and_the_master():
-    s = PipelineSettings.from_env({"KCL_PIPELINE_SPARK_MASTER": "spark://h:7077", "KCL_PIPELINE_PARTITIONS_START": "2026-11-15",
+    s = PipelineSettings.from_env({"KCL_PIPELINE_SPARK_MASTER": "spark://h:7077",
+                                   "KCL_PIPELINE_PARTITIONS_START": "2026-11-15",
                                    "KCL_PIPELINE_SPARK_CONF": '{"spark.executor.memory": "2g"}'}, now=NOW)
     conf = spark_config(s)
     assert conf["spark.master"] == "spark://h:7077" and conf["spark.pyspark.python"] == sys.executable

@@ -19,6 +19,9 @@ _SHARED = {  # PipelineSettings / KinesisConsumerResource field -> ConsumerConfi
     "max_leases": "max_leases", "table_name": "table_name", "metrics_naming": "metrics_naming",
 }
 
+# The partitions' start is required outside the demo profile.
+START = {"KCL_PIPELINE_PARTITIONS_START": "2026-11-15"}
+
 
 def _defs():
     """The Dagster layer (absent from a core install: those tests are skipped there)."""
@@ -32,10 +35,11 @@ def _defs():
 def test_settings_and_resource_defaults_are_consumer_config_defaults():
     PipelineSettings, KinesisConsumerResource = _defs()
     base = ConsumerConfig("s", "a")
-    from_env = PipelineSettings.from_env({})
+    from_env = PipelineSettings.from_env(START)
     resource = KinesisConsumerResource(stream="s", application="a", landing_uri="/l", output_uri="/o")
     for ours, theirs in _SHARED.items():
-        assert getattr(PipelineSettings(), ours) == getattr(base, theirs), ours
+        assert getattr(PipelineSettings(partitions_start=from_env.partitions_start), ours) == \
+            getattr(base, theirs), ours
         assert getattr(from_env, ours) == getattr(base, theirs), ours
         assert getattr(resource, ours) == getattr(base, theirs), ours
     assert from_env.sensor_interval_seconds == base.cycle_seconds
@@ -55,7 +59,8 @@ def test_stream_arn_is_accepted_as_the_stream():
 
 def test_stream_arn_is_accepted_by_the_dagster_settings():
     PipelineSettings, _ = _defs()
-    assert PipelineSettings(stream=ARN).stream == ARN
+    start = PipelineSettings.from_env(START).partitions_start
+    assert PipelineSettings(stream=ARN, partitions_start=start).stream == ARN
 
 
 def test_stream_arn_lands_under_the_stream_name():
@@ -78,7 +83,7 @@ def test_table_name_names_the_lease_table_and_defaults_to_the_application():
 
 def test_table_name_setting_reaches_the_resource():
     PipelineSettings, KinesisConsumerResource = _defs()
-    settings = PipelineSettings.from_env({"KCL_PIPELINE_TABLE_NAME": "leases-prod"})
+    settings = PipelineSettings.from_env({**START, "KCL_PIPELINE_TABLE_NAME": "leases-prod"})
     assert KinesisConsumerResource.from_settings(settings).lease_table == "leases-prod"
 
 
@@ -154,11 +159,11 @@ def test_no_region_anywhere_is_one_clear_error_exit_2(tmp_path, monkeypatch):
 
 def test_metrics_naming_reaches_the_consumer_from_the_environment():
     PipelineSettings, KinesisConsumerResource = _defs()
-    settings = PipelineSettings.from_env({"KCL_PIPELINE_METRICS_NAMING": "KCL"})
+    settings = PipelineSettings.from_env({**START, "KCL_PIPELINE_METRICS_NAMING": "KCL"})
     resource = KinesisConsumerResource.from_settings(settings)
     assert resource.consumer_config(AwsSettings(), "w", 20.0).metrics_naming == "kcl"
     with pytest.raises(ConfigError, match="metrics_naming"):
-        PipelineSettings.from_env({"KCL_PIPELINE_METRICS_NAMING": "java"})
+        PipelineSettings.from_env({**START, "KCL_PIPELINE_METRICS_NAMING": "java"})
 
 
 def test_leases_command_reads_the_named_table(emulators, dynamodb_client, unique_name):

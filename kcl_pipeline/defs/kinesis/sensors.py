@@ -254,10 +254,10 @@ def _report_windows(context, consumer, aws, s3, partitions_def, cursor, worker_i
             say(f"first window not decided yet: {first.reason}"
                 + (f" ({', '.join(first.waiting_on)})" if first.waiting_on else ""))
         else:
-            from ...landing.audit import materialised_windows
+            from ...transform.manifest import read_materialised
 
-            next_window = skip_materialised(first.start_ms, materialised_windows(output_store(consumer, aws, s3)),
-                                            window_ms)
+            committed = read_materialised(output_store(consumer, aws, s3)).windows  # committed manifests only
+            next_window = skip_materialised(first.start_ms, committed, window_ms)
             skipped = (next_window - first.start_ms) // window_ms
             say(f"first window {iso(next_window)}: {first.reason}"
                 + (f"; {skipped} window(s) from {iso(first.start_ms)} already transformed (their output is "

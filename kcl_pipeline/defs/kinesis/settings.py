@@ -151,7 +151,7 @@ class PipelineSettings:
             raise ConfigError(
                 f"{PREFIX}PARTITIONS_START is required: the first window partition, fixed for the deployment's "
                 f"life (ISO 8601 UTC on a window boundary, e.g. 2026-01-31 or 2026-01-31T06:00:00Z). Choose the "
-                f"window of the oldest record you want transformed; older records land into the first window")
+                f"window of the oldest record you want transformed; older records are left untransformed and reported")
         settings = cls(
             stream=get("STREAM", d["stream"]),
             application=get("APPLICATION", d["application"]),
