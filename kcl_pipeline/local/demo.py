@@ -23,8 +23,8 @@ from .emulators import EmulatorStack, Endpoints
 from .producer import produce
 
 log = logging.getLogger(__name__)
-# The code location is the module, not a workspace file: the demo runs from an installed wheel too.
-CODE_LOCATION_MODULE = "kcl_pipeline.definitions"
+# The workspace file ships inside the package, so the demo runs from an installed wheel too.
+WORKSPACE_YAML = Path(__file__).resolve().parents[1] / "deploy" / "workspace.yaml"
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ def _producer_loop(kinesis, options: DemoOptions, stop: threading.Event) -> None
 
 
 def start_dagster(env: dict[str, str], options: DemoOptions, log_path: Path) -> subprocess.Popen:
-    cmd = [str(Path(sys.executable).with_name("dagster")), "dev", "-m", CODE_LOCATION_MODULE,
+    cmd = [str(Path(sys.executable).with_name("dagster")), "dev", "-w", str(WORKSPACE_YAML),
            "-h", options.host, "-p", str(options.port)]
     if not Path(cmd[0]).exists():
         cmd = [sys.executable, "-m", "dagster", "dev", *cmd[2:]]
