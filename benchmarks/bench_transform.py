@@ -87,6 +87,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--decoders", default="json,json_spark")
     ap.add_argument("--driver-memory", default="2g")
+    ap.add_argument("--master", default="local[2]", help="local[N] or spark://host:port (a standalone cluster)")
     args = ap.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-transform-"))
@@ -98,8 +99,8 @@ def main() -> None:
         print(f"generated {landed:,} rows ({duplicates:,} duplicates, {poison:,} poison) in "
               f"{len(list(zone.rglob('*.parquet')))} batches, {size / 1e6:.1f} MB, {time.perf_counter() - t:.1f} s")
         t = time.perf_counter()
-        spark = build_local_session("local[2]", "bench-transform", **{"spark.driver.memory": args.driver_memory})
-        print(f"SparkSession local[2] started in {time.perf_counter() - t:.1f} s")
+        spark = build_local_session(args.master, "bench-transform", **{"spark.driver.memory": args.driver_memory})
+        print(f"SparkSession {args.master} started in {time.perf_counter() - t:.1f} s")
         decoders = args.decoders.split(",")
         best: dict[str, float] = {}
 

@@ -367,8 +367,9 @@ class PartitionWriter(DataSourceArrowWriter):
 
 def register(spark) -> None:
     """Register both data sources with `spark` (once per session object)."""
-    if getattr(spark, "_kcl_pipeline_sources", None) is spark.sparkContext._jsc:
+    # No sparkContext: a Spark Connect session has none. A stopped session's successor is a new object.
+    if getattr(spark, "_kcl_pipeline_sources", False):
         return
     spark.dataSource.register(LandingDataSource)
     spark.dataSource.register(WindowOutputDataSource)
-    spark._kcl_pipeline_sources = spark.sparkContext._jsc
+    spark._kcl_pipeline_sources = True

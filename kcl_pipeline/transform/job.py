@@ -103,15 +103,13 @@ def window_partition(window_start_ms: int) -> str:
     return f"window={start:%Y%m%dT%H%M%SZ}"
 
 
-def spark_session_conf(python_executable: str = sys.executable, *, shuffle_partitions: int = 4) -> dict[str, str]:
+def spark_session_conf(python_executable: str | None = None, *, shuffle_partitions: int = 4) -> dict[str, str]:
     """The SparkSession settings the transform needs (for dagster-pyspark's PySparkResource or a builder).
 
-    Also set PYSPARK_PYTHON in the driver's environment before the session starts, or call
-    `use_configured_python(spark)` (transform_window does): PySpark ignores spark.pyspark.python for the
-    Python workers it starts itself (UDFs, Python data sources)."""
-    return {
-        "spark.pyspark.python": python_executable,
-        "spark.pyspark.driver.python": python_executable,
+    The Python interpreter is set only when asked (`python_executable`): on a local session the driver's
+    interpreter is the workers'; on a cluster the executors' own Python (PYSPARK_PYTHON in their
+    environment) is used, and forcing a driver path there would name a file the executors do not have."""
+    conf = {
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         # local[*]: a few shuffle partitions (AQE coalesces further); raise it on a cluster.
@@ -119,31 +117,38 @@ def spark_session_conf(python_executable: str = sys.executable, *, shuffle_parti
         "spark.sql.adaptive.enabled": "true",
         "spark.ui.showConsoleProgress": "false",
     }
+    if python_executable:
+        conf["spark.pyspark.python"] = python_executable
+        conf["spark.pyspark.driver.python"] = python_executable
+    return conf
 
 
 def build_local_session(master: str = "local[2]", app_name: str = "kcl-pipeline-transform",
                         **extra_conf: str) -> SparkSession:
     """A SparkSession for tests, benchmarks and the CLI (Dagster builds its own through PySparkResource).
 
-    Sets PYSPARK_PYTHON to this interpreter in the environment first (see spark_session_conf)."""
+    Sets PYSPARK_PYTHON to this interpreter in the environment first: classic PySpark takes the Python
+    workers' interpreter from it, not from spark.pyspark.python."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.master(master).appName(app_name)
-    for key, value in {**spark_session_conf(os.environ["PYSPARK_PYTHON"]), "spark.ui.enabled": "false",
-                       **extra_conf}.items():
+    local = master.startswith("local")
+    for key, value in {**spark_session_conf(os.environ["PYSPARK_PYTHON"] if local else None),
+                       "spark.ui.enabled": "false", "spark.log.level": "WARN", **extra_conf}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
     return spark
 
 
 def use_configured_python(spark: SparkSession) -> None:
-    """Make the Python workers this session starts use spark.pyspark.python when it is set.
+    """Make the Python workers of a classic session use spark.pyspark.python when it is set.
 
     Classic PySpark takes the worker interpreter from PYSPARK_PYTHON (default "python3") when the context
-    starts; a session built only with the conf would run Python data sources under another interpreter."""
+    starts; a session built only with the conf would run Python data sources under another interpreter.
+    A Spark Connect session (no context here) and a session without the setting are left alone."""
     configured = spark.conf.get("spark.pyspark.python", None)
-    if configured and spark.sparkContext.pythonExec != configured:
-        spark.sparkContext.pythonExec = configured
+    context = getattr(spark, "_sc", None)  # classic sessions only
+    if configured and context is not None and context.pythonExec != configured:
+        context.pythonExec = configured
 
 
 def _dataset_uri(output_uri: str, name: str) -> str:

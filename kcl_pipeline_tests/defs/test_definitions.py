@@ -128,13 +128,16 @@ def test_aws_resource_settings():
     assert (s.region, s.endpoint_for("kinesis"), s.endpoint_for("dynamodb")) == ("eu-west-1", "http://k", "http://x")
 
 
-def test_spark_config_sets_this_python_and_the_master():
+def test_spark_config_does_not_force_the_driver_python_on_a_cluster():
     s = PipelineSettings.from_env({"KCL_PIPELINE_SPARK_MASTER": "spark://h:7077",
                                    "KCL_PIPELINE_PARTITIONS_START": "2026-11-15",
                                    "KCL_PIPELINE_SPARK_CONF": '{"spark.executor.memory": "2g"}'}, now=NOW)
     conf = spark_config(s)
-    assert conf["spark.master"] == "spark://h:7077" and conf["spark.pyspark.python"] == sys.executable
+    assert conf["spark.master"] == "spark://h:7077" and "spark.pyspark.python" not in conf
     assert conf["spark.executor.memory"] == "2g"
+    local = spark_config(PipelineSettings.from_env({"KCL_PIPELINE_SPARK_MASTER": "local[2]",
+                                                    "KCL_PIPELINE_PARTITIONS_START": "2026-11-15"}, now=NOW))
+    assert local["spark.pyspark.python"] == sys.executable
 
 
 class FakeSession:

@@ -160,6 +160,11 @@ def test_session_conf():
     assert conf["spark.sql.execution.arrow.pyspark.enabled"] == "true"
 
 
+def test_session_conf_does_not_force_an_interpreter_on_a_cluster():
+    conf = spark_session_conf()
+    assert not {"spark.pyspark.python", "spark.pyspark.driver.python"} & set(conf)
+
+
 # ------------------------------------------------------------------ S3 on the emulator (moto over HTTP)
 
 @pytest.fixture

@@ -160,7 +160,10 @@ def spark_config(settings: PipelineSettings, python: str = sys.executable) -> di
     from ...transform.job import spark_session_conf
 
     return {"spark.master": settings.spark_master, "spark.app.name": "kcl-pipeline",
-            "spark.ui.enabled": "false", **spark_session_conf(python), **dict(settings.spark_conf)}
+            "spark.ui.enabled": "false",
+            # the interpreter is pinned only for a local session (a cluster's executors bring their own)
+            **spark_session_conf(python if settings.spark_master.startswith("local") else None),
+            **dict(settings.spark_conf)}
 
 
 def build_resources(settings: PipelineSettings, env: Mapping[str, str] | None = None) -> dict[str, Any]:
