@@ -113,6 +113,30 @@ def link_key(stream: str, minute_ms: int, shard_id: str, prev: Checkpoint | None
     return f"{minute_prefix(stream, minute_ms)}{shard_id}/{LINK_PREFIX}{after}"
 
 
+@dataclass(frozen=True)
+class BatchKeyListing:
+    batches: list[BatchKey]  # in listing order
+    malformed: list[str]  # `.parquet` objects whose names are not batch keys (or name first > last)
+
+
+def split_batch_keys(keys) -> BatchKeyListing:
+    """The one reading of a zone listing (sink, verify and the transform all use it).
+
+    A `.parquet` object is landed data: a batch key, or malformed — reported to the caller, never skipped
+    silently. Anything else (fencing links, temporaries, markers) is not landed data and is left out."""
+    batches: list[BatchKey] = []
+    malformed: list[str] = []
+    for rel in keys:
+        if not rel.endswith(".parquet"):
+            continue
+        key = parse_batch_key(rel)
+        if key is None or key.first.key() > key.last.key():
+            malformed.append(rel)
+        else:
+            batches.append(key)
+    return BatchKeyListing(batches, malformed)
+
+
 def minute_of(ms: int) -> int:
     return ms - ms % MINUTE_MS
 

@@ -44,7 +44,7 @@ from ..kcl.processor import Checkpointer, InitializationInput, ProcessRecordsInp
 from .batch import COMPRESSIONS, BatchInfo, encode_batch, read_batch_info
 from .errors import CorruptBatchError, LandingConfigError, LandingError
 from .exclusion import exclude_landed
-from .layout import MINUTE_MS, BatchKey, link_key, minute_of, minute_prefix, parse_batch_key
+from .layout import MINUTE_MS, BatchKey, link_key, minute_of, minute_prefix, parse_batch_key, split_batch_keys
 from .progress import ShardProgress, merge_progress
 from .store import ZoneStore, open_store
 
@@ -444,21 +444,14 @@ class LandingProcessor:
 
     def _list_minute(self, minute_ms: int) -> list[BatchKey]:
         prefix = f"{minute_prefix(self.stream, minute_ms)}{self.shard_id}/"
-        out = []
-        for rel in self.store.list_keys(prefix):
-            if not rel.endswith(".parquet"):
-                continue
-            try:
-                key = parse_batch_key(rel)
-            except ValueError:
-                key = None
-            if (key is None or key.shard_id != self.shard_id or key.minute_ms != minute_ms
-                    or key.first.key() > key.last.key()):
-                raise CorruptBatchError(
-                    f"landing zone {self.store.uri}: object {rel} under the shard's prefix is not a batch key "
-                    f"(<first>_<sub>-<last>_<sub>.parquet with first <= last); move it away to resume landing")
-            out.append(key)
-        return out
+        listing = split_batch_keys(self.store.list_keys(prefix))
+        foreign = listing.malformed + [k.key() for k in listing.batches
+                                       if k.shard_id != self.shard_id or k.minute_ms != minute_ms]
+        if foreign:
+            raise CorruptBatchError(
+                f"landing zone {self.store.uri}: object {foreign[0]} under the shard's prefix is not a batch key "
+                f"(<first>_<sub>-<last>_<sub>.parquet with first <= last); move it away to resume landing")
+        return listing.batches
 
     # -- resuming ------------------------------------------------------------------------------------------
 

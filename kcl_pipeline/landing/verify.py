@@ -22,7 +22,7 @@ from ..kcl.model import Checkpoint, Lease
 from .batch import SCHEMA, BatchInfo, decode_batch, read_batch_info
 from .errors import CorruptBatchError
 from .progress import progress_from_leases
-from .layout import HOUR_MS, MINUTE_MS, BatchKey, minute_prefix, parse_batch_key, window_prefixes
+from .layout import HOUR_MS, MINUTE_MS, BatchKey, minute_prefix, parse_batch_key, split_batch_keys, window_prefixes
 from .store import ZoneStore, open_store
 
 
@@ -126,18 +126,9 @@ def scan_batches(store: ZoneStore, stream: str, t0: int | None = None, t1: int |
             prefixes = window_prefixes(stream, t0, t1)
     batches, bad = [], []
     for prefix in prefixes:
-        for rel in store.list_keys(prefix):
-            if not rel.endswith(".parquet"):
-                continue
-            try:
-                key = parse_batch_key(rel)
-            except ValueError:
-                key = None
-            if key is None or key.first.key() > key.last.key():
-                bad.append(rel)
-                continue
-            if key.stream == stream and (shard is None or key.shard_id == shard):
-                batches.append(key)
+        listing = split_batch_keys(store.list_keys(prefix))
+        bad += listing.malformed
+        batches += [k for k in listing.batches if k.stream == stream and (shard is None or k.shard_id == shard)]
     batches.sort(key=lambda b: (b.shard_id, b.first.key(), b.last.key()))
     return Listing(batches, bad)
 

@@ -42,7 +42,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from ..landing.layout import MINUTE_MS, parse_batch_key, window_prefixes
+from ..landing.layout import MINUTE_MS, split_batch_keys, window_prefixes
 from .storage import S3Options, open_store
 
 LANDING_FORMAT = "kcl_landing"
@@ -86,12 +86,15 @@ def select_window_batches(listing: Iterable[tuple[str, int]], stream: str,
                           start_ms: int, end_ms: int) -> list[WindowBatch]:
     """The batches of `stream` whose arrival minute lies in [start_ms, end_ms), in key order.
 
-    Objects that are not batch keys (temporaries, markers) are ignored, like landing does."""
-    out = []
-    for key, size in listing:
-        batch = parse_batch_key(key)
-        if batch is not None and batch.stream == stream and start_ms <= batch.minute_ms < end_ms:
-            out.append(WindowBatch(key, size))
+    Read with the zone's one listing rule (`split_batch_keys`): objects that are not `.parquet` (links,
+    temporaries, markers) are not landed data; a `.parquet` object that is not a batch key is an error."""
+    sizes = dict(listing)
+    found = split_batch_keys(sizes)
+    if found.malformed:
+        raise ValueError(f"landing zone: {len(found.malformed)} objects are not batch keys "
+                         f"(<first>_<sub>-<last>_<sub>.parquet), e.g. {found.malformed[0]}; move them away")
+    out = [WindowBatch(b.key(), sizes[b.key()]) for b in found.batches
+           if b.stream == stream and start_ms <= b.minute_ms < end_ms]
     return sorted(set(out), key=lambda b: b.key)
 
 

@@ -207,3 +207,21 @@ def test_writer_rejects_bad_use(spark, tmp_path, mode, options, message):
     register(spark)
     with pytest.raises(Exception, match=message):
         spark.range(1).write.format(OUTPUT_FORMAT).mode(mode).options(path=str(tmp_path), **options).save()
+
+
+def test_a_malformed_batch_key_is_reported_not_silently_skipped():
+    """The transform once skipped a `.parquet` object that is not a batch key (its rows never transformed,
+    the checkpoint moving past them); it now fails naming it, as the sink and verify do."""
+    listing = [(key_at(T0), 10), (minute_prefix("s1", T0) + f"{SHARD0}/part-0001.parquet", 10)]
+    with pytest.raises(ValueError, match="part-0001.parquet"):
+        select_window_batches(listing, "s1", T0, T0 + MINUTE)
+
+
+def test_one_listing_rule_for_sink_verify_and_transform():
+    from kcl_pipeline.landing.layout import split_batch_keys
+
+    good = key_at(T0)
+    listing = split_batch_keys([good, minute_prefix("s1", T0) + f"{SHARD0}/after=1_0",
+                                minute_prefix("s1", T0) + f"{SHARD0}/junk.parquet"])
+    assert [b.key() for b in listing.batches] == [good]
+    assert listing.malformed == [minute_prefix("s1", T0) + f"{SHARD0}/junk.parquet"]
