@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from kcl_pipeline.kcl.model import Checkpoint, UserRecord
 from kcl_pipeline.kcl.processor import InitializationInput, ProcessRecordsInput
 from kcl_pipeline.landing.layout import MINUTE_MS
+from kcl_pipeline.landing.store import ZoneStore
 
 T0 = 1_795_316_400_000  # 2026-11-22T03:00:00Z, a whole hour
 SHARD = "shardId-000000000000"
@@ -128,3 +129,30 @@ def shared_tmpdir():
     path = tempfile.mkdtemp(prefix="landing-perm-", dir="/tmp")
     os.chmod(path, 0o755)
     return path
+
+
+class ForwardingStore(ZoneStore):
+    """A ZoneStore passing every call to the real one, `inner`; a test overrides the calls it intercepts."""
+
+    inner: ZoneStore
+
+    def put_if_absent(self, key, body):
+        return self.inner.put_if_absent(key, body)
+
+    def ensure_zone(self, create=False):
+        return self.inner.ensure_zone(create)
+
+    def list_keys(self, prefix):
+        return self.inner.list_keys(prefix)
+
+    def list_dirs(self, prefix):
+        return self.inner.list_dirs(prefix)
+
+    def exists(self, key):
+        return self.inner.exists(key)
+
+    def get(self, key):
+        return self.inner.get(key)
+
+    def get_tail(self, key, nbytes):
+        return self.inner.get_tail(key, nbytes)

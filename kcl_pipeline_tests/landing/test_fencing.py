@@ -10,10 +10,10 @@ from kcl_pipeline.landing.sink import LandingProcessor
 from kcl_pipeline.landing.store import ZoneStore
 from kcl_pipeline.landing.verify import list_batches, read_batches, verify_zone
 
-from .helpers import STREAM, T0, Clock, deliver, init, make_records
+from .helpers import STREAM, T0, Clock, ForwardingStore, deliver, init, make_records
 
 
-class RaceBeforeFirstWrite(ZoneStore):
+class RaceBeforeFirstWrite(ForwardingStore):
     """The real store, with a hook run once just before the first batch write (after the writer listed)."""
 
     def __init__(self, inner: ZoneStore, before_first_write):
@@ -24,24 +24,6 @@ class RaceBeforeFirstWrite(ZoneStore):
             hook, self._hook = self._hook, None
             hook()
         return self.inner.put_if_absent(key, body)
-
-    def ensure_zone(self, create=False):
-        return self.inner.ensure_zone(create)
-
-    def list_keys(self, prefix):
-        return self.inner.list_keys(prefix)
-
-    def list_dirs(self, prefix):
-        return self.inner.list_dirs(prefix)
-
-    def exists(self, key):
-        return self.inner.exists(key)
-
-    def get(self, key):
-        return self.inner.get(key)
-
-    def get_tail(self, key, nbytes):
-        return self.inner.get_tail(key, nbytes)
 
 
 def _rows(store):

@@ -22,7 +22,7 @@ from kcl_pipeline.landing.sink import LandingProcessor
 from kcl_pipeline.landing.store import ZoneStore, open_store
 from kcl_pipeline.landing.verify import list_batches, read_batches, verify_zone
 
-from .helpers import SHARD, STREAM, T0, Clock, after, deliver, init, make_records
+from .helpers import SHARD, STREAM, T0, Clock, ForwardingStore, after, deliver, init, make_records
 
 TH = Checkpoint("TRIM_HORIZON")
 
@@ -31,7 +31,7 @@ class Crash(BaseException):
     """The process died (BaseException: nothing in the sink may catch it)."""
 
 
-class CrashingStore(ZoneStore):
+class CrashingStore(ForwardingStore):
     """A store whose process dies at the n-th batch put: before writing it, or after writing it but before the
     sink hears back (so the object is there but the sink's progress never says so)."""
 
@@ -51,24 +51,6 @@ class CrashingStore(ZoneStore):
                 self.inner.put_if_absent(key, body)
             raise Crash(key)
         return self.inner.put_if_absent(key, body)
-
-    def ensure_zone(self, create=False):
-        return self.inner.ensure_zone(create)
-
-    def list_keys(self, prefix):
-        return self.inner.list_keys(prefix)
-
-    def list_dirs(self, prefix):
-        return self.inner.list_dirs(prefix)
-
-    def exists(self, key):
-        return self.inner.exists(key)
-
-    def get(self, key):
-        return self.inner.get(key)
-
-    def get_tail(self, key, nbytes):
-        return self.inner.get_tail(key, nbytes)
 
 
 def make_sink(zone, clock, hint=None, **kwargs) -> LandingProcessor:
