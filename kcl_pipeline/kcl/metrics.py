@@ -1,4 +1,4 @@
-"""Consumer and lease metrics (seeds/000 "Metrics"), kept in memory and published to CloudWatch.
+"""Consumer and lease metrics, kept in memory and published to CloudWatch.
 
 Per consumer, every lease-manager cycle: total_leases, total_shards, unclaimed_leases, worker_leases.
 Per lease, every `lease_interval` (10 s): millis_behind_latest (the latest value Kinesis gave), bytes

@@ -17,7 +17,7 @@ as in the key):
     kcl_pipeline.first_arrival_ms / kcl_pipeline.last_arrival_ms
 
 Within a batch the records are consecutive in the shard (every record between first and last is in
-it), so a key's range alone says which records it holds (seeds/002's sequence-range exclusion).
+it), so a key's range alone says which records it holds (the sequence-range exclusion, exclusion.py).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Sequence-range exclusion (seeds/002): which buffered records are already landed, and what is left to write.
+"""Sequence-range exclusion: which buffered records are already landed, and what is left to write.
 
 Pure. A landed batch holds every record of its shard between its first and last position (records are
 consecutive within a batch), so a listing of keys alone says which records are landed. The records left

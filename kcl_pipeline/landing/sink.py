@@ -5,7 +5,7 @@ Exactly once, however often workers crash, restart or hand a lease over:
 * Deterministic keys (layout.py): a batch is named by its shard, arrival minute and first/last position.
   The sink flushes at every arrival-minute change, so a batch never spans two minutes.
 * Before every flush it lists the shard's keys of the batch's minute and drops the buffered records an
-  existing batch already holds (seeds/002's sequence-range exclusion, exclusion.py); what is left is
+  existing batch already holds (the sequence-range exclusion, exclusion.py); what is left is
   written with a conditional put (`If-None-Match: *` / hard link), so an object is never replaced and a
   partly written one is never visible.
 * On initialize it finds the last LANDED record (not only the lease checkpoint, which the pipeline
