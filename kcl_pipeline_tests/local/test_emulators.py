@@ -269,7 +269,14 @@ def test_endpoints_settings_and_env(monkeypatch):
 
 
 def test_node_modules_found_from_the_package():
-    assert find_node_modules() == REPO_ROOT / "node_modules"
+    """A checkout's node_modules when it holds the emulators (a developer's), else the user cache (a clean clone,
+    an installed wheel)."""
+    from kcl_pipeline.local.prerequisites import NODE_PACKAGES, has_packages
+
+    found = find_node_modules()
+    assert all((found / package / "package.json").is_file() for package in NODE_PACKAGES)
+    if has_packages(REPO_ROOT / "node_modules"):
+        assert found == REPO_ROOT / "node_modules"
 
 
 def test_outside_a_checkout_without_npm_is_a_clear_error(tmp_path, monkeypatch):
@@ -289,8 +296,9 @@ def test_without_install_a_missing_cache_is_reported(tmp_path, monkeypatch):
 
 
 def test_env_var_overrides_and_is_checked(tmp_path, monkeypatch):
-    monkeypatch.setenv(NODE_MODULES_ENV, str(REPO_ROOT / "node_modules"))
-    assert find_node_modules(tmp_path / "x.py") == (REPO_ROOT / "node_modules").resolve()
+    real = find_node_modules()  # wherever the emulators are installed here
+    monkeypatch.setenv(NODE_MODULES_ENV, str(real))
+    assert find_node_modules(tmp_path / "x.py") == real.resolve()
     monkeypatch.setenv(NODE_MODULES_ENV, str(tmp_path))
     with pytest.raises(NodeModulesMissing, match="does not hold kinesis-local, dynalite: unset it"):
         find_node_modules()
