@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kcl_pipeline.local.emulators import free_port
+from kcl_pipeline.local.emulators import find_node_modules, free_port
 from kcl_pipeline.local.producer import produce
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -116,7 +116,8 @@ def test_installed_wheel_runs_the_demo_far_enough_to_serve_the_ui(wheel, tmp_pat
                    timeout=300, env=CLEAN_ENV)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_ENDPOINT_URL", "KCL_PIPELINE_"))}
     env.pop("PYTHONPATH", None)
-    env["KCL_PIPELINE_NODE_MODULES"] = str((REPO_ROOT / "node_modules").resolve())  # no npm install in a test
+    # No npm install in a test: the emulators the test session itself runs (a checkout's or the user cache's).
+    env["KCL_PIPELINE_NODE_MODULES"] = str(find_node_modules().resolve())
     where = subprocess.run([str(bin_dir / "python"), "-c", "import kcl_pipeline; print(kcl_pipeline.__file__)"],
                            capture_output=True, text=True, env=env, cwd=tmp_path, check=True).stdout
     assert str(site) in where, where  # the wheel, not the checkout
