@@ -35,6 +35,7 @@ sequence is smaller, or equal sequence and a smaller sub-sequence — a missing 
 from __future__ import annotations
 
 from dataclasses import replace
+from decimal import Decimal
 from typing import Any, Mapping
 
 from .model import SHARD_END, Checkpoint, Lease, checkpoint_advances
@@ -117,11 +118,39 @@ def acquire(lease: Lease | None, new_owner: str, observed_owner: str | None, obs
     )
 
 
+# Progress attributes ride on every heartbeat and every peer's Scan reads them each cycle: a lease item is
+# kept small (DynamoDB's hard limit is 400 KB an item; a Scan is billed per 4 KB). Refusing an oversized set
+# here costs no round trip, so a misbehaving hook cannot slow the heartbeat until the lease lapses.
+MAX_HEARTBEAT_ATTRIBUTES_BYTES = 32 * 1024
+
+
+def attribute_size(value: Any) -> int:
+    """DynamoDB's sizing of a value, near enough to bound it: strings and binary by their bytes, numbers
+    by about one byte per two digits, containers by their members plus a few bytes each."""
+    if value is None or isinstance(value, bool):
+        return 1
+    if isinstance(value, str):
+        return len(value.encode("utf-8"))
+    if isinstance(value, (bytes, bytearray)):
+        return len(value)
+    if isinstance(value, (int, float, Decimal)):
+        return len(str(value)) // 2 + 1
+    if isinstance(value, Mapping):
+        return 3 + sum(attribute_size(k) + attribute_size(v) + 1 for k, v in value.items())
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return 3 + sum(attribute_size(v) + 1 for v in value)
+    return len(str(value))  # not encodable anyway: the encoder says so
+
+
 def check_heartbeat_attributes(attributes: Mapping[str, Any] | None) -> None:
     if attributes:
         clash = sorted(LEASE_ATTRIBUTES.intersection(attributes))
         if clash:
             raise ValueError(f"heartbeat attributes must not overwrite lease attributes: {', '.join(clash)}")
+        size = attribute_size(dict(attributes))
+        if size > MAX_HEARTBEAT_ATTRIBUTES_BYTES:
+            raise ValueError(f"heartbeat attributes are {size:,} bytes; at most {MAX_HEARTBEAT_ATTRIBUTES_BYTES:,} "
+                             "ride on a lease (every peer scans every lease each cycle)")
 
 
 THROUGHPUT_ATTRIBUTE = "throughputKBps"

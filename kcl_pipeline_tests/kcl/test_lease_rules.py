@@ -79,6 +79,22 @@ def test_heartbeat_attributes_must_not_clobber_the_lease():
         rules.heartbeat(lease(), "w1", 7, {"leaseCounter": 0})
 
 
+def test_oversized_heartbeat_attributes_are_refused_before_any_round_trip():
+    """A hook that grows its progress attributes past the cap is refused locally: a 400 KB write the table
+    rejects costs a round trip each heartbeat, and on a loaded host the lease lapsed over it."""
+    with pytest.raises(ValueError, match="at most 32,768"):
+        rules.check_heartbeat_attributes({"landingBlob": "x" * 410_000})
+    with pytest.raises(ValueError, match="at most"):
+        rules.check_heartbeat_attributes({"landingShards": [{"k": "v" * 100}] * 400})
+    rules.check_heartbeat_attributes({"landingBatch": "x" * 30_000, "landingCount": 10 ** 20})  # under the cap
+
+
+def test_attribute_size_counts_utf8_bytes_and_containers():
+    assert rules.attribute_size("é") == 2
+    assert rules.attribute_size(b"abc") == 3
+    assert rules.attribute_size({"a": [1, "bc"]}) == 3 + (1 + (3 + (1 + 1) + (2 + 1)) + 1)
+
+
 def test_heartbeat_with_a_checkpoint_needs_it_to_advance():
     assert rules.heartbeat(lease(), "w1", 7, checkpoint=Checkpoint("101")).checkpoint == Checkpoint("101")
     assert rules.heartbeat(lease(), "w1", 7, checkpoint=Checkpoint("99")) is None

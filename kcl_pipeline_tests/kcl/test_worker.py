@@ -363,8 +363,8 @@ class BadHook(Recorder):
 
 
 @pytest.mark.parametrize("attrs", [RuntimeError("progress bug"), {"landingThing": object()},
-                                   {"landingBlob": "x" * 410_000}],
-                         ids=["hook raises", "unencodable", "item over 400 KB"])
+                                   {"landingBlob": "x" * 410_000}, {"landingCount": 10 ** 130}],
+                         ids=["hook raises", "unencodable", "item over 400 KB", "number the table rejects"])
 def test_heartbeat_hook_failures_fall_back_to_a_plain_heartbeat(setup, attrs):
     config, table, (shard,) = setup(records=2)
     proc = BadHook(attrs)
