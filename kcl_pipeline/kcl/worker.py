@@ -478,11 +478,26 @@ class LeaseWorker:
         self.stop.wait(seconds)
 
 
+# What `ps -o comm` / `top` show for a lease worker (Linux; 15 characters at most), so an operator tells
+# them apart from the other spawned processes of a code server (Dagster's run workers are spawned too).
+WORKER_PROCESS_NAME = "kcl-lease"
+
+
+def name_process(name: str) -> None:
+    """Best effort: set this process's short name (/proc/self/comm); elsewhere a no-op."""
+    try:
+        with open("/proc/self/comm", "w") as comm:
+            comm.write(name[:15])
+    except OSError:
+        pass
+
+
 def worker_main(config: ConsumerConfig, observed: Lease, spec: ProcessorSpec,
                 results, keepalive=None, keepalive_timeout: float | None = None,
                 log_level: int = logging.INFO, stolen: bool = False) -> None:
     """Entry point of a worker process (multiprocessing spawn)."""
     lease_key = observed.lease_key
+    name_process(WORKER_PROCESS_NAME)
     logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s [worker {lease_key}] %(message)s")
     stop = threading.Event()
 

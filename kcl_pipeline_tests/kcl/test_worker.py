@@ -1,6 +1,8 @@
 """The lease worker in-process against kinesis-local + dynalite over HTTP: every way a lease's life ends."""
 from __future__ import annotations
 
+import os
+import subprocess
 import threading
 import time
 
@@ -11,7 +13,7 @@ from kcl_pipeline.kcl.config import ConsumerConfig
 from kcl_pipeline.kcl.lease_table import LeaseTable
 from kcl_pipeline.kcl.model import TRIM_HORIZON, Checkpoint, Lease
 from kcl_pipeline.kcl.shards import list_shards, wait_stream_active
-from kcl_pipeline.kcl.worker import LeaseWorker, ProcessorSpec, WorkerResult, worker_main
+from kcl_pipeline.kcl.worker import WORKER_PROCESS_NAME, LeaseWorker, ProcessorSpec, WorkerResult, worker_main
 
 pytestmark = pytest.mark.emulator
 
@@ -378,3 +380,28 @@ def test_heartbeat_hook_failures_fall_back_to_a_plain_heartbeat(setup, attrs):
     assert worker.heartbeat_attribute_errors > 0
     worker.stop.set()
     t.join(10)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/comm"), reason="process names are a Linux /proc feature")
+def test_lease_workers_are_told_apart_from_other_spawned_processes(emulators, kinesis_client, unique_name,
+                                                                   tmp_path):
+    """A code server spawns Dagster's run workers the same way it spawns lease workers: an operator (or a
+    chaos test) killing "a lease worker" by its command line could hit a Spark run instead."""
+    from .fleet_support import consume_process
+
+    stream, app = unique_name("named"), unique_name("namedapp")
+    kinesis_client.create_stream(StreamName=stream, ShardCount=1)
+    wait_stream_active(kinesis_client, stream)
+    env = {**os.environ, **emulators.env()}
+    proc = consume_process(env, stream, app, "named", tmp_path / "out", tmp_path / "consume.log",
+                           heartbeat=1.0, expiry=3.0, cycle=1.0)
+    try:
+        def named_children() -> list[str]:
+            out = subprocess.run(["ps", "-eo", "ppid=,comm="], capture_output=True, text=True).stdout
+            return [comm for ppid, comm in (line.split(None, 1) for line in out.splitlines() if line.strip())
+                    if int(ppid) == proc.pid]
+
+        _wait(lambda: WORKER_PROCESS_NAME in named_children(), timeout=60)
+    finally:
+        proc.terminate()
+        proc.wait(60)
