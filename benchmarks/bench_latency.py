@@ -53,15 +53,13 @@ def main() -> None:
                 time.sleep(2)
         time.sleep(args.minutes * 60)
         env = dict(line.removeprefix("export ").split("=", 1) for line in (state / "env.sh").read_text().splitlines())
-        from dagster import AssetKey, DagsterEventType, DagsterInstance, EventRecordsFilter
+        from dagster import AssetKey, DagsterInstance
 
         instance = DagsterInstance.from_config(str(state / "dagster_home"))
-        records = instance.get_event_records(EventRecordsFilter(
-            event_type=DagsterEventType.ASSET_MATERIALIZATION, asset_key=AssetKey("transformed_records")))
+        records = instance.fetch_materializations(AssetKey("transformed_records"), limit=10_000).records
         materialised_at = {}
         for r in records:
-            key = r.event_log_entry.dagster_event.partition
-            materialised_at[key] = min(materialised_at.get(key, float("inf")), r.event_log_entry.timestamp)
+            materialised_at[r.partition_key] = min(materialised_at.get(r.partition_key, float("inf")), r.timestamp)
         aws = AwsSettings(region=env.get("AWS_REGION"), endpoint_urls={"s3": env["AWS_ENDPOINT_URL_S3"]})
         os.environ.setdefault("AWS_ACCESS_KEY_ID", env.get("AWS_ACCESS_KEY_ID", "test"))
         os.environ.setdefault("AWS_SECRET_ACCESS_KEY", env.get("AWS_SECRET_ACCESS_KEY", "test"))
