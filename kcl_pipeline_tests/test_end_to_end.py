@@ -183,14 +183,41 @@ def _code_server_pid() -> int | None:
     return next((pid for pid, (_, args) in _ps().items() if "dagster api grpc" in args), None)
 
 
-def _lease_worker_pids() -> list[int]:
-    """Lease workers of both hosts, by their process name (a code server spawns Dagster's run workers the
-    same way as lease workers: their command lines are alike)."""
+def _lease_worker_pids(roots: list[int]) -> list[int]:
+    """Lease workers under the given process trees (the stack and the second host), by their process name
+    (a code server spawns Dagster's run workers the same way as lease workers: their command lines are
+    alike). Only under those trees: a test earlier in the session may have run `worker_main` in this very
+    process, which names it too, and the chaos must never shoot the test runner."""
     from kcl_pipeline.kcl.worker import WORKER_PROCESS_NAME
 
     out = subprocess.run(["ps", "-eo", "pid=,comm="], capture_output=True, text=True).stdout
-    return [int(pid) for pid, comm in (line.split(None, 1) for line in out.splitlines() if line.strip())
-            if comm.strip() == WORKER_PROCESS_NAME]
+    named = {int(pid) for pid, comm in (line.split(None, 1) for line in out.splitlines() if line.strip())
+             if comm.strip() == WORKER_PROCESS_NAME}
+    procs = _ps()
+    under = {pid for root in roots for pid in _descendants(root, procs)}
+    return sorted((named & under) - {os.getpid()})
+
+
+def test_chaos_never_shoots_a_process_outside_the_pipeline():
+    """This runner named `kcl-lease` (as an in-process `worker_main` call leaves it) is not a victim; a named
+    child of a pipeline root is."""
+    from kcl_pipeline.kcl.worker import WORKER_PROCESS_NAME
+
+    comm = Path("/proc/self/comm")
+    if not comm.exists():
+        pytest.skip("needs /proc")
+    before = comm.read_text().strip()
+    child = subprocess.Popen([sys.executable, "-c", f"open('/proc/self/comm','w').write({WORKER_PROCESS_NAME!r});"
+                              "import time; time.sleep(60)"])
+    try:
+        comm.write_text(WORKER_PROCESS_NAME)
+        _wait(lambda: child.pid in _lease_worker_pids([os.getpid()]), 30, "the named child")
+        assert os.getpid() not in _lease_worker_pids([os.getppid(), os.getpid()])
+        assert _lease_worker_pids([child.pid]) == []  # the root itself is not among its descendants
+    finally:
+        comm.write_text(before)
+        child.kill()
+        child.wait()
 
 
 def _run_worker_pid(stack: Stack, run) -> int | None:
@@ -250,7 +277,7 @@ class Chaos:
     def kill_workers(self) -> None:
         rng = random.Random(7)
         while not self.stop_event.wait(KILL_EVERY):
-            pids = _lease_worker_pids()
+            pids = _lease_worker_pids([self.stack.proc.pid, self.member.pid])
             if pids:
                 victim = rng.choice(pids)
                 with contextlib.suppress(ProcessLookupError):

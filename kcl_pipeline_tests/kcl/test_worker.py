@@ -195,15 +195,29 @@ def test_shard_end_left_to_someone_else_waits_for_it(setup, kinesis_client):
     assert out[0].outcome == "shard_ended" and len(out[0].children_created) == 2
 
 
-def test_worker_main_reports_a_processor_that_cannot_be_built(setup):
+@pytest.fixture
+def in_process_worker_main(monkeypatch):
+    """`worker_main` is a process entry point: run in the test runner, it would rename the runner and take
+    its SIGTERM. Keep both as they were."""
+    import signal
+
+    from kcl_pipeline.kcl import worker
+
+    monkeypatch.setattr(worker, "name_process", lambda name: None)
+    handler = signal.getsignal(signal.SIGTERM)
+    yield worker_main
+    signal.signal(signal.SIGTERM, handler)
+
+
+def test_worker_main_reports_a_processor_that_cannot_be_built(setup, in_process_worker_main):
     config, _, (shard,) = setup(records=0)
 
     class Q(list):
         put = list.append
 
     results = Q()
-    worker_main(config, Lease(shard, Checkpoint(TRIM_HORIZON)), ProcessorSpec("kcl_pipeline.no_such_module:Nope"),
-                results)
+    in_process_worker_main(config, Lease(shard, Checkpoint(TRIM_HORIZON)),
+                           ProcessorSpec("kcl_pipeline.no_such_module:Nope"), results)
     assert results[0].outcome == "failed" and "no_such_module" in results[0].detail
 
 
