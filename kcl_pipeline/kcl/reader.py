@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_CALLS_PER_SECOND = 5  # GetRecords per shard (Kinesis limit)
+MAX_READ_BYTES_PER_SECOND = 2 * 1024 * 1024  # read throughput per shard (Kinesis limit)
 BACKOFF_BASE_SECONDS = 0.5
 BACKOFF_CAP_SECONDS = 10.0
 # Error codes that mean "slow down"; botocore's standard retry mode already retried them inside the call.
@@ -84,7 +85,7 @@ class ShardReader:
                  polling_interval: float = 0.2, idle_interval: float = 2.0, max_records: int = 10000,
                  kpl_stats: "KplStats | None" = None, sleep: Callable[[float], None] = time.sleep,
                  monotonic: Callable[[], float] = time.monotonic, clock: Callable[[], float] = time.time,
-                 rng: random.Random | None = None):
+                 rng: random.Random | None = None, max_bytes_per_second: float | None = None):
         if not stream:
             raise ReaderError("stream name or ARN is empty")
         if not shard_id:
@@ -95,6 +96,8 @@ class ShardReader:
             raise ReaderError(f"polling_interval must be >= 0, got {polling_interval}")
         if idle_interval < polling_interval:
             raise ReaderError(f"idle_interval ({idle_interval}) must be >= polling_interval ({polling_interval})")
+        if max_bytes_per_second is not None and max_bytes_per_second <= 0:
+            raise ReaderError(f"max_bytes_per_second must be > 0, got {max_bytes_per_second}")
         if not 1 <= max_records <= 10000:
             raise ReaderError(f"max_records must be in 1..10000 (the GetRecords limit), got {max_records}")
         self.kinesis = kinesis
@@ -104,6 +107,7 @@ class ShardReader:
         self.polling_interval = polling_interval
         self.idle_interval = idle_interval
         self.max_records = max_records
+        self.max_bytes_per_second = max_bytes_per_second
         self.kpl_stats = kpl_stats
         self.stats = ReaderStats()
         self._sleep = sleep
@@ -188,7 +192,8 @@ class ShardReader:
             self._child_shards = children
             log.info("shard %s of %s ended; children %s", self.shard_id, self.stream, children or "not reported")
         caught_up = not records and (millis is None or millis == 0)
-        self._schedule(self.idle_interval if caught_up else self.polling_interval)
+        self._schedule(paced_delay(self.idle_interval if caught_up else self.polling_interval, size,
+                                   self.max_bytes_per_second))
         return ReadBatch(users, millis, self._ended, list(self._child_shards), len(records), size,
                          service_time_ms(resp))
 
@@ -329,6 +334,14 @@ class ShardReader:
         now = self._monotonic()
         for _ in range(min(retries, MAX_CALLS_PER_SECOND)):
             self._recent_calls.append(now)
+
+
+def paced_delay(interval: float, bytes_read: int, max_bytes_per_second: float | None) -> float:
+    """The wait before the next GetRecords: the interval, or longer when the last response's bytes exceed
+    the reader's byte budget (a bounded reader leaves the rest of the shard's 2 MiB/s to others). Pure."""
+    if not max_bytes_per_second:
+        return interval
+    return max(interval, bytes_read / max_bytes_per_second)
 
 
 def service_time_ms(resp: dict) -> int | None:

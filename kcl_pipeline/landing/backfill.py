@@ -7,8 +7,13 @@ through the live landing writer (LandingProcessor) under the same deterministic 
 are landed already are dropped by the sequence-range exclusion and nothing is duplicated.
 
 Never written: the lease table. No lease is taken, no checkpoint written, no progress published; the
-live consumer carries on undisturbed (a backfill's reads count against the shard's 5 GetRecords/s,
-so it paces itself like a worker).
+live consumer carries on undisturbed.
+
+Paced, in parallel. Shards are read at once (`BackfillPace.parallelism` at a time), each within its share
+of the shard's limits (`reads_per_second` of the 5 GetRecords/s, `bytes_per_second` of the 2 MiB/s): the
+rest stays the live consumer's, so a day's backfill neither takes hours shard after shard nor throttles the
+live workers. A deadline cuts the reads (what was landed stays; running again goes on without duplicates),
+and `on_progress` hears of every shard done.
 
 Never ahead of the live consumer. A live worker resumes after the furthest batch it finds, trusting that
 everything before it is landed; a backfill batch landed ahead of the live frontier would make it skip
@@ -23,15 +28,17 @@ record at or after the end, which stops its read.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ..kcl.aws import AwsSettings, client
 from ..kcl.model import AT_TIMESTAMP, TRIM_HORIZON, Checkpoint, Lease, UserRecord
 from ..kcl.processor import InitializationInput, ProcessRecordsInput
-from ..kcl.reader import ShardReader
+from ..kcl.reader import MAX_CALLS_PER_SECOND, MAX_READ_BYTES_PER_SECOND, ShardReader
 from ..kcl.shards import describe_stream_summary, list_shards
 from .completeness import window_complete
 from .layout import MINUTE_MS
@@ -79,6 +86,44 @@ def cut_batch(records: list[UserRecord], start_ms: int, end_ms: int) -> Cut:
     return Cut(deliver, skipped, False, last_before)
 
 
+@dataclass(frozen=True)
+class BackfillPace:
+    """How hard a backfill reads: shards at once, and its share of each shard's read limits.
+
+    Defaults leave the live consumer 4 of the 5 GetRecords/s and half of the 2 MiB/s of every shard."""
+
+    parallelism: int = 8
+    reads_per_second: float = 1.0
+    bytes_per_second: float = MAX_READ_BYTES_PER_SECOND / 2
+
+    def __post_init__(self) -> None:
+        if self.parallelism < 1:
+            raise ValueError(f"backfill parallelism must be >= 1, got {self.parallelism}")
+        if not 0 < self.reads_per_second < MAX_CALLS_PER_SECOND:
+            raise ValueError(f"backfill reads_per_second must be > 0 and below the shard's {MAX_CALLS_PER_SECOND} "
+                             f"GetRecords/s (the live consumer needs the rest), got {self.reads_per_second}")
+        if not 0 < self.bytes_per_second < MAX_READ_BYTES_PER_SECOND:
+            raise ValueError(f"backfill bytes_per_second must be > 0 and below the shard's "
+                             f"{MAX_READ_BYTES_PER_SECOND} B/s (the live consumer needs the rest), "
+                             f"got {self.bytes_per_second}")
+
+    @property
+    def polling_interval(self) -> float:
+        return 1.0 / self.reads_per_second
+
+
+@dataclass(frozen=True)
+class BackfillProgress:
+    """Where a running backfill stands, after each shard it finishes."""
+
+    shards_done: int
+    shards_to_read: int
+    records_in_range: int
+    records_landed: int
+    last_shard: str
+    stopped_by: str
+
+
 @dataclass
 class ShardBackfill:
     shard_id: str
@@ -122,6 +167,10 @@ class BackfillReport:
         return all(s.stopped_by not in ("deadline", "live") for s in self.shards.values())
 
     @property
+    def cut_by_deadline(self) -> list[str]:
+        return sorted(k for k, s in self.shards.items() if s.stopped_by == "deadline")
+
+    @property
     def left_to_live(self) -> dict[str, str]:
         return {k: s.live_reason for k, s in sorted(self.shards.items()) if s.stopped_by == "live"}
 
@@ -150,12 +199,14 @@ class _BackfillLanding(LandingProcessor):
 def backfill_range(stream: str, start_ms: int, end_ms: int, zone: str | ZoneStore, *,
                    leases: Sequence[Lease] | None = None, grace_ms: int = 10_000,
                    aws: AwsSettings | None = None, kinesis: Any = None, now_ms: int | None = None,
-                   deadline_seconds: float | None = None, polling_interval: float = 0.2,
+                   deadline_seconds: float | None = None, pace: BackfillPace = BackfillPace(),
+                   on_progress: Callable[[BackfillProgress], None] | None = None,
                    compression: str = "zstd", create_zone: bool = False,
                    monotonic: Callable[[], float] = time.monotonic) -> BackfillReport:
     """Land the records of `stream` that arrived in [start_ms, end_ms) (whole minutes) into `zone`.
 
     `leases`: a snapshot of the live lease table (read by the caller; None or empty: no live consumer).
+    `on_progress` is called in the caller's thread after each shard read.
     """
     if end_ms <= start_ms or start_ms % MINUTE_MS or end_ms % MINUTE_MS:
         raise ValueError(f"backfill range [{start_ms}, {end_ms}) must be non-empty and on whole minutes")
@@ -170,13 +221,26 @@ def backfill_range(stream: str, start_ms: int, end_ms: int, zone: str | ZoneStor
     worker_id = f"backfill-{uuid.uuid4().hex[:12]}"
     shards = list_shards(kinesis, stream)
     live = live_shards(start_ms, end_ms, shards, leases or [], grace_ms)
-    for shard in shards:
-        if shard.shard_id in live:
-            report.shards[shard.shard_id] = ShardBackfill(shard.shard_id, str(start), "live", live_reason=live[shard.shard_id])
-            continue
-        report.shards[shard.shard_id] = _backfill_shard(
-            kinesis, store, stream, shard.shard_id, start, start_ms, end_ms, worker_id, deadline,
-            polling_interval, compression, monotonic)
+    to_read = [shard.shard_id for shard in shards if shard.shard_id not in live]
+    for shard_id, reason in live.items():
+        report.shards[shard_id] = ShardBackfill(shard_id, str(start), "live", live_reason=reason)
+    stop = threading.Event()  # the caller's thread was interrupted: the readers stop at their next poll
+    with ThreadPoolExecutor(max_workers=max(1, min(pace.parallelism, len(to_read))),
+                            thread_name_prefix="backfill") as pool:
+        futures = {pool.submit(_backfill_shard, kinesis, store, stream, shard_id, start, start_ms, end_ms,
+                               worker_id, deadline, pace, compression, monotonic, stop): shard_id
+                   for shard_id in to_read}
+        try:
+            for future in as_completed(futures):
+                done = report.shards[futures[future]] = future.result()
+                if on_progress is not None:
+                    read = [s for s in report.shards.values() if s.stopped_by != "live"]
+                    on_progress(BackfillProgress(len(read), len(to_read), report.records_in_range,
+                                                 report.records_landed, done.shard_id, done.stopped_by))
+        except BaseException:
+            stop.set()
+            raise
+    report.shards = dict(sorted(report.shards.items()))
     log.info("backfill of %s [%s, %s) from %s: %d records in range, %d landed now, %d landed before",
              stream, start_ms, end_ms, start, report.records_in_range, report.records_landed,
              report.records_already_landed)
@@ -194,17 +258,18 @@ def live_shards(start_ms: int, end_ms: int, shards, leases: Sequence[Lease], gra
 
 
 def _backfill_shard(kinesis, store: ZoneStore, stream: str, shard_id: str, start: Checkpoint, start_ms: int,
-                    end_ms: int, worker_id: str, deadline: float | None, polling_interval: float,
-                    compression: str, monotonic: Callable[[], float]) -> ShardBackfill:
+                    end_ms: int, worker_id: str, deadline: float | None, pace: BackfillPace,
+                    compression: str, monotonic: Callable[[], float], stop: threading.Event) -> ShardBackfill:
     result = ShardBackfill(shard_id, str(start.sequence_number if start.sequence_number == TRIM_HORIZON
                                          else f"AT_TIMESTAMP {start_ms}"))
     checkpointer = _NoCheckpoints()
-    reader = ShardReader(kinesis, stream, shard_id, start, polling_interval=polling_interval,
-                         idle_interval=max(polling_interval, 0.2), monotonic=monotonic)
+    reader = ShardReader(kinesis, stream, shard_id, start, polling_interval=pace.polling_interval,
+                         idle_interval=pace.polling_interval, max_bytes_per_second=pace.bytes_per_second,
+                         monotonic=monotonic)
     sink: _BackfillLanding | None = None
     last_before: Checkpoint | None = None
     while True:
-        if deadline is not None and monotonic() > deadline:
+        if stop.is_set() or (deadline is not None and monotonic() > deadline):
             result.stopped_by = "deadline"
             break
         batch = reader.poll()

@@ -163,3 +163,16 @@ def test_backfill_refuses_to_land_ahead_of_the_live_consumer(spark, pipeline, aw
     assert {b.shard_id for b in list_batches(store, p["stream"], p["first"], p["last"] + W)} == {"shardId-000000000001"}
     assert {lease.lease_key: (lease.checkpoint, lease.lease_owner, lease.lease_counter) for lease in table.scan()} \
         == {s: (Checkpoint("TRIM_HORIZON"), "live", 0) for s in ("shardId-000000000000", "shardId-000000000001")}
+
+
+def test_a_backfill_cut_by_its_deadline_fails_instead_of_materialising_part_of_a_window(spark, pipeline):
+    """Before: a backfill stopped by its deadline still materialised landed_records, as if the window were
+    whole. Now the run fails, names the shards it did not finish, and keeps what it landed."""
+    p = pipeline
+    p["resources"]["consumer"] = KinesisConsumerResource(**{**p["consumer"].model_dump(),
+                                                            "backfill_deadline_seconds": 0.0})
+    result = run(p, [AssetKey("landed_records")])
+    assert not result.success and not result.get_asset_materialization_events()
+    failure = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"][0].event_specific_data
+    assert "reached its deadline" in failure.user_failure_data.description
+    assert "shardId-000000000000, shardId-000000000001" in failure.user_failure_data.description

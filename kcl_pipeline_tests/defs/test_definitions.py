@@ -109,13 +109,24 @@ def test_jobs_sensor_and_schedule(defs):
     assert schedule.default_status == DefaultScheduleStatus.STOPPED
 
 
+def test_a_backfill_does_not_hold_the_spark_run_slot_while_it_reads(defs):
+    """A day's re-reads inside the single Spark run slot would hold every live window run in the queue:
+    only the backfill's transform step waits, for the `spark` pool."""
+    schedule = defs.resolve_schedule_def("backfill_previous_day")
+    context = build_schedule_context(scheduled_execution_time=datetime(2026, 11, 22, 1, 30, tzinfo=timezone.utc))
+    (request,) = schedule.evaluate_tick(context).run_requests
+    backfill_job = defs.resolve_job_def("kinesis_backfill_job")
+    assert SPARK_RUN_TAG not in request.tags and SPARK_RUN_TAG not in backfill_job.tags
+    assert defs.resolve_assets_def("transformed_records").op.pool == SPARK_POOL
+    assert defs.resolve_assets_def("landed_records").op.pool is None
+
+
 def test_the_schedule_requests_yesterday_as_one_range_run(defs):
     schedule = defs.resolve_schedule_def("backfill_previous_day")
     context = build_schedule_context(scheduled_execution_time=datetime(2026, 11, 22, 1, 30, tzinfo=timezone.utc))
     (request,) = schedule.evaluate_tick(context).run_requests
     assert request.partition_key_range.start == "2026-11-21-00:00"
     assert request.partition_key_range.end == "2026-11-21-23:58"
-    assert request.tags[SPARK_RUN_TAG] == "true"
     too_early = build_schedule_context(scheduled_execution_time=datetime(2026, 11, 21, 1, 30, tzinfo=timezone.utc))
     result = schedule.evaluate_tick(too_early)
     assert not result.run_requests and "precedes the first partition" in result.skip_message

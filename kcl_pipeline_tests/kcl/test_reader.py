@@ -13,7 +13,7 @@ from botocore.stub import Stubber
 from kcl_pipeline.kcl.aws import client
 from kcl_pipeline.kcl.kpl import KplStats, aggregate
 from kcl_pipeline.kcl.model import AT_TIMESTAMP, LATEST, SHARD_END, TRIM_HORIZON, Checkpoint
-from kcl_pipeline.kcl.reader import ReaderError, ShardReader
+from kcl_pipeline.kcl.reader import ReaderError, ShardReader, paced_delay
 from kcl_pipeline.kcl.shards import KinesisUnavailable, list_shards, wait_stream_active
 
 STREAM = "orders"
@@ -177,6 +177,32 @@ def test_idle_interval_after_an_empty_caught_up_response(kinesis, clock):
         reader.poll()
     # idle after the caught-up empty response; only the polling interval after the empty-but-behind one
     assert clock.sleeps == [1.5, 0.2]
+
+
+def test_a_byte_budgeted_reader_waits_out_what_it_read(kinesis, clock):
+    """A bounded reader (a backfill) must not take the shard's whole 2 MiB/s from the live consumer: after a
+    response of N bytes it waits N / budget seconds, never less than its polling interval."""
+    expect_iterator(kinesis, "it-1", ShardIteratorType="TRIM_HORIZON")
+    expect_records(kinesis, "it-1", [rec(A, b"x" * 3000)], next_iterator="it-2")
+    expect_records(kinesis, "it-2", [rec(B, b"y" * 10)], next_iterator="it-3")
+    expect_records(kinesis, "it-3", [rec(C)], next_iterator="it-4")
+    reader = reader_for(kinesis, clock, Checkpoint(TRIM_HORIZON), polling_interval=0.25, idle_interval=2.0,
+                        max_bytes_per_second=1000)
+    for _ in range(3):
+        reader.poll()
+    assert clock.sleeps == [3.0, 0.25]
+
+
+@pytest.mark.parametrize("interval,size,budget,delay", [
+    (0.2, 0, None, 0.2), (0.2, 10_000_000, None, 0.2),  # no budget: the interval alone
+    (1.0, 512, 1024, 1.0), (1.0, 4096, 1024, 4.0), (2.0, 0, 1024, 2.0)])
+def test_paced_delay(interval, size, budget, delay):
+    assert paced_delay(interval, size, budget) == delay
+
+
+def test_a_byte_budget_must_be_positive(kinesis):
+    with pytest.raises(ReaderError, match="max_bytes_per_second must be > 0"):
+        ShardReader(kinesis, STREAM, SHARD, Checkpoint(TRIM_HORIZON), max_bytes_per_second=0)
 
 
 def test_no_sleep_when_the_interval_already_passed(kinesis, clock):

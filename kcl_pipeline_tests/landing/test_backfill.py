@@ -1,13 +1,14 @@
 """Bounded re-reads: where a read starts, where it stops, what it leaves to the live consumer; on kinesis-local."""
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
 
 from kcl_pipeline.kcl.aws import client
 from kcl_pipeline.kcl.model import Checkpoint, Lease, Shard, UserRecord
-from kcl_pipeline.landing.backfill import backfill_range, cut_batch, live_shards, start_position
+from kcl_pipeline.landing.backfill import BackfillPace, backfill_range, cut_batch, live_shards, start_position
 from kcl_pipeline.landing.layout import MINUTE_MS, minute_of
 from kcl_pipeline.landing.progress import ShardProgress
 from kcl_pipeline.landing.store import open_store
@@ -80,6 +81,26 @@ def test_backfill_rejects_a_bad_range(tmp_path):
         backfill_range("s", T0, T0, str(tmp_path))
 
 
+@pytest.mark.parametrize("kwargs,error", [
+    (dict(reads_per_second=5), "below the shard's 5 GetRecords/s"),
+    (dict(reads_per_second=0), "reads_per_second must be > 0"),
+    (dict(bytes_per_second=2 * 1024 * 1024), "below the shard's 2097152 B/s"),
+    (dict(parallelism=0), "parallelism must be >= 1"),
+])
+def test_a_backfill_pace_that_would_starve_the_live_consumer_is_refused(kwargs, error):
+    with pytest.raises(ValueError, match=error):
+        BackfillPace(**kwargs)
+
+
+def test_the_default_backfill_pace_leaves_the_live_consumer_most_of_each_shard():
+    pace = BackfillPace()
+    assert pace.reads_per_second <= 1 and pace.polling_interval >= 1.0
+    assert pace.bytes_per_second <= 1024 * 1024 and pace.parallelism > 1
+
+
+FAST = BackfillPace(reads_per_second=4)
+
+
 @pytest.fixture
 def stream_with_records(emulators, aws_settings, unique_name):
     """A 2-shard stream holding 160 user records (KPL aggregates of 4 and plain ones), and the range around them."""
@@ -104,7 +125,7 @@ def test_backfill_lands_a_range_once_and_fills_holes(stream_with_records, aws_se
     zone = str(tmp_path / "zone")
     store = open_store(zone)
     first = backfill_range(stream, start, end, zone, aws=aws_settings, kinesis=kinesis, create_zone=True,
-                           polling_interval=0.2)
+                           pace=FAST)
     assert first.complete and first.records_in_range == produced == first.records_landed
     assert {s.stopped_by for s in first.shards.values()} == {"caught_up"}  # the range ends in the future
     rows = zone_rows(store, stream, start, end)
@@ -145,3 +166,43 @@ def test_backfill_leaves_shards_the_live_consumer_is_still_landing(stream_with_r
     assert report.shards[A].records_read == 0  # not even read
     assert report.shards[B].records_landed == report.records_landed > 0
     assert {b.shard_id for b in list_batches(open_store(str(tmp_path)), stream, start, end)} == {B}
+
+
+class CallLog:
+    """The emulator's client, recording which thread made each GetRecords call."""
+
+    def __init__(self, kinesis):
+        self._kinesis = kinesis
+        self.threads: list[int] = []
+
+    def __getattr__(self, name):
+        return getattr(self._kinesis, name)
+
+    def get_records(self, **kw):
+        self.threads.append(threading.get_ident())
+        return self._kinesis.get_records(**kw)
+
+
+@pytest.mark.slow
+def test_a_backfill_reads_its_shards_in_parallel_and_reports_each_one_done(stream_with_records, aws_settings,
+                                                                           tmp_path):
+    """Shard after shard, a day's backfill of a wide stream takes hours: the shards are read at once, and the
+    run hears of each one finished."""
+    kinesis, stream, start, end, produced = stream_with_records
+    calls = CallLog(kinesis)
+    progress = []
+    report = backfill_range(stream, start, end, str(tmp_path), aws=aws_settings, kinesis=calls, pace=FAST,
+                            on_progress=progress.append)
+    assert report.complete and report.records_landed == produced
+    assert len(set(calls.threads)) == 2 and threading.get_ident() not in calls.threads
+    assert [p.shards_done for p in progress] == [1, 2] and {p.shards_to_read for p in progress} == {2}
+    assert {p.last_shard for p in progress} == {A, B}
+    assert (progress[-1].records_in_range, progress[-1].records_landed) == (produced, produced)
+
+
+@pytest.mark.slow
+def test_a_backfill_past_its_deadline_says_which_shards_it_cut(stream_with_records, aws_settings, tmp_path):
+    kinesis, stream, start, end, produced = stream_with_records
+    report = backfill_range(stream, start, end, str(tmp_path), aws=aws_settings, kinesis=kinesis,
+                            deadline_seconds=0, pace=FAST)
+    assert not report.complete and report.cut_by_deadline == [A, B] and report.records_landed == 0

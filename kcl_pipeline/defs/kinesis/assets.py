@@ -111,18 +111,32 @@ def build_assets(partitions_def: TimeWindowPartitionsDefinition, window_ms: int)
                        "beyond retention) and lands what is missing under the same keys.")
     def landed_records(context: AssetExecutionContext, consumer: KinesisConsumerResource, aws: AwsResource,
                        s3: S3Resource) -> MaterializeResult:
-        from ...landing.backfill import backfill_range
+        from ...landing.backfill import BackfillProgress, backfill_range
         from ...landing.window_report import summarise_window
 
         span = window_range(context, partitions_def, window_ms)
         store = landing_store(consumer, aws, s3)
+        def progress(p: BackfillProgress) -> None:
+            context.log.info(f"backfill progress: {p.shards_done}/{p.shards_to_read} shards read "
+                             f"({p.last_shard}: {p.stopped_by}); {p.records_in_range} records in range, "
+                             f"{p.records_landed} landed now")
+
         report = backfill_range(consumer.stream, span.start_ms, span.end_ms, store,
                                 leases=live_leases(consumer, aws), grace_ms=int(consumer.grace_seconds * 1000),
-                                aws=aws.settings())
+                                aws=aws.settings(), pace=consumer.backfill_pace(),
+                                deadline_seconds=consumer.backfill_deadline_seconds, on_progress=progress)
         for shard_id, s in sorted(report.shards.items()):
             context.log.info(f"{shard_id}: {s.stopped_by}; read from {s.start}: {s.records_in_range} records in "
                              f"range, {s.records_landed} landed now, {s.records_already_landed} landed before"
                              + (f" ({s.live_reason})" if s.live_reason else ""))
+        if report.cut_by_deadline:
+            raise Failure(
+                description=(f"the backfill reached its deadline ({consumer.backfill_deadline_seconds:.0f} s) before "
+                             f"reading {', '.join(report.cut_by_deadline)} to the end of the range; what it landed "
+                             f"stays, and running it again goes on without duplicates (raise "
+                             f"backfill_deadline_seconds or backfill_parallelism for ranges this long)."),
+                metadata={"cut_by_deadline": MetadataValue.json(report.cut_by_deadline),
+                          "records_landed": report.records_landed})
         if report.left_to_live:
             raise Failure(
                 description=(f"the live consumer has not finished landing this range for "

@@ -32,7 +32,8 @@ def build_definitions(settings: PipelineSettings | None = None) -> Definitions:
     backfill_job = define_asset_job(
         BACKFILL_JOB, selection=AssetSelection.assets(LANDED, TRANSFORMED) - AssetSelection.checks(stalled),
         partitions_def=partitions_def,
-        tags={SPARK_RUN_TAG: "true"},
+        # No Spark run tag: the re-reads run beside the live window runs; only the transform step waits for
+        # the `spark` pool's slot.
         description="Re-land windows from Kinesis (bounded re-reads) and transform them; checkpoints untouched.")
     return Definitions(
         assets=[kinesis_stream, landed, transformed, checkpoints],

@@ -16,6 +16,7 @@ from pydantic import PrivateAttr
 
 from ...kcl.aws import AwsSettings
 from ...kcl.config import ConsumerConfig, InitialPosition, consumer_default, stream_name
+from ...landing.backfill import BackfillPace
 from ...landing.progress import A_SHARD_END as SHARD_END_LANDED
 from ...kcl.worker import ProcessorSpec
 from .settings import PREFIX, PipelineSettings
@@ -78,6 +79,11 @@ class KinesisConsumerResource(ConfigurableResource):
     # the audit's default transform grace.
     overdue_seconds: float = 300.0
     max_window_requests: int = 3
+    # A backfill's reads (landed_records in a run): shards at once, its share of each shard's 5 GetRecords/s,
+    # and a deadline after which the run fails (what it landed stays; a retry goes on without duplicates).
+    backfill_parallelism: int = BackfillPace.parallelism
+    backfill_reads_per_second: float = BackfillPace.reads_per_second
+    backfill_deadline_seconds: float = 3600.0
 
     @classmethod
     def from_settings(cls, settings: PipelineSettings,
@@ -112,6 +118,9 @@ class KinesisConsumerResource(ConfigurableResource):
     def lease_table(self) -> str:
         """The lease table: table_name, else the application's name (Java KCL's rule)."""
         return self.table_name or self.application
+
+    def backfill_pace(self) -> BackfillPace:
+        return BackfillPace(parallelism=self.backfill_parallelism, reads_per_second=self.backfill_reads_per_second)
 
     def consumer_config(self, aws: AwsSettings, worker_id: str, cycle_seconds: float) -> ConsumerConfig:
         return ConsumerConfig(

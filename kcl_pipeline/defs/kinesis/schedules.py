@@ -19,7 +19,6 @@ from dagster import (
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
 from .partitions import partition_key
-from .resources import SPARK_RUN_TAG
 
 DAY_MS = 86_400_000
 
@@ -47,6 +46,8 @@ def build_backfill_schedule(job, partitions_def: TimeWindowPartitionsDefinition,
             return SkipReason("the previous day precedes the first partition")
         first, last = keys
         return RunRequest(run_key=f"backfill-{first}", tags={
-            ASSET_PARTITION_RANGE_START_TAG: first, ASSET_PARTITION_RANGE_END_TAG: last, SPARK_RUN_TAG: "true"})
+            # No Spark run tag: the day's re-reads (paced, shards in parallel) must not hold the single Spark run
+            # slot for their whole length; the transform step alone waits for the `spark` pool.
+            ASSET_PARTITION_RANGE_START_TAG: first, ASSET_PARTITION_RANGE_END_TAG: last})
 
     return backfill_previous_day
