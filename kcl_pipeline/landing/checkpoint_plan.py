@@ -35,6 +35,7 @@ from ..kcl.model import TRIM_HORIZON, Checkpoint, Lease, Shard, checkpoint_advan
 from ..transform.manifest import Materialised, batch_materialised
 from .layout import BatchKey
 from .progress import ShardProgress
+from .window_scan import window_floor
 
 log = logging.getLogger(__name__)
 
@@ -68,10 +69,6 @@ class Committed:
     checkpointed: bool  # False: the table already had it or later (another committer won), or no commit
     ended: bool
     children_created: tuple[str, ...] = ()
-
-
-def window_of(minute_ms: int, window_ms: int) -> int:
-    return minute_ms - minute_ms % window_ms
 
 
 def plan_checkpoints(materialised: Iterable[tuple[int, int] | int] | Materialised, window_ms: int,
@@ -113,7 +110,7 @@ def _plan_shard(lease: Lease, batches: Sequence[BatchKey], progress: ShardProgre
         if previous is not None and b.first.key() <= previous.last.key():
             stop = f"overlapping batches {previous.key()} and {b.key()}: not advancing past them"
             break
-        w = window_of(b.minute_ms, window_ms)
+        w = window_floor(b.minute_ms, window_ms)
         if first_window_ms is not None and w < first_window_ms:
             before_start += 1  # in no partition: never transformed by a window run (see the module docstring)
             commit = b.last
@@ -145,10 +142,10 @@ def _may_end(pending: Sequence[BatchKey], progress: ShardProgress, done: set[int
     holder = next((b for b in pending if b.first.key() <= landed.key() <= b.last.key()), None)
     if holder is None:
         return False, f"shard end landed at {landed}, but no listed batch holds it: not ending"
-    last_window = window_of(holder.minute_ms, window_ms)
-    missing = sorted({window_of(b.minute_ms, window_ms) for b in pending
-                      if not batch_materialised(done, window_of(b.minute_ms, window_ms), b.key())
-                      and (first_window_ms is None or window_of(b.minute_ms, window_ms) >= first_window_ms)}
+    last_window = window_floor(holder.minute_ms, window_ms)
+    missing = sorted({window_floor(b.minute_ms, window_ms) for b in pending
+                      if not batch_materialised(done, window_floor(b.minute_ms, window_ms), b.key())
+                      and (first_window_ms is None or window_floor(b.minute_ms, window_ms) >= first_window_ms)}
                      - {last_window})
     if missing:
         return False, f"shard end landed; windows {missing} not materialised: not ending"

@@ -1,7 +1,10 @@
-"""What a landed window holds (rows, bytes, per-shard ranges and keys), and where the zone's data begins.
+"""What a landed window holds, and where the zone's data begins.
 
-Read from the batch keys and footers only (one ranged GET per batch, fetched in parallel: a sensor tick
-must stay short), never from the rows.
+Two depths. `list_window` reads the window's listing only (the batch keys name shard, minute and first/last
+positions): its cost is a few LIST pages whatever the window holds, so the sensor tick uses it — one ranged
+GET per batch would take an hourly window of 100 busy shards past Dagster's 60 s tick limit. `summarise_window`
+adds rows, bytes and the chain from every batch's footer (one ranged GET per batch, in parallel), for runs.
+Neither reads the rows.
 """
 from __future__ import annotations
 
@@ -12,9 +15,9 @@ from typing import Any
 
 from .batch import BatchInfo, read_batch_info
 from .errors import CorruptBatchError, ZoneNotFoundError
-from .layout import parse_batch_key
+from .layout import BatchKey, parse_batch_key
 from .store import ZoneStore
-from .verify import ChainReport, list_batches, verify_chain
+from .verify import ChainReport, list_batches, scan_batches, verify_chain
 
 FETCH_WORKERS = 8
 MAX_KEYS_IN_METADATA = 200
@@ -36,12 +39,42 @@ class WindowSummary:
 
     def per_shard(self) -> dict[str, dict[str, Any]]:
         """JSON-ready: per shard first/last (sequence, sub-sequence), rows, batches, predecessor."""
-        def pos(cp):
-            return None if cp is None else [cp.sequence_number, cp.sub_sequence_number]
-
-        return {shard: {"first": pos(r.first), "last": pos(r.last), "rows": r.rows, "batches": r.batches,
-                        "starts_after": pos(r.starts_after), "chain_ok": r.ok}
+        return {shard: {"first": _pos(r.first), "last": _pos(r.last), "rows": r.rows, "batches": r.batches,
+                        "starts_after": _pos(r.starts_after), "chain_ok": r.ok}
                 for shard, r in sorted(self.shards.items())}
+
+
+def _pos(cp) -> list | None:
+    return None if cp is None else [cp.sequence_number, cp.sub_sequence_number]
+
+
+@dataclass(frozen=True)
+class WindowListing:
+    """A window as its listing shows it: no object is read."""
+
+    stream: str
+    window_start_ms: int
+    window_end_ms: int
+    batches: list[BatchKey]  # in (shard, position) order
+    malformed: list[str] = field(default_factory=list)  # `.parquet` objects whose names are not batch keys
+
+    @property
+    def keys(self) -> list[str]:
+        return [b.key() for b in self.batches]
+
+    def per_shard(self) -> dict[str, dict[str, Any]]:
+        """JSON-ready: per shard the first and last (sequence, sub-sequence) its batch keys name, and batches."""
+        out: dict[str, dict[str, Any]] = {}
+        for b in self.batches:
+            shard = out.setdefault(b.shard_id, {"first": _pos(b.first), "batches": 0})
+            shard["last"] = _pos(b.last)
+            shard["batches"] += 1
+        return out
+
+
+def list_window(store: ZoneStore, stream: str, t0: int, t1: int) -> WindowListing:
+    listing = scan_batches(store, stream, t0, t1)
+    return WindowListing(stream, t0, t1, listing.batches, listing.bad_keys)
 
 
 def summarise_window(store: ZoneStore, stream: str, t0: int, t1: int, *, workers: int = FETCH_WORKERS) -> WindowSummary:

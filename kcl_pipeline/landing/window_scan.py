@@ -13,10 +13,11 @@ last settled poll (minus the grace: records arriving just before a poll may not 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Iterable, Mapping, Sequence
 
-from ..kcl.model import Lease
+from ..kcl.model import Checkpoint, Lease
 from .completeness import WindowStatus
+from .layout import BatchKey
 from .progress import ShardProgress
 
 
@@ -109,12 +110,53 @@ def plan_listing_start(zone_start_ms: int | None, frontier: Mapping[str, int], l
         if lease.is_ended:
             continue
         key = lease.lease_key
-        if not lease.checkpoint.is_sentinel:
+        if key in frontier or not lease.checkpoint.is_sentinel:
             starts.append(frontier.get(key, zone_start_ms))
         else:
             parents = [frontier[p] for p in lease.parent_shard_ids if p in frontier]
             starts.append(min(parents) if parents else zone_start_ms)
     return max(zone_start_ms, min(starts)) if starts else None
+
+
+def next_frontier(previous: Mapping[str, int], leases: Iterable[Lease], batches: Mapping[str, Sequence[BatchKey]],
+                  committed: Mapping[str, Checkpoint], progress: Mapping[str, ShardProgress], grace_ms: int,
+                  window_ms: int, listed_shards: Iterable[str]) -> dict[str, int]:
+    """Per shard, the window the next checkpoint plan's listing may start at (pure).
+
+    `batches` is what this run listed (from `plan_listing_start`, which covered every live lease's range) and
+    `committed` the checkpoints it wrote. A shard's batches land in order, so a shard moves to:
+    * the window of the batch ending at its new checkpoint, or at its current one;
+    * with nothing committed yet (a start marker): the window of its first listed batch; with no batch at all
+      and caught up with nothing landed at t, the window of t - grace (no record of it arrived before) —
+      an idle shard must not make every run list the zone's whole history.
+    Entries only move forward; shards the stream no longer lists are dropped."""
+    frontier = dict(previous)
+
+    def advance(shard: str, window: int) -> None:
+        frontier[shard] = max(window, frontier.get(shard, window))
+
+    for shard, checkpoint in committed.items():
+        holder = next((b for b in batches.get(shard, ()) if b.last == checkpoint), None)
+        if holder is not None:
+            advance(shard, window_floor(holder.minute_ms, window_ms))
+    for lease in leases:
+        key = lease.lease_key
+        if lease.is_ended or key in committed:
+            continue
+        own = batches.get(key, ())
+        if not lease.checkpoint.is_sentinel:
+            holder = next((b for b in own if b.last == lease.checkpoint), None)
+            if holder is not None:
+                advance(key, window_floor(holder.minute_ms, window_ms))
+        elif own:
+            advance(key, min(window_floor(b.minute_ms, window_ms) for b in own))
+        else:
+            p = progress.get(key)
+            caught_up = p.caught_up_at() if p is not None and p.landed is None else None
+            if caught_up is not None:
+                advance(key, window_floor(caught_up - grace_ms, window_ms))
+    listed = set(listed_shards)
+    return {k: v for k, v in sorted(frontier.items()) if k in listed}
 
 
 def resume_window(cursor_next_ms: int | None, partitions_start_ms: int) -> tuple[int | None, bool]:

@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 
 from kcl_pipeline.kcl.model import Checkpoint, Lease, Shard
-from kcl_pipeline.landing.checkpoint_plan import apply_plan, plan_checkpoints, window_of
+from kcl_pipeline.landing.checkpoint_plan import apply_plan, plan_checkpoints
+from kcl_pipeline.landing.window_scan import window_floor
 from kcl_pipeline.landing.layout import BatchKey
 from kcl_pipeline.landing.progress import ShardProgress
 
@@ -94,7 +95,7 @@ def test_minute_windows():
     # Batch 1..10 (minute W0+5) is in the materialised window [W0+5, W0+10); the next batch (minute W0+59)
     # is in [W0+55, W0+60), not materialised. [W0, W0+5) holds no batch of the shard.
     assert plan.commits == {S: cp(10)}
-    assert window_of(W0 + 59 * MIN, 5 * MIN) == W0 + 55 * MIN
+    assert window_floor(W0 + 59 * MIN, 5 * MIN) == W0 + 55 * MIN
 
 
 @pytest.mark.parametrize("materialised,window", [([W0 + MIN], HOUR), ([(W0, W0 + 2 * HOUR)], HOUR), ([W0], 0),

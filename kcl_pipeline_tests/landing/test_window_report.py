@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from kcl_pipeline.landing.layout import MINUTE_MS
 from kcl_pipeline.landing.sink import LandingProcessor
-from kcl_pipeline.landing.window_report import earliest_landed_minute, summarise_window
+from kcl_pipeline.landing.window_report import earliest_landed_minute, list_window, summarise_window
 
 from .helpers import SHARD, STREAM, T0, Clock, deliver, init, make_records
 
@@ -45,3 +45,32 @@ def test_summary_reports_an_unreadable_batch(local_zone):
     broken = summarise_window(local_zone.store, STREAM, T0, T0 + MINUTE_MS)
     assert not broken.chain_ok and list(broken.shards[SHARD].corrupt) == [victim]
     assert broken.rows == summary.rows - 8
+
+
+class ListOnly:
+    """The zone, refusing every object read: what list_window may touch."""
+
+    def __init__(self, store):
+        self._store = store
+
+    def list_keys(self, prefix):
+        return self._store.list_keys(prefix)
+
+    def __getattr__(self, name):
+        raise AssertionError(f"list_window called {name}")
+
+
+def test_a_window_listing_reads_no_batch(any_zone):
+    """The sensor's report of a window costs LIST pages only: one GET per batch would take an hourly window of
+    many busy shards past the tick limit."""
+    a = land(any_zone, SHARD, 60, T0 + 3 * MINUTE_MS)
+    b = land(any_zone, SHARD1, 20, T0 + 4 * MINUTE_MS)
+    any_zone.store.put_if_absent(f"{STREAM}/dt=2026-11-22/hh=03/mm=04/{SHARD}/not-a-batch.parquet", b"x")
+    listing = list_window(ListOnly(any_zone.store), STREAM, T0, T0 + 5 * MINUTE_MS)
+    full = summarise_window(any_zone.store, STREAM, T0, T0 + 5 * MINUTE_MS)
+    assert listing.keys == full.keys
+    assert {k: (v["first"], v["last"], v["batches"]) for k, v in listing.per_shard().items()} == \
+        {k: (v["first"], v["last"], v["batches"]) for k, v in full.per_shard().items()}
+    assert listing.per_shard()[SHARD]["first"] == [a[0].sequence_number, a[0].sub_sequence_number]
+    assert listing.per_shard()[SHARD1]["last"] == [b[19].sequence_number, b[19].sub_sequence_number]
+    assert listing.malformed == [f"{STREAM}/dt=2026-11-22/hh=03/mm=04/{SHARD}/not-a-batch.parquet"]

@@ -5,10 +5,12 @@ import pytest
 
 from kcl_pipeline.kcl.model import Checkpoint, Lease
 from kcl_pipeline.landing.completeness import WindowStatus
+from kcl_pipeline.landing.layout import BatchKey
 from kcl_pipeline.landing.progress import ShardProgress
 from kcl_pipeline.landing.window_scan import (
     ending_shards,
     first_window,
+    next_frontier,
     plan_listing_end,
     plan_listing_start,
     resume_window,
@@ -156,3 +158,45 @@ def test_a_fresh_cursor_does_not_re_transform_windows_whose_output_is_committed(
     assert skip_materialised(T0, [T0, T0 + W, T0 + 2 * W, T0 + 4 * W], W) == T0 + 3 * W  # stops at the gap
     assert skip_materialised(T0, [T0 + W], W) == T0
     assert skip_materialised(T0, [], W) == T0
+
+
+def batch(shard: str, minute: int, first: int, last: int) -> BatchKey:
+    return BatchKey("s", shard, minute, Checkpoint(seq(first)), Checkpoint(seq(last)))
+
+
+def test_an_idle_shard_does_not_make_every_checkpoint_run_list_the_whole_history():
+    """Before: a lease still at its start marker (a shard that never got a record) kept no frontier, so every
+    checkpoint run listed the zone from its first batch, a listing that grows for ever."""
+    leases = [lease(A, Checkpoint(seq(5))), lease(B)]  # B idle at TRIM_HORIZON
+    batches = {A: [batch(A, T0 + 40 * W, 1, 5), batch(A, T0 + 41 * W, 6, 9)]}
+    progress = {B: polled(B, T0 + 42 * W + 30_000)}
+    frontier = next_frontier({A: T0 + 10 * W}, leases, batches, {A: Checkpoint(seq(9))}, progress, 10_000, W, [A, B])
+    assert frontier == {A: T0 + 41 * W, B: T0 + 42 * W}
+    assert plan_listing_start(T0, frontier, leases) == T0 + 41 * W  # not T0: the history stays unlisted
+
+
+@pytest.mark.parametrize("lease_b,batches_b,progress_b,expected", [
+    (lease(B), [batch(B, T0 + 7 * W, 1, 2), batch(B, T0 + 8 * W, 3, 4)], None, T0 + 7 * W),  # its first batch
+    (lease(B), [], polled(B, T0 + 9 * W + 5_000), T0 + 8 * W),  # caught up at t: from the window of t - grace
+    (lease(B), [], polled(B, T0 + 9 * W + 5_000, behind=300), None),  # behind: nothing proven
+    (lease(B), [], landed(B, T0 + 9 * W), None),  # landed, yet nothing listed: nothing proven
+    (lease(B), [], None, None),  # no progress yet
+    (lease(B, Checkpoint(seq(4))), [batch(B, T0 + 3 * W, 1, 2), batch(B, T0 + 5 * W, 3, 4)], None, T0 + 5 * W),
+    (lease(B, Checkpoint(seq(4))), [batch(B, T0 + 3 * W, 1, 2)], None, None),  # its checkpoint's batch unlisted
+    (lease(B, Checkpoint("SHARD_END")), [], polled(B, T0 + 9 * W), None),  # ended: left alone
+])
+def test_next_frontier_moves_only_as_far_as_the_listing_proves(lease_b, batches_b, progress_b, expected):
+    frontier = next_frontier({}, [lease_b], {B: batches_b}, {}, {B: progress_b} if progress_b else {}, 10_000, W,
+                             [B])
+    assert frontier.get(B) == expected
+
+
+def test_next_frontier_never_moves_back_and_drops_shards_gone_from_the_stream():
+    leases = [lease(A, Checkpoint(seq(2)))]
+    frontier = next_frontier({A: T0 + 9 * W, B: T0}, leases, {A: [batch(A, T0 + 2 * W, 1, 2)]}, {}, {}, 0, W, [A])
+    assert frontier == {A: T0 + 9 * W}
+
+
+def test_a_lease_with_its_own_frontier_lists_from_it_even_at_a_start_marker():
+    assert plan_listing_start(T0, {B: T0 + 6 * W}, [lease(B)]) == T0 + 6 * W
+    assert plan_listing_start(T0, {A: T0 + 6 * W}, [lease(B, parents=(A,))]) == T0 + 6 * W  # a child: parents'

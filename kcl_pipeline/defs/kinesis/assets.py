@@ -229,11 +229,11 @@ def build_assets(partitions_def: TimeWindowPartitionsDefinition, window_ms: int)
                             s3: S3Resource) -> MaterializeResult:
         from ...kcl.config import InitialPosition
         from ...transform.manifest import read_materialised
-        from ...landing.checkpoint_plan import apply_plan, plan_checkpoints, window_of as plan_window
+        from ...landing.checkpoint_plan import apply_plan, plan_checkpoints
         from ...landing.progress import progress_from_leases
         from ...landing.verify import list_batches
         from ...landing.window_report import earliest_landed_minute
-        from ...landing.window_scan import plan_listing_end, plan_listing_start, window_floor
+        from ...landing.window_scan import next_frontier, plan_listing_end, plan_listing_start, window_floor
 
         settings = aws.settings()
         table = LeaseTable(consumer.lease_table, client("dynamodb", settings))
@@ -260,14 +260,9 @@ def build_assets(partitions_def: TimeWindowPartitionsDefinition, window_ms: int)
                                 f"are in no window and stay untransformed in the landing zone: {before_start}")
         initial = InitialPosition.parse(consumer.initial_position, consumer.initial_timestamp).checkpoint()
         committed = apply_plan(plan, table, shards=shards, initial=initial)
-        frontier = dict(previous)
-        for c in committed:
-            if c.checkpoint is not None:
-                holder = next((b for b in batches.get(c.shard_id, ()) if b.last == c.checkpoint), None)
-                if holder is not None:
-                    frontier[c.shard_id] = plan_window(holder.minute_ms, window_ms)
-        listed = {s.shard_id for s in shards}
-        frontier = {k: v for k, v in frontier.items() if k in listed}
+        frontier = next_frontier(previous, leases, batches,
+                                 {c.shard_id: c.checkpoint for c in committed if c.checkpoint is not None},
+                                 progress, int(consumer.grace_seconds * 1000), window_ms, [s.shard_id for s in shards])
         for shard_id, p in sorted(plan.shards.items()):
             context.log.info(f"{shard_id}: commit {p.commit}, end {p.end}: {p.reason}")
         rows = [{"shard_id": c.shard_id, "sequence_number": c.checkpoint.sequence_number if c.checkpoint else None,

@@ -50,7 +50,7 @@ from ...kcl.shards import list_shards
 from ...landing.completeness import window_complete
 from ...landing.progress import progress_from_leases
 from ...landing.window_followup import RunState, WindowObservation, follow_up, rerun_key, stall_description
-from ...landing.window_report import earliest_landed_minute, iso, summarise_window
+from ...landing.window_report import earliest_landed_minute, iso, list_window
 from ...landing.window_scan import ending_shards, first_window, resume_window, scan_windows, skip_materialised
 from .assets import KINESIS_STREAM, LANDED, TRANSFORMED, landing_store, output_store
 from .partitions import partition_key
@@ -295,15 +295,16 @@ def _report_windows(context, consumer, aws, s3, partitions_def, cursor, worker_i
                 say(f"tick budget spent; window {iso(status.window_start_ms)} waits for the next tick")
                 break
             key = partition_key(status.window_start_ms)
-            summary = summarise_window(store, consumer.stream, status.window_start_ms, status.window_end_ms)
+            # The listing only (a few LIST pages, whatever the window holds): the window run counts the rows
+            # (transformed_records' rows_in) and checks the chain (chain_unbroken), once.
+            listing = list_window(store, consumer.stream, status.window_start_ms, status.window_end_ms)
+            per_shard = listing.per_shard()
             events.append(AssetMaterialization(asset_key=LANDED, partition=key, metadata={
-                "rows": summary.rows,
-                "bytes": summary.bytes,
-                "batches": len(summary.keys),
-                "shards": len(summary.shards),
-                "chain_ok": summary.chain_ok,
-                "per_shard": MetadataValue.json(summary.per_shard()),
-                "keys": MetadataValue.json(summary.keys[:200]),
+                "batches": len(listing.batches),
+                "shards": len(per_shard),
+                "per_shard": MetadataValue.json(per_shard),
+                "keys": MetadataValue.json(listing.keys[:200]),
+                "malformed_keys": MetadataValue.json(listing.malformed[:200]),
                 "completeness": MetadataValue.json(status.reasons),
                 "source": "kinesis_consumer sensor",
             }))
@@ -311,8 +312,9 @@ def _report_windows(context, consumer, aws, s3, partitions_def, cursor, worker_i
                                            tags={SPARK_RUN_TAG: "true"}))
             outstanding[status.window_start_ms] = 1
             next_window = status.window_end_ms
-            say(f"window {key} complete: {summary.rows} rows, {summary.bytes} bytes in "
-                f"{len(summary.keys)} batches; transform requested")
+            say(f"window {key} complete: {len(listing.batches)} batches from {len(per_shard)} shards"
+                + (f" ({len(listing.malformed)} malformed keys)" if listing.malformed else "")
+                + "; transform requested")
         if scan.stopped_by == "incomplete" and next_window == scan.next_start_ms and scan.blocking is not None:
             waiting = "; ".join(f"{s}: {scan.blocking.reasons.get(s, '')}" for s in scan.blocking.waiting_on)
             say(f"window {partition_key(scan.blocking.window_start_ms)} not complete yet, waiting on {waiting}")
