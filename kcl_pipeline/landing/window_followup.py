@@ -17,9 +17,10 @@ Pure: observations in, decision out (no clock, no I/O); the sensor gathers the o
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from enum import Enum
-from typing import Mapping
+from typing import Mapping, Sequence
 
 
 class RunState(Enum):
@@ -77,6 +78,13 @@ def stall_description(stalled: list[str], overdue_seconds: float) -> str:
         return "no reported window is overdue"
     return (f"{len(stalled)} window(s) not materialised {overdue_seconds:.0f}s after their end: "
             + ", ".join(stalled))
+
+
+def reopen_run_key(partition: str, late_keys: Sequence[str]) -> str:
+    """The run key of a materialised window re-run because batches landed in it after its run listed the zone
+    (a backfill's refill, a late writer): one request per set of late batches, whatever the tick."""
+    digest = hashlib.sha1("\n".join(sorted(late_keys)).encode()).hexdigest()[:12]
+    return f"window-{partition}-reopened-{digest}"
 
 
 def rerun_key(partition: str, request: int) -> str:

@@ -110,11 +110,19 @@ def batch_materialised(materialised: "Materialised | Mapping[int, frozenset[str]
     return batches is None or batch_key in batches
 
 
+def late_batches(materialised: Materialised, landed: Iterable[tuple[int, str]]) -> dict[int, list[str]]:
+    """Committed windows -> the landed batches (window start, key) their manifest does not name, sorted: each
+    such window needs a new run before the checkpoint plan can advance past those batches."""
+    late: dict[int, list[str]] = {}
+    for w, key in landed:
+        if w in materialised.batches_by_window and not materialised.covers(w, key):
+            late.setdefault(w, []).append(key)
+    return {w: sorted(keys) for w, keys in sorted(late.items())}
+
+
 def reopened_windows(materialised: Materialised, landed: Iterable[tuple[int, str]]) -> list[int]:
-    """Committed windows holding a landed batch (window start, key) that their manifest does not name:
-    each needs a new run before the plan can advance past that batch."""
-    return sorted({w for w, key in landed
-                   if w in materialised.batches_by_window and not materialised.covers(w, key)})
+    """The committed windows `late_batches` names."""
+    return list(late_batches(materialised, landed))
 
 
 def read_materialised(output) -> Materialised:
@@ -128,4 +136,4 @@ def read_materialised(output) -> Materialised:
 
 
 __all__ = ["COMMITS", "CommitFormatError", "Materialised", "WindowCommit", "batch_materialised", "commit_key",
-           "is_commit_key", "read_materialised", "reopened_windows"]
+           "is_commit_key", "late_batches", "read_materialised", "reopened_windows"]

@@ -25,7 +25,7 @@ from kcl_pipeline.defs.kinesis.resources import AwsResource, KinesisConsumerReso
 from kcl_pipeline.defs.kinesis.settings import PipelineSettings
 from kcl_pipeline.kcl.aws import client
 from kcl_pipeline.kcl.lease_table import LeaseTable
-from kcl_pipeline.kcl.model import Checkpoint, Lease
+from kcl_pipeline.kcl.model import Checkpoint, Lease, checkpoint_advances
 from kcl_pipeline.landing.audit import output_partition
 from kcl_pipeline.landing.progress import ShardProgress
 from kcl_pipeline.landing.store import open_store
@@ -176,3 +176,40 @@ def test_a_backfill_cut_by_its_deadline_fails_instead_of_materialising_part_of_a
     failure = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"][0].event_specific_data
     assert "reached its deadline" in failure.user_failure_data.description
     assert "shardId-000000000000, shardId-000000000001" in failure.user_failure_data.description
+
+
+def test_a_window_that_received_a_batch_after_its_run_is_requested_again(spark, pipeline, aws_settings):
+    """Before: a batch landing in a materialised window after its run listed the zone (here a backfill's
+    refill of a lost batch) held the shard's checkpoint before it for ever, and nothing asked for the window
+    again. Now the checkpoint run names it and the sensor requests the window's run once more."""
+    from kcl_pipeline.defs.kinesis.sensors import WINDOW_JOB, reopened_requests
+    from kcl_pipeline.landing.window_followup import reopen_run_key
+
+    p = pipeline
+    assert run(p, [AssetKey("landed_records")]).success
+    store = open_store(p["consumer"].landing_uri, aws_settings)
+    table = LeaseTable(p["consumer"].application, client("dynamodb", aws_settings))
+    table.ensure_table()
+    for shard_id in ("shardId-000000000000", "shardId-000000000001"):
+        mine = [b for b in list_batches(store, p["stream"], p["first"], p["last"] + W) if b.shard_id == shard_id]
+        # landed past the range: the live consumer is done with it, so the refill below may run
+        progress = ShardProgress(shard_id, mine[-1].last, p["last"] + W, last_batch_key=mine[-1].key())
+        assert table.create(Lease(shard_id, Checkpoint("TRIM_HORIZON"), lease_owner="live",
+                                  extra={k: v for k, v in progress.to_attributes().items() if v is not None}))
+    lost = [b for b in list_batches(store, p["stream"], p["first"], p["last"] + W)
+            if b.shard_id == "shardId-000000000000"][-1]
+    bucket, prefix = p["consumer"].landing_uri[len("s3://"):].split("/", 1)
+    client("s3", aws_settings).delete_object(Bucket=bucket, Key=f"{prefix}/{lost.key()}")
+    assert run(p, [AssetKey("transformed_records")]).success  # its manifest cannot name the lost batch
+    refill = run(p, [AssetKey("landed_records")])
+    assert materialization(refill, "landed_records")["records_relanded"].value > 0  # the lost batch is back
+
+    checkpoints = run(p, [AssetKey("kinesis_checkpoints")])
+    assert checkpoints.success
+    window = partition_key(lost.minute_ms - lost.minute_ms % W)
+    assert materialization(checkpoints, "kinesis_checkpoints")["reopened_windows"].value == {window: [lost.key()]}
+    checkpoint = {lease.lease_key: lease.checkpoint for lease in table.scan()}["shardId-000000000000"]
+    assert checkpoint_advances(checkpoint, lost.first)  # never past a batch no run transformed
+    (request,) = reopened_requests(p["instance"])
+    assert (request.partition_key, request.job_name, request.run_key) == \
+        (window, WINDOW_JOB, reopen_run_key(window, [lost.key()]))

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from kcl_pipeline.landing.window_followup import FollowUp, RunState, WindowObservation, follow_up, rerun_key
+from kcl_pipeline.landing.window_followup import (FollowUp, RunState, WindowObservation, follow_up,
+                                                  reopen_run_key, rerun_key)
 
 W = 60_000
 OVERDUE = 2 * W
@@ -55,3 +56,11 @@ def test_max_requests_must_be_positive():
 def test_rerun_keys_are_distinct_per_request_and_the_first_is_the_window_key():
     assert rerun_key("2026-11-22-03:00", 1) == "window-2026-11-22-03:00"
     assert len({rerun_key("k", n) for n in (1, 2, 3)}) == 3
+
+
+def test_a_reopened_window_is_requested_once_per_set_of_late_batches():
+    key = "2026-11-22-03:00"
+    assert reopen_run_key(key, ["b", "a"]) == reopen_run_key(key, ["a", "b"])  # the same late batches, any order
+    assert reopen_run_key(key, ["a"]) != reopen_run_key(key, ["a", "b"])  # another batch came late: ask again
+    assert reopen_run_key(key, ["a"]).startswith(f"window-{key}-reopened-")
+    assert reopen_run_key(key, ["a"]) not in {rerun_key(key, n) for n in (1, 2, 3)}

@@ -17,6 +17,7 @@ from kcl_pipeline.transform.manifest import (
     WindowCommit,
     batch_materialised,
     commit_key,
+    late_batches,
     read_materialised,
     reopened_windows,
 )
@@ -113,3 +114,10 @@ def test_malformed_commit_is_a_clear_error(raw, tmp_path):
 
 def test_commit_keys_parse_back_to_batches():
     assert parse_batch_key(commit_key(T0)) is None  # a commit is never mistaken for a landed batch
+
+
+def test_late_batches_names_each_materialised_window_and_its_unnamed_batches():
+    m = Materialised({T0: frozenset({"a"}), T0 + WINDOW_MS: frozenset({"c"})})
+    landed = [(T0, "a"), (T0, "z"), (T0, "b"), (T0 + WINDOW_MS, "c"), (T0 + 2 * WINDOW_MS, "d")]
+    assert late_batches(m, landed) == {T0: ["b", "z"]}  # an unmaterialised window is not late, only pending
+    assert reopened_windows(m, landed) == [T0]

@@ -30,7 +30,7 @@ from ...kcl.aws import client
 from ...kcl.lease_table import LeaseTable, LeaseTableMissing
 from ...kcl.shards import list_shards
 from ...landing.store import ZoneStore, open_store
-from .partitions import window_of
+from .partitions import partition_key, window_of
 from .resources import SPARK_POOL, AwsResource, KinesisConsumerResource, SparkResource
 
 GROUP = "kinesis"
@@ -38,6 +38,8 @@ KINESIS_STREAM = AssetKey("kinesis_stream")
 LANDED = AssetKey("landed_records")
 TRANSFORMED = AssetKey("transformed_records")
 CHECKPOINTS = AssetKey("kinesis_checkpoints")
+REOPENED = "reopened_windows"  # kinesis_checkpoints metadata the sensor reads
+MAX_LATE_KEYS = 50
 
 kinesis_stream = AssetSpec(
     KINESIS_STREAM, group_name=GROUP, kinds={"kinesis"},
@@ -228,7 +230,7 @@ def build_assets(partitions_def: TimeWindowPartitionsDefinition, window_ms: int)
     def kinesis_checkpoints(context: AssetExecutionContext, consumer: KinesisConsumerResource, aws: AwsResource,
                             s3: S3Resource) -> MaterializeResult:
         from ...kcl.config import InitialPosition
-        from ...transform.manifest import read_materialised
+        from ...transform.manifest import late_batches, read_materialised
         from ...landing.checkpoint_plan import apply_plan, plan_checkpoints
         from ...landing.progress import progress_from_leases
         from ...landing.verify import list_batches
@@ -254,6 +256,12 @@ def build_assets(partitions_def: TimeWindowPartitionsDefinition, window_ms: int)
                 batches.setdefault(b.shard_id, []).append(b)
         first_window_ms = int(partitions_def.start.timestamp() * 1000)
         plan = plan_checkpoints(committed, window_ms, batches, progress, leases, first_window_ms=first_window_ms)
+        late = late_batches(committed, [(window_floor(b.minute_ms, window_ms), b.key())
+                                        for listed in batches.values() for b in listed])
+        if late:
+            context.log.warning(f"batches landed in materialised windows after their runs listed the zone; the "
+                                f"kinesis_consumer sensor requests these windows again: "
+                                f"{ {partition_key(w): len(keys) for w, keys in late.items()} }")
         before_start = {k: p.before_start for k, p in plan.shards.items() if p.before_start}
         if before_start:
             context.log.warning(f"batches landed before the first partition ({partitions_def.start.isoformat()}) "
@@ -277,6 +285,8 @@ def build_assets(partitions_def: TimeWindowPartitionsDefinition, window_ms: int)
             "materialised_windows": len(materialised),
             "batches_before_first_partition": MetadataValue.json(before_start),
             "listed_from_ms": start if start is not None else -1,
+            # window -> batches its manifest does not name (the sensor re-runs these windows)
+            REOPENED: MetadataValue.json({partition_key(w): keys[:MAX_LATE_KEYS] for w, keys in late.items()}),
             "frontier": MetadataValue.json(frontier),
             "plan": MetadataValue.json({k: {"commit": _pos(p.commit), "end": p.end, "reason": p.reason}
                                         for k, p in sorted(plan.shards.items())}),

@@ -49,10 +49,11 @@ from ...kcl.manager import CycleReport, LeaseManager
 from ...kcl.shards import list_shards
 from ...landing.completeness import window_complete
 from ...landing.progress import progress_from_leases
-from ...landing.window_followup import RunState, WindowObservation, follow_up, rerun_key, stall_description
+from ...landing.window_followup import (RunState, WindowObservation, follow_up, reopen_run_key, rerun_key,
+                                       stall_description)
 from ...landing.window_report import earliest_landed_minute, iso, list_window
 from ...landing.window_scan import ending_shards, first_window, resume_window, scan_windows, skip_materialised
-from .assets import KINESIS_STREAM, LANDED, TRANSFORMED, landing_store, output_store
+from .assets import CHECKPOINTS, KINESIS_STREAM, LANDED, REOPENED, TRANSFORMED, landing_store, output_store
 from .partitions import partition_key
 from .resources import SPARK_RUN_TAG, AwsResource, KinesisConsumerResource
 
@@ -215,6 +216,20 @@ def consumer_tick(context: SensorEvaluationContext, consumer: KinesisConsumerRes
                            manager.shards, started, said, say, now_ms)
 
 
+def reopened_requests(instance) -> list[RunRequest]:
+    """A window run for every materialised window the latest checkpoint run found late batches in (its
+    `reopened_windows` metadata): until it runs again, the checkpoint plan cannot pass those batches. One
+    request per set of late batches (the run key names them), so ticks do not repeat it."""
+    event = instance.get_latest_materialization_event(CHECKPOINTS)
+    materialization = event.asset_materialization if event is not None else None
+    value = materialization.metadata.get(REOPENED) if materialization is not None else None
+    late = getattr(value, "data", None)
+    if not isinstance(late, dict):
+        return []
+    return [RunRequest(run_key=reopen_run_key(key, keys), job_name=WINDOW_JOB, partition_key=key,
+                       tags={SPARK_RUN_TAG: "true"}) for key, keys in sorted(late.items())]
+
+
 def observe_fleet(consumer: KinesisConsumerResource, aws: AwsResource):
     """The fleet as an observer sees it: the lease table and the stream's shards, without holding a lease.
     None when the lease table does not exist yet."""
@@ -281,6 +296,10 @@ def _report_windows(context, consumer, aws, s3, partitions_def, cursor, worker_i
                                        partition_key=key, tags={SPARK_RUN_TAG: "true"}))
         say(f"window {key} has no materialisation and its last run failed: transform requested again "
             f"(request {outstanding[start]} of {consumer.max_window_requests})")
+    for request in reopened_requests(context.instance):
+        run_requests.append(request)
+        say(f"window {request.partition_key} materialised before batches landed in it: transform requested "
+            f"again ({request.run_key})")
     if followed.stalled:
         names = ", ".join(partition_key(w) for w in followed.stalled)
         say(f"STALLED windows (not materialised {consumer.overdue_seconds:.0f}s past their end): {names}"
