@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 
 
 def arrow_schema() -> "pa.Schema":
-    """The landing schema (kcl_pipeline/landing/batch.py SCHEMA; a test keeps the two equal)."""
+    """The landing schema: the one declaration (landing/batch.py's SCHEMA and the transform's Spark view
+    derive from it)."""
     import pyarrow as pa  # kcl/ works without pyarrow until someone asks for Arrow
 
     return pa.schema([

@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..kcl.model import Checkpoint, UserRecord
+from ..kcl.record_batch import arrow_schema
 from .errors import CorruptBatchError
 from .layout import BatchKey, minute_of
 
@@ -37,16 +38,7 @@ FORMAT_VERSION = "1"
 _META = "kcl_pipeline."
 COMPRESSIONS = ("zstd", "snappy", "gzip", "lz4", "none")
 
-SCHEMA = pa.schema([
-    pa.field("stream", pa.string(), nullable=False),
-    pa.field("shard_id", pa.string(), nullable=False),
-    pa.field("sequence_number", pa.string(), nullable=False),
-    pa.field("sub_sequence_number", pa.int64(), nullable=False),
-    pa.field("partition_key", pa.string(), nullable=False),
-    pa.field("explicit_hash_key", pa.string(), nullable=True),
-    pa.field("approximate_arrival_timestamp", pa.timestamp("ms", tz="UTC"), nullable=False),
-    pa.field("data", pa.binary(), nullable=False),
-])
+SCHEMA = arrow_schema()  # declared once, in kcl/record_batch.py
 
 # Arrow's default pool (mimalloc/jemalloc) keeps freed memory for reuse: after a few 8 MB flushes a worker
 # holds ~40 MB it does not use. The system allocator returns large blocks to the OS at once; encoding

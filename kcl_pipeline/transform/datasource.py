@@ -42,6 +42,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from ..kcl.record_batch import arrow_schema
 from ..landing.layout import MINUTE_MS, split_batch_keys, window_prefixes
 from .storage import S3Options, open_store
 
@@ -51,22 +52,14 @@ MANIFEST = "_manifest.json"
 STAGING = "_staging"
 DEFAULT_MAX_PARTITION_BYTES = 64 * 1024 * 1024
 
-# The landed batch schema (landing/batch.py) as Spark sees it. Spark's Arrow timestamps are microseconds;
-# batches are written in milliseconds and cast on read.
+# The landed batch schema (declared once: kcl/record_batch.py) as Spark sees it: nullable, and the arrival
+# timestamp in microseconds (Spark's Arrow unit; batches are written in milliseconds and cast on read).
 LANDING_ARROW_SCHEMA = pa.schema([
-    pa.field("stream", pa.string()),
-    pa.field("shard_id", pa.string()),
-    pa.field("sequence_number", pa.string()),
-    pa.field("sub_sequence_number", pa.int64()),
-    pa.field("partition_key", pa.string()),
-    pa.field("explicit_hash_key", pa.string()),
-    pa.field("approximate_arrival_timestamp", pa.timestamp("us", tz="UTC")),
-    pa.field("data", pa.binary()),
-])
-LANDING_SCHEMA_DDL = (
-    "stream STRING, shard_id STRING, sequence_number STRING, sub_sequence_number BIGINT, "
-    "partition_key STRING, explicit_hash_key STRING, approximate_arrival_timestamp TIMESTAMP, data BINARY"
-)
+    pa.field(f.name, pa.timestamp("us", tz="UTC") if pa.types.is_timestamp(f.type) else f.type)
+    for f in arrow_schema()])
+_SPARK_TYPES = {pa.string(): "STRING", pa.int64(): "BIGINT", pa.binary(): "BINARY"}
+LANDING_SCHEMA_DDL = ", ".join(
+    f"{f.name} {'TIMESTAMP' if pa.types.is_timestamp(f.type) else _SPARK_TYPES[f.type]}" for f in LANDING_ARROW_SCHEMA)
 _OPTIONAL_COLUMNS = frozenset({"stream", "explicit_hash_key"})
 
 
