@@ -63,6 +63,48 @@ def aws_options(fn):
     return fn
 
 
+def progress_option(fn):
+    return click.option("--progress/--no-progress", default=None,
+                        help="Show progress on stderr [default: when stderr is a terminal].")(fn)
+
+
+class Progress:
+    """Progress on stderr (stdout keeps the results and --json): click's bar on a terminal; when asked for
+    elsewhere (`--progress` into a log), one line per tenth. `update(done, total)` takes absolute counts."""
+
+    def __init__(self, label: str, enabled: bool | None):
+        self.label = label
+        self.terminal = sys.stderr.isatty()
+        self.enabled = self.terminal if enabled is None else enabled
+        self._bar = None
+        self._done = 0
+        self._tenth = -1
+
+    def update(self, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        if self.terminal:
+            if self._bar is None:
+                self._bar = click.progressbar(length=max(total, 1), label=self.label, file=sys.stderr,
+                                              show_pos=True)
+                self._bar.__enter__()
+            self._bar.length = max(total, 1)
+            self._bar.update(done - self._done)
+        else:
+            tenth = 10 * done // total if total else 10
+            if tenth > self._tenth:
+                click.echo(f"{self.label}: {done}/{total} ({100 * done // total if total else 100}%)", err=True)
+                self._tenth = tenth
+        self._done = done
+
+    def __enter__(self) -> "Progress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(*exc)
+
+
 def _settings(region, endpoint_url) -> AwsSettings:
     return AwsSettings(region=region, endpoint_url=endpoint_url)
 
@@ -240,16 +282,19 @@ def consume(ctx, properties_file, stream, application, table_name, initial_posit
 @click.option("--create-shards", type=int, default=None, help="Create the stream with N shards if it is missing.")
 @click.option("--poison-every", type=int, default=None, help="Make every k-th payload invalid JSON.")
 @aws_options
+@progress_option
 @friendly_errors
-def produce(stream, count, rate, aggregate, create_shards, poison_every, region, endpoint_url):
+def produce(stream, count, rate, aggregate, create_shards, poison_every, region, endpoint_url, progress):
     """The demo producer: JSON payloads, plain or KPL-aggregated."""
     from .local.producer import produce as run_produce
 
     if count < 0 or aggregate < 1:
         raise UserError("--count must be >= 0 and --aggregate >= 1")
     kinesis = client("kinesis", _settings(region, endpoint_url))
-    report = run_produce(kinesis, stream, count=count, rate=rate, aggregate=aggregate, payload=None,
-                         poison_every=poison_every, create_shards=create_shards)
+    with Progress(f"producing to {stream}", progress) as bar:
+        report = run_produce(kinesis, stream, count=count, rate=rate, aggregate=aggregate, payload=None,
+                             poison_every=poison_every, create_shards=create_shards,
+                             on_progress=lambda n: bar.update(n, count))
     click.echo(json.dumps({k: v for k, v in vars(report).items() if k != "ids"}, default=str))
 
 
@@ -400,8 +445,9 @@ def audit(window, last, zone, output, stream, application, window_minutes, trans
 @click.option("--wait/--no-wait", default=True, show_default=True, help="Wait until the backfill finishes.")
 @click.option("--timeout", type=float, default=3600, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object (id, windows, status), for scripts.")
+@progress_option
 @friendly_errors
-def backfill(window, url, window_minutes, wait, timeout, as_json):
+def backfill(window, url, window_minutes, wait, timeout, as_json, progress):
     """Re-land and re-transform a time range (bounded AT_TIMESTAMP re-reads, isolated from the live leases)."""
     from .landing.verify import parse_window
     from .local.dagster_client import DagsterApiError, launch_backfill, wait_backfill, window_keys
@@ -416,7 +462,9 @@ def backfill(window, url, window_minutes, wait, timeout, as_json):
             if as_json:
                 click.echo(json.dumps({"backfill_id": backfill_id, "windows": keys, "status": "LAUNCHED"}))
             return
-        status = wait_backfill(url, backfill_id, timeout)
+        with Progress(f"backfill {backfill_id}: windows transformed", progress) as bar:
+            status = wait_backfill(url, backfill_id, timeout,
+                                   on_progress=lambda p: bar.update(p.done + p.failed, p.total or len(keys)))
     except DagsterApiError as exc:
         raise UserError(str(exc)) from None
     if as_json:
@@ -442,8 +490,9 @@ def landing() -> None:
               help="Cross-check the consumer's lease table (starting positions, landing progress, checkpoints).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object (per stream and shard), for scripts.")
 @aws_options
+@progress_option
 @friendly_errors
-def landing_verify(zone, window, stream, shard, deep, application, as_json, region, endpoint_url):
+def landing_verify(zone, window, stream, shard, deep, application, as_json, region, endpoint_url, progress):
     """Per-shard chain status, row counts, gaps and overlaps. Exit 1 on a gap, an overlap, or (with
     --application) a chain that does not start at a starting position or falls short of the lease table."""
     from .landing.verify import verify_zone
@@ -455,7 +504,9 @@ def landing_verify(zone, window, stream, shard, deep, application, as_json, regi
         from .kcl.lease_table import LeaseTable
 
         leases = LeaseTable(application, client("dynamodb", aws)).scan()
-    report = verify_zone(zone, window, stream=stream, shard=shard, aws=aws, deep=deep, leases=leases)
+    with Progress("batches verified", progress) as bar:
+        report = verify_zone(zone, window, stream=stream, shard=shard, aws=aws, deep=deep, leases=leases,
+                             on_progress=bar.update)
     if as_json:
         _echo_report_json(report, rows=report.rows)
         sys.exit(0 if report.ok else 1)

@@ -89,3 +89,30 @@ def test_produce_then_leases_json(emulators, unique_name, tmp_path, dynamodb_cli
     assert row["checkpointSubSequenceNumber"] == 2 and row["leaseOwner"] == "w1"
     proc = _run(["leases", "--application", app], env)
     assert "shardId-000000000000" in proc.stdout and "12345/2" in proc.stdout
+
+
+@pytest.mark.emulator
+def test_produce_reports_progress_on_stderr_and_keeps_stdout_for_the_report(emulators, unique_name):
+    env = emulators.env()
+    stream = unique_name("progress")
+    proc = _run(["produce", "--stream", stream, "--count", "1200", "--create-shards", "1", "--progress"], env)
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith(f"producing to {stream}: ")]
+    assert 2 <= len(lines) <= 11 and lines[-1] == f"producing to {stream}: 1200/1200 (100%)"
+    assert json.loads(proc.stdout)["user_records"] == 1200  # stdout: the report alone
+    quiet = _run(["produce", "--stream", stream, "--count", "10"], env)  # stderr is no terminal: no progress
+    assert quiet.returncode == 0 and "producing to" not in quiet.stderr
+
+
+def test_progress_outside_a_terminal_is_one_line_per_tenth(capsys):
+    from kcl_pipeline.cli import Progress
+
+    with Progress("work", True) as bar:
+        for done in range(0, 1001, 7):
+            bar.update(done, 1000)
+        bar.update(1000, 1000)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "work: 0/1000 (0%)" and lines[-1] == "work: 1000/1000 (100%)" and len(lines) == 11
+    with Progress("work", False) as bar:
+        bar.update(5, 10)
+    assert capsys.readouterr().err == ""

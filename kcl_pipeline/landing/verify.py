@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import pyarrow as pa
 
@@ -216,7 +216,8 @@ def _deep_check(table: pa.Table, info: BatchInfo) -> list[str]:
     return problems
 
 
-def verify_batches(store: ZoneStore, batches: Iterable[BatchKey], *, deep: bool = False) -> dict[str, ChainReport]:
+def verify_batches(store: ZoneStore, batches: Iterable[BatchKey], *, deep: bool = False,
+                   on_batch: Callable[[], None] | None = None) -> dict[str, ChainReport]:
     infos, corrupt = [], {}
     tables: dict[str, list[tuple[pa.Table, BatchInfo]]] = {}
     for b in batches:
@@ -227,6 +228,8 @@ def verify_batches(store: ZoneStore, batches: Iterable[BatchKey], *, deep: bool 
             infos.append(info)
         except CorruptBatchError as exc:
             corrupt[b.key()] = str(exc)
+        if on_batch is not None:
+            on_batch()
     reports = verify_chain(infos, corrupt)
     if deep:
         for shard_id, items in tables.items():
@@ -284,21 +287,32 @@ def check_leases(chains: Mapping[str, ChainReport], leases: Iterable[Lease], *, 
 
 def verify_zone(uri: str, window: tuple[int, int] | str | None = None, *, stream: str | None = None,
                 shard: str | None = None, aws: AwsSettings | None = None, deep: bool = False,
-                store: ZoneStore | None = None, leases: Sequence[Lease] | None = None) -> ZoneReport:
+                store: ZoneStore | None = None, leases: Sequence[Lease] | None = None,
+                on_progress: Callable[[int, int], None] | None = None) -> ZoneReport:
     """Verify every shard's chain in the window (every stream of the zone unless `stream` is given).
 
     With `leases` (the consumer application's lease table) the chains of `stream` (or the zone's only
-    stream) are cross-checked against it too (`check_leases`)."""
+    stream) are cross-checked against it too (`check_leases`). on_progress(done, total): after each batch
+    read (total: the batches listed)."""
     store = store or open_store(uri, aws)
     store.ensure_zone(create=False)
     span = parse_window(window) if isinstance(window, str) else window
     streams = [stream] if stream else store.list_dirs("")
     report = ZoneReport(store.uri, span, {})
-    for name in streams:
-        listing = scan_batches(store, name, *(span or (None, None)), shard=shard)
+    listings = {name: scan_batches(store, name, *(span or (None, None)), shard=shard) for name in streams}
+    total = sum(len(listing.batches) for listing in listings.values())
+    done = 0
+
+    def one_batch() -> None:
+        nonlocal done
+        done += 1
+        if on_progress is not None:
+            on_progress(done, total)
+
+    for name, listing in listings.items():
         report.bad_keys += listing.bad_keys
         if listing.batches:
-            report.streams[name] = verify_batches(store, listing.batches, deep=deep)
+            report.streams[name] = verify_batches(store, listing.batches, deep=deep, on_batch=one_batch)
     if leases is not None:
         if stream is None and len(streams) > 1:
             raise ValueError(f"landing zone {store.uri} holds streams {', '.join(streams)}: give --stream to "

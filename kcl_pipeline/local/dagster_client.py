@@ -5,7 +5,9 @@ import json
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import Callable
 
 PARTITION_FMT = "%Y-%m-%d-%H:%M"  # the pipeline's partition keys (defs/kinesis/partitions.py)
 BACKFILL_ASSETS = ("landed_records", "transformed_records")
@@ -26,10 +28,42 @@ _STATUS = """
 query Status($id: String!) {
   partitionBackfillOrError(backfillId: $id) {
     __typename
-    ... on PartitionBackfill { status numPartitions }
+    ... on PartitionBackfill {
+      status
+      numPartitions
+      assetBackfillData {
+        assetBackfillStatuses {
+          ... on AssetPartitionsStatusCounts {
+            assetKey { path }
+            numPartitionsTargeted
+            numPartitionsMaterialized
+            numPartitionsFailed
+          }
+        }
+      }
+    }
     ... on PythonError { message }
   }
 }"""
+
+
+@dataclass(frozen=True)
+class BackfillProgress:
+    """A backfill's status and, for its last asset (transformed_records), windows done / failed / targeted."""
+
+    status: str
+    done: int = 0
+    failed: int = 0
+    total: int = 0
+
+    @classmethod
+    def from_graphql(cls, backfill: dict, asset: str = BACKFILL_ASSETS[-1]) -> "BackfillProgress":
+        statuses = ((backfill.get("assetBackfillData") or {}).get("assetBackfillStatuses")) or []
+        counts = next((c for c in statuses if (c.get("assetKey") or {}).get("path") == [asset]), None)
+        if counts is None:
+            return cls(backfill["status"], total=int(backfill.get("numPartitions") or 0))
+        return cls(backfill["status"], int(counts["numPartitionsMaterialized"]), int(counts["numPartitionsFailed"]),
+                   int(counts["numPartitionsTargeted"]))
 
 
 class DagsterApiError(RuntimeError):
@@ -65,17 +99,25 @@ def launch_backfill(url: str, partition_keys: list[str], assets=BACKFILL_ASSETS)
     return result["backfillId"]
 
 
-def backfill_status(url: str, backfill_id: str) -> str:
+def backfill_progress(url: str, backfill_id: str) -> BackfillProgress:
     result = graphql(url, _STATUS, {"id": backfill_id})["partitionBackfillOrError"]
     if result["__typename"] != "PartitionBackfill":
         raise DagsterApiError(f"backfill {backfill_id}: {result.get('message')}")
-    return result["status"]
+    return BackfillProgress.from_graphql(result)
 
 
-def wait_backfill(url: str, backfill_id: str, timeout: float, poll: float = 2.0) -> str:
+def backfill_status(url: str, backfill_id: str) -> str:
+    return backfill_progress(url, backfill_id).status
+
+
+def wait_backfill(url: str, backfill_id: str, timeout: float, poll: float = 2.0,
+                  on_progress: Callable[[BackfillProgress], None] | None = None) -> str:
     deadline = time.monotonic() + timeout
-    status = backfill_status(url, backfill_id)
-    while status in ("REQUESTED", "CANCELING") and time.monotonic() < deadline:
+    progress = backfill_progress(url, backfill_id)
+    while True:
+        if on_progress is not None:
+            on_progress(progress)
+        if progress.status not in ("REQUESTED", "CANCELING") or time.monotonic() >= deadline:
+            return progress.status
         time.sleep(poll)
-        status = backfill_status(url, backfill_id)
-    return status
+        progress = backfill_progress(url, backfill_id)

@@ -248,14 +248,16 @@ def _entries(ids: Iterable[int], payload: Callable[[int], bytes], aggregate: int
 def produce(kinesis_client: Any, stream: str, count: int, rate: float | None = None, aggregate: int = 1,
             payload: Callable[[int], bytes] | None = None, poison_every: int | None = None,
             create_shards: int | None = None, *, first_id: int = 0, seed: int | None = None,
-            clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep) -> ProduceReport:
+            clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
+            on_progress: Callable[[int], None] | None = None) -> ProduceReport:
     """Put `count` user records (ids first_id .. first_id+count-1) into `stream`.
 
     rate: user records per second (None: as fast as Kinesis takes them). aggregate: user records per
     KPL aggregate (1: plain records); every user record gets a random partition key, and an aggregate
     is routed by its first record's. payload(n) -> bytes (default: a small JSON document).
     poison_every: every k-th payload is invalid JSON. create_shards: create the stream with that many
-    shards if it does not exist (otherwise a missing stream is StreamNotFound).
+    shards if it does not exist (otherwise a missing stream is StreamNotFound). on_progress(n): called after
+    each PutRecords with the user records put so far.
     """
     if count < 0:
         raise ValueError(f"count must be >= 0, got {count}")
@@ -291,6 +293,8 @@ def produce(kinesis_client: Any, stream: str, count: int, rate: float | None = N
         for entry in batch:
             report.ids.extend(entry.ids)
             users_before += len(entry.ids)
+        if on_progress is not None:
+            on_progress(users_before)
     report.seconds = round(clock() - start, 3)
     log.info("produced %d user records in %d Kinesis records to %s in %.1f s", report.user_records,
              report.kinesis_records, stream, report.seconds)

@@ -31,6 +31,16 @@ def test_landing_verify_json_is_one_object(landed):  # noqa: F811
     assert shard["rows"] == 90 and shard["gaps"] == [] and shard["last"]["sequence_number"]
 
 
+def test_landing_verify_progress_goes_to_stderr_and_the_json_stays_one_object(landed):  # noqa: F811
+    uri, _, _ = landed
+    result = CliRunner().invoke(main, ["landing", "verify", "--landing", uri, "--json", "--progress"])
+    assert result.exit_code == 0, result.output
+    assert _json(result)["ok"] is True
+    lines = result.stderr.splitlines()
+    total = int(lines[-1].split("/")[1].split()[0])
+    assert total > 0 and lines[-1] == f"batches verified: {total}/{total} (100%)"
+
+
 def test_landing_verify_json_reports_a_broken_chain_with_exit_1(landed):  # noqa: F811
     uri, _, _ = landed
     victim = sorted(Path(uri).rglob("*.parquet"))[1]
