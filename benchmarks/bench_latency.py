@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from kcl_pipeline.kcl.aws import AwsSettings  # noqa: E402
 from kcl_pipeline.transform.job import read_output  # noqa: E402
-from kcl_pipeline.transform.storage import S3Options  # noqa: E402
+from kcl_pipeline.landing.store import S3Options  # noqa: E402
 
 OUTPUT = "s3://kcl-pipeline/output"
 

@@ -36,7 +36,7 @@ from kcl_pipeline.landing.verify import list_batches, read_batches
 from kcl_pipeline.local.dagster_client import graphql
 from kcl_pipeline.local.producer import produce
 from kcl_pipeline.transform.job import read_output
-from kcl_pipeline.transform.storage import S3Options
+from kcl_pipeline.landing.store import S3Options
 
 pytestmark = [pytest.mark.slow]
 

@@ -9,16 +9,24 @@ two writers cannot replace each other's object.
 
 Keys are relative to the zone root ('/'-separated); listings come back in lexicographic key order,
 as S3 returns them.
+
+This is the project's one object store: the landing zone, the transform's output and the window commits
+all go through it (the Spark data sources too: an S3 store built from `S3Options` pickles without its
+client, and each executor builds its own). Other writes: `put` replaces an object whole (manifests,
+commits), `upload` streams a large object (S3 multipart, or a temporary file renamed into place) so a
+writer never holds the whole object in memory, and neither leaves a partial object under its key.
 """
 from __future__ import annotations
 
 import errno
 import os
+import shutil
 import time
 import uuid
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Mapping
 
 from botocore.exceptions import (
     BotoCoreError,
@@ -37,15 +45,138 @@ TEMP_SUFFIX = ".tmp"
 _ACCESS_CODES = frozenset({"AccessDenied", "403", "AllAccessDisabled", "InvalidAccessKeyId",
                            "SignatureDoesNotMatch", "AccountProblem", "InvalidToken", "ExpiredToken"})
 _MISSING_BUCKET_CODES = frozenset({"NoSuchBucket", "404", "NotFound"})
+_MISSING_KEY_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
 _UNREACHABLE = (EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError, ConnectionClosedError)
 # S3 answers 409 ConditionalRequestConflict while another conditional write of the key is in flight.
 _CONFLICT_RETRIES = 5
+# Multipart parts: S3's minimum is 5 MiB (except the last); 8 MiB keeps a writer's buffer small.
+UPLOAD_PART_BYTES = 8 * 1024 * 1024
+_MIN_PART_BYTES = 5 * 1024 * 1024
+_DELETE_BATCH = 1000  # DeleteObjects takes at most 1000 keys
+
+
+@dataclass(frozen=True)
+class S3Options:
+    """How a process reaches S3 when it cannot inherit the caller's environment (Spark executors on a
+    cluster): carried as plain strings (Spark data source options), credentials optional (None = the
+    process's own credential chain, e.g. an instance role)."""
+
+    endpoint_url: str | None = None
+    region: str | None = None
+    aws_access_key_id: str | None = None
+    aws_secret_access_key: str | None = None
+    aws_session_token: str | None = None
+
+    @classmethod
+    def from_aws_settings(cls, settings: AwsSettings, *, env_credentials: bool = False) -> "S3Options":
+        """From AwsSettings; with env_credentials, also pin this process's AWS_* keys (emulators, executors
+        started before the variables were set)."""
+        env = os.environ if env_credentials else {}
+        return cls(
+            endpoint_url=settings.endpoint_for("s3"),
+            region=settings.resolved_region(),
+            aws_access_key_id=env.get("AWS_ACCESS_KEY_ID"),
+            aws_secret_access_key=env.get("AWS_SECRET_ACCESS_KEY"),
+            aws_session_token=env.get("AWS_SESSION_TOKEN"),
+        )
+
+    def to_options(self) -> dict[str, str]:
+        """Flat `s3_*` options (Spark redacts names containing secret/token/access_key in plans)."""
+        return {f"s3_{f.name}": getattr(self, f.name) for f in fields(self) if getattr(self, f.name)}
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str]) -> "S3Options":
+        # Spark hands data sources a case-insensitive dict whose keys come back lower-cased.
+        lowered = {str(k).lower(): v for k, v in options.items()}
+        return cls(**{f.name: lowered.get(f"s3_{f.name}") or None for f in fields(cls)})
+
+    def client(self):
+        import boto3
+        from botocore.config import Config
+
+        session = boto3.session.Session(
+            aws_access_key_id=self.aws_access_key_id, aws_secret_access_key=self.aws_secret_access_key,
+            aws_session_token=self.aws_session_token, region_name=self.region)
+        return session.client("s3", endpoint_url=self.endpoint_url, config=Config(
+            retries={"mode": "standard", "max_attempts": 8}, connect_timeout=5, read_timeout=60,
+            max_pool_connections=20))
+
+
+def check_key(key: str, where: str) -> str:
+    """The one key guard: '/'-separated, relative, no empty, '.' or '..' segment (a key never escapes its root)."""
+    parts = key.split("/")
+    if not key or key.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"{where}: invalid key {key!r}")
+    return key
+
+
+class Upload:
+    """A streamed write of one object (a writable binary file for pyarrow): `close()` makes it appear whole
+    under its key, `abort()` (or an exception inside `with`) leaves nothing. After abort, close is a no-op,
+    so a writer closed late (pyarrow closes on garbage collection) cannot publish a partial object."""
+
+    def __init__(self) -> None:
+        self._written = 0
+        self._done = False
+        self._aborted = False
+
+    @property
+    def closed(self) -> bool:
+        return self._done
+
+    def writable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._written
+
+    def flush(self) -> None:
+        pass
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        if self._aborted:
+            return len(view)  # a writer flushing into an aborted upload (on collection) changes nothing
+        if self._done:
+            raise ValueError("write to a closed upload")
+        self._write(view)
+        self._written += len(view)
+        return len(view)
+
+    def close(self) -> None:
+        if not self._done:
+            self._done = True
+            self._finish()
+
+    def abort(self) -> None:
+        if not self._done:
+            self._done = self._aborted = True
+            self._discard()
+
+    def __enter__(self) -> "Upload":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    def _write(self, view: memoryview) -> None:
+        raise NotImplementedError
+
+    def _finish(self) -> None:
+        raise NotImplementedError
+
+    def _discard(self) -> None:
+        raise NotImplementedError
 
 
 class ZoneStore(ABC):
-    """One landing zone's objects."""
+    """One root's objects (a landing zone, or the transform's output)."""
 
     zone: Zone
+    what: str = "landing zone"  # how messages name the root
 
     @property
     def uri(self) -> str:
@@ -56,9 +187,17 @@ class ZoneStore(ABC):
         """Check the bucket / directory exists (True if this call created it). Missing and not `create`:
         ZoneNotFoundError; not usable: ZoneAccessError."""
 
+    def check_exists(self) -> None:
+        self.ensure_zone(create=False)
+
     @abstractmethod
+    def list_objects(self, prefix: str) -> Iterator[tuple[str, int]]:
+        """(key, size in bytes) of every object under `prefix` (a string prefix, as S3), in key order;
+        temporaries skipped."""
+
     def list_keys(self, prefix: str) -> Iterator[str]:
-        """Every object key under `prefix` (a string prefix, as S3), in key order; temporaries skipped."""
+        """Every object key under `prefix`, in key order."""
+        return (key for key, _size in self.list_objects(prefix))
 
     @abstractmethod
     def list_dirs(self, prefix: str) -> list[str]:
@@ -69,8 +208,20 @@ class ZoneStore(ABC):
         """Write `body` under `key` unless an object is there already. True if written, False if it existed."""
 
     @abstractmethod
+    def put(self, key: str, body: bytes) -> None:
+        """Write `body` under `key`, replacing what is there (readers see the old object or the new, whole)."""
+
+    @abstractmethod
+    def upload(self, key: str, part_bytes: int = UPLOAD_PART_BYTES) -> Upload:
+        """A streamed write of `key` (replacing it on close); memory held is about one part."""
+
+    @abstractmethod
     def get(self, key: str) -> bytes:
         ...
+
+    @abstractmethod
+    def get_optional(self, key: str) -> bytes | None:
+        """The object's bytes, or None when there is no such object."""
 
     @abstractmethod
     def exists(self, key: str) -> bool:
@@ -80,44 +231,94 @@ class ZoneStore(ABC):
     def get_tail(self, key: str, nbytes: int) -> tuple[bytes, int]:
         """The last `nbytes` of the object (all of it if smaller) and the object's size."""
 
+    @abstractmethod
+    def delete(self, keys: list[str]) -> None:
+        """Remove these objects (missing ones are fine)."""
 
-def open_store(zone: Zone | str, aws: AwsSettings | None = None, *, s3_client=None) -> ZoneStore:
-    """The store for a zone URI: `s3://bucket/prefix` or a local directory (path or file:// URI)."""
+    def delete_prefix(self, prefix: str) -> None:
+        self.delete(list(self.list_keys(prefix)))
+
+    def local_path(self, key: str) -> str | None:
+        """A filesystem path for `key` when the store is a directory (lets pyarrow read in place)."""
+        return None
+
+
+def open_store(zone: Zone | str, aws: AwsSettings | None = None, *, s3_client=None,
+               s3: S3Options | None = None, what: str = "landing zone") -> ZoneStore:
+    """The store for a URI: `s3://bucket/prefix` or a local directory (path or file:// URI).
+
+    S3 clients: `s3_client` as given; else from `s3` (picklable: executors rebuild the client); else from
+    `aws` (AwsSettings, the consumer's client settings)."""
     zone = zone if isinstance(zone, Zone) else Zone.parse(zone)
     if zone.scheme == "s3":
-        return S3ZoneStore(zone, s3_client or client("s3", aws))
-    return LocalZoneStore(zone)
+        if s3_client is None and s3 is None:
+            s3_client = client("s3", aws)
+        return S3ZoneStore(zone, s3_client, options=s3, what=what)
+    return LocalZoneStore(zone, what=what)
 
 
 # -- local directory ---------------------------------------------------------------------------------------
 
+class _LocalUpload(Upload):
+    def __init__(self, store: "LocalZoneStore", key: str) -> None:
+        super().__init__()
+        self.store, self.key = store, key
+        self.path = store._path(key)
+        store._check_root()
+        self.tmp = self.path.with_name(f".{self.path.name}.{uuid.uuid4().hex}{TEMP_SUFFIX}")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.file = open(self.tmp, "xb")
+        except OSError as exc:
+            raise store._fail(exc, f"write {key}") from exc
+
+    def _write(self, view: memoryview) -> None:
+        try:
+            self.file.write(view)
+        except OSError as exc:
+            self.abort()
+            raise self.store._fail(exc, f"write {self.key}") from exc
+
+    def _finish(self) -> None:
+        try:
+            self.file.flush()
+            os.fsync(self.file.fileno())
+            self.file.close()
+            os.replace(self.tmp, self.path)
+        except OSError as exc:
+            self._discard()
+            raise self.store._fail(exc, f"write {self.key}") from exc
+
+    def _discard(self) -> None:
+        self.file.close()
+        self.tmp.unlink(missing_ok=True)
+
+
 class LocalZoneStore(ZoneStore):
-    def __init__(self, zone: Zone):
+    def __init__(self, zone: Zone, what: str = "landing zone"):
         if zone.scheme != "file":
             raise ValueError(f"{zone.uri} is not a local directory zone")
         self.zone = zone
+        self.what = what
         self.root = Path(zone.root)
 
     def _path(self, key: str) -> Path:
-        parts = key.split("/")
-        if not key or key.startswith("/") or any(p in ("", ".", "..") for p in parts[:-1]) or parts[-1] in (".", ".."):
-            raise ValueError(f"landing zone {self.uri}: invalid key {key!r}")
-        return self.root.joinpath(*parts)
+        return self.root.joinpath(*check_key(key, f"{self.what} {self.uri}").split("/"))
 
     def _fail(self, exc: OSError, action: str) -> LandingError:
         if isinstance(exc, PermissionError) or exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-            return ZoneAccessError(f"landing zone {self.uri}: cannot {action}: {exc.strerror or exc} "
+            return ZoneAccessError(f"{self.what} {self.uri}: cannot {action}: {exc.strerror or exc} "
                                    f"(directory {self.root} is not writable by this process)")
-        return LandingError(f"landing zone {self.uri}: cannot {action}: {exc}")
+        return LandingError(f"{self.what} {self.uri}: cannot {action}: {exc}")
 
     def _check_root(self) -> None:
         if not self.root.is_dir():
-            raise ZoneNotFoundError(f"landing zone {self.uri}: directory {self.root} does not exist "
+            raise ZoneNotFoundError(f"{self.what} {self.uri}: directory {self.root} does not exist "
                                     f"(create it, or ask for the zone to be created)")
 
     def ensure_zone(self, create: bool = False) -> bool:
         if self.root.exists() and not self.root.is_dir():
-            raise ZoneNotFoundError(f"landing zone {self.uri}: {self.root} exists and is not a directory")
+            raise ZoneNotFoundError(f"{self.what} {self.uri}: {self.root} exists and is not a directory")
         created = False
         if not self.root.exists():
             if not create:
@@ -128,15 +329,15 @@ class LocalZoneStore(ZoneStore):
                 raise self._fail(exc, f"create directory {self.root}") from exc
             created = True
         if not os.access(self.root, os.W_OK | os.X_OK):
-            raise ZoneAccessError(f"landing zone {self.uri}: directory {self.root} is not writable by this process")
+            raise ZoneAccessError(f"{self.what} {self.uri}: directory {self.root} is not writable by this process")
         return created
 
-    def list_keys(self, prefix: str) -> Iterator[str]:
+    def list_objects(self, prefix: str) -> Iterator[tuple[str, int]]:
         self._check_root()
         # A prefix is a directory ("a/b/") or a name stem ("a/b/c"): walk the directory that holds it.
         head = prefix.rpartition("/")[0]
         top = self._path(head + "/x").parent if head else self.root
-        found: list[str] = []
+        found: list[tuple[str, int]] = []
         try:
             self._walk(top, head + "/" if head else "", prefix, found)
         except OSError as exc:
@@ -144,22 +345,23 @@ class LocalZoneStore(ZoneStore):
         found.sort()
         return iter(found)
 
-    def _walk(self, directory: Path, rel: str, prefix: str, out: list[str]) -> None:
+    def _walk(self, directory: Path, rel: str, prefix: str, out: list[tuple[str, int]]) -> None:
         try:
             entries = list(os.scandir(directory))
-        except FileNotFoundError:
-            return
-        except NotADirectoryError:
+        except (FileNotFoundError, NotADirectoryError):
             return
         for entry in entries:
             if entry.name.startswith("."):
-                continue  # temporaries (and hidden files) are never landed objects
+                continue  # temporaries (and hidden files) are never stored objects
             key = rel + entry.name
             if entry.is_dir(follow_symlinks=False):
                 if (key + "/").startswith(prefix) or prefix.startswith(key + "/"):
                     self._walk(Path(entry.path), key + "/", prefix, out)
             elif key.startswith(prefix):
-                out.append(key)
+                try:
+                    out.append((key, entry.stat().st_size))
+                except FileNotFoundError:
+                    continue  # removed while listing
 
     def list_dirs(self, prefix: str) -> list[str]:
         self._check_root()
@@ -199,9 +401,24 @@ class LocalZoneStore(ZoneStore):
         except OSError as exc:
             raise self._fail(exc, f"write {key}") from exc
 
+    def put(self, key: str, body: bytes) -> None:
+        with self.upload(key) as out:
+            out.write(body)
+
+    def upload(self, key: str, part_bytes: int = UPLOAD_PART_BYTES) -> Upload:
+        return _LocalUpload(self, key)
+
     def get(self, key: str) -> bytes:
         try:
             return self._path(key).read_bytes()
+        except OSError as exc:
+            raise self._fail(exc, f"read {key}") from exc
+
+    def get_optional(self, key: str) -> bytes | None:
+        try:
+            return self._path(key).read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
         except OSError as exc:
             raise self._fail(exc, f"read {key}") from exc
 
@@ -216,6 +433,35 @@ class LocalZoneStore(ZoneStore):
                 return f.read(), size
         except OSError as exc:
             raise self._fail(exc, f"read {key}") from exc
+
+    def delete(self, keys: list[str]) -> None:
+        parents: set[Path] = set()
+        for key in keys:
+            path = self._path(key)
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as exc:
+                raise self._fail(exc, f"delete {key}") from exc
+            parents.add(path.parent)
+        # Directories exist only for their objects (as on S3): remove the ones left empty, up to the root.
+        for parent in sorted(parents, key=lambda p: len(p.parts), reverse=True):
+            while parent != self.root and self.root in parent.parents:
+                try:
+                    parent.rmdir()
+                except OSError:
+                    break
+                parent = parent.parent
+
+    def delete_prefix(self, prefix: str) -> None:
+        if prefix.endswith("/"):
+            path = self._path(prefix + "x").parent
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            return
+        super().delete_prefix(prefix)
+
+    def local_path(self, key: str) -> str | None:
+        return str(self._path(key))
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -233,37 +479,107 @@ def _fsync_dir(directory: Path) -> None:
 
 # -- S3 ------------------------------------------------------------------------------------------------------
 
+class _S3Upload(Upload):
+    """Parts of `part_bytes` are sent as they fill; an object smaller than one part is one PutObject."""
+
+    def __init__(self, store: "S3ZoneStore", key: str, part_bytes: int) -> None:
+        super().__init__()
+        if part_bytes < _MIN_PART_BYTES:
+            raise ValueError(f"upload parts are at least 5 MiB (S3's minimum), got {part_bytes}")
+        self.store, self.key, self.part_bytes = store, key, part_bytes
+        self.full = store._full(key)
+        self.buffer = bytearray()
+        self.upload_id: str | None = None
+        self.parts: list[dict] = []
+
+    def _call(self, action: str, fn, **kwargs):
+        try:
+            return fn(Bucket=self.store.bucket, Key=self.full, **kwargs)
+        except Exception as exc:
+            if action != "abort":
+                self.abort()
+            raise self.store._error(exc, f"{action} {self.key}") from exc
+
+    def _send_part(self) -> None:
+        if self.upload_id is None:
+            self.upload_id = self._call("write", self.store.client.create_multipart_upload)["UploadId"]
+        number = len(self.parts) + 1
+        resp = self._call("write", self.store.client.upload_part, UploadId=self.upload_id, PartNumber=number,
+                          Body=bytes(self.buffer))
+        self.parts.append({"PartNumber": number, "ETag": resp["ETag"]})
+        self.buffer.clear()
+
+    def _write(self, view: memoryview) -> None:
+        self.buffer += view
+        if len(self.buffer) >= self.part_bytes:
+            self._send_part()
+
+    def _finish(self) -> None:
+        if self.upload_id is None:
+            self._call("write", self.store.client.put_object, Body=bytes(self.buffer))
+            return
+        if self.buffer:
+            self._send_part()
+        self._call("write", self.store.client.complete_multipart_upload, UploadId=self.upload_id,
+                   MultipartUpload={"Parts": self.parts})
+
+    def _discard(self) -> None:
+        self.buffer.clear()
+        if self.upload_id is not None:
+            # Best effort; a bucket lifecycle rule (AbortIncompleteMultipartUpload) sweeps what a killed
+            # process leaves, as docs/transform.md says.
+            try:
+                self.store.client.abort_multipart_upload(Bucket=self.store.bucket, Key=self.full,
+                                                         UploadId=self.upload_id)
+            except Exception:
+                pass
+
+
 class S3ZoneStore(ZoneStore):
-    def __init__(self, zone: Zone, s3_client, *, page_size: int | None = None):
+    def __init__(self, zone: Zone, s3_client=None, *, options: S3Options | None = None,
+                 page_size: int | None = None, what: str = "landing zone"):
         if zone.scheme != "s3":
             raise ValueError(f"{zone.uri} is not an s3:// zone")
         self.zone = zone
+        self.what = what
         self.bucket = zone.bucket
-        self.client = s3_client
+        self.options = options
+        self._client = s3_client
         self.page_size = page_size  # ListObjectsV2 MaxKeys; None = S3's 1000
 
+    @property
+    def client(self):
+        if self._client is None:
+            self._client = (self.options or S3Options()).client()
+        return self._client
+
+    def __getstate__(self):  # a boto3 client does not pickle; the receiving process builds its own
+        state = dict(self.__dict__)
+        state["_client"] = None
+        return state
+
     def _full(self, key: str) -> str:
-        return self.zone.full_key(key)
+        return self.zone.full_key(check_key(key, f"{self.what} {self.uri}"))
 
     def _relative(self, full_key: str) -> str:
         return full_key[len(self.zone.root) + 1:] if self.zone.root else full_key
 
     def _error(self, exc: Exception, action: str) -> Exception:
-        endpoint = getattr(getattr(self.client, "meta", None), "endpoint_url", None) or "AWS"
+        endpoint = getattr(getattr(self._client, "meta", None), "endpoint_url", None) or "AWS"
         if isinstance(exc, ClientError):
             code = exc.response.get("Error", {}).get("Code", "")
             message = exc.response.get("Error", {}).get("Message", "")
             if code in _MISSING_BUCKET_CODES:
-                return ZoneNotFoundError(f"landing zone {self.uri}: bucket {self.bucket!r} does not exist "
+                return ZoneNotFoundError(f"{self.what} {self.uri}: bucket {self.bucket!r} does not exist "
                                          f"({action}; endpoint {endpoint})")
             if code in _ACCESS_CODES:
-                return ZoneAccessError(f"landing zone {self.uri}: access denied to {action} "
+                return ZoneAccessError(f"{self.what} {self.uri}: access denied to {action} "
                                        f"({code}: {message or 'no message'}; endpoint {endpoint})")
-            return LandingError(f"landing zone {self.uri}: {action} failed: {code}: {message}")
+            return LandingError(f"{self.what} {self.uri}: {action} failed: {code}: {message}")
         if isinstance(exc, _UNREACHABLE):
-            return ZoneUnavailableError(f"landing zone {self.uri}: S3 unreachable during {action} ({exc})")
+            return ZoneUnavailableError(f"{self.what} {self.uri}: S3 unreachable during {action} ({exc})")
         if isinstance(exc, BotoCoreError):
-            return LandingError(f"landing zone {self.uri}: {action} failed: {exc}")
+            return LandingError(f"{self.what} {self.uri}: {action} failed: {exc}")
         return exc
 
     def ensure_zone(self, create: bool = False) -> bool:
@@ -273,7 +589,11 @@ class S3ZoneStore(ZoneStore):
         except ClientError as exc:
             status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
             code = exc.response.get("Error", {}).get("Code", "")
-            if not (code in _MISSING_BUCKET_CODES or status == 404) or not create:
+            missing = code in _MISSING_BUCKET_CODES or status == 404
+            if missing and not create:
+                raise ZoneNotFoundError(f"{self.what} {self.uri}: bucket {self.bucket!r} does not exist "
+                                        f"(endpoint {self.client.meta.endpoint_url or 'AWS'})") from exc
+            if not missing:
                 raise self._error(exc, f"find bucket {self.bucket!r}") from exc
         except Exception as exc:
             raise self._error(exc, f"find bucket {self.bucket!r}") from exc
@@ -295,15 +615,16 @@ class S3ZoneStore(ZoneStore):
         paginator = self.client.get_paginator("list_objects_v2")
         if self.page_size:
             extra["PaginationConfig"] = {"PageSize": self.page_size}
+        full = self.zone.full_key(prefix) if prefix else (self.zone.root + "/" if self.zone.root else "")
         try:
-            yield from paginator.paginate(Bucket=self.bucket, Prefix=self._full(prefix), **extra)
+            yield from paginator.paginate(Bucket=self.bucket, Prefix=full, **extra)
         except Exception as exc:
             raise self._error(exc, f"list {prefix!r}") from exc
 
-    def list_keys(self, prefix: str) -> Iterator[str]:
+    def list_objects(self, prefix: str) -> Iterator[tuple[str, int]]:
         for page in self._pages(prefix):
             for obj in page.get("Contents", ()):
-                yield self._relative(obj["Key"])
+                yield self._relative(obj["Key"]), int(obj["Size"])
 
     def list_dirs(self, prefix: str) -> list[str]:
         names = []
@@ -313,9 +634,10 @@ class S3ZoneStore(ZoneStore):
         return sorted(names)
 
     def put_if_absent(self, key: str, body: bytes) -> bool:
+        full = self._full(key)
         for attempt in range(_CONFLICT_RETRIES + 1):
             try:
-                self.client.put_object(Bucket=self.bucket, Key=self._full(key), Body=body, IfNoneMatch="*")
+                self.client.put_object(Bucket=self.bucket, Key=full, Body=body, IfNoneMatch="*")
                 return True
             except ClientError as exc:
                 code = exc.response.get("Error", {}).get("Code", "")
@@ -330,9 +652,28 @@ class S3ZoneStore(ZoneStore):
                 raise self._error(exc, f"write {key}") from exc
         raise AssertionError("unreachable")
 
+    def put(self, key: str, body: bytes) -> None:
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=self._full(key), Body=body)
+        except Exception as exc:
+            raise self._error(exc, f"write {key}") from exc
+
+    def upload(self, key: str, part_bytes: int = UPLOAD_PART_BYTES) -> Upload:
+        return _S3Upload(self, key, part_bytes)
+
     def get(self, key: str) -> bytes:
         try:
             return self.client.get_object(Bucket=self.bucket, Key=self._full(key))["Body"].read()
+        except Exception as exc:
+            raise self._error(exc, f"read {key}") from exc
+
+    def get_optional(self, key: str) -> bytes | None:
+        try:
+            return self.client.get_object(Bucket=self.bucket, Key=self._full(key))["Body"].read()
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                return None
+            raise self._error(exc, f"read {key}") from exc
         except Exception as exc:
             raise self._error(exc, f"read {key}") from exc
 
@@ -342,7 +683,7 @@ class S3ZoneStore(ZoneStore):
             return True
         except ClientError as exc:
             status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            if status == 404 or exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            if status == 404 or exc.response.get("Error", {}).get("Code") in _MISSING_KEY_CODES:
                 return False
             raise self._error(exc, f"find {key}") from exc
         except Exception as exc:
@@ -357,3 +698,15 @@ class S3ZoneStore(ZoneStore):
         content_range = resp.get("ContentRange") or ""
         total = content_range.rpartition("/")[2]
         return body, int(total) if total.isdigit() else len(body)
+
+    def delete(self, keys: list[str]) -> None:
+        for i in range(0, len(keys), _DELETE_BATCH):
+            chunk = [{"Key": self._full(k)} for k in keys[i:i + _DELETE_BATCH]]
+            try:
+                resp = self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": chunk, "Quiet": True})
+            except Exception as exc:
+                raise self._error(exc, f"delete {len(chunk)} objects") from exc
+            errors = resp.get("Errors") or []
+            if errors:
+                raise LandingError(f"{self.what} {self.uri}: could not delete {len(errors)} objects, "
+                                   f"e.g. {errors[0].get('Key')} ({errors[0].get('Code')})")

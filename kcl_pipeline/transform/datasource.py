@@ -5,7 +5,7 @@ Reader `kcl_landing` (`spark.read.format("kcl_landing").options(...).load()`):
     stream             the stream whose batches to read
     window_start_ms    window [start, end) in epoch millis UTC, whole minutes (batches are grouped by
     window_end_ms      arrival minute: a batch belongs to the window iff its minute does)
-    s3_endpoint_url, s3_region, s3_aws_access_key_id, ... (see storage.S3Options; explicit because
+    s3_endpoint_url, s3_region, s3_aws_access_key_id, ... (see landing.store.S3Options; explicit because
                        executors do not inherit the driver's environment on a cluster)
     max_partition_bytes  bound of one input partition (default 64 MiB)
   The planner lists the window's minute prefixes (layout.window_prefixes) and packs the batch keys, in key
@@ -15,18 +15,19 @@ Reader `kcl_landing` (`spark.read.format("kcl_landing").options(...).load()`):
 Writer `kcl_window_output` (`df.write.format("kcl_window_output").mode("overwrite").options(...).save()`):
     path               dataset root URI (s3://… or a directory), e.g. <output_uri>/transformed
     partition          one directory under it, e.g. window=20240501T120000Z
-  Each task writes one Parquet file to <path>/_staging/<job>/; commit moves them into <path>/<partition>/,
-  writes <partition>/_manifest.json naming exactly the files of this job, then deletes what the partition
-  held before (listed before publishing, so a concurrent writer's files are never deleted). An empty input
-  still publishes one empty Parquet file, so the partition exists with its schema. Abort removes staging
-  and anything this job published. `_`-prefixed names are ignored by Parquet dataset readers, so a reader of
-  the directory sees old files, then old + new briefly, then new; the manifest always names one complete set.
+  Each run writes into its own run directory, <path>/<partition>/run=<job>/: every task streams its Parquet
+  file straight to its final key (S3 multipart parts of 8 MiB, or a temporary file renamed into place), so
+  no task holds its output in memory and nothing is copied. Commit writes <partition>/_manifest.json naming
+  the run and exactly its files (the switch), then removes everything else under the partition (the previous
+  run, failed task attempts). An empty input still publishes one empty Parquet file, so the partition exists
+  with its schema. Abort removes the run directory unless the manifest already names it. A reader of the
+  manifest's run directory sees exactly one run's files; see docs/transform.md for readers of the whole
+  directory.
 """
 from __future__ import annotations
 
 import io
 import json
-import os
 import uuid
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
@@ -43,13 +44,13 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from ..kcl.record_batch import arrow_schema
-from ..landing.layout import MINUTE_MS, split_batch_keys, window_prefixes
-from .storage import S3Options, open_store
+from ..landing.layout import MINUTE_MS, parse_batch_key, split_batch_keys, window_prefixes
+from ..landing.store import S3Options, ZoneStore, open_store
 
 LANDING_FORMAT = "kcl_landing"
 OUTPUT_FORMAT = "kcl_window_output"
 MANIFEST = "_manifest.json"
-STAGING = "_staging"
+RUN_PREFIX = "run="
 DEFAULT_MAX_PARTITION_BYTES = 64 * 1024 * 1024
 
 # The landed batch schema (declared once: kcl/record_batch.py) as Spark sees it: nullable, and the arrival
@@ -126,6 +127,28 @@ def plan_partitions(batches: Sequence[WindowBatch], max_bytes: int) -> list[tupl
     return groups
 
 
+def overlapping_shards(batches: Sequence[WindowBatch]) -> set[str]:
+    """The shards of which two listed batches share a position. Only these can hold a record twice: a batch
+    holds consecutive records, so batches whose [first, last] ranges are disjoint hold distinct records."""
+    by_shard: dict[str, list] = {}
+    for batch in batches:
+        key = parse_batch_key(batch.key)
+        if key is None:
+            raise ValueError(f"{batch.key} is not a batch key")
+        by_shard.setdefault(key.shard_id, []).append(key)
+    overlapping = set()
+    for shard, keys in by_shard.items():
+        keys.sort(key=lambda k: k.first.key())
+        if any(b.first.key() <= a.last.key() for a, b in zip(keys, keys[1:])):
+            overlapping.add(shard)
+    return overlapping
+
+
+def shuffle_partitions(nbytes: int, max_partition_bytes: int) -> int:
+    """Partitions for `nbytes` of landed input: one per max_partition_bytes, at least one."""
+    return max(1, -(-nbytes // max_partition_bytes))
+
+
 def check_window(start_ms: int, end_ms: int) -> None:
     if end_ms <= start_ms:
         raise ValueError(f"window end {end_ms} must be after its start {start_ms}")
@@ -192,10 +215,10 @@ class WindowRead:
     def list_batches(self) -> list[WindowBatch]:
         if self.batches is not None:
             return list(self.batches)
-        store = open_store(self.zone, self.s3)
+        store = open_store(self.zone, s3=self.s3)
         store.check_exists()
         listing = (item for prefix in window_prefixes(self.stream, self.start_ms, self.end_ms)
-                   for item in store.list(prefix))
+                   for item in store.list_objects(prefix))
         return select_window_batches(listing, self.stream, self.start_ms, self.end_ms)
 
 
@@ -230,7 +253,7 @@ class LandingReader(DataSourceReader):
         batches = getattr(partition, "batches", None) or ()
         if not batches:
             return
-        store = open_store(self.window.zone, self.window.s3)
+        store = open_store(self.window.zone, s3=self.window.s3)
         for batch in batches:
             path = store.local_path(batch.key)
             try:
@@ -244,10 +267,10 @@ class LandingReader(DataSourceReader):
 
 # ---------------------------------------------------------------- writer
 
-class StagedFile(WriterCommitMessage):
-    def __init__(self, task: int, staged_key: str | None, rows: int) -> None:
+class WrittenFile(WriterCommitMessage):
+    def __init__(self, task: int, key: str | None, rows: int) -> None:
         self.task = task
-        self.staged_key = staged_key
+        self.key = key  # relative to the dataset root; None: the task had no rows
         self.rows = rows
 
 
@@ -285,23 +308,28 @@ class PartitionWriter(DataSourceArrowWriter):
         self.target = target
         self.schema = schema
         self.job_id = uuid.uuid4().hex[:16]  # made on the driver; travels to tasks and commit by pickling
+        store = self._store()
+        store.ensure_zone(create=store.local_path("x") is not None)  # a dataset directory is made; a bucket must exist
 
     @property
-    def staging_prefix(self) -> str:
-        return f"{STAGING}/{self.job_id}/"
+    def run(self) -> str:
+        return f"{RUN_PREFIX}{self.job_id}"
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedFile:
+    @property
+    def run_prefix(self) -> str:
+        return f"{self.target.partition}/{self.run}/"
+
+    def _store(self) -> ZoneStore:
+        return open_store(self.target.path, s3=self.target.s3, what="transform output")
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WrittenFile:
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
         task = ctx.partitionId() if ctx else 0
         attempt = ctx.attemptNumber() if ctx else 0
-        key = f"{self.staging_prefix}part-{task:05d}-{attempt}.parquet"
-        store = open_store(self.target.path, self.target.s3)
-        path = store.local_path(key)
-        if path:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-        sink = path or io.BytesIO()
+        key = f"{self.run_prefix}part-{task:05d}-{attempt}.parquet"
+        upload = None
         writer = None
         rows = 0
         try:
@@ -309,33 +337,31 @@ class PartitionWriter(DataSourceArrowWriter):
                 if batch.num_rows == 0:
                     continue
                 if writer is None:
-                    writer = pq.ParquetWriter(sink, batch.schema)
+                    upload = self._store().upload(key)
+                    writer = pq.ParquetWriter(upload, batch.schema)
                 writer.write_batch(batch)
                 rows += batch.num_rows
-        finally:
             if writer is not None:
                 writer.close()
-        if writer is None:
-            return StagedFile(task, None, 0)
-        if path is None:
-            store.put(key, sink.getvalue())
-        return StagedFile(task, key, rows)
+                upload.close()
+        except BaseException:
+            if upload is not None:
+                upload.abort()  # first: a writer closed later (or collected) cannot publish a partial file
+            raise
+        return WrittenFile(task, key if writer is not None else None, rows)
 
-    def commit(self, messages: list[StagedFile | None]) -> None:
+    def commit(self, messages: list[WrittenFile | None]) -> None:
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        store = open_store(self.target.path, self.target.s3)
+        store = self._store()
         part = f"{self.target.partition}/"
-        previous = [key for key, _ in store.list(part)]
         files, rows = [], 0
         for msg in sorted((m for m in messages if m is not None), key=lambda m: m.task):
             rows += msg.rows
-            if msg.staged_key:
-                name = f"part-{self.job_id}-{msg.task:05d}.parquet"
-                store.move(msg.staged_key, part + name)
-                files.append(name)
+            if msg.key:
+                files.append(msg.key[len(part):])
         if not files:
-            name = f"part-{self.job_id}-empty.parquet"
+            name = f"{self.run}/part-empty.parquet"
             buf = io.BytesIO()
             pq.write_table(to_arrow_schema(self.schema, timezone="UTC").empty_table(), buf)
             store.put(part + name, buf.getvalue())
@@ -343,22 +369,22 @@ class PartitionWriter(DataSourceArrowWriter):
         manifest = {
             "job_id": self.job_id,
             "partition": self.target.partition,
+            "run": self.run,
             "files": files,
             "rows": rows,
             "schema": [[f.name, f.dataType.simpleString()] for f in self.schema.fields],
         }
-        store.put(part + MANIFEST, json.dumps(manifest, indent=1).encode())
+        store.put(part + MANIFEST, json.dumps(manifest, indent=1).encode())  # the switch
+        # One run per window (the Spark run pool serialises a window's runs): whatever else is under the
+        # partition is a replaced run, a failed task attempt or a crashed run's leftovers.
         keep = {part + name for name in files} | {part + MANIFEST}
-        store.delete([key for key in previous if key not in keep])
-        store.delete_prefix(self.staging_prefix)
+        store.delete([key for key in store.list_keys(part) if key not in keep])
 
-    def abort(self, messages: list[StagedFile | None]) -> None:
-        store = open_store(self.target.path, self.target.s3)
-        store.delete_prefix(self.staging_prefix)
-        part = f"{self.target.partition}/"
-        raw = store.get_optional(part + MANIFEST)
-        if raw is None or json.loads(raw).get("job_id") != self.job_id:  # our files were not committed
-            store.delete([k for k, _ in store.list(f"{part}part-{self.job_id}-")])
+    def abort(self, messages: list[WrittenFile | None]) -> None:
+        store = self._store()
+        raw = store.get_optional(f"{self.target.partition}/{MANIFEST}")
+        if raw is None or json.loads(raw).get("job_id") != self.job_id:  # our run was not committed
+            store.delete_prefix(self.run_prefix)
 
 
 def register(spark) -> None:

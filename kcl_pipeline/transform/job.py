@@ -12,10 +12,13 @@ Output layout under `output_uri` (s3://bucket/prefix or a directory), one partit
 The window name is ISO 8601 basic format (no ':' — Hadoop paths reject it). Re-running a window replaces
 both partitions (datasource.PartitionWriter), so outputs never duplicate. Sequence numbers stay strings.
 
-Counting is exact by construction: one pass groups the window by (shard_id, sequence_number,
+Counting is exact by construction: the window is made distinct on (shard_id, sequence_number,
 sub_sequence_number), counting copies, and every distinct record then lands in exactly one of the outputs:
 rows_in = rows_out + duplicates_dropped + quarantined. Duplicates are the same Kinesis record landed twice
-(overlapping batches after a restart or a backfill), so which copy is kept does not matter.
+(overlapping batches written before batch fencing, or a zone copied in by hand), so which copy is kept does
+not matter. Only shards whose batch keys overlap can hold a copy (a batch holds consecutive records), so
+only their rows are grouped (shuffled, in partitions sized from their bytes); every other row passes through
+without a shuffle: with today's fenced landing that is every row.
 """
 from __future__ import annotations
 
@@ -36,17 +39,23 @@ from pyspark.sql.types import StringType, StructType
 from ..kcl.model import Checkpoint
 from .datasource import (
     BATCHES_OPTION,
+    DEFAULT_MAX_PARTITION_BYTES,
     LANDING_FORMAT,
     MANIFEST,
     OUTPUT_FORMAT,
+    WindowBatch,
     WindowRead,
     batches_option,
     check_window,
+    overlapping_shards,
     register,
+    shuffle_partitions,
 )
+from ..landing.errors import ZoneNotFoundError
+from ..landing.layout import parse_batch_key
+from ..landing.store import S3Options, ZoneStore, open_store
 from .manifest import WindowCommit, commit_key
 from .decoders import DecoderFn, get_decoder
-from .storage import S3Options, StorageNotFoundError, open_store
 
 RECORD_KEY = ("shard_id", "sequence_number", "sub_sequence_number")
 _CARRIED = ("partition_key", "approximate_arrival_timestamp", "data")
@@ -155,6 +164,26 @@ def _dataset_uri(output_uri: str, name: str) -> str:
     return f"{output_uri.rstrip('/')}/{name}"
 
 
+def _output(uri: str, s3: S3Options) -> ZoneStore:
+    return open_store(uri, s3=s3, what="transform output")
+
+
+def distinct_records(raw: DataFrame, batches: list[WindowBatch], max_partition_bytes: int) -> DataFrame:
+    """`raw` once per record key with a `_copies` count. Only the rows of shards whose listed batches
+    overlap are grouped (one shuffle, a partition per max_partition_bytes of their batches); the rest pass
+    through unshuffled with `_copies` = 1."""
+    overlapping = overlapping_shards(batches)
+    passed = raw.select(*RECORD_KEY, F.lit(1).cast("long").alias("_copies"), *_CARRIED)
+    if not overlapping:
+        return passed
+    suspect = F.col("shard_id").isin(sorted(overlapping))
+    nbytes = sum(b.size for b in batches if parse_batch_key(b.key).shard_id in overlapping)
+    grouped = (raw.where(suspect).repartition(shuffle_partitions(nbytes, max_partition_bytes), *RECORD_KEY)
+               .groupBy(*RECORD_KEY)
+               .agg(F.count(F.lit(1)).alias("_copies"), *[F.any_value(c).alias(c) for c in _CARRIED]))
+    return passed.where(~suspect).unionByName(grouped)
+
+
 def _decode(distinct: DataFrame, decoder: DecoderFn) -> tuple[DataFrame, list[str]]:
     """`distinct` with `payload`, `reason` and the decoder's further fields as columns."""
     decoded = distinct.withColumn("_decoded", decoder(F.col("data")))
@@ -197,16 +226,14 @@ def transform_window(
 ) -> TransformReport:
     """Transform the window [window_start_ms, window_end_ms) of `stream` landed in `zone` into `output_uri`.
 
-    Raises StorageNotFoundError when the zone (bucket or directory) or the output bucket does not exist,
+    Raises ZoneNotFoundError when the zone (bucket or directory) or the output bucket does not exist,
     ValueError for a window that is not whole minutes or an unknown decoder."""
     check_window(window_start_ms, window_end_ms)
     decode_fn = get_decoder(decoder)
     s3 = s3_options or S3Options()
-    open_store(zone, s3).check_exists()
-    out_store = open_store(output_uri, s3)
-    if out_store.local_path("") is not None:  # a local output directory is created; a bucket must exist
-        os.makedirs(out_store.local_path(""), exist_ok=True)
-    out_store.check_exists()
+    open_store(zone, s3=s3).check_exists()
+    out_store = _output(output_uri, s3)
+    out_store.ensure_zone(create=out_store.local_path("x") is not None)  # a directory is made; a bucket must exist
 
     use_configured_python(spark)
     register(spark)
@@ -221,8 +248,7 @@ def transform_window(
     options[BATCHES_OPTION] = batches_option(batches)
 
     raw = spark.read.format(LANDING_FORMAT).options(**options).load()
-    distinct = raw.groupBy(*RECORD_KEY).agg(
-        F.count(F.lit(1)).alias("_copies"), *[F.any_value(c).alias(c) for c in _CARRIED])
+    distinct = distinct_records(raw, batches, max_partition_bytes or DEFAULT_MAX_PARTITION_BYTES)
     decoded, extra = _decode(distinct, decode_fn)
     decoded = (decoded.withColumn("window_start", F.timestamp_millis(F.lit(window_start_ms)))
                # only quarantined rows need their raw bytes: a good row's payload is the same text
@@ -247,9 +273,9 @@ def transform_window(
         decoded.unpersist()
     datasets = {}
     for name in (TRANSFORMED, QUARANTINE):
-        dataset_manifest = json.loads(open_store(_dataset_uri(output_uri, name), s3).get(f"{partition}/{MANIFEST}"))
-        datasets[name] = {"job_id": dataset_manifest["job_id"], "files": dataset_manifest["files"],
-                          "rows": dataset_manifest["rows"]}
+        dataset_manifest = json.loads(_output(_dataset_uri(output_uri, name), s3).get(f"{partition}/{MANIFEST}"))
+        datasets[name] = {"job_id": dataset_manifest["job_id"], "run": dataset_manifest["run"],
+                          "files": dataset_manifest["files"], "rows": dataset_manifest["rows"]}
     commit = WindowCommit(window_start_ms, window_end_ms, datasets[TRANSFORMED]["job_id"],
                           frozenset(b.key for b in batches), datasets)
     out_store.put(commit_key(window_start_ms), commit.to_json())  # last: the window is now materialised
@@ -283,7 +309,7 @@ class WindowOutput:
 def read_partition(output_uri: str, dataset: str, window_start_ms: int,
                    s3: S3Options | None = None) -> tuple[pa.Table, dict]:
     """The committed files of one partition (as its manifest names them) as one Arrow table."""
-    store = open_store(_dataset_uri(output_uri, dataset), s3)
+    store = _output(_dataset_uri(output_uri, dataset), s3 or S3Options())
     partition = window_partition(window_start_ms)
     raw = store.get_optional(f"{partition}/{MANIFEST}")
     if raw is None:
@@ -310,7 +336,7 @@ def read_output(engine: Any, output_uri: str, window_start_ms: int,
 
 
 __all__ = [
-    "OutputNotFoundError", "ShardRange", "build_local_session", "StorageNotFoundError", "TransformReport", "WindowOutput",
+    "OutputNotFoundError", "ShardRange", "build_local_session", "TransformReport", "WindowOutput", "ZoneNotFoundError",
     "read_output", "read_partition", "spark_session_conf", "transform_window", "use_configured_python",
     "window_partition",
 ]

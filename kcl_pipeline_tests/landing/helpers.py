@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from kcl_pipeline.kcl.model import Checkpoint, UserRecord
 from kcl_pipeline.kcl.processor import InitializationInput, ProcessRecordsInput
 from kcl_pipeline.landing.layout import MINUTE_MS
-from kcl_pipeline.landing.store import ZoneStore
+from kcl_pipeline.landing.store import UPLOAD_PART_BYTES, ZoneStore
 
 T0 = 1_795_316_400_000  # 2026-11-22T03:00:00Z, a whole hour
 SHARD = "shardId-000000000000"
@@ -142,8 +142,23 @@ class ForwardingStore(ZoneStore):
     def ensure_zone(self, create=False):
         return self.inner.ensure_zone(create)
 
+    def list_objects(self, prefix):
+        return self.inner.list_objects(prefix)
+
     def list_keys(self, prefix):
         return self.inner.list_keys(prefix)
+
+    def put(self, key, body):
+        return self.inner.put(key, body)
+
+    def upload(self, key, part_bytes=UPLOAD_PART_BYTES):
+        return self.inner.upload(key, part_bytes)
+
+    def get_optional(self, key):
+        return self.inner.get_optional(key)
+
+    def delete(self, keys):
+        return self.inner.delete(keys)
 
     def list_dirs(self, prefix):
         return self.inner.list_dirs(prefix)

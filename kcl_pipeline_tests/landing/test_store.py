@@ -1,7 +1,9 @@
-"""ZoneStore: the same semantics on a local directory and on S3 (moto server over HTTP), plus error mapping."""
+"""ZoneStore, the one object store (landing zone, transform output): the same semantics on a local directory and
+on S3 (moto server over HTTP), streamed uploads, picklable S3 settings for Spark executors, and error mapping."""
 from __future__ import annotations
 
 import os
+import pickle
 import shutil
 import stat
 
@@ -15,7 +17,7 @@ from kcl_pipeline.landing.errors import (
     ZoneNotFoundError,
 )
 from kcl_pipeline.landing.layout import Zone
-from kcl_pipeline.landing.store import LocalZoneStore, S3ZoneStore, open_store
+from kcl_pipeline.landing.store import LocalZoneStore, S3Options, S3ZoneStore, Upload, open_store
 
 from .helpers import run_unprivileged, shared_tmpdir
 
@@ -55,6 +57,72 @@ def test_missing_object_is_a_landing_error(any_zone):
     uri, store = any_zone
     with pytest.raises(LandingError, match="read nope"):
         store.get("nope")
+
+
+def test_put_replaces_and_deletes_leave_no_trace(any_zone):
+    _, store = any_zone
+    store.put("a/b/one.parquet", b"1")
+    store.put("a/b/one.parquet", b"11")
+    store.put("a/b/two.parquet", b"22")
+    store.put("a/bc/three", b"333")
+    assert list(store.list_objects("a/b/")) == [("a/b/one.parquet", 2), ("a/b/two.parquet", 2)]
+    assert list(store.list_objects("a/b")) == [("a/b/one.parquet", 2), ("a/b/two.parquet", 2), ("a/bc/three", 3)]
+    assert store.get_optional("a/b/one.parquet") == b"11" and store.get_optional("a/b/nope") is None
+    store.delete(["a/b/two.parquet", "not/there"])
+    store.delete_prefix("a/b/")
+    assert list(store.list_keys("")) == ["a/bc/three"]
+    assert store.list_dirs("a/") == ["bc"]  # a directory emptied of its objects goes with them, as on S3
+
+
+def test_an_upload_streams_its_object_in_parts_and_appears_whole_on_close(any_zone):
+    _, store = any_zone
+    part = 5 * 1024 * 1024
+    chunk = os.urandom(1024 * 1024)
+    with store.upload("out/big.parquet", part_bytes=part) as upload:
+        for _ in range(11):  # 11 MiB: two full parts and a last one
+            upload.write(chunk)
+            assert list(store.list_keys("out/")) == []  # nothing visible under the key before close
+        assert upload.tell() == 11 * len(chunk)
+        if hasattr(upload, "parts"):
+            assert len(upload.parts) == 2 and len(upload.buffer) < part  # only the unsent tail is held
+    assert store.get("out/big.parquet") == chunk * 11
+    with store.upload("out/small") as upload:  # smaller than a part: one plain write
+        upload.write(b"tiny")
+    assert store.get("out/small") == b"tiny"
+
+
+def test_an_aborted_upload_leaves_nothing_and_cannot_be_published_late(any_zone):
+    uri, store = any_zone
+    with pytest.raises(RuntimeError, match="task failed"):
+        with store.upload("out/x.parquet", part_bytes=5 * 1024 * 1024) as upload:
+            upload.write(os.urandom(6 * 1024 * 1024))  # a part is already sent
+            raise RuntimeError("task failed")
+    upload.close()  # pyarrow closes its sink when collected: that must not publish the partial object
+    assert list(store.list_keys("")) == []
+    if uri.startswith("s3://"):
+        assert store.client.list_multipart_uploads(Bucket=store.bucket).get("Uploads", []) == []
+    else:
+        assert [name for _, _, names in os.walk(uri) for name in names] == []  # not even a temporary
+
+
+def test_an_upload_is_a_file_pyarrow_writes_parquet_into(any_zone):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    _, store = any_zone
+    table = pa.table({"x": list(range(1000))})
+    upload = store.upload("t.parquet")
+    assert isinstance(upload, Upload)
+    with pq.ParquetWriter(upload, table.schema) as writer:
+        writer.write_table(table)
+    upload.close()
+    assert pq.read_table(pa.BufferReader(store.get("t.parquet"))).equals(table)
+
+
+def test_upload_parts_below_the_s3_minimum_are_refused(s3_zone):
+    _, store = s3_zone
+    with pytest.raises(ValueError, match="at least 5 MiB"):
+        store.upload("k", part_bytes=1024)
 
 
 # -- local directory --------------------------------------------------------------------------------------
@@ -202,3 +270,50 @@ def test_zone_uri_errors():
     with pytest.raises(ValueError, match="not supported"):
         open_store("gs://b/x")
     assert isinstance(open_store("file:///tmp/zone"), LocalZoneStore)
+
+
+# -- S3 settings that travel to Spark executors --------------------------------------------------------------
+
+def test_s3_options_round_trip_through_spark_options():
+    opts = S3Options(endpoint_url="http://127.0.0.1:1", region="eu-west-1", aws_access_key_id="AK",
+                     aws_secret_access_key="SK")
+    flat = opts.to_options()
+    assert flat == {"s3_endpoint_url": "http://127.0.0.1:1", "s3_region": "eu-west-1",
+                    "s3_aws_access_key_id": "AK", "s3_aws_secret_access_key": "SK"}
+    assert S3Options.from_options({k.upper(): v for k, v in flat.items()}) == opts  # Spark may change case
+    assert S3Options.from_options({}) == S3Options()
+
+
+def test_s3_options_from_aws_settings(monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "env-key")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "env-secret")
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    settings = AwsSettings(region="us-west-2", endpoint_urls={"s3": "http://s3.local"})
+    assert S3Options.from_aws_settings(settings) == S3Options("http://s3.local", "us-west-2")
+    assert S3Options.from_aws_settings(settings, env_credentials=True) == S3Options(
+        "http://s3.local", "us-west-2", "env-key", "env-secret", None)
+
+
+def test_a_store_built_from_s3_options_pickles_without_its_client_and_reconnects(s3_zone, aws_settings):
+    uri, zone_store = s3_zone
+    zone_store.put("k", b"v")
+    store = open_store(uri, s3=S3Options.from_aws_settings(aws_settings, env_credentials=True),
+                       what="transform output")
+    assert store.get("k") == b"v"  # the client is built and used ...
+    copy = pickle.loads(pickle.dumps(store))  # ... yet the store travels to an executor without it
+    assert copy._client is None and copy.get("k") == b"v"
+
+
+def test_s3_deletes_in_chunks_of_1000_and_reports_failures():
+    s3 = client("s3", AwsSettings(region="us-east-1", endpoint_url="http://127.0.0.1:9"))
+    store = S3ZoneStore(Zone.parse("s3://bkt/root"), s3, what="transform output")
+    keys = [f"k{i:04d}" for i in range(1500)]
+    with Stubber(s3) as stub:
+        stub.add_response("delete_objects", {}, {"Bucket": "bkt", "Delete": {
+            "Objects": [{"Key": f"root/{k}"} for k in keys[:1000]], "Quiet": True}})
+        stub.add_response("delete_objects", {"Errors": [{"Key": "root/k1499", "Code": "AccessDenied"}]},
+                          {"Bucket": "bkt", "Delete": {"Objects": [{"Key": f"root/{k}"} for k in keys[1000:]],
+                                                       "Quiet": True}})
+        with pytest.raises(LandingError, match="transform output s3://bkt/root: could not delete 1 objects"):
+            store.delete(keys)
+        stub.assert_no_pending_responses()

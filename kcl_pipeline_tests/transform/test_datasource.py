@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -177,7 +178,6 @@ def test_writer_replaces_the_partition_and_keeps_others(spark, tmp_path):
     assert pq.read_table(tmp_path / "window=20240501T120000Z" / manifest["files"][0]).column("id").to_pylist() \
         == [0, 1, 2]
     assert len(_files(tmp_path / "window=20240501T130000Z")) == 3  # untouched
-    assert _files(tmp_path / "_staging") == []
 
 
 def test_writer_publishes_an_empty_partition_with_its_schema(spark, tmp_path):
@@ -193,8 +193,7 @@ def test_failed_write_leaves_the_previous_partition_and_no_staging(spark, tmp_pa
     boom = F.udf(lambda i: 1 // (i - 7), "int", useArrow=False)
     with pytest.raises(Exception, match="ZeroDivisionError"):
         _write(spark.range(10).repartition(3).select(boom("id").alias("x")), tmp_path)
-    assert _files(tmp_path / "window=20240501T120000Z") == before
-    assert _files(tmp_path / "_staging") == []
+    assert _files(tmp_path / "window=20240501T120000Z") == before  # the failed run's directory is gone too
 
 
 @pytest.mark.parametrize("mode,options,message", [
@@ -225,3 +224,64 @@ def test_one_listing_rule_for_sink_verify_and_transform():
                                 minute_prefix("s1", T0) + f"{SHARD0}/junk.parquet"])
     assert [b.key() for b in listing.batches] == [good]
     assert listing.malformed == [minute_prefix("s1", T0) + f"{SHARD0}/junk.parquet"]
+
+
+# ------------------------------------------------------------------ streamed writes, run directories
+
+def test_a_write_task_streams_its_file_in_parts_straight_to_its_run_directory(emulators, s3_client, unique_name,
+                                                                                monkeypatch):
+    """Before: each task held its whole Parquet output in memory, PUT it to a staging key (one PutObject,
+    5 GiB cap) and the commit copied it into place."""
+    from kcl_pipeline.landing.store import S3Options, S3ZoneStore
+    from kcl_pipeline.transform.datasource import PartitionTarget, PartitionWriter
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
+    bucket = unique_name("out")
+    s3_client.create_bucket(Bucket=bucket)
+    s3 = S3Options.from_aws_settings(emulators.aws_settings(), env_credentials=True)
+    target = PartitionTarget(f"s3://{bucket}/transformed", "window=20240501T120000Z", s3)
+    writer = PartitionWriter(target, StructType([StructField("data", BinaryType())]))
+    uploads = []
+    real_upload = S3ZoneStore.upload
+    monkeypatch.setattr(S3ZoneStore, "upload", lambda self, key, part_bytes=5 * 1024 * 1024:
+                        uploads.append(real_upload(self, key, part_bytes)) or uploads[-1])
+    held = []
+
+    def batches():
+        for _ in range(12):  # 12 MiB of incompressible rows, 1 MiB per Arrow batch
+            if uploads:
+                held.append(len(uploads[0].buffer))
+            yield pa.record_batch([pa.array([os.urandom(1024) for _ in range(1024)], pa.binary())], names=["data"])
+
+    message = writer.write(batches())
+    assert message.key == f"window=20240501T120000Z/{writer.run}/part-00000-0.parquet" and message.rows == 12 * 1024
+    assert len(uploads) == 1 and len(uploads[0].parts) >= 2  # multipart, sent as it filled
+    assert max(held) < 5 * 1024 * 1024 + 1024 * 1024  # never more than about one part in memory
+    writer.commit([message])
+    manifest = json.loads(s3_client.get_object(Bucket=bucket, Key=f"transformed/window=20240501T120000Z/{MANIFEST}")
+                          ["Body"].read())
+    assert manifest["run"] == writer.run and manifest["files"] == [f"{writer.run}/part-00000-0.parquet"]
+    body = s3_client.get_object(Bucket=bucket, Key=f"transformed/window=20240501T120000Z/{manifest['files'][0]}")
+    assert pq.read_table(pa.BufferReader(body["Body"].read())).num_rows == 12 * 1024
+
+
+def test_a_failed_write_task_publishes_nothing(emulators, s3_client, unique_name):
+    from kcl_pipeline.landing.store import S3Options
+    from kcl_pipeline.transform.datasource import PartitionTarget, PartitionWriter
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
+    bucket = unique_name("out")
+    s3_client.create_bucket(Bucket=bucket)
+    s3 = S3Options.from_aws_settings(emulators.aws_settings(), env_credentials=True)
+    writer = PartitionWriter(PartitionTarget(f"s3://{bucket}/t", "window=20240501T120000Z", s3),
+                             StructType([StructField("data", BinaryType())]))
+
+    def batches():
+        for _ in range(7):
+            yield pa.record_batch([pa.array([os.urandom(1024) for _ in range(1024)], pa.binary())], names=["data"])
+        raise RuntimeError("executor lost its input")
+
+    with pytest.raises(RuntimeError, match="executor lost its input"):
+        writer.write(batches())
+    assert s3_client.list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0
+    assert s3_client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []

@@ -13,7 +13,8 @@ from kcl_pipeline.transform.job import (
     window_partition,
 )
 from kcl_pipeline.transform.manifest import commit_key
-from kcl_pipeline.transform.storage import S3Options, StorageNotFoundError
+from kcl_pipeline.landing.errors import ZoneNotFoundError
+from kcl_pipeline.landing.store import S3Options
 
 from .landing_batches import MINUTE, SHARD0, SHARD1, T0, Rec, seq, write_local, write_s3
 
@@ -94,8 +95,12 @@ def test_rerun_replaces_the_window_never_duplicates(spark, landed, tmp_path):
     assert second == first
     assert after.transformed.num_rows == 10 and after.quarantine.num_rows == 3
     assert not files_before & set(after.manifests["transformed"]["files"])
-    on_disk = {p.name for p in (out / "transformed" / window_partition(T0)).iterdir()}
+    partition = out / "transformed" / window_partition(T0)
+    on_disk = {p.relative_to(partition).as_posix() for p in partition.rglob("*") if p.is_file()}
     assert on_disk == set(after.manifests["transformed"]["files"]) | {"_manifest.json"}
+    # Each run writes its own run directory; the switch leaves only the current one.
+    assert [p.name for p in partition.iterdir() if p.is_dir()] == [after.manifests["transformed"]["run"]]
+    assert all(f.startswith(after.manifests["transformed"]["run"] + "/") for f in after.manifests["transformed"]["files"])
 
 
 def test_windows_are_separate_partitions(spark, landed, tmp_path):
@@ -147,7 +152,7 @@ def test_bad_decoders_are_refused(spark, landed, tmp_path, decoder, error, messa
 def test_bad_windows_and_locations(spark, landed, tmp_path):
     with pytest.raises(ValueError, match="not whole minutes"):
         run(spark, landed, tmp_path / "out", window=(T0, T0 + 1000))
-    with pytest.raises(StorageNotFoundError, match="does not exist"):
+    with pytest.raises(ZoneNotFoundError, match="does not exist"):
         run(spark, tmp_path / "no-zone", tmp_path / "out")
     with pytest.raises(OutputNotFoundError, match="no committed output"):
         read_output(None, str(tmp_path / "out"), T0)
@@ -198,9 +203,64 @@ def test_transform_s3_window(spark, s3_client, s3, unique_name):
 
 def test_missing_bucket_is_a_clear_error(spark, s3_client, s3, unique_name, tmp_path):
     missing = unique_name("missing")
-    with pytest.raises(StorageNotFoundError, match=f"bucket '{missing}' does not exist"):
+    with pytest.raises(ZoneNotFoundError, match=f"bucket '{missing}' does not exist"):
         run(spark, f"s3://{missing}/zone", tmp_path / "out", s3_options=s3)
     bucket = unique_name("landing")
     s3_client.create_bucket(Bucket=bucket)
-    with pytest.raises(StorageNotFoundError, match=f"bucket '{missing}' does not exist"):
+    with pytest.raises(ZoneNotFoundError, match=f"bucket '{missing}' does not exist"):
         run(spark, f"s3://{bucket}/zone", f"s3://{missing}/out", s3_options=s3)
+
+
+# ------------------------------------------------------------------ dedupe without a shuffle
+
+def _plan(df) -> str:
+    return df.sparkSession._jvm.PythonSQLUtils.explainString(df._jdf.queryExecution(), "simple")
+
+
+def test_overlapping_shards_are_the_ones_whose_batch_ranges_meet():
+    from kcl_pipeline.transform.datasource import WindowBatch, overlapping_shards
+    from .landing_batches import batch_key
+
+    def b(shard, lo, hi):
+        return WindowBatch(batch_key("s1", [Rec(shard, seq(i), b"x", T0 + i) for i in range(lo, hi + 1)]), 1)
+
+    assert overlapping_shards([b(SHARD0, 1, 5), b(SHARD0, 6, 9), b(SHARD1, 1, 3)]) == set()
+    assert overlapping_shards([b(SHARD0, 1, 5), b(SHARD0, 5, 9), b(SHARD1, 1, 3)]) == {SHARD0}
+    assert overlapping_shards([b(SHARD1, 1, 9), b(SHARD1, 3, 4)]) == {SHARD1}  # one inside another
+
+
+def test_a_window_whose_batches_do_not_overlap_is_not_shuffled_to_deduplicate(spark, tmp_path):
+    """Before: every payload byte of every window went through a shuffle to drop duplicates that fenced
+    landing makes impossible."""
+    from kcl_pipeline.transform.datasource import LANDING_FORMAT, WindowRead, batches_option, register
+    from kcl_pipeline.transform.job import distinct_records
+
+    zone = tmp_path / "zone"
+    write_local(zone, "s1", [Rec(SHARD0, seq(i), good(i), T0 + i) for i in range(1, 6)])
+    write_local(zone, "s1", [Rec(SHARD0, seq(i), good(i), T0 + i) for i in range(6, 9)])
+    write_local(zone, "s1", [Rec(SHARD1, seq(i), good(i), T0 + i) for i in range(1, 4)])
+    register(spark)
+    options = {"zone": str(zone), "stream": "s1", "window_start_ms": str(WINDOW[0]), "window_end_ms": str(WINDOW[1])}
+    batches = WindowRead.from_options(options).list_batches()
+    raw = spark.read.format(LANDING_FORMAT).options(**options, batches=batches_option(batches)).load()
+    distinct = distinct_records(raw, batches, 64 * 1024 * 1024)
+    assert "Exchange" not in _plan(distinct)
+    assert distinct.count() == 11 and distinct.where("_copies != 1").count() == 0
+
+
+def test_only_the_shards_with_overlapping_batches_are_shuffled_and_their_copies_counted(spark, landed, tmp_path):
+    from kcl_pipeline.transform.datasource import LANDING_FORMAT, WindowRead, batches_option, register
+    from kcl_pipeline.transform.job import distinct_records
+
+    register(spark)
+    options = {"zone": str(landed), "stream": "s1", "window_start_ms": str(WINDOW[0]),
+               "window_end_ms": str(WINDOW[1])}
+    batches = WindowRead.from_options(options).list_batches()
+    raw = spark.read.format(LANDING_FORMAT).options(**options, batches=batches_option(batches)).load()
+    distinct = distinct_records(raw, batches, 64 * 1024 * 1024)
+    plan = _plan(distinct)
+    exchanged = plan[plan.index("Exchange "):]
+    assert plan.count("Exchange ") == 1 and f"= {SHARD0})" in exchanged and SHARD1 not in plan  # shard 0 only
+    copies = {(r["shard_id"], r["sequence_number"], r["sub_sequence_number"]): r["_copies"] for r in distinct.collect()}
+    assert copies[(SHARD0, seq(4), 0)] == 2 and copies[(SHARD0, seq(5), 0)] == 2  # the re-landed range
+    assert all(n == 1 for k, n in copies.items() if k[0] == SHARD1) and len(copies) == 13

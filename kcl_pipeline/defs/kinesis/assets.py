@@ -181,7 +181,7 @@ def build_assets(partitions_def: TimeWindowPartitionsDefinition, window_ms: int)
     def transformed_records(context: AssetExecutionContext, consumer: KinesisConsumerResource, aws: AwsResource,
                             pyspark: SparkResource) -> MaterializeResult:
         from ...transform.job import transform_window
-        from ...transform.storage import S3Options
+        from ...landing.store import S3Options
 
         span = window_range(context, partitions_def, window_ms)
         settings = aws.settings()
