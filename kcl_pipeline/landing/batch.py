@@ -142,18 +142,47 @@ def _table(stream: str, shard_id: str, records: Sequence[UserRecord], arrivals: 
     ], schema=SCHEMA)
 
 
-def decode_batch(body: bytes, key: str = "?") -> pa.Table:
-    """The rows of a batch object, in SCHEMA; CorruptBatchError if it is not one."""
+_OPTIONAL_COLUMNS = frozenset({"stream", "explicit_hash_key"})
+_REQUIRED_VALUES = ("shard_id", "sequence_number", "sub_sequence_number", "data")
+
+
+def decode_batch(body: bytes | str, key: str = "?", stream: str | None = None) -> pa.Table:
+    """The rows of a batch object (its bytes, or a local file path), in SCHEMA: the one batch decoder
+    (`landing verify`, the audit, the Spark reader). CorruptBatchError if it is not readable Parquet."""
     try:
-        table = pq.read_table(pa.BufferReader(body))
+        table = pq.read_table(body if isinstance(body, str) else pa.BufferReader(body))
     except Exception as exc:
-        raise CorruptBatchError(f"landed object {key} is not readable Parquet: {exc}") from exc
-    if table.schema.remove_metadata() != SCHEMA.remove_metadata():
-        try:
-            table = table.select(SCHEMA.names).cast(SCHEMA)
-        except Exception as exc:
-            raise CorruptBatchError(f"landed object {key} does not have the batch schema: {exc}") from exc
-    return table
+        raise CorruptBatchError(f"landed batch {key} is not readable Parquet: {exc}") from exc
+    return conform(table, key, stream)
+
+
+def conform(table: pa.Table, key: str, stream: str | None = None) -> pa.Table:
+    """`table` in SCHEMA: columns selected and ordered, types cast (large or dictionary strings, other
+    timestamp units), an absent `explicit_hash_key` (and `stream`, when the reader knows it) filled in.
+    A missing column, an impossible cast or a null in a required column is a CorruptBatchError naming `key`."""
+    if table.schema.remove_metadata() == SCHEMA.remove_metadata():
+        columns = table.columns
+    else:
+        columns = []
+        for field in SCHEMA:
+            if field.name in table.column_names:
+                column = table.column(field.name)
+                try:
+                    columns.append(column if column.type == field.type else column.cast(field.type))
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                    raise CorruptBatchError(f"landed batch {key}: column {field.name} of type {column.type} "
+                                            f"cannot be read as {field.type}: {exc}") from exc
+            elif field.name in _OPTIONAL_COLUMNS and (field.name != "stream" or stream is not None):
+                fill = stream if field.name == "stream" else None
+                columns.append(pa.array([fill] * table.num_rows, field.type))
+            else:
+                raise CorruptBatchError(f"landed batch {key}: column {field.name} is missing "
+                                        f"(has {', '.join(table.column_names)})")
+    for name in _REQUIRED_VALUES:
+        column = columns[SCHEMA.get_field_index(name)]
+        if column.null_count:
+            raise CorruptBatchError(f"landed batch {key}: column {name} has {column.null_count} null values")
+    return pa.Table.from_arrays(columns, schema=SCHEMA)
 
 
 def info_from_metadata(metadata: pq.FileMetaData, key: BatchKey, size: int, where: str) -> BatchInfo:

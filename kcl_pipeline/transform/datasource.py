@@ -44,6 +44,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from ..kcl.record_batch import arrow_schema
+from ..landing.batch import decode_batch
 from ..landing.layout import MINUTE_MS, parse_batch_key, split_batch_keys, window_prefixes
 from ..landing.store import S3Options, ZoneStore, open_store
 
@@ -61,11 +62,6 @@ LANDING_ARROW_SCHEMA = pa.schema([
 _SPARK_TYPES = {pa.string(): "STRING", pa.int64(): "BIGINT", pa.binary(): "BINARY"}
 LANDING_SCHEMA_DDL = ", ".join(
     f"{f.name} {'TIMESTAMP' if pa.types.is_timestamp(f.type) else _SPARK_TYPES[f.type]}" for f in LANDING_ARROW_SCHEMA)
-_OPTIONAL_COLUMNS = frozenset({"stream", "explicit_hash_key"})
-
-
-class LandingBatchError(ValueError):
-    """A landed object that is not a readable batch of the landing schema."""
 
 
 # ---------------------------------------------------------------- pure planning
@@ -157,32 +153,6 @@ def check_window(start_ms: int, end_ms: int) -> None:
             f"window [{start_ms}, {end_ms}) is not whole minutes: landing batches are grouped by arrival minute")
 
 
-def conform_batch(table: pa.Table, key: str, stream: str) -> pa.Table:
-    """`table` in LANDING_ARROW_SCHEMA: columns selected and ordered, types cast (ms → us timestamps,
-    large/dictionary strings), optional columns filled. Anything else is a LandingBatchError naming the key."""
-    columns = []
-    for field in LANDING_ARROW_SCHEMA:
-        if field.name in table.column_names:
-            column = table.column(field.name)
-            try:
-                columns.append(column if column.type == field.type else column.cast(field.type))
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                raise LandingBatchError(
-                    f"landed batch {key}: column {field.name} of type {column.type} cannot be read as "
-                    f"{field.type}: {exc}") from exc
-        elif field.name in _OPTIONAL_COLUMNS:
-            fill = stream if field.name == "stream" else None
-            columns.append(pa.array([fill] * table.num_rows, field.type))
-        else:
-            raise LandingBatchError(f"landed batch {key}: column {field.name} is missing "
-                                    f"(has {', '.join(table.column_names)})")
-    for name in ("shard_id", "sequence_number", "sub_sequence_number", "data"):
-        column = columns[LANDING_ARROW_SCHEMA.get_field_index(name)]
-        if column.null_count:
-            raise LandingBatchError(f"landed batch {key}: column {name} has {column.null_count} null values")
-    return pa.Table.from_arrays(columns, schema=LANDING_ARROW_SCHEMA)
-
-
 # ---------------------------------------------------------------- reader
 
 @dataclass(frozen=True)
@@ -255,14 +225,9 @@ class LandingReader(DataSourceReader):
             return
         store = open_store(self.window.zone, s3=self.window.s3)
         for batch in batches:
-            path = store.local_path(batch.key)
-            try:
-                source = path if path else pa.BufferReader(store.get(batch.key))
-                table = pq.read_table(source)
-            except (pa.ArrowInvalid, OSError) as exc:
-                raise LandingBatchError(f"landed batch {batch.key} in {self.window.zone} is not readable "
-                                        f"Parquet: {exc}") from exc
-            yield from conform_batch(table, batch.key, self.window.stream).to_batches()
+            where = f"{batch.key} in {self.window.zone}"
+            table = decode_batch(store.local_path(batch.key) or store.get(batch.key), where, self.window.stream)
+            yield from table.cast(LANDING_ARROW_SCHEMA).to_batches()  # Spark's Arrow timestamps are micros
 
 
 # ---------------------------------------------------------------- writer

@@ -253,7 +253,10 @@ def transform_window(
     decoded = (decoded.withColumn("window_start", F.timestamp_millis(F.lit(window_start_ms)))
                # only quarantined rows need their raw bytes: a good row's payload is the same text
                .withColumn("data", F.when(F.col("reason").isNotNull(), F.col("data"))))
-    decoded.persist(StorageLevel.MEMORY_AND_DISK)  # three actions below; read, shuffle and parse once
+    # Three actions below: read, shuffle and parse once. On disk, serialised: the cache is as large as the
+    # window, and a heap-first cache of a window larger than the heap ends in OutOfMemoryError (measured:
+    # a 5 GB window with a 2 GB driver, MEMORY_AND_DISK; benchmarks/bench_transform.py --gb 5).
+    decoded.persist(StorageLevel.DISK_ONLY)
     try:
         position = F.struct(F.length("sequence_number").alias("len"), "sequence_number", "sub_sequence_number")
         shard_rows = decoded.groupBy("shard_id").agg(

@@ -9,6 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import functions as F
 
+from kcl_pipeline.landing.batch import SCHEMA, conform
+from kcl_pipeline.landing.errors import CorruptBatchError
 from kcl_pipeline.landing.layout import minute_prefix
 from kcl_pipeline.transform.datasource import (
     LANDING_ARROW_SCHEMA,
@@ -16,11 +18,9 @@ from kcl_pipeline.transform.datasource import (
     LANDING_SCHEMA_DDL,
     MANIFEST,
     OUTPUT_FORMAT,
-    LandingBatchError,
     WindowBatch,
     WindowRead,
     check_window,
-    conform_batch,
     plan_partitions,
     register,
     select_window_batches,
@@ -91,7 +91,7 @@ def test_window_read_options():
 
 # ------------------------------------------------------------------ conforming batches (pure)
 
-def test_conform_batch_casts_to_the_landing_schema():
+def test_one_decoder_conforms_a_batch_to_the_landing_schema():
     records = [Rec(SHARD0, seq(1), b"{}", T0 + 1234, sub_sequence_number=3)]
     table = batch_table("s1", records)
     table = table.drop_columns(["stream", "explicit_hash_key"])
@@ -99,8 +99,8 @@ def test_conform_batch_casts_to_the_landing_schema():
                              pa.array([SHARD0]).dictionary_encode())
     table = table.set_column(table.schema.get_field_index("sequence_number"), "sequence_number",
                              pa.array([seq(1)], pa.large_string()))
-    out = conform_batch(table.select(list(reversed(table.column_names))), "k", "s1")
-    assert out.schema == LANDING_ARROW_SCHEMA
+    out = conform(table.select(list(reversed(table.column_names))), "k", "s1")
+    assert out.schema == SCHEMA and out.cast(LANDING_ARROW_SCHEMA).schema == LANDING_ARROW_SCHEMA
     row = out.to_pylist()[0]
     assert (row["stream"], row["shard_id"], row["sequence_number"], row["sub_sequence_number"],
             row["explicit_hash_key"]) == ("s1", SHARD0, seq(1), 3, None)
@@ -112,10 +112,14 @@ def test_conform_batch_casts_to_the_landing_schema():
     (lambda t: t.set_column(1, "shard_id", pa.array([None], pa.string())), "column shard_id has 1 null values"),
     (lambda t: t.set_column(7, "data", pa.array([[1]], pa.list_(pa.int8()))), "column data of type list"),
 ])
-def test_conform_batch_rejects_what_is_not_a_landing_batch(mutate, message):
+def test_one_decoder_rejects_what_is_not_a_landing_batch(mutate, message):
     table = mutate(batch_table("s1", [Rec(SHARD0, seq(1), b"{}", T0)]))
-    with pytest.raises(LandingBatchError, match=f"landed batch some/key: {message}"):
-        conform_batch(table, "some/key", "s1")
+    with pytest.raises(CorruptBatchError, match=f"landed batch some/key: {message}"):
+        conform(table, "some/key", "s1")
+    if "data" in table.column_names and "stream" in table.column_names:
+        return
+    with pytest.raises(CorruptBatchError, match="column (data|stream) is missing"):
+        conform(table.drop_columns(["stream"]), "some/key")  # without the reader's stream, stream is required
 
 
 # ------------------------------------------------------------------ the reader in Spark
