@@ -160,6 +160,8 @@ def main() -> None:
     ap.add_argument("--record-bytes", type=int, default=0, help="pad each JSON payload to this size (0: ~100 B)")
     ap.add_argument("--overlap-percent", type=float, default=1.0,
                     help="records landed twice per batch (0: fenced landing, nothing to dedupe)")
+    ap.add_argument("--landing-reader", default="auto", choices=("auto", "native", "datasource"),
+                    help="auto: Spark's own Parquet reader for this directory zone; datasource: the Python data source")
     args = ap.parse_args()
     if args.gb:
         args.records = int(args.gb * 1e9 / max(args.record_bytes, 100))
@@ -185,7 +187,8 @@ def main() -> None:
             t = time.perf_counter()
             with PeakMemory() as peak:
                 report = transform_window(spark, zone=str(zone), stream=STREAM, window_start_ms=T0,
-                                          window_end_ms=T0 + MINUTES * 60_000, output_uri=str(out), decoder=decoder)
+                                          window_end_ms=T0 + MINUTES * 60_000, output_uri=str(out), decoder=decoder,
+                                          landing_reader=args.landing_reader)
             wall = time.perf_counter() - t
             assert report.rows_in == landed, (report.rows_in, landed)
             assert report.duplicates_dropped == duplicates, (report.duplicates_dropped, duplicates)
@@ -193,7 +196,7 @@ def main() -> None:
             assert report.rows_in == report.rows_out + report.duplicates_dropped + report.quarantined
             rate = report.rows_in / wall
             best[decoder] = max(best.get(decoder, 0.0), rate) if label != "cold" else best.get(decoder, 0.0)
-            print(f"{label:<6} decoder={decoder:<10} {report.rows_in:,} records in {wall:5.1f} s = {rate:9,.0f} "
+            print(f"{label:<6} reader={args.landing_reader} decoder={decoder:<10} {report.rows_in:,} records in {wall:5.1f} s = {rate:9,.0f} "
                   f"records/s (out {report.rows_out:,}, duplicates {report.duplicates_dropped:,}, "
                   f"quarantined {report.quarantined:,}); {payload_bytes / wall / 1e6:.1f} MB/s of payloads; peak RSS "
                   f"JVM {peak.jvm:,} MiB, Python workers {peak.workers:,} MiB, together {peak.total:,} MiB",

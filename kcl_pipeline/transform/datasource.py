@@ -45,7 +45,7 @@ from pyspark.sql.types import StructType
 
 from ..kcl.record_batch import arrow_schema
 from ..landing.batch import decode_batch
-from ..landing.layout import MINUTE_MS, parse_batch_key, split_batch_keys, window_prefixes
+from ..landing.layout import MINUTE_MS, Zone, parse_batch_key, split_batch_keys, window_prefixes
 from ..landing.store import S3Options, ZoneStore, open_store
 
 LANDING_FORMAT = "kcl_landing"
@@ -350,6 +350,41 @@ class PartitionWriter(DataSourceArrowWriter):
         raw = store.get_optional(f"{self.target.partition}/{MANIFEST}")
         if raw is None or json.loads(raw).get("job_id") != self.job_id:  # our run was not committed
             store.delete_prefix(self.run_prefix)
+
+
+# ---------------------------------------------------------------- native read
+
+LANDING_READERS = ("auto", "native", "datasource")
+
+
+def use_native_reader(zone: str, reader: str) -> bool:
+    """Whether Spark reads the zone's Parquet itself (`spark.read.parquet`) instead of through the Python data
+    source: "auto" does for a directory zone (executors of a local session, or of a cluster on a shared path,
+    see it as the driver does); an s3:// zone needs reader="native" and hadoop-aws (s3a) on the cluster."""
+    if reader not in LANDING_READERS:
+        raise ValueError(f"landing reader {reader!r}: expected one of {', '.join(LANDING_READERS)}")
+    if reader == "auto":
+        return Zone.parse(zone).scheme == "file"
+    return reader == "native"
+
+
+def native_paths(zone: str, batches: Sequence[WindowBatch]) -> list[str]:
+    """The batches as paths Spark's own Parquet reader opens (file:// or s3a://)."""
+    parsed = Zone.parse(zone)
+    if parsed.scheme == "file":
+        return [f"file://{parsed.root}/{b.key}" for b in batches]
+    return [f"s3a://{parsed.bucket}/{parsed.full_key(b.key)}" for b in batches]
+
+
+def read_native(spark, zone: str, stream: str, batches: Sequence[WindowBatch]):
+    """The listed batches through `spark.read.parquet`, in the landing schema (a missing `stream` column is the
+    stream read; a missing `explicit_hash_key` is null), like the data source's rows."""
+    from pyspark.sql import functions as F
+
+    if not batches:
+        return spark.createDataFrame([], LANDING_SCHEMA_DDL)
+    df = spark.read.schema(LANDING_SCHEMA_DDL).parquet(*native_paths(zone, batches))
+    return df.withColumn("stream", F.coalesce(F.col("stream"), F.lit(stream)))
 
 
 def register(spark) -> None:

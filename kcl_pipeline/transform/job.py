@@ -48,8 +48,10 @@ from .datasource import (
     batches_option,
     check_window,
     overlapping_shards,
+    read_native,
     register,
     shuffle_partitions,
+    use_native_reader,
 )
 from ..landing.errors import ZoneNotFoundError
 from ..landing.layout import parse_batch_key
@@ -223,12 +225,16 @@ def transform_window(
     decoder: Union[str, DecoderFn] = "json",
     s3_options: S3Options | None = None,
     max_partition_bytes: int | None = None,
+    landing_reader: str = "auto",
 ) -> TransformReport:
     """Transform the window [window_start_ms, window_end_ms) of `stream` landed in `zone` into `output_uri`.
 
     Raises ZoneNotFoundError when the zone (bucket or directory) or the output bucket does not exist,
-    ValueError for a window that is not whole minutes or an unknown decoder."""
+    ValueError for a window that is not whole minutes or an unknown decoder. `landing_reader`: "native" reads
+    the batches with Spark's own Parquet reader (a directory zone under "auto"; s3:// needs s3a on the
+    cluster), "datasource" through the Python data source (boto3 on the executors: any cluster, any S3)."""
     check_window(window_start_ms, window_end_ms)
+    native = use_native_reader(zone, landing_reader)
     decode_fn = get_decoder(decoder)
     s3 = s3_options or S3Options()
     open_store(zone, s3=s3).check_exists()
@@ -247,7 +253,8 @@ def transform_window(
     batches = WindowRead.from_options(options).list_batches()
     options[BATCHES_OPTION] = batches_option(batches)
 
-    raw = spark.read.format(LANDING_FORMAT).options(**options).load()
+    raw = (read_native(spark, zone, stream, batches) if native
+           else spark.read.format(LANDING_FORMAT).options(**options).load())
     distinct = distinct_records(raw, batches, max_partition_bytes or DEFAULT_MAX_PARTITION_BYTES)
     decoded, extra = _decode(distinct, decode_fn)
     decoded = (decoded.withColumn("window_start", F.timestamp_millis(F.lit(window_start_ms)))

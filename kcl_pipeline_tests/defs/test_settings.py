@@ -25,6 +25,9 @@ def test_defaults():
     assert s.partitions_start == datetime(2026, 11, 15, tzinfo=timezone.utc)
     assert (s.create_zones, s.sensor_interval_seconds, s.keepalive_seconds) == (False, 20, 60.0)
     assert s.landing_uri.startswith("s3://") and s.spark_master == "local[*]" and s.worker_id is None
+    assert s.landing_reader == "auto"
+    assert PipelineSettings.from_env(env(PARTITIONS_START="2026-11-15", LANDING_READER="Native"),
+                                     now=NOW).landing_reader == "native"
 
 
 def test_demo_profile_and_overrides():
@@ -69,6 +72,7 @@ def test_the_partitions_start_is_required_outside_the_demo_and_never_moves_with_
     (env(SPARK_CONF="{"), "SPARK_CONF is not JSON"),
     (env(STREAM="bad name!"), "stream 'bad name!' must be"),
     (env(GRACE_SECONDS="-1"), "GRACE_SECONDS must be >= 0"),
+    (env(LANDING_READER="s3a"), "LANDING_READER must be one of auto, native, datasource, got 's3a'"),
 ])
 def test_bad_settings_say_what_is_wrong(values, message):
     with pytest.raises(ConfigError, match=message):

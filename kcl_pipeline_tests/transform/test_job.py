@@ -264,3 +264,32 @@ def test_only_the_shards_with_overlapping_batches_are_shuffled_and_their_copies_
     copies = {(r["shard_id"], r["sequence_number"], r["sub_sequence_number"]): r["_copies"] for r in distinct.collect()}
     assert copies[(SHARD0, seq(4), 0)] == 2 and copies[(SHARD0, seq(5), 0)] == 2  # the re-landed range
     assert all(n == 1 for k, n in copies.items() if k[0] == SHARD1) and len(copies) == 13
+
+
+# ------------------------------------------------------------------ the native read path
+
+def _sorted_rows(table):
+    return sorted(table.to_pylist(), key=lambda r: (r["shard_id"], len(r["sequence_number"]), r["sequence_number"],
+                                                    r["sub_sequence_number"]))
+
+
+def test_the_native_parquet_reader_and_the_data_source_transform_a_window_identically(spark, landed, tmp_path):
+    native = run(spark, landed, tmp_path / "native", landing_reader="native")
+    source = run(spark, landed, tmp_path / "source", landing_reader="datasource")
+    assert native == source.__class__(**{**source.__dict__, "output_path": native.output_path,
+                                         "quarantine_path": native.quarantine_path})
+    a, b = read_output(None, str(tmp_path / "native"), T0), read_output(None, str(tmp_path / "source"), T0)
+    assert a.transformed.schema == b.transformed.schema
+    assert _sorted_rows(a.transformed) == _sorted_rows(b.transformed)
+    assert _sorted_rows(a.quarantine) == _sorted_rows(b.quarantine)
+
+
+def test_the_landing_reader_is_chosen_by_zone_and_setting():
+    from kcl_pipeline.transform.datasource import native_paths, use_native_reader, WindowBatch
+
+    assert use_native_reader("/data/zone", "auto") and not use_native_reader("s3://b/z", "auto")
+    assert use_native_reader("s3://b/z", "native") and not use_native_reader("/data/zone", "datasource")
+    with pytest.raises(ValueError, match="landing reader 'fast': expected one of auto, native, datasource"):
+        use_native_reader("/z", "fast")
+    assert native_paths("s3://b/z", [WindowBatch("s/dt=x/k.parquet", 1)]) == ["s3a://b/z/s/dt=x/k.parquet"]
+    assert native_paths("/data/zone", [WindowBatch("s/k.parquet", 1)]) == ["file:///data/zone/s/k.parquet"]

@@ -198,7 +198,7 @@ def build_assets(partitions_def: TimeWindowPartitionsDefinition, window_ms: int)
             report = transform_window(spark, zone=consumer.landing_uri, stream=consumer.stream,
                                       window_start_ms=start, window_end_ms=start + window_ms,
                                       output_uri=consumer.output_uri, decoder=consumer.decoder,
-                                      s3_options=s3_options)
+                                      s3_options=s3_options, landing_reader=consumer.landing_reader)
             context.log.info(f"window {start}: {report.rows_in} rows in, {report.rows_out} out, "
                              f"{report.duplicates_dropped} duplicates, {report.quarantined} quarantined")
             for name in totals:

@@ -68,6 +68,7 @@ class KinesisConsumerResource(ConfigurableResource):
     metrics_namespace: Optional[str] = consumer_default("metrics_namespace")
     metrics_naming: str = consumer_default("metrics_naming")
     decoder: str = PipelineSettings.decoder
+    landing_reader: str = PipelineSettings.landing_reader
     # True: the sensor runs this deployment's lease manager and its workers; False: an observer (reports
     # windows and requests runs; the fleet is `kcl-pipeline consume --checkpoint-by dagster` members elsewhere).
     host_workers: bool = True
@@ -108,7 +109,7 @@ class KinesisConsumerResource(ConfigurableResource):
                    heartbeat_seconds=settings.heartbeat_seconds, lease_expiry_seconds=settings.lease_expiry_seconds,
                    max_leases=settings.max_leases, grace_seconds=settings.grace_seconds,
                    metrics_namespace=settings.metrics_namespace, metrics_naming=settings.metrics_naming,
-                   decoder=settings.decoder)
+                   decoder=settings.decoder, landing_reader=settings.landing_reader)
 
     @property
     def window_ms(self) -> int:

@@ -31,6 +31,7 @@ checkpoint moved past them.
     KCL_PIPELINE_METRICS_NAMESPACE        CloudWatch namespace (unset: no CloudWatch metrics)
     KCL_PIPELINE_METRICS_NAMING           pipeline | kcl (Java KCL's metric names and dimensions)
     KCL_PIPELINE_DECODER                  payload decoder of the transform    (json)
+    KCL_PIPELINE_LANDING_READER           auto | native | datasource: how Spark reads the zone (auto)
     KCL_PIPELINE_SPARK_MASTER             Spark master                        (local[*])
     KCL_PIPELINE_SPARK_CONF               extra Spark settings, a JSON object
     AWS_REGION, AWS_PROFILE, AWS_ENDPOINT_URL[_KINESIS|_DYNAMODB|_S3|_CLOUDWATCH]  where AWS is (read by the SDK)
@@ -80,6 +81,9 @@ class PipelineSettings:
     metrics_namespace: str | None = None
     metrics_naming: str = consumer_default("metrics_naming")
     decoder: str = "json"
+    # auto: Spark's own Parquet reader for a directory zone, the Python data source for s3:// (no s3a in
+    # PyPI's pyspark); native for s3:// needs hadoop-aws on the cluster.
+    landing_reader: str = "auto"
     spark_master: str = "local[*]"
     spark_conf: Mapping[str, str] = field(default_factory=dict)
 
@@ -175,11 +179,19 @@ class PipelineSettings:
             metrics_namespace=get("METRICS_NAMESPACE"),
             metrics_naming=get("METRICS_NAMING", d["metrics_naming"]).lower(),
             decoder=get("DECODER", d["decoder"]),
+            landing_reader=_choice(get("LANDING_READER", d["landing_reader"]), "LANDING_READER",
+                                   ("auto", "native", "datasource")),
             spark_master=get("SPARK_MASTER", d["spark_master"]),
             spark_conf=_json_object(get("SPARK_CONF"), "SPARK_CONF"),
         )
         settings.check_partition_count(now)
         return settings
+
+
+def _choice(value: str, name: str, allowed: tuple[str, ...]) -> str:
+    if value.lower() not in allowed:
+        raise ConfigError(f"{PREFIX}{name} must be one of {', '.join(allowed)}, got {value!r}")
+    return value.lower()
 
 
 def _defaults(cls) -> dict[str, object]:
