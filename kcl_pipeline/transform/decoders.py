@@ -82,7 +82,10 @@ def json_object_reasons(data: pa.Array) -> pa.Array:
     )
 
 
-_json_reason_udf = F.arrow_udf(json_object_reasons, StringType())
+def _json_reason_udf(data: Column) -> Column:
+    # Made at each use, never at import: a UDF object is classic or Spark Connect by the session alive when
+    # it is created, and this module is imported before any session exists.
+    return F.arrow_udf(json_object_reasons, StringType())(data)
 
 
 def _with_fields(payload: Column, reason: Column, schema: StructType | str | None) -> Column:

@@ -136,10 +136,17 @@ def spark_session_conf(python_executable: str | None = None, *, shuffle_partitio
 
 def build_local_session(master: str = "local[2]", app_name: str = "kcl-pipeline-transform",
                         **extra_conf: str) -> SparkSession:
-    """A SparkSession for tests, benchmarks and the CLI (Dagster builds its own through PySparkResource).
+    """A SparkSession for tests, benchmarks and the CLI (Dagster builds its own through PySparkResource):
+    `local[N]`, `spark://host:port` (standalone) or `sc://host:port` (Spark Connect).
 
     Sets PYSPARK_PYTHON to this interpreter in the environment first: classic PySpark takes the Python
     workers' interpreter from it, not from spark.pyspark.python."""
+    if master.startswith("sc://"):  # Spark Connect: the server owns the context; only session settings travel
+        builder = SparkSession.builder.remote(master)
+        for key, value in {**spark_session_conf(None), **extra_conf}.items():
+            if key.startswith("spark.sql."):
+                builder = builder.config(key, value)
+        return builder.getOrCreate()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.master(master).appName(app_name)
     local = master.startswith("local")

@@ -151,6 +151,17 @@ def test_spark_config_does_not_force_the_driver_python_on_a_cluster():
     assert local["spark.pyspark.python"] == sys.executable
 
 
+def test_spark_config_for_spark_connect_names_the_remote_and_sends_only_session_settings():
+    s = PipelineSettings.from_env({"KCL_PIPELINE_SPARK_MASTER": "sc://h:15002",
+                                   "KCL_PIPELINE_PARTITIONS_START": "2026-11-15",
+                                   "KCL_PIPELINE_SPARK_CONF": '{"spark.executor.memory": "2g", '
+                                                              '"spark.sql.shuffle.partitions": "64"}'}, now=NOW)
+    conf = spark_config(s)
+    assert conf["spark.remote"] == "sc://h:15002" and "spark.master" not in conf
+    assert conf["spark.sql.shuffle.partitions"] == "64" and conf["spark.sql.session.timeZone"] == "UTC"
+    assert all(k == "spark.remote" or k.startswith("spark.sql.") for k in conf)  # no context settings
+
+
 class FakeSession:
     def __init__(self):
         self.stopped = False

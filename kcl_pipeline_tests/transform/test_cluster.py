@@ -125,3 +125,48 @@ def test_standalone_cluster_writes_the_local_sessions_bytes(spark, standalone_cl
         "rows_in": local.rows_in, "rows_out": local.rows_out, "quarantined": local.quarantined}
     for dataset in ("transformed", "quarantine"):
         assert dataset_bytes(cluster_out, dataset) == dataset_bytes(local_out, dataset), dataset
+
+
+# ------------------------------------------------------------------ Spark Connect
+
+@pytest.fixture(scope="module")
+def connect_server(tmp_path_factory):
+    """A Spark Connect server (pyspark's own SparkConnectServer, what sbin/start-connect-server.sh runs) on
+    loopback, its Python workers running this interpreter with this repository importable."""
+    logs = tmp_path_factory.mktemp("spark-connect")
+    port = free_port()
+    log = logs / "connect.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [str(SPARK_HOME / "bin" / "spark-submit"), "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
+             "--master", "local[2]", "--conf", f"spark.connect.grpc.binding.port={port}",
+             "--conf", "spark.connect.grpc.binding.address=127.0.0.1", "--conf", "spark.driver.host=127.0.0.1",
+             "--conf", "spark.ui.enabled=false", "--conf", "spark.driver.memory=1g", "spark-internal"],
+            stdout=out, stderr=subprocess.STDOUT, env=spark_env())
+    try:
+        wait_for(log, "Spark Connect server started", proc, "the Spark Connect server", limit_s=120)
+        yield f"sc://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def test_spark_connect_writes_the_local_sessions_bytes(spark, connect_server, zone, tmp_path):
+    pytest.importorskip("grpc", reason="the Spark Connect client needs pyspark's [connect] dependencies")
+    for reader in ("native", "datasource"):  # each read path against the local session's, same path
+        local_out, out = tmp_path / "local" / reader, tmp_path / "connect" / reader
+        local = transform_window(spark, zone=str(zone), stream="s1", window_start_ms=WINDOW[0],
+                                 window_end_ms=WINDOW[1], output_uri=str(local_out), landing_reader=reader)
+        done = subprocess.run([sys.executable, "-c", CLUSTER_RUN.replace("output_uri=out)", f"output_uri=out, "
+                                                                         f"landing_reader={reader!r})"),
+                               connect_server, str(zone), str(out), str(WINDOW[0]), str(WINDOW[1])],
+                              env=spark_env(), capture_output=True, timeout=600, cwd=REPO)
+        assert done.returncode == 0, done.stderr.decode(errors="replace")[-4000:]
+        remote = json.loads(done.stdout.decode().strip().splitlines()[-1])
+        assert {k: remote[k] for k in ("rows_in", "rows_out", "quarantined")} == {
+            "rows_in": local.rows_in, "rows_out": local.rows_out, "quarantined": local.quarantined}
+        for dataset in ("transformed", "quarantine"):
+            assert dataset_bytes(out, dataset) == dataset_bytes(local_out, dataset), (reader, dataset)

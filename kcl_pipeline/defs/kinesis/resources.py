@@ -169,6 +169,10 @@ class SparkResource(PySparkResource):
 def spark_config(settings: PipelineSettings, python: str = sys.executable) -> dict[str, Any]:
     from ...transform.job import spark_session_conf
 
+    if settings.spark_master.startswith("sc://"):  # Spark Connect: the server's context; session settings only
+        return {"spark.remote": settings.spark_master,
+                **{k: v for k, v in {**spark_session_conf(None), **dict(settings.spark_conf)}.items()
+                   if k.startswith("spark.sql.")}}
     return {"spark.master": settings.spark_master, "spark.app.name": "kcl-pipeline",
             "spark.ui.enabled": "false",
             # the interpreter is pinned only for a local session (a cluster's executors bring their own)
