@@ -20,6 +20,7 @@ import os
 import random
 import resource
 import shutil
+import sys
 import tempfile
 import time
 from datetime import datetime, timezone
@@ -93,7 +94,7 @@ def land(replay, zone: str) -> dict:
     for response in replay:
         users = kpl.deaggregate_batch(response, SHARD, None, stats)
         records += len(users)
-        data_bytes += sum(len(u.data) for u in users)
+        data_bytes += sum(map(len, users.data))
         sink.process_records(ProcessRecordsInput(users, 60_000, checkpointer))
     sink.shutdown_requested(checkpointer)
     return {"cpu": time.process_time() - cpu0, "wall": time.perf_counter() - wall0, "records": records,
@@ -135,29 +136,42 @@ def _vm_hwm_kb() -> int | None:
     return None
 
 
-def _rss_child(records: int, record_bytes: int, zone: str, out) -> None:
+class _NoPandas:
+    """A meta path finder for which pandas is not installed."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "pandas" or name.startswith("pandas."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+def _rss_child(records: int, record_bytes: int, zone: str, out, without_pandas: bool = False) -> None:
     import kcl_pipeline.kcl.worker  # noqa: F401 - everything a lease worker process imports
     import kcl_pipeline.landing.sink  # noqa: F401
 
+    if without_pandas:
+        # What a core install (no pandas) sees: pyarrow imports pandas on its first list conversion when
+        # pandas is installed (the [connect] and [dev] extras bring it), ~45 MB more per worker.
+        sys.meta_path.insert(0, _NoPandas())
     baseline = _vm_hwm_kb()
     result = land(responses(records, record_bytes), zone)
     out.put((baseline, _vm_hwm_kb(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, result))
 
 
-def peak_rss(args) -> None:
+def peak_rss(args, without_pandas: bool = False) -> None:
     """Run first, from a small parent: a spawned child's ru_maxrss starts at its parent's RSS."""
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     zone = tempfile.mkdtemp(prefix="bench-landing-rss-")
     try:
-        proc = ctx.Process(target=_rss_child, args=(args.records, args.record_bytes, zone, queue))
+        proc = ctx.Process(target=_rss_child, args=(args.records, args.record_bytes, zone, queue, without_pandas))
         proc.start()
         baseline, hwm, maxrss, result = queue.get(timeout=900)
         proc.join(60)
     finally:
         shutil.rmtree(zone)
     own = f"{hwm / 1024:.0f} MB (VmHWM), " if hwm else ""
-    print(f"worker peak RSS, backlog of {result['records']} records ({result['bytes'] / 2**20:.0f} MB): "
+    print(f"worker peak RSS{' (pandas not installed)' if without_pandas else ''}, backlog of {result['records']} records ({result['bytes'] / 2**20:.0f} MB): "
           f"{own}{maxrss / 1024:.0f} MB (ru_maxrss); after imports {(baseline or 0) / 1024:.0f} MB; goal <= 150 MB")
 
 
@@ -171,6 +185,7 @@ def main() -> None:
     print(f"python {os.sys.version.split()[0]}, {os.cpu_count()} CPUs")
     if not args.skip_rss:
         peak_rss(args)
+        peak_rss(args, without_pandas=True)
     throughput(args)
 
 

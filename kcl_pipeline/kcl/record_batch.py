@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import operator
 from bisect import bisect_right
+from functools import lru_cache
 from itertools import accumulate, chain, count, repeat
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence, overload
 
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 
+@lru_cache(maxsize=1)
 def arrow_schema() -> "pa.Schema":
     """The landing schema: the one declaration (landing/batch.py's SCHEMA and the transform's Spark view
     derive from it)."""

@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..kcl.model import Checkpoint, UserRecord
-from ..kcl.record_batch import arrow_schema
+from ..kcl.record_batch import UserRecordBatch, arrow_schema
 from .errors import CorruptBatchError
 from .layout import BatchKey, minute_of
 
@@ -92,27 +92,30 @@ class BatchInfo:
 
 def encode_batch(stream: str, shard_id: str, records: Sequence[UserRecord], prev: Checkpoint | None,
                  compression: str = "zstd", prev_key: str | None = None) -> EncodedBatch:
-    """One batch object. `records` are consecutive records of `shard_id`, in shard order, of one minute;
-    `prev_key` is the key of the batch ending at `prev`, so the chain can be followed back directly."""
+    """One batch object. `records` are consecutive records of `shard_id`, in shard order, of one minute —
+    a columnar UserRecordBatch (what the reader delivers: it goes to Arrow without a Python object per
+    record) or any sequence of UserRecords; `prev_key` is the key of the batch ending at `prev`, so the
+    chain can be followed back directly."""
     if not records:
         raise ValueError("a batch needs at least one record")
-    first, last = records[0], records[-1]
-    minute = minute_of(first.approximate_arrival_timestamp_ms)
-    if minute_of(last.approximate_arrival_timestamp_ms) != minute:
+    batch = records if isinstance(records, UserRecordBatch) else UserRecordBatch.from_records(shard_id, records)
+    arrivals = batch.run_arrival_ms
+    minute = minute_of(arrivals[0])
+    if minute_of(arrivals[-1]) != minute:
         # Cheap guard on the caller (the sink flushes at every minute change); a full scan would cost more.
-        raise ValueError(f"batch spans two arrival minutes ({first.approximate_arrival_timestamp_ms} .. "
-                         f"{last.approximate_arrival_timestamp_ms})")
-    n = len(records)
-    arrivals = [r.approximate_arrival_timestamp_ms for r in records]
-    key = BatchKey(stream, shard_id, minute, first.checkpoint, last.checkpoint)
+        raise ValueError(f"batch spans two arrival minutes ({arrivals[0]} .. {arrivals[-1]})")
+    n = len(batch)
+    first, last = batch[0].checkpoint, batch.last
+    key = BatchKey(stream, shard_id, minute, first, last)
     meta = {
         "batch_format": FORMAT_VERSION, "stream": stream, "shard_id": shard_id,
         "prev": format_position(prev), "first": format_position(key.first), "last": format_position(key.last),
         "rows": str(n), "minute": str(minute), "prev_key": prev_key or "",
         "first_arrival_ms": str(min(arrivals)), "last_arrival_ms": str(max(arrivals)),
     }
-    # Row groups of about ROW_GROUP_BYTES: only one group's Arrow copy of the records exists at a time.
-    data_bytes = sum(len(r.data) for r in records)
+    # Row groups of about ROW_GROUP_BYTES of data, converted one at a time: only one group's Arrow copy of
+    # the records exists at once (a worker's peak memory is budgeted on that).
+    data_bytes = sum(map(len, batch.data))
     group = max(1, min(n, n * ROW_GROUP_BYTES // max(1, data_bytes)))
     sink = pa.BufferOutputStream(memory_pool=_POOL)
     # store_schema=False: the Parquet types already say everything (UTC millis); a smaller footer.
@@ -121,25 +124,9 @@ def encode_batch(stream: str, shard_id: str, records: Sequence[UserRecord], prev
                           write_statistics=["sequence_number", "approximate_arrival_timestamp"],
                           store_schema=False, memory_pool=_POOL) as writer:
         for i in range(0, n, group):
-            writer.write_table(_table(stream, shard_id, records[i:i + group], arrivals[i:i + group]),
-                               row_group_size=group)
+            writer.write_table(batch[i:i + group].to_arrow(stream, memory_pool=_POOL), row_group_size=group)
         writer.add_key_value_metadata({f"{_META}{k}": v for k, v in meta.items()})
     return EncodedBatch(key, sink.getvalue().to_pybytes(), n, prev, max(arrivals))
-
-
-def _table(stream: str, shard_id: str, records: Sequence[UserRecord], arrivals: list[int]) -> pa.Table:
-    n = len(records)
-    pool = _POOL
-    return pa.Table.from_arrays([
-        pa.array([stream] * n, pa.string(), memory_pool=pool),
-        pa.array([shard_id] * n, pa.string(), memory_pool=pool),
-        pa.array([r.sequence_number for r in records], pa.string(), memory_pool=pool),
-        pa.array([r.sub_sequence_number for r in records], pa.int64(), memory_pool=pool),
-        pa.array([r.partition_key for r in records], pa.string(), memory_pool=pool),
-        pa.array([r.explicit_hash_key for r in records], pa.string(), memory_pool=pool),
-        pa.array(arrivals, pa.timestamp("ms", tz="UTC"), memory_pool=pool),
-        pa.array([r.data for r in records], pa.binary(), memory_pool=pool),
-    ], schema=SCHEMA)
 
 
 _OPTIONAL_COLUMNS = frozenset({"stream", "explicit_hash_key"})

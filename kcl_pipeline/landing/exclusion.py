@@ -19,6 +19,7 @@ from .layout import BatchKey
 class Run:
     prev: Checkpoint | None
     records: Sequence[UserRecord]
+    start: int = 0  # index of its first record in the records excluded from
 
 
 @dataclass(frozen=True)
@@ -31,9 +32,15 @@ class Exclusion:
 def exclude_landed(records: Sequence[UserRecord], prev: Checkpoint | None,
                    landed: Sequence[BatchKey]) -> Exclusion:
     """Split `records` (consecutive, in shard order; `prev` delivered just before the first) around `landed`."""
+    if not records:
+        return Exclusion([], [], None)
     if not landed:
-        return Exclusion([Run(prev, records)] if records else [], [], None)
+        return Exclusion([Run(prev, records)], [], None)
     spans = sorted(landed, key=lambda b: b.first.key())
+    if max(b.last.key() for b in spans) < records[0].position() or spans[0].first.key() > records[-1].position():
+        # The usual flush: the minute's batches so far all precede the buffer (or all follow it). Records
+        # are in shard order, so none is covered; no record is looked at.
+        return Exclusion([Run(prev, records)], [], None)
     firsts = [b.first.key() for b in spans]
     # Running maximum of the lasts, so a (corrupt-zone) overlapping listing still counts as covering.
     widest: list[BatchKey] = []
@@ -53,11 +60,11 @@ def exclude_landed(records: Sequence[UserRecord], prev: Checkpoint | None,
                 start, run_prev = i, (records[i - 1].checkpoint if i else prev)
         else:
             if start is not None:
-                runs.append(Run(run_prev, records[start:i]))
+                runs.append(Run(run_prev, records[start:i], start))
                 start = None
             if not covering or covering[-1] != cover:
                 covering.append(cover)
         last_cover = cover
     if start is not None:
-        runs.append(Run(run_prev, records[start:]))
+        runs.append(Run(run_prev, records[start:], start))
     return Exclusion(runs, covering, last_cover)

@@ -35,12 +35,16 @@ from __future__ import annotations
 
 import logging
 import time
+from bisect import bisect_right
 from dataclasses import dataclass, field, replace
+from itertools import accumulate
+from operator import add
 from typing import Any, Callable, Mapping
 
 from ..kcl.aws import AwsSettings
 from ..kcl.model import Checkpoint, UserRecord
 from ..kcl.processor import Checkpointer, InitializationInput, ProcessRecordsInput
+from ..kcl.record_batch import UserRecordBatch
 from .batch import COMPRESSIONS, BatchInfo, encode_batch, read_batch_info
 from .errors import CorruptBatchError, LandingConfigError, LandingError
 from .exclusion import exclude_landed
@@ -140,7 +144,9 @@ class LandingProcessor:
         self._start_prev: Checkpoint | None = None
         self._tail: tuple[Checkpoint, str] | None = None  # the last landed batch we know: (its last, its key)
         self._last_delivered: UserRecord | None = None
-        self._buffer: list[UserRecord] = []
+        # The buffer: columnar slices of the delivered batches (never one Python object per record).
+        self._segments: list[UserRecordBatch] = []
+        self._buffer_count = 0
         self._buffer_bytes = 0
         self._buffer_minute = 0
         self._buffer_prev: Checkpoint | None = None
@@ -204,24 +210,24 @@ class LandingProcessor:
         polled_at = batch.service_time_ms if batch.service_time_ms is not None else int(self._clock() * 1000)
         self._last_poll = (polled_at, batch.millis_behind_latest)
         self._flush_if_due()
-        if not self._buffer:
+        if not self._buffer_count:
             self._settle_poll()
 
     def tick(self) -> None:
         """Flush a buffer that is old enough (for workers that do not deliver empty polls)."""
         if not self._closed:
             self._flush_if_due()
-            if not self._buffer:
+            if not self._buffer_count:
                 self._settle_poll()
 
     def flush(self) -> None:
-        if self._buffer and not self._closed:
+        if self._buffer_count and not self._closed:
             self._flush("requested")
             self._settle_poll()
 
     def shard_ended(self, checkpointer: Checkpointer) -> None:
         self._checkpointer = checkpointer
-        if self._buffer:
+        if self._buffer_count:
             self._flush("shard_end")
         self._settle_poll()
         self._progress = replace(self._progress, shard_end_landed=True)
@@ -231,16 +237,15 @@ class LandingProcessor:
 
     def shutdown_requested(self, checkpointer: Checkpointer) -> None:
         self._checkpointer = checkpointer
-        if self._buffer:
+        if self._buffer_count:
             self._flush("shutdown")
         self._settle_poll()
         self._closed = True
 
     def lease_lost(self) -> None:
         # Nothing was checkpointed past what landed: the next owner re-reads the buffered records.
-        dropped = len(self._buffer)
-        self._buffer = []
-        self._buffer_bytes = 0
+        dropped = self._buffer_count
+        self._set_buffer(None)
         self._closed = True
         log.info("%s: lease lost; %d buffered records dropped (the next owner re-reads them)", self.shard_id, dropped)
 
@@ -260,51 +265,94 @@ class LandingProcessor:
             raise ValueError(f"landing processor of {self.shard_id} got a record of {first.shard_id}")
 
     def _buffer_records(self, records) -> None:
+        if not isinstance(records, UserRecordBatch):  # a list of UserRecords (tests, other readers)
+            records = UserRecordBatch.from_records(self.shard_id, records)
         if self._skip_key is not None or (
                 self._last_delivered is not None and records[0].position() <= self._last_delivered.position()):
             records = self._drop_landed(records)
+        if not len(records):
+            return
         s = self.settings
-        max_bytes, max_records = s.max_batch_bytes, s.max_batch_records
-        buffer = self._buffer
-        for r in records:
-            arrival = r.approximate_arrival_timestamp_ms
-            minute = arrival - arrival % MINUTE_MS
-            size = len(r.data) + len(r.partition_key) + len(r.sequence_number) + RECORD_OVERHEAD_BYTES
-            if buffer:
-                if minute != self._buffer_minute:
+        cum, per = _cumulative_sizes(records)
+        # Cut where the arrival minute changes (only at a Kinesis record's boundary), where the byte budget
+        # runs out and at the record limit; each piece is a columnar slice.
+        pieces: list[list] = []  # [start, stop, minute]
+        start = 0
+        for ms, length in zip(records.run_arrival_ms, records.run_lengths):
+            minute = ms - ms % MINUTE_MS
+            if pieces and pieces[-1][2] == minute:
+                pieces[-1][1] += length
+            else:
+                pieces.append([start, start + length, minute])
+            start += length
+        for begin, stop, minute in pieces:
+            pos = begin
+            while pos < stop:
+                if self._buffer_count and minute != self._buffer_minute:
                     self._flush("minute")
-                    buffer = self._buffer
-                elif self._buffer_bytes + size > max_bytes:
+                if not self._buffer_count:
+                    self._buffer_minute = minute
+                    self._buffer_prev = self._last_delivered.checkpoint if self._last_delivered else self._start_prev
+                    self._buffer_started = self._monotonic()
+                # The longest run from pos that fits the byte budget (sizes grow with j: a binary search).
+                budget = s.max_batch_bytes - self._buffer_bytes + cum[pos] + per * pos
+                end = bisect_right(range(pos, stop + 1), budget, key=lambda j: cum[j] + per * j) - 1 + pos
+                if end == pos:
+                    if self._buffer_count:
+                        self._flush("bytes")
+                        if not self._buffer_count:
+                            continue  # plan again from an empty buffer
+                    # A record larger than the budget gets a batch of its own; and a buffer that a flush kept
+                    # (its batch is claimed by a writer not done yet) still takes the next record.
+                    end = pos + 1
+                # At least one record per step: a kept buffer can exceed the limit until its claim resolves.
+                end = max(pos + 1, min(end, pos + s.max_batch_records - self._buffer_count))
+                self._segments.append(records[pos:end])
+                self._buffer_count += end - pos
+                self._buffer_bytes += cum[end] - cum[pos] + per * (end - pos)
+                self._last_delivered = records[end - 1]
+                pos = end
+                if self._buffer_count >= s.max_batch_records:
+                    self._flush("records")
+                elif pos < stop:
                     self._flush("bytes")
-                    buffer = self._buffer
-            if not buffer:
-                self._buffer_minute = minute
-                self._buffer_prev = self._last_delivered.checkpoint if self._last_delivered else self._start_prev
-                self._buffer_started = self._monotonic()
-            buffer.append(r)
-            self._buffer_bytes += size
-            self._last_delivered = r
-            if len(buffer) >= max_records:
-                self._flush("records")
-                buffer = self._buffer
 
-    def _drop_landed(self, records):
-        """The slow path after a resume: drop records at or below the resume point (or already delivered)."""
+    def _drop_landed(self, records: UserRecordBatch) -> UserRecordBatch:
+        """After a resume: drop the records at or below the resume point (or already delivered). Records come
+        in shard order, so those are a prefix, found by binary search."""
         floor = self._skip_key
         if self._last_delivered is not None:
             delivered = self._last_delivered.position()
             floor = delivered if floor is None or delivered > floor else floor
-        kept = [r for r in records if r.position() > floor]
-        if len(kept) < len(records):
-            self.stats.records_already_landed += len(records) - len(kept)
-            # The predecessor of the next buffered record is the last one dropped (records come in order).
-            self._last_delivered = [r for r in records if r.position() <= floor][-1]
-        if kept:
+        lo, hi = 0, len(records)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if records[mid].position() <= floor:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo:
+            self.stats.records_already_landed += lo
+            # The predecessor of the next buffered record is the last one dropped.
+            self._last_delivered = records[lo - 1]
+        if lo < len(records):
             self._skip_key = None  # records arrive in shard order: nothing later is at or below it
-        return kept
+        return records[lo:]
+
+    def _buffered(self) -> UserRecordBatch:
+        return UserRecordBatch.concat(self._segments, self.shard_id)
+
+    def _set_buffer(self, records: UserRecordBatch | None) -> None:
+        self._segments = [records] if records is not None and len(records) else []
+        self._buffer_count = len(records) if records is not None else 0
+        if self._segments:
+            cum, per = _cumulative_sizes(records)
+            self._buffer_bytes = cum[-1] + per * len(records)
+        else:
+            self._buffer_bytes = 0
 
     def _flush_if_due(self) -> None:
-        if not self._buffer:
+        if not self._buffer_count:
             return
         if self._monotonic() - self._buffer_started >= self.settings.max_batch_age_seconds:
             self._flush("age")
@@ -323,7 +371,7 @@ class LandingProcessor:
     # -- flushing ----------------------------------------------------------------------------------------
 
     def _flush(self, reason: str) -> None:
-        records, prev, minute = self._buffer, self._buffer_prev, self._buffer_minute
+        records, prev, minute = self._buffered(), self._buffer_prev, self._buffer_minute
         existing = self._list_minute(minute)
         exclusion = exclude_landed(records, prev, existing)
         for cover in exclusion.covering:
@@ -338,31 +386,29 @@ class LandingProcessor:
                      ", ".join(b.key() for b in exclusion.covering))
         final_key: BatchKey | None = exclusion.last_covered_by
         landed_end = exclusion.last_covered_by.last if exclusion.last_covered_by else None
-        kept: list[UserRecord] = []
+        kept_start: int | None = None  # records from here on stay buffered
         kept_prev: Checkpoint | None = None
         for run in exclusion.runs:
-            pending, run_prev = list(run.records), run.prev
+            pending, run_prev = run.records, run.prev
             while pending:
                 prev_key = ends.get(run_prev) if run_prev is not None else None
                 if prev_key is None and self._tail is not None and self._tail[0] == run_prev:
                     prev_key = self._tail[1]
                 outcome = self._land_after(run_prev, pending, prev_key)
                 if outcome is None:  # the batch after run_prev is claimed but not written yet, and ends later
-                    kept, kept_prev = pending, run_prev
+                    kept_start, kept_prev = run.start + len(run.records) - len(pending), run_prev
                     break
                 key, consumed = outcome
                 final_key, landed_end = key, key.last
                 ends[key.last] = key.key()
                 self._tail = (key.last, key.key())
                 pending, run_prev = pending[consumed:], key.last
-            if kept:
+            if kept_start is not None:
                 break
-        if kept:
-            # Everything from the unfinished link on stays buffered; a later flush (with more records of the
-            # minute) completes the claimed batch. The exclusion drops whatever else lands meanwhile.
-            start = next(i for i, r in enumerate(records) if r is kept[0])
-            kept = records[start:]
-        landed_records = records[:len(records) - len(kept)] if kept else records
+        # Everything from an unfinished link on stays buffered; a later flush (with more records of the
+        # minute) completes the claimed batch. The exclusion drops whatever else lands meanwhile.
+        kept = records[kept_start:] if kept_start is not None else None
+        landed_records = records[:kept_start] if kept_start is not None else records
         if landed_records:
             last = landed_records[-1]
             arrival = last.approximate_arrival_timestamp_ms
@@ -375,9 +421,7 @@ class LandingProcessor:
             if end.key() > last.position():
                 # Another writer landed further than we have read: drop those records when they come.
                 self._skip_key = end.key() if self._skip_key is None or end.key() > self._skip_key else self._skip_key
-        self._buffer = list(kept)
-        self._buffer_bytes = sum(len(r.data) + len(r.partition_key) + len(r.sequence_number) + RECORD_OVERHEAD_BYTES
-                                 for r in kept)
+        self._set_buffer(kept)
         if kept:
             self._buffer_prev = kept_prev
             self._buffer_started = self._monotonic()
@@ -389,7 +433,7 @@ class LandingProcessor:
             commit = getattr(self._checkpointer, "checkpoint_at_next_heartbeat", None) or self._checkpointer.checkpoint
             commit(last.sequence_number, last.sub_sequence_number)
 
-    def _land_after(self, prev: Checkpoint | None, records: list[UserRecord],
+    def _land_after(self, prev: Checkpoint | None, records: UserRecordBatch,
                     prev_key: str | None) -> tuple[BatchKey, int] | None:
         """Land the batch following `prev`, fenced by its link; (the batch that follows prev, how many of
         `records` it holds), or None when another writer claimed a longer batch that is not written yet."""
@@ -541,3 +585,13 @@ def landing_spec(zone: str, stream: str, *, aws: AwsSettings | None = None, stan
     if aws is not None:
         kwargs["aws"] = aws
     return ProcessorSpec("kcl_pipeline.landing.sink:LandingProcessor", kwargs)
+
+
+def _cumulative_sizes(records: UserRecordBatch) -> tuple[list[int], int]:
+    """(cum, per): records[a:b] count cum[b] - cum[a] + per * (b - a) bytes towards the batch limit — data
+    and partition key, plus a sequence number and the row overhead (a shard's sequence numbers share one
+    length). Built with C-level map/accumulate: no Python loop per record."""
+    seqs = records.run_sequence_numbers
+    per = (len(seqs[0]) if seqs else 0) + RECORD_OVERHEAD_BYTES
+    cum = list(accumulate(map(add, map(len, records.data), map(len, records.partition_keys)), initial=0))
+    return cum, per
