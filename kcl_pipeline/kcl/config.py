@@ -108,6 +108,9 @@ class ConsumerConfig:
     # "pipeline": this project's names; "kcl": Java KCL's names and dimensions (its dashboards carry over).
     metrics_naming: str = "pipeline"
     metrics_interval_seconds: float = 10.0
+    # How often this consumer writes its item in KCL 3.x's worker metrics table (<application>-WorkerMetricStats:
+    # its throughput, for load-aware balance and a 3.x fleet's leader); 0 never writes it.
+    worker_metrics_period_seconds: float = 30.0
     aws: AwsSettings = field(default_factory=AwsSettings)
 
     def __post_init__(self) -> None:
@@ -150,6 +153,9 @@ class ConsumerConfig:
             raise ConfigError("idle_interval_seconds must be >= polling_interval_seconds")
         if self.metrics_naming not in ("pipeline", "kcl"):
             raise ConfigError(f"metrics_naming must be pipeline or kcl, got {self.metrics_naming!r}")
+        if self.worker_metrics_period_seconds < 0:
+            raise ConfigError(f"worker_metrics_period_seconds must be >= 0 (0: never), got "
+                              f"{self.worker_metrics_period_seconds}")
         if not 1 <= self.max_records_per_call <= 10000:
             raise ConfigError(f"max_records_per_call must be in 1..10000, got {self.max_records_per_call}")
 

@@ -21,10 +21,12 @@ from .planner import (
     leases_to_acquire,
     leases_to_create,
     leases_to_delete,
+    reported_load,
     scoped_leases,
     stuck_local_leases,
     unknown_lease_keys,
 )
+from .worker_metrics import MAX_VALUES as METRIC_VALUES
 
 
 @dataclass(frozen=True)
@@ -36,13 +38,14 @@ class CycleSettings:
     max_leases: int
     list_shards_probability: float = 1.0
     drained_attribute: str | None = None
+    worker_metrics_period_seconds: float = 0.0  # 0: this consumer publishes no worker metrics
 
     @classmethod
     def of(cls, config: Any) -> "CycleSettings":
         """From a ConsumerConfig."""
         return cls(config.worker_id, config.initial_position.checkpoint(), config.lease_expiry_seconds,
                    config.leases_to_acquire, config.max_leases, config.list_shards_probability,
-                   config.parent_drained_attribute)
+                   config.parent_drained_attribute, config.worker_metrics_period_seconds)
 
 
 @dataclass
@@ -55,6 +58,8 @@ class ManagerState:
     recently_ended: set[str] = field(default_factory=set)
     list_next: bool = True
     duplicate_worker_id_sightings: int = 0
+    metrics_published_at: float | None = None  # the manager's clock at the last worker metrics write
+    throughput_history: list[float] = field(default_factory=list)  # published values, most recent last
 
 
 @dataclass
@@ -115,7 +120,26 @@ class DuplicateWorkerId:
     lease_keys: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class PublishWorkerMetrics:
+    """Write this consumer's item in the worker metrics table (KCL 3.x's format; worker_metrics.py): its
+    recent throughput in KB/s, most recent last. A failed write is logged, never fails the cycle. → None"""
+    throughput_kbps: tuple[float, ...]
+
+
 Cycle = Generator[Any, Any, CycleResult]
+
+
+def worker_throughput_kbps(worker_id: str, leases: Sequence[Lease]) -> float:
+    """This consumer's throughput: the sum of what its holders last reported on their live leases
+    (`throughputKBps`, written on heartbeats); unreported or corrupt values count as 0."""
+    return sum(reported_load(lease) or 0.0 for lease in leases
+               if lease.lease_owner == worker_id and not lease.is_ended)
+
+
+def worker_metrics_due(last_published_at: float | None, now: float, period_seconds: float) -> bool:
+    """Whether this cycle writes the worker metrics item: at the first cycle, then once per period."""
+    return period_seconds > 0 and (last_published_at is None or now - last_published_at >= period_seconds)
 
 
 def manager_cycle(state: ManagerState, settings: CycleSettings, locally_worked: Collection[str],
@@ -175,6 +199,11 @@ def manager_cycle(state: ManagerState, settings: CycleSettings, locally_worked: 
         result.stolen = plan.steal.lease_key
     if plan.take or plan.steal:
         state.recently_ended.clear()
+    if worker_metrics_due(state.metrics_published_at, now, settings.worker_metrics_period_seconds):
+        state.throughput_history = [*state.throughput_history, worker_throughput_kbps(settings.worker_id, leases)][
+            -METRIC_VALUES:]
+        state.metrics_published_at = now
+        yield PublishWorkerMetrics(tuple(state.throughput_history))
     return result
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from . import cycle as cyc
+from . import worker_metrics
 from .aws import client
 from .config import ConsumerConfig
 from .coordinator_state import check_coordinator_state
@@ -153,6 +154,15 @@ class LeaseManager:
             log.error("another live process is writing under this consumer's worker id %s (leases %s); worker ids "
                       "must be unique per process: this consumer will not touch those leases",
                       self.config.worker_id, ", ".join(effect.lease_keys))
+            return None
+        if isinstance(effect, cyc.PublishWorkerMetrics):
+            try:
+                worker_metrics.publish(self.table.client, self.config.application, self.config.worker_id,
+                                       int(time.time()), effect.throughput_kbps)
+            except Exception as exc:  # metrics never stop consuming; the next period writes again
+                self.metrics.count_many({"worker_metrics_failed": 1}, None)
+                log.warning("could not write this consumer's worker metrics (%s): %s: %s",
+                            worker_metrics.worker_metrics_table(self.config.application), type(exc).__name__, exc)
             return None
         raise TypeError(f"the lease manager cannot handle {effect!r}")
 

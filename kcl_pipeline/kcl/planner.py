@@ -348,7 +348,8 @@ def leases_to_acquire(
     return AcquirePlan(steal=rng.choice(sorted(stealable[victim], key=lambda lease: lease.lease_key)))
 
 
-def _reported_load(lease: Lease) -> float | None:
+def reported_load(lease: Lease) -> float | None:
+    """The throughput a lease's holder last reported (`throughputKBps`), or None when absent or corrupt."""
     value = lease.extra.get(THROUGHPUT_ATTRIBUTE)
     try:
         load = float(value) if value is not None and not isinstance(value, bool) else None
@@ -361,7 +362,7 @@ def _reported_load(lease: Lease) -> float | None:
 def _reported_loads(leases: Sequence[Lease], local: Collection[str], worker_id: str,
                     owned: Mapping[str, list[Lease]]) -> dict[str, float | None]:
     counted = {lease.lease_key for held in owned.values() for lease in held}
-    return {lease.lease_key: _reported_load(lease) for lease in leases
+    return {lease.lease_key: reported_load(lease) for lease in leases
             if lease.lease_key in local or lease.lease_key in counted
             or (lease.lease_owner == worker_id and not lease.is_ended)}
 
@@ -383,6 +384,7 @@ __all__ = [
     "LeaseAges",
     "blocked_on_parents",
     "parent_finished",
+    "reported_load",
     "scoped_leases",
     "stuck_local_leases",
     "unknown_lease_keys",

@@ -528,6 +528,9 @@ class SimConsumer(Process):
                 self.world.stats["stuck workers killed"] += 1
                 self.world.note(f"{self!r}: killed {worker!r}: its lease was not renewed within the expiry")
             return None
+        if kind is cyc.PublishWorkerMetrics:
+            self.world.stats["worker metrics published"] += 1  # a table the simulated fleet never reads
+            return None
         raise TypeError(f"the simulated manager cannot handle {effect!r}")
 
     def _scanned(self, leases, error, sent):

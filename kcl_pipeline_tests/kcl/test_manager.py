@@ -120,3 +120,45 @@ def test_a_frozen_local_worker_is_killed_and_its_lease_worked_again(fleet):
     finally:
         if frozen.is_alive():
             frozen.kill()
+
+
+def test_the_manager_writes_its_worker_metrics_every_period_with_its_leases_throughput(fleet, dynamodb_client):
+    """Before: worker_metrics.publish existed and nothing called it, so a KCL 3.x fleet (and load-aware
+    peers) never saw this consumer's throughput."""
+    from kcl_pipeline.kcl.worker_metrics import worker_metrics_table
+
+    manager, table, clock, spawned, (mine, peer_shard) = fleet()
+    assert manager.settings.worker_metrics_period_seconds == 30.0  # ConsumerConfig's default
+    table.create(Lease(mine, Checkpoint(TRIM_HORIZON), "me", 3))
+    table.create(Lease(peer_shard, Checkpoint(TRIM_HORIZON), "peer", 3))
+    # The holders' heartbeats report throughput (throughputKBps); only this consumer's counts for its item.
+    for key, kbps in ((mine, 12.5), (peer_shard, 99.0)):
+        table.client.update_item(TableName=table.table_name, Key={"leaseKey": {"S": key}},
+                                 UpdateExpression="SET throughputKBps = :t",
+                                 ExpressionAttributeValues={":t": {"N": str(kbps)}})
+    metrics_table = worker_metrics_table(manager.config.application)
+
+    def item():
+        return dynamodb_client.get_item(TableName=metrics_table, Key={"wid": {"S": "me"}},
+                                        ConsistentRead=True).get("Item")
+
+    manager.run_cycle()
+    first = item()
+    assert first["sts"] == {"M": {"THROUGHPUT": {"L": [{"N": "12.5"}]}}}
+    clock[0] += 10.0
+    manager.run_cycle()  # inside the period: not written again
+    assert item() == first
+    clock[0] += 25.0
+    manager.run_cycle()
+    assert item()["sts"] == {"M": {"THROUGHPUT": {"L": [{"N": "12.5"}, {"N": "12.5"}]}}}
+
+
+def test_a_failed_worker_metrics_write_never_fails_the_cycle(fleet, caplog):
+    manager, table, clock, spawned, _ = fleet()
+
+    def throttled(*args, **kwargs):
+        raise RuntimeError("ProvisionedThroughputExceededException")
+
+    manager.table.client.update_item = throttled  # the metrics write only: leases are created with PutItem
+    report = manager.run_cycle()
+    assert report.total_leases == 2 and "could not write this consumer's worker metrics" in caplog.text

@@ -42,3 +42,58 @@ def test_publish_creates_the_table_and_keeps_attributes_it_does_not_manage(dynam
     assert item == {"wid": {"S": "me#1"}, "lut": {"N": "1732441260"},
                     "sts": {"M": {"THROUGHPUT": {"L": [{"N": "5"}, {"N": "7.5"}]}}},
                     "opr": {"M": {"C": {"L": [{"N": "100"}]}}}, "sup": {"N": "1"}, "slu": {"N": "1732441100"}}
+
+
+# -- when and what the manager cycle publishes (pure) -----------------------------------------------------------
+
+def test_worker_metrics_are_due_at_the_first_cycle_then_once_per_period():
+    from kcl_pipeline.kcl.cycle import worker_metrics_due
+
+    assert worker_metrics_due(None, 5.0, 30.0)
+    assert not worker_metrics_due(5.0, 34.9, 30.0) and worker_metrics_due(5.0, 35.0, 30.0)
+    assert not worker_metrics_due(None, 5.0, 0.0)  # 0: never
+
+
+def test_a_consumers_throughput_is_what_its_holders_reported_on_its_live_leases():
+    from dataclasses import replace
+
+    from kcl_pipeline.kcl.cycle import worker_throughput_kbps
+    from kcl_pipeline.kcl.model import SHARD_END, Checkpoint, Lease
+
+    def lease(key, owner, kbps, checkpoint="5"):
+        base = Lease(key, Checkpoint(checkpoint), owner, 1)
+        return replace(base, extra={} if kbps is None else {"throughputKBps": kbps})
+
+    leases = [lease("a", "me", 10.0), lease("b", "me", "7.5"), lease("c", "peer", 50.0), lease("d", "me", None),
+              lease("e", "me", -3.0), lease("f", "me", 40.0, SHARD_END)]
+    assert worker_throughput_kbps("me", leases) == 17.5  # unreported/corrupt count 0; ended leases none
+
+
+def test_the_cycle_publishes_on_its_period_and_keeps_the_recent_values():
+    import random
+
+    from kcl_pipeline.kcl import cycle as cyc
+    from kcl_pipeline.kcl import lease_life as life
+    from kcl_pipeline.kcl.model import TRIM_HORIZON, Checkpoint, Shard
+
+    state = cyc.ManagerState(shards=[Shard("s-0")], list_next=False)
+    settings = cyc.CycleSettings("me", Checkpoint(TRIM_HORIZON), 10.0, 1, 10, worker_metrics_period_seconds=30.0)
+    now = [0.0]
+    published = []
+
+    def handle(effect):
+        if isinstance(effect, cyc.Now):
+            return now[0]
+        if isinstance(effect, cyc.ScanTable):
+            return cyc.Scanned([], now[0], now[0])
+        if isinstance(effect, life.ListShards):
+            return [Shard("s-0")]
+        if isinstance(effect, cyc.PublishWorkerMetrics):
+            published.append((now[0], effect.throughput_kbps))
+        return None
+
+    for t in range(0, 400, 20):
+        now[0] = float(t)
+        life.drive(cyc.manager_cycle(state, settings, (), random.Random(0)), handle)
+    assert [t for t, _ in published] == [0.0, 40.0, 80.0, 120.0, 160.0, 200.0, 240.0, 280.0, 320.0, 360.0]
+    assert len(published[-1][1]) == 10  # KCL's item keeps the 10 most recent values
