@@ -44,7 +44,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import MISSING, dataclass, field, fields
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Mapping
 
 from ...kcl.config import ConfigError, ConsumerConfig, InitialPosition, consumer_default
