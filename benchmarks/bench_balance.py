@@ -9,7 +9,15 @@ fleets:
 Reported per scenario: rounds until a round steals nothing, total steals, and max consumer load / mean
 load after settling (the figure the tolerance bounds: <= 1.2 unless a lone hot shard is heavier).
 
+`--world` runs the code path production runs instead: the simulated world (kcl_pipeline.sim.balance) drives
+the shipped manager cycles and workers on a stream whose first of 24 shards carries 10x the traffic, with
+holders writing their smoothed `throughputKBps` on heartbeats (noisy, as real reports are) and the
+manager's patience; the peer is the same world with no reports (the count balance). Figures are virtual
+seconds of the simulation (LABEL: simulated, not wall time): when the true loads entered the tolerance
+for good, steals, moves that made the true balance worse, steals in the last third, final max/mean.
+
     .venv/bin/python benchmarks/bench_balance.py [--consumers 8] [--shards 64] [--seeds 5]
+    .venv/bin/python benchmarks/bench_balance.py --world [--seeds 20] [--seconds 900]
 """
 from __future__ import annotations
 
@@ -75,12 +83,46 @@ def spread(assignment):
     return max(totals) / statistics.mean(totals)
 
 
+def _world_run(job):
+    from kcl_pipeline.sim.balance import simulate_balance
+    seed, load_aware, seconds = job
+    return simulate_balance(seed, load_aware=load_aware, seconds=seconds)
+
+
+def world(seeds: int, seconds: float) -> None:
+    import logging
+    from multiprocessing import Pool
+    logging.disable(logging.WARNING)
+    print(f"simulated world: 3 consumers, 24 shards, shard 0 at 10x, {seeds} seeds x {seconds:.0f} virtual s")
+    print(f"{'planner':<13}{'within tol. since (median/max s)':>33}{'steals':>8}{'worse':>7}{'late':>6}"
+          f"{'max/mean':>10}{'seeds in tol.':>15}")
+    medians = {}
+    for name, load_aware in (("load-aware", True), ("count-based", False)):
+        with Pool(os.cpu_count() or 1) as pool:
+            runs = pool.map(_world_run, [(seed, load_aware, seconds) for seed in range(seeds)])
+        since = [r.within_since for r in runs if r.within_since is not None]
+        since_text = f"{statistics.median(since):.0f} / {max(since):.0f}" if since else "never"
+        medians[name] = statistics.median(r.max_over_mean for r in runs)
+        print(f"{name:<13}{since_text:>33}{statistics.mean(r.steals for r in runs):>8.1f}"
+              f"{sum(r.worsening_moves for r in runs):>7}{sum(r.steady_steals for r in runs):>6}"
+              f"{medians[name]:>10.2f}{sum(r.within_tolerance() for r in runs):>9} of {seeds}")
+        violations = [v for r in runs for v in r.violations]
+        if violations:
+            print(f"  VIOLATIONS: {violations[:3]}")
+    print(f"ratio load-aware/count-based max/mean: {medians['load-aware'] / medians['count-based']:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--consumers", type=int, default=8)
     parser.add_argument("--shards", type=int, default=64)
     parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--world", action="store_true", help="the simulated world (shipped manager and workers)")
+    parser.add_argument("--seconds", type=float, default=900.0, help="virtual seconds per world run")
     args = parser.parse_args()
+    if args.world:
+        world(args.seeds, args.seconds)
+        return
     print(f"{args.consumers} consumers, {args.shards} shards at 80-120 KB/s, shard 0 at 10x; "
           f"median over {args.seeds} seeds")
     print(f"{'start':<16}{'planner':<13}{'rounds':>7}{'steals':>8}{'max/mean':>10}")

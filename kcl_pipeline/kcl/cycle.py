@@ -14,6 +14,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Generator, Iterable, Sequence
 
+from .balance import confirmed_overloaded, reported_load, still_overloaded
 from .lease_life import Create, ListShards
 from .model import Checkpoint, Lease, Shard
 from .planner import (
@@ -21,12 +22,11 @@ from .planner import (
     leases_to_acquire,
     leases_to_create,
     leases_to_delete,
-    reported_load,
     scoped_leases,
     stuck_local_leases,
     unknown_lease_keys,
 )
-from .worker_metrics import MAX_VALUES as METRIC_VALUES
+from .worker_metrics import MAX_VALUES as METRIC_VALUES, live_workers
 
 
 @dataclass(frozen=True)
@@ -39,13 +39,15 @@ class CycleSettings:
     list_shards_probability: float = 1.0
     drained_attribute: str | None = None
     worker_metrics_period_seconds: float = 0.0  # 0: this consumer publishes no worker metrics
+    balance_patience_seconds: float = 0.0  # a load-aware steal needs its victim overloaded this long
 
     @classmethod
     def of(cls, config: Any) -> "CycleSettings":
         """From a ConsumerConfig."""
         return cls(config.worker_id, config.initial_position.checkpoint(), config.lease_expiry_seconds,
                    config.leases_to_acquire, config.max_leases, config.list_shards_probability,
-                   config.parent_drained_attribute, config.worker_metrics_period_seconds)
+                   config.parent_drained_attribute, config.worker_metrics_period_seconds,
+                   balance_patience(config.cycle_seconds))
 
 
 @dataclass
@@ -60,6 +62,9 @@ class ManagerState:
     duplicate_worker_id_sightings: int = 0
     metrics_published_at: float | None = None  # the manager's clock at the last worker metrics write
     throughput_history: list[float] = field(default_factory=list)  # published values, most recent last
+    overloaded_since: dict[str, float] = field(default_factory=dict)  # owner → first cycle seen overloaded
+    live_peers: frozenset[str] = frozenset()  # other workers whose metrics item is fresh (last read)
+    ownership: frozenset[tuple[str, str]] = frozenset()  # (lease, owner) of the live leases last scanned
 
 
 @dataclass
@@ -121,6 +126,18 @@ class DuplicateWorkerId:
 
 
 @dataclass(frozen=True)
+class PeerMetrics:
+    last_updates: dict[str, float]  # worker id → its item's `lut` (epoch seconds)
+    now_epoch_seconds: float        # this host's wall clock when the read returned
+
+
+@dataclass(frozen=True)
+class ReadWorkerMetrics:
+    """Every worker's last update in the worker metrics table. → PeerMetrics, or None when the read failed
+    (logged; the last known peers stay in use)"""
+
+
+@dataclass(frozen=True)
 class PublishWorkerMetrics:
     """Write this consumer's item in the worker metrics table (KCL 3.x's format; worker_metrics.py): its
     recent throughput in KB/s, most recent last. A failed write is logged, never fails the cycle. → None"""
@@ -135,6 +152,27 @@ def worker_throughput_kbps(worker_id: str, leases: Sequence[Lease]) -> float:
     (`throughputKBps`, written on heartbeats); unreported or corrupt values count as 0."""
     return sum(reported_load(lease) or 0.0 for lease in leases
                if lease.lease_owner == worker_id and not lease.is_ended)
+
+
+def balance_patience(cycle_seconds: float) -> float:
+    """How long an owner must stay overloaded before a load-aware steal from it: two cycles, so that the
+    imbalance is seen by three scans in a row, several smoothed heartbeats each."""
+    return 2 * cycle_seconds
+
+
+def fresh_seconds(settings: "CycleSettings") -> float:
+    """How recent a peer's worker metrics item must be for the peer to count as live: two of its periods
+    (one write may fail) plus an expiry, which also absorbs clock differences between hosts."""
+    return 2 * settings.worker_metrics_period_seconds + settings.expiry_seconds
+
+
+def idle_consumers(live_peers: Collection[str], leases: Sequence[Lease], worker_id: str,
+                   predecessor: Callable[[str], bool] | None = None) -> int:
+    """Live peers (fresh worker metrics) that hold no live lease: invisible in the lease table, yet part
+    of the fleet's mean load. Earlier incarnations of this consumer do not count."""
+    owners = {lease.lease_owner for lease in leases if lease.lease_owner is not None and not lease.is_ended}
+    return sum(1 for peer in live_peers if peer != worker_id and peer not in owners
+               and not (predecessor is not None and predecessor(peer)))
 
 
 def worker_metrics_due(last_published_at: float | None, now: float, period_seconds: float) -> bool:
@@ -186,11 +224,27 @@ def manager_cycle(state: ManagerState, settings: CycleSettings, locally_worked: 
         result.abandoned.append(lease.lease_key)
     if stuck:
         locally_worked = set(locally_worked) - {lease.lease_key for lease in stuck}
+    # Any move in the fleet (ours, a peer's, a failover) restarts the patience: loads are judged again
+    # once the holders' reports reflect the new ownership.
+    ownership = frozenset((lease.lease_key, lease.lease_owner) for lease in leases
+                          if lease.lease_owner is not None and not lease.is_ended)
+    if ownership != state.ownership:
+        state.ownership, state.overloaded_since = ownership, {}
+    metrics_due = worker_metrics_due(state.metrics_published_at, now, settings.worker_metrics_period_seconds)
+    if metrics_due:
+        peers = yield ReadWorkerMetrics()
+        if peers is not None:
+            state.live_peers = frozenset(live_workers(peers.last_updates, peers.now_epoch_seconds,
+                                                      fresh_seconds(settings)))
     plan = leases_to_acquire(
         settings.worker_id, leases, state.ages.ages(now), expiry_seconds=settings.expiry_seconds,
         leases_to_acquire=settings.leases_to_acquire, max_leases=settings.max_leases,
         recently_ended_by_us=state.recently_ended, locally_worked=set(locally_worked),
-        drained_attribute=settings.drained_attribute, predecessor=predecessor, rng=rng)
+        drained_attribute=settings.drained_attribute, predecessor=predecessor, rng=rng,
+        idle_consumers=idle_consumers(state.live_peers, leases, settings.worker_id, predecessor),
+        confirmed_overloaded=confirmed_overloaded(state.overloaded_since, now, settings.balance_patience_seconds)
+        if settings.balance_patience_seconds > 0 else None)
+    state.overloaded_since = still_overloaded(state.overloaded_since, plan.overloaded, now)
     for lease in plan.take:
         yield Spawn(lease)
         result.spawned.append(lease.lease_key)
@@ -199,7 +253,7 @@ def manager_cycle(state: ManagerState, settings: CycleSettings, locally_worked: 
         result.stolen = plan.steal.lease_key
     if plan.take or plan.steal:
         state.recently_ended.clear()
-    if worker_metrics_due(state.metrics_published_at, now, settings.worker_metrics_period_seconds):
+    if metrics_due:
         state.throughput_history = [*state.throughput_history, worker_throughput_kbps(settings.worker_id, leases)][
             -METRIC_VALUES:]
         state.metrics_published_at = now
@@ -257,6 +311,7 @@ def note_results(state: ManagerState, outcomes: Iterable[tuple[str, str]]) -> No
 
 
 __all__ = [
-    "Abandon", "CycleResult", "CycleSettings", "Delete", "DuplicateWorkerId", "ManagerState", "Now", "ScanTable", "Scanned",
+    "Abandon", "CycleResult", "CycleSettings", "Delete", "DuplicateWorkerId", "ManagerState", "Now", "PeerMetrics",
+    "PublishWorkerMetrics", "ReadWorkerMetrics", "ScanTable", "Scanned",
     "Spawn", "manager_cycle", "note_results", "wakes_manager", "watch_for_expiry", "watch_interval", "watch_our_id",
 ]

@@ -155,6 +155,15 @@ class LeaseManager:
                       "must be unique per process: this consumer will not touch those leases",
                       self.config.worker_id, ", ".join(effect.lease_keys))
             return None
+        if isinstance(effect, cyc.ReadWorkerMetrics):
+            try:
+                updates = worker_metrics.read_last_updates(self.table.client, self.config.application)
+            except Exception as exc:  # the balance keeps the peers it knew; the next period reads again
+                self.metrics.count_many({"worker_metrics_failed": 1}, None)
+                log.warning("could not read the fleet's worker metrics (%s): %s: %s",
+                            worker_metrics.worker_metrics_table(self.config.application), type(exc).__name__, exc)
+                return None
+            return cyc.PeerMetrics(updates, time.time())
         if isinstance(effect, cyc.PublishWorkerMetrics):
             try:
                 worker_metrics.publish(self.table.client, self.config.application, self.config.worker_id,

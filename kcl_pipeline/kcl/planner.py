@@ -11,7 +11,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable, Collection, Mapping, Sequence
 
-from .balance import THROUGHPUT_ATTRIBUTE, effective_loads, plan_steal
+from .balance import effective_loads, overloaded_owners, plan_steal, reported_load
 from .lease_rules import HANDOFF_ATTRIBUTE
 from .model import AT_TIMESTAMP, LATEST, TRIM_HORIZON, Checkpoint, Lease, Shard
 from .shard_graph import ShardGraph
@@ -253,6 +253,7 @@ class AcquirePlan:
 
     take: list[Lease] = field(default_factory=list)
     steal: Lease | None = None
+    overloaded: tuple[str, ...] = ()  # owners above the load tolerance this cycle (load-aware balance)
 
     @property
     def leases(self) -> list[Lease]:
@@ -272,6 +273,7 @@ def leases_to_acquire(
     drained_attribute: str | None = None,
     predecessor: Callable[[str], bool] | None = None,
     idle_consumers: int = 0,
+    confirmed_overloaded: Collection[str] | None = None,
     rng: random.Random,
 ) -> AcquirePlan:
     """What this consumer tries to acquire this cycle.
@@ -290,6 +292,8 @@ def leases_to_acquire(
     When any live lease reports its throughput (`throughputKBps`, written by holders on heartbeats), the
     steal is load-aware instead (balance.py: load converges within its tolerance, hot shards spread, one
     steal at most, hysteresis); `idle_consumers` counts live peers holding no lease (worker metrics).
+    The plan names the owners above the load tolerance (`overloaded`); a load-aware steal is made only
+    from an owner in `confirmed_overloaded` when given (the cycle's patience: seen so for a while).
     Owners for which `predecessor` is true are earlier incarnations of this very consumer (a reloaded code
     server): their leases are never stolen nor counted for balance, only taken once expired.
     """
@@ -335,7 +339,7 @@ def leases_to_acquire(
         return AcquirePlan()
     loads = _reported_loads(leases, local, worker_id, owned)
     if any(load is not None for load in loads.values()):
-        return _load_aware_steal(worker_id, loads, local, owned, stealable, by_key, idle_consumers)
+        return _load_aware_steal(worker_id, loads, owned, stealable, by_key, idle_consumers, confirmed_overloaded)
     counts = {owner: len(held_by) for owner, held_by in owned.items()}
     average = (sum(counts.values()) + held) // (len(counts) + 1)
     richest = max(counts.values())
@@ -348,17 +352,6 @@ def leases_to_acquire(
     return AcquirePlan(steal=rng.choice(sorted(stealable[victim], key=lambda lease: lease.lease_key)))
 
 
-def reported_load(lease: Lease) -> float | None:
-    """The throughput a lease's holder last reported (`throughputKBps`), or None when absent or corrupt."""
-    value = lease.extra.get(THROUGHPUT_ATTRIBUTE)
-    try:
-        load = float(value) if value is not None and not isinstance(value, bool) else None
-    except (TypeError, ValueError):
-        return None
-    # A corrupt report (negative, NaN, infinite) counts as unknown rather than stopping the cycle.
-    return load if load is not None and 0 <= load < float("inf") else None
-
-
 def _reported_loads(leases: Sequence[Lease], local: Collection[str], worker_id: str,
                     owned: Mapping[str, list[Lease]]) -> dict[str, float | None]:
     counted = {lease.lease_key for held in owned.values() for lease in held}
@@ -367,16 +360,17 @@ def _reported_loads(leases: Sequence[Lease], local: Collection[str], worker_id: 
             or (lease.lease_owner == worker_id and not lease.is_ended)}
 
 
-def _load_aware_steal(worker_id: str, reported: Mapping[str, float | None], local: Collection[str],
-                      owned: Mapping[str, list[Lease]], stealable: Mapping[str, list[Lease]],
-                      by_key: Mapping[str, Lease], idle_consumers: int) -> AcquirePlan:
+def _load_aware_steal(worker_id: str, reported: Mapping[str, float | None], owned: Mapping[str, list[Lease]],
+                      stealable: Mapping[str, list[Lease]], by_key: Mapping[str, Lease], idle_consumers: int,
+                      confirmed: Collection[str] | None) -> AcquirePlan:
     loads = effective_loads(reported)
     theirs = {owner: {lease.lease_key: loads[lease.lease_key] for lease in held} for owner, held in owned.items()}
     counted = {key for held in theirs.values() for key in held}
     mine = {key: load for key, load in loads.items() if key not in counted}
-    steal = plan_steal(worker_id, mine, theirs, idle_consumers=idle_consumers,
+    overloaded = tuple(overloaded_owners(worker_id, mine, theirs, idle_consumers=idle_consumers))
+    steal = plan_steal(worker_id, mine, theirs, idle_consumers=idle_consumers, confirmed=confirmed,
                        movable={lease.lease_key for held in stealable.values() for lease in held})
-    return AcquirePlan() if steal is None else AcquirePlan(steal=by_key[steal.lease_key])
+    return AcquirePlan(steal=None if steal is None else by_key[steal.lease_key], overloaded=overloaded)
 
 
 __all__ = [

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from .aws import client
-from .balance import ThroughputMeter
+from .balance import ThroughputMeter, reported_load
 from .config import ConsumerConfig
 from .kpl import KplStats
 from . import lease_life as life
@@ -242,7 +242,8 @@ class LeaseWorker:
         self.pending_checkpoint: Checkpoint | None = None
         self.pending_lock = threading.Lock()
         self.heartbeat_attribute_errors = 0
-        self.throughput = ThroughputMeter()  # delivered bytes → throughputKBps on heartbeats (balance.py)
+        # delivered bytes → throughputKBps on heartbeats (balance.py), continuing the previous holder's average
+        self.throughput = ThroughputMeter(smoothed=reported_load(observed))
         self._throughput_lock = threading.Lock()
         self._heartbeat_thread: threading.Thread | None = None
         self._checkpointer = _Checkpointer(self)

@@ -12,7 +12,7 @@ The write sets only `lut` and `sts`: any other attribute (a KCL 3.x worker's `op
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 HASH_KEY = "wid"
 THROUGHPUT_METRIC = "THROUGHPUT"  # KCL's WorkerMetricType.THROUGHPUT.name(): the default worker metric
@@ -54,3 +54,41 @@ def publish(dynamodb_client, application: str, worker_id: str, now_epoch_seconds
             pass  # another consumer created it first
         dynamodb_client.get_waiter("table_exists").wait(TableName=table, WaiterConfig={"Delay": 1, "MaxAttempts": 60})
         dynamodb_client.update_item(TableName=table, **update)
+
+
+def last_updates(items: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """Worker id → `lut` (epoch seconds) of each item of the worker metrics table, as DynamoDB returns
+    them; an item without a string `wid` or a numeric `lut` (another tool's, or half-written) is skipped."""
+    found: dict[str, float] = {}
+    for item in items:
+        wid, lut = item.get(HASH_KEY, {}).get("S"), item.get("lut", {}).get("N")
+        try:
+            value = float(lut) if wid and lut is not None else None
+        except ValueError:
+            value = None
+        if value is not None and math.isfinite(value):
+            found[wid] = value
+    return found
+
+
+def live_workers(updates: Mapping[str, float], now_epoch_seconds: float, fresh_seconds: float) -> set[str]:
+    """The workers whose item was updated within `fresh_seconds` (pure; clocks of different hosts, so
+    the window must be wide: see `fresh_seconds` in cycle.py)."""
+    return {wid for wid, lut in updates.items() if now_epoch_seconds - lut <= fresh_seconds}
+
+
+def read_last_updates(dynamodb_client, application: str) -> dict[str, float]:
+    """Every worker's last update in `<application>-WorkerMetricStats` (no table yet: none)."""
+    table = worker_metrics_table(application)
+    items: list[dict] = []
+    request: dict[str, Any] = {"TableName": table, "ProjectionExpression": "wid, lut"}
+    try:
+        while True:
+            page = dynamodb_client.scan(**request)
+            items.extend(page.get("Items", []))
+            if "LastEvaluatedKey" not in page:
+                break
+            request["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+    except dynamodb_client.exceptions.ResourceNotFoundException:
+        return {}
+    return last_updates(items)

@@ -15,13 +15,15 @@ user record the stream holds, every delivery and every landed copy. Checked at e
   take it over).
 
 Checked once the faults stopped and the fleet settled: every record delivered and landed, every lease of
-an open shard owned and worked, and the live consumers balanced within one lease.
+an open shard owned and worked, and the live consumers balanced — by load within the stated tolerance
+while leases report traffic (lease granularity permitting), else within one lease.
 """
 from __future__ import annotations
 
 import bisect
 from typing import TYPE_CHECKING, Any
 
+from ..kcl.balance import BalanceSettings, effective_loads, reported_load
 from ..kcl.lease_table import lease_from_item
 from ..kcl.model import Checkpoint
 from .consumer import SimWorker
@@ -218,6 +220,7 @@ class Checker:
                     problems.append(f"{shard_id} has {unlanded} records never landed")
         live = world.live_worker_ids()
         counts = {worker_id: 0 for worker_id in live}
+        held: dict[str, dict[str, float | None]] = {worker_id: {} for worker_id in live}
         for key, shard, lease in self.owned_leases():
             if shard.trimmed or lease.is_ended:
                 continue
@@ -229,10 +232,13 @@ class Checker:
                 continue
             if lease.lease_owner in counts:
                 counts[lease.lease_owner] += 1
+                held[lease.lease_owner][key] = reported_load(lease)
             if not self.worked(key, lease.lease_owner):
                 problems.append(f"lease {key} is owned by {lease.lease_owner} but nobody works it")
-        if counts and not world.java_peers and max(counts.values()) - min(counts.values()) > 1:
-            problems.append(f"the fleet is unbalanced: {dict(sorted(counts.items()))}")
+        if counts and not world.java_peers:
+            problem = load_imbalance(held)
+            if problem:
+                problems.append(problem)
         return problems
 
     def _blocked(self, lease) -> bool:
@@ -244,4 +250,31 @@ class Checker:
         return False
 
 
-__all__ = ["Checker"]
+def load_imbalance(held: dict[str, dict[str, float | None]], settings: BalanceSettings = BalanceSettings()
+                   ) -> str | None:
+    """Why the live consumers (each with its leases' reported KB/s) are not balanced, or None.
+
+    While some lease reports traffic, the stated tolerance: no consumer's load above the mean × (1 +
+    tolerance), unless none of its leases fits the gap to the lightest consumer (less the hysteresis) —
+    lease granularity. Otherwise (nothing reported, or an idle stream): within one lease by count."""
+    counts = {owner: len(leases) for owner, leases in held.items()}
+    reported = {key: value for leases in held.values() for key, value in leases.items()}
+    if not any(reported.values()):
+        if max(counts.values()) - min(counts.values()) > 1:
+            return f"the fleet is unbalanced: {dict(sorted(counts.items()))}"
+        return None
+    loads = effective_loads(reported, settings)
+    totals = {owner: sum(loads[key] for key in leases) for owner, leases in held.items()}
+    mean = sum(totals.values()) / len(totals)
+    lightest = min(totals.values())
+    for owner, total in sorted(totals.items()):
+        gap = total - lightest
+        if total > mean * (1 + settings.tolerance) and any(
+                loads[key] <= gap - settings.margin * mean for key in held[owner]):
+            shown = {o: round(t, 3) for o, t in sorted(totals.items())}
+            return (f"the fleet is unbalanced by load: {owner} carries {total:.3f} KB/s against a mean of "
+                    f"{mean:.3f} and has a lease that fits the gap ({shown})")
+    return None
+
+
+__all__ = ["Checker", "load_imbalance"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..kcl import cycle as cyc
+from ..kcl.balance import ThroughputMeter, reported_load
 from ..kcl import lease_life as life
 from ..kcl.config import ConsumerConfig
 from ..kcl.lease_hold import LeaseHold, LeaseTiming, Outcome
@@ -118,6 +119,7 @@ class SimWorker(Process):
         self.end_requested = False
         self.stop = False
         self.finished = False
+        self.throughput = ThroughputMeter(smoothed=reported_load(observed))  # worker.py's
         self.inflight_sent_true = 0.0   # true time the fenced write in flight was sent (ground truth)
         self.applied_sent_true = None   # ... of its last write the table applied
         self.checkpointer = _Checkpointer(self)
@@ -233,6 +235,7 @@ class SimWorker(Process):
 
     def _deliver(self, effect):
         batch = effect.batch
+        self.throughput.add(batch.bytes)
         if batch.records:
             self.world.checker.on_deliver(self, self.key, batch.records)
         if batch.shard_ended:
@@ -274,7 +277,9 @@ class SimWorker(Process):
 
     def _renew(self, effect):
         key, me, attributes, cp = self.key, self.worker_id, effect.attributes, effect.checkpoint
-        return self._fenced("heartbeat", lambda c: self.table.heartbeat(key, me, c, attributes, checkpoint=cp),
+        kbps = self.throughput.take(self.local()) if self.world.scenario.report_throughput else None
+        return self._fenced("heartbeat", lambda c: self.table.heartbeat(key, me, c, attributes, checkpoint=cp,
+                                                                        throughput_kbps=kbps),
                             lambda hold, outcome, sent: life.renewed(hold, outcome, sent, self.timing, self.local()))
 
     def _end(self, effect):
@@ -443,6 +448,7 @@ class SimConsumer(Process):
             self.world.stats["leases deleted"] += len(result.deleted)
         if result.stolen:
             self.world.stats["steals"] += 1
+            self.world.steal_times.append(self.world.now)
         self._wait_next_cycle()
 
     def _cycle_failed(self, error: BaseException) -> None:
@@ -528,9 +534,17 @@ class SimConsumer(Process):
                 self.world.stats["stuck workers killed"] += 1
                 self.world.note(f"{self!r}: killed {worker!r}: its lease was not renewed within the expiry")
             return None
+        # The worker metrics table, as the world's dict (worker id → last update, on the true clock: hosts'
+        # wall clocks are NTP-synced; their drift is the monotonic one). A partitioned host reaches neither.
         if kind is cyc.PublishWorkerMetrics:
-            self.world.stats["worker metrics published"] += 1  # a table the simulated fleet never reads
+            if not self.host.faults.partitioned:
+                self.world.worker_metrics[self.worker_id] = self.world.now
+                self.world.stats["worker metrics published"] += 1
             return None
+        if kind is cyc.ReadWorkerMetrics:
+            if self.host.faults.partitioned:
+                return None
+            return cyc.PeerMetrics(dict(self.world.worker_metrics), self.world.now)
         raise TypeError(f"the simulated manager cannot handle {effect!r}")
 
     def _scanned(self, leases, error, sent):

@@ -23,6 +23,7 @@ from ..kcl.kpl import aggregate
 HASH_SPACE = 1 << 128
 ITERATOR_LIFETIME = 300.0
 LIST_PAGE = 4  # small pages, so the paginated ListShards path is exercised
+PAYLOAD_BYTES = 200  # a user record's size: holders' throughput reports (KB/s) sit well above the idle floor
 
 
 def _error(code: str, message: str, operation: str, status: int = 400) -> ClientError:
@@ -106,19 +107,24 @@ class SimStream:
         seq = str(self._sequence)
         key = (len(seq), seq)
         if users == 1:
-            data, positions = f"r{seq}".encode(), ((len(seq), seq, 0),)
+            data, positions = f"r{seq}".encode().ljust(PAYLOAD_BYTES, b"."), ((len(seq), seq, 0),)
         else:
-            data = aggregate([(f"pk{i}", None, f"r{seq}.{i}".encode()) for i in range(users)])
+            data = aggregate([(f"pk{i}", None, f"r{seq}.{i}".encode().ljust(PAYLOAD_BYTES, b"."))
+                              for i in range(users)])
             positions = tuple((len(seq), seq, i) for i in range(users))
         shard.records.append(StreamRecord(seq, key, self.now(), data, f"pk{seq}", positions))
         shard.keys.append(key)
         shard.positions.extend(positions)
         self.user_records += users
 
-    def produce(self, rate: float) -> None:
-        for shard in self.open_shards():
-            if self.rng.random() < rate:
-                self.put(shard, 1 if self.rng.random() < 0.7 else self.rng.randint(2, 4))
+    def produce(self, rate: float, hot: int = 1) -> None:
+        """One second of traffic: each open shard gets a record with probability `rate`; the shard holding
+        the lowest hash keys (a hot partition key) gets `hot` such chances."""
+        shards = sorted(self.open_shards(), key=lambda s: s.lo)
+        for shard in shards:
+            for _ in range(hot if shard is shards[0] else 1):
+                if self.rng.random() < rate:
+                    self.put(shard, 1 if self.rng.random() < 0.7 else self.rng.randint(2, 4))
 
     # -- resharding and retention --------------------------------------------------------------------------
     def reshard(self) -> str:

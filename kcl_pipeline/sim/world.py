@@ -72,6 +72,8 @@ class Scenario:
     pipeline_period: float | None = None  # the pipeline commits checkpoints every so often (None: workers do)
     liveness_slack: float = 6.0
     settle_seconds: float = 240.0
+    hot: int = 1  # the first shard's traffic, in multiples of the others' (load-aware balance)
+    report_throughput: bool = True  # holders write throughputKBps (False: Java KCL 2.x's count balance)
 
     @classmethod
     def generate(cls, seed: int, steps: int, faults: Iterable[str] = FAULTS) -> "Scenario":
@@ -98,11 +100,12 @@ class Scenario:
                    flush_records=rng.choice([1, 3, 8]), kinesis_throttle=rng.choice([0.0, 0.0, 0.05]),
                    noise="lost-responses" in faults and rng.random() < 0.5, events=tuple(events),
                    scan_page_items=rng.choice([None, None, 1, 2]),
-                   pipeline_period=None if java else pipeline_period)
+                   pipeline_period=None if java else pipeline_period, hot=rng.choice([1, 1, 1, 5]))
 
     def describe(self) -> str:
         kinds = Counter(e.kind for e in self.events)
-        return (f"{self.consumers} consumer(s){' + a Java peer' if self.java else ''}, {self.shards} shard(s), "
+        return (f"{self.consumers} consumer(s){' + a Java peer' if self.java else ''}, {self.shards} shard(s)"
+                f"{f' (one {self.hot}x hot)' if self.hot > 1 else ''}, "
                 f"faults: {', '.join(f'{k}×{n}' for k, n in sorted(kinds.items())) or 'none'}")
 
 
@@ -139,6 +142,8 @@ class World(Engine):
         self.config = base_config("template", scenario.leases_to_acquire)
         self.table_name = self.config.lease_table
         self.stats: Counter = Counter()
+        self.steal_times: list[float] = []  # when a manager planned a steal (virtual seconds)
+        self.worker_metrics: dict[str, float] = {}  # the worker metrics table: worker id → last update
         self._serials = 0
         self.dynamodb = SimDynamoDB()
         self.checker = Checker(self)
@@ -241,7 +246,7 @@ class World(Engine):
 
     def _produce(self) -> None:
         if self.producing:
-            self.stream.produce(self.scenario.rate)
+            self.stream.produce(self.scenario.rate, self.scenario.hot)
 
     def _trim(self) -> None:
         for shard_id in self.stream.trim():

@@ -159,7 +159,48 @@ def test_throughput_meter_reports_kb_per_second_between_heartbeats():
     meter.add(10 * 1024)
     assert meter.take(104.0) == 5.0
     assert meter.take(104.0) is None  # no time passed: no rate
-    assert meter.take(106.0) == 0.0  # idle
+
+
+def test_one_bursty_heartbeat_interval_does_not_look_like_a_load_change():
+    """A shard at a steady 4 KB/s whose polls fall alternately before and after the heartbeats measures
+    0, 8, 0, 8 ... raw (the report swung by 100 % each heartbeat); the moving average keeps it near 4."""
+    from kcl_pipeline.kcl.balance import ThroughputMeter
+    meter = ThroughputMeter(smoothed=4.0)
+    meter.take(0.0)
+    reports = []
+    for i in range(1, 61):
+        meter.add(24 * 1024 if i % 2 else 0)
+        reports.append(meter.take(3.0 * i))
+    assert all(3.0 <= r <= 5.0 for r in reports), reports
+
+
+def test_a_new_holder_continues_the_previous_holders_average_instead_of_reporting_its_catch_up():
+    """Re-reading from the checkpoint delivers a burst: reported raw, it made the new holder's consumer
+    look overloaded and the lease moved on again."""
+    from kcl_pipeline.kcl.balance import ThroughputMeter
+    meter = ThroughputMeter(smoothed=2.0)  # the lease's last report, by its previous holder
+    meter.take(0.0)
+    meter.add(60 * 1024)  # 20 KB/s for 3 s: the catch-up
+    assert meter.take(3.0) < 4.0
+
+
+def test_an_idle_lease_reports_zero_instead_of_its_old_load_for_ever():
+    """An average never reaches 0: without the idle floor an idle stream kept its old load ratios, and
+    the balance kept weighing leases that carried nothing."""
+    from kcl_pipeline.kcl.balance import ThroughputMeter
+    meter = ThroughputMeter()
+    meter.take(0.0)
+    meter.add(300 * 1024)
+    assert meter.take(3.0) == 100.0
+    reports = [meter.take(3.0 * t) for t in range(2, 300)]
+    assert reports[-1] == 0.0 and reports.index(0.0) * 3 < 600
+
+
+def test_an_unreported_lease_in_an_idle_fleet_weighs_as_little_as_the_idle_ones():
+    """Every report 0 (the stream went quiet) and one fresh lease unreported: it weighed 100x the others,
+    and a consumer holding it looked overloaded to the whole fleet."""
+    loads = effective_loads({"a": 0.0, "b": 0.0, "fresh": None})
+    assert loads["fresh"] == loads["a"] == loads["b"] > 0
 
 
 def test_a_lease_in_a_kcl3_graceful_handoff_is_never_stolen():
@@ -173,3 +214,84 @@ def test_a_lease_in_a_kcl3_graceful_handoff_is_never_stolen():
     by_load = [Lease("h", Checkpoint(TRIM_HORIZON), "a", 5, extra={"checkpointOwner": "old", "throughputKBps": 300.0}),
                _lease("a2", "a", 50.0), _lease("a3", "a", 250.0)]
     assert _plan("me", by_load).steal.lease_key == "a3"
+
+
+# -- patience: a load-aware steal waits until the imbalance has lasted ----------------------------------------
+
+def test_only_a_confirmed_overloaded_owner_is_stolen_from():
+    owned = {"a": {"h": 100.0, "a1": 30.0}, "b": {"b1": 10.0}}
+    assert plan_steal("me", {}, owned).owner == "a"
+    assert plan_steal("me", {}, owned, confirmed=set()) is None
+    assert plan_steal("me", {}, owned, confirmed={"a"}).owner == "a"
+
+
+def _patience_world():
+    """me (idle, one lease), a hot owner 'a' with a movable lease, a light owner 'b'; all live."""
+    from kcl_pipeline.kcl.model import Shard
+    leases = [_lease("h", "a", 100.0), _lease("a1", "a", 40.0), _lease("b1", "b", 30.0), _lease("m1", "me", 5.0)]
+    return leases, [Shard(lease.lease_key) for lease in leases]
+
+
+def _cycle(state, settings, leases, now):
+    from dataclasses import replace
+
+    from kcl_pipeline.kcl import cycle as cyc
+    from kcl_pipeline.kcl import lease_life as life
+    spawned = []
+
+    # Live holders heartbeat between cycles: every counter moves.
+    leases = [replace(lease, lease_counter=int(now)) for lease in leases]
+
+    def handle(effect):
+        if isinstance(effect, cyc.Now):
+            return now
+        if isinstance(effect, cyc.ScanTable):
+            return cyc.Scanned(leases, now, now)
+        if isinstance(effect, life.ListShards):
+            return state.shards
+        if isinstance(effect, cyc.Spawn):
+            spawned.append((effect.lease.lease_key, effect.stolen))
+        return None
+    life.drive(cyc.manager_cycle(state, settings, {"m1"}, random.Random(0)), handle)
+    return spawned
+
+
+def test_a_passing_overload_moves_nothing_and_a_lasting_one_moves_a_lease_after_the_patience():
+    """Without patience one noisy scan (or a new holder's catch-up burst) moved a lease, and the
+    fleet flapped in the simulation."""
+    from kcl_pipeline.kcl import cycle as cyc
+    leases, shards = _patience_world()
+    state = cyc.ManagerState(shards=shards, list_next=False)
+    settings = cyc.CycleSettings("me", Checkpoint(TRIM_HORIZON), 10.0, 1, 10, balance_patience_seconds=20.0)
+    assert _cycle(state, settings, leases, 100.0) == []
+    assert _cycle(state, settings, leases, 110.0) == []
+    assert _cycle(state, settings, leases, 120.0) == [("a1", True)]
+
+
+def test_a_move_anywhere_in_the_fleet_restarts_the_patience():
+    from kcl_pipeline.kcl import cycle as cyc
+    leases, shards = _patience_world()
+    state = cyc.ManagerState(shards=shards, list_next=False)
+    settings = cyc.CycleSettings("me", Checkpoint(TRIM_HORIZON), 10.0, 1, 10, balance_patience_seconds=20.0)
+    _cycle(state, settings, leases, 100.0)
+    _cycle(state, settings, leases, 110.0)
+    # a took b's lease meanwhile: the loads are judged afresh, from when the ownership last changed
+    moved = [lease if lease.lease_key != "b1" else _lease("b1", "a", 30.0) for lease in leases]
+    assert _cycle(state, settings, moved, 120.0) == []
+    assert _cycle(state, settings, moved, 130.0) == []
+    assert _cycle(state, settings, moved, 140.0) != []
+
+
+def test_the_patience_is_two_cycles():
+    from kcl_pipeline.kcl import cycle as cyc
+    from kcl_pipeline.kcl.config import ConsumerConfig
+    config = ConsumerConfig(stream="s", application="app", worker_id="me", cycle_seconds=10.0)
+    assert cyc.CycleSettings.of(config).balance_patience_seconds == 20.0
+
+
+def test_without_patience_the_first_scan_that_sees_the_overload_steals():
+    from kcl_pipeline.kcl import cycle as cyc
+    leases, shards = _patience_world()
+    state = cyc.ManagerState(shards=shards, list_next=False)
+    settings = cyc.CycleSettings("me", Checkpoint(TRIM_HORIZON), 10.0, 1, 10)
+    assert _cycle(state, settings, leases, 100.0) == [("a1", True)]

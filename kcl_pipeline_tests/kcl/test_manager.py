@@ -162,3 +162,22 @@ def test_a_failed_worker_metrics_write_never_fails_the_cycle(fleet, caplog):
     manager.table.client.update_item = throttled  # the metrics write only: leases are created with PutItem
     report = manager.run_cycle()
     assert report.total_leases == 2 and "could not write this consumer's worker metrics" in caplog.text
+
+
+def test_the_manager_reads_the_fleets_worker_metrics_and_a_failed_read_never_fails_the_cycle(fleet, caplog):
+    from kcl_pipeline.kcl import worker_metrics
+
+    manager, table, clock, spawned, _ = fleet()
+    worker_metrics.publish(table.client, manager.config.application, "idle-peer", int(time.time()), [0.0])
+    manager.run_cycle()
+    assert manager.state.live_peers == frozenset({"idle-peer"})  # read before our first write
+
+    def throttled(*args, **kwargs):
+        raise RuntimeError("ProvisionedThroughputExceededException")
+
+    manager.table.client.scan = lambda **request: (throttled() if request.get("TableName", "").endswith(
+        "-WorkerMetricStats") else type(manager.table.client).scan(manager.table.client, **request))
+    clock[0] += 60.0
+    report = manager.run_cycle()
+    assert report.total_leases == 2 and "could not read the fleet's worker metrics" in caplog.text
+    assert manager.state.live_peers == frozenset({"idle-peer"})  # the last known peers stay

@@ -97,3 +97,84 @@ def test_the_cycle_publishes_on_its_period_and_keeps_the_recent_values():
         life.drive(cyc.manager_cycle(state, settings, (), random.Random(0)), handle)
     assert [t for t, _ in published] == [0.0, 40.0, 80.0, 120.0, 160.0, 200.0, 240.0, 280.0, 320.0, 360.0]
     assert len(published[-1][1]) == 10  # KCL's item keeps the 10 most recent values
+
+
+# -- reading the fleet's items: idle consumers count in the balance's mean ---------------------------------------
+
+def test_last_updates_skips_items_it_cannot_read():
+    from kcl_pipeline.kcl.worker_metrics import last_updates
+
+    items = [{"wid": {"S": "a"}, "lut": {"N": "100"}}, {"wid": {"S": "b"}, "lut": {"N": "not-a-number"}},
+             {"wid": {"S": "c"}}, {"lut": {"N": "5"}}, {"wid": {"S": "d"}, "lut": {"N": "NaN"}},
+             {"wid": {"S": "e"}, "lut": {"N": "90.5"}, "sts": {"M": {}}}]
+    assert last_updates(items) == {"a": 100.0, "e": 90.5}
+
+
+def test_a_worker_is_live_while_its_item_is_fresh():
+    from kcl_pipeline.kcl.worker_metrics import live_workers
+
+    assert live_workers({"a": 100.0, "b": 30.0, "c": 69.0}, 100.0, 31.0) == {"a", "c"}
+
+
+def test_idle_consumers_are_live_peers_holding_no_live_lease():
+    from kcl_pipeline.kcl.cycle import idle_consumers
+    from kcl_pipeline.kcl.model import SHARD_END, Checkpoint, Lease
+
+    leases = [Lease("s1", Checkpoint("5"), "busy", 1), Lease("s2", Checkpoint(SHARD_END), "ended-only", 1)]
+    peers = {"me", "busy", "ended-only", "idle", "old-me"}
+    assert idle_consumers(peers, leases, "me") == 3
+    assert idle_consumers(peers, leases, "me", predecessor=lambda owner: owner == "old-me") == 2
+
+
+def test_the_cycle_counts_idle_peers_from_their_worker_metrics_in_the_balance():
+    """Visible mean 53.3 leaves b (60) alone; two peers with fresh metrics and no lease make the mean 32,
+    and me steals from b. Before, nothing read the metrics table: an idle consumer settled for less."""
+    import random
+    from dataclasses import replace
+
+    from kcl_pipeline.kcl import cycle as cyc
+    from kcl_pipeline.kcl import lease_life as life
+    from kcl_pipeline.kcl.model import TRIM_HORIZON, Checkpoint, Lease, Shard
+
+    def lease(key, owner, kbps):
+        return Lease(key, Checkpoint(TRIM_HORIZON), owner, 1, extra={"throughputKBps": kbps})
+
+    leases = [lease("h", "a", 100.0), lease("b1", "b", 30.0), lease("b2", "b", 30.0)]
+    shards = [Shard(lease.lease_key) for lease in leases]
+
+    def run(peer_items):
+        state = cyc.ManagerState(shards=shards, list_next=False)
+        settings = cyc.CycleSettings("me", Checkpoint(TRIM_HORIZON), 10.0, 1, 10, worker_metrics_period_seconds=30.0)
+        spawned = []
+
+        def handle(effect):
+            if isinstance(effect, cyc.Now):
+                return 100.0
+            if isinstance(effect, cyc.ScanTable):
+                return cyc.Scanned([replace(x, lease_counter=7) for x in leases], 100.0, 100.0)
+            if isinstance(effect, life.ListShards):
+                return shards
+            if isinstance(effect, cyc.ReadWorkerMetrics):
+                return None if peer_items is None else cyc.PeerMetrics(peer_items, 1_700_000_000.0)
+            if isinstance(effect, cyc.Spawn):
+                spawned.append(effect.lease.lease_key)
+            return None
+        life.drive(cyc.manager_cycle(state, settings, (), random.Random(0)), handle)
+        return spawned
+
+    now = 1_700_000_000.0
+    assert run({"a": now, "b": now}) == []
+    assert run({"a": now, "b": now, "idle-1": now - 10, "idle-2": now - 5}) == ["b1"]
+    assert run({"a": now, "b": now, "idle-1": now - 3600, "idle-2": now - 3600}) == []  # long gone
+    assert run(None) == []  # a failed read: no peers known
+
+
+@pytest.mark.emulator
+def test_read_last_updates_reads_every_workers_item_and_no_table_is_no_peers(dynamodb_client, unique_name):
+    from kcl_pipeline.kcl.worker_metrics import read_last_updates
+
+    app = unique_name("wmread")
+    assert read_last_updates(dynamodb_client, app) == {}
+    publish(dynamodb_client, app, "w-1", 1732441200, [5.0])
+    publish(dynamodb_client, app, "w-2", 1732441260, [1.0])
+    assert read_last_updates(dynamodb_client, app) == {"w-1": 1732441200.0, "w-2": 1732441260.0}
