@@ -14,7 +14,8 @@ the shipped manager cycles and workers on a stream whose first of 24 shards carr
 holders writing their smoothed `throughputKBps` on heartbeats (noisy, as real reports are) and the
 manager's patience; the peer is the same world with no reports (the count balance). Figures are virtual
 seconds of the simulation (LABEL: simulated, not wall time): when the true loads entered the tolerance
-for good, steals, moves that made the true balance worse, steals in the last third, final max/mean.
+for good, steals, of which handed over gracefully, moves that made the true balance worse, steals in the
+last third, final max/mean.
 
     .venv/bin/python benchmarks/bench_balance.py [--consumers 8] [--shards 64] [--seeds 5]
     .venv/bin/python benchmarks/bench_balance.py --world [--seeds 20] [--seconds 900]
@@ -94,8 +95,8 @@ def world(seeds: int, seconds: float) -> None:
     from multiprocessing import Pool
     logging.disable(logging.WARNING)
     print(f"simulated world: 3 consumers, 24 shards, shard 0 at 10x, {seeds} seeds x {seconds:.0f} virtual s")
-    print(f"{'planner':<13}{'within tol. since (median/max s)':>33}{'steals':>8}{'worse':>7}{'late':>6}"
-          f"{'max/mean':>10}{'seeds in tol.':>15}")
+    print(f"{'planner':<13}{'within tol. since (median/max s)':>33}{'steals':>8}{'handed':>8}{'worse':>7}"
+          f"{'late':>6}{'max/mean':>10}{'seeds in tol.':>15}")
     medians = {}
     for name, load_aware in (("load-aware", True), ("count-based", False)):
         with Pool(os.cpu_count() or 1) as pool:
@@ -104,7 +105,7 @@ def world(seeds: int, seconds: float) -> None:
         since_text = f"{statistics.median(since):.0f} / {max(since):.0f}" if since else "never"
         medians[name] = statistics.median(r.max_over_mean for r in runs)
         print(f"{name:<13}{since_text:>33}{statistics.mean(r.steals for r in runs):>8.1f}"
-              f"{sum(r.worsening_moves for r in runs):>7}{sum(r.steady_steals for r in runs):>6}"
+              f"{statistics.mean(r.handoffs for r in runs):>8.1f}{sum(r.worsening_moves for r in runs):>7}{sum(r.steady_steals for r in runs):>6}"
               f"{medians[name]:>10.2f}{sum(r.within_tolerance() for r in runs):>9} of {seeds}")
         violations = [v for r in runs for v in r.violations]
         if violations:

@@ -168,6 +168,34 @@ def plan_steal(me: str, mine: Mapping[str, float], owned: Mapping[str, Mapping[s
     return None
 
 
+def imbalance(held: dict[str, dict[str, float | None]], settings: BalanceSettings = BalanceSettings()
+                   ) -> str | None:
+    """Why the live consumers (each with its leases' reported KB/s) are not balanced, or None: the
+    balance's stated outcome, which the simulation and the fleet tests check.
+
+    While some lease reports traffic, the stated tolerance: no consumer's load above the mean × (1 +
+    tolerance), unless none of its leases fits the gap to the lightest consumer (less the hysteresis) —
+    lease granularity. Otherwise (nothing reported, or an idle stream): within one lease by count."""
+    counts = {owner: len(leases) for owner, leases in held.items()}
+    reported = {key: value for leases in held.values() for key, value in leases.items()}
+    if not any(reported.values()):
+        if max(counts.values()) - min(counts.values()) > 1:
+            return f"the fleet is unbalanced: {dict(sorted(counts.items()))}"
+        return None
+    loads = effective_loads(reported, settings)
+    totals = {owner: sum(loads[key] for key in leases) for owner, leases in held.items()}
+    mean = sum(totals.values()) / len(totals)
+    lightest = min(totals.values())
+    for owner, total in sorted(totals.items()):
+        gap = total - lightest
+        if total > mean * (1 + settings.tolerance) and any(
+                loads[key] <= gap - settings.margin * mean for key in held[owner]):
+            shown = {o: round(t, 3) for o, t in sorted(totals.items())}
+            return (f"the fleet is unbalanced by load: {owner} carries {total:.3f} KB/s against a mean of "
+                    f"{mean:.3f} and has a lease that fits the gap ({shown})")
+    return None
+
+
 def confirmed_overloaded(overloaded_since: Mapping[str, float], now: float, patience_seconds: float) -> set[str]:
     """Owners seen overloaded without a break for at least `patience_seconds` (times on one clock)."""
     return {owner for owner, since in overloaded_since.items() if now - since >= patience_seconds}
@@ -180,4 +208,4 @@ def still_overloaded(overloaded_since: Mapping[str, float], overloaded: Collecti
 
 
 __all__ = ["BalanceSettings", "Steal", "ThroughputMeter", "THROUGHPUT_ATTRIBUTE", "confirmed_overloaded",
-           "effective_loads", "overloaded_owners", "plan_steal", "reported_load", "still_overloaded"]
+           "effective_loads", "imbalance", "overloaded_owners", "plan_steal", "reported_load", "still_overloaded"]

@@ -110,6 +110,7 @@ class Spawn:
     """Start a worker for this lease (it acquires it itself, conditioned on what was observed). → None"""
     lease: Lease
     stolen: bool = False
+    handoff: bool = False  # ask the holder for a graceful hand-off first (it runs our protocol)
 
 
 @dataclass(frozen=True)
@@ -249,7 +250,9 @@ def manager_cycle(state: ManagerState, settings: CycleSettings, locally_worked: 
         yield Spawn(lease)
         result.spawned.append(lease.lease_key)
     if plan.steal is not None:
-        yield Spawn(plan.steal, stolen=True)
+        # A holder with a fresh worker metrics item runs this protocol (or KCL 3.x's), which hands a lease
+        # over gracefully; a KCL 2.x holder publishes none and is stolen from cold, as Java steals.
+        yield Spawn(plan.steal, stolen=True, handoff=plan.steal.lease_owner in state.live_peers)
         result.stolen = plan.steal.lease_key
     if plan.take or plan.steal:
         state.recently_ended.clear()

@@ -30,6 +30,7 @@ from typing import Any, Callable, Generator, Mapping, Sequence
 from .lease_hold import LeaseHold, LeaseTiming, Outcome
 from .lease_table import LeaseTableError, LeaseTableMissing, LeaseTableUnavailable
 from .model import Checkpoint, Lease, Shard
+from .lease_rules import CLAIM_ATTRIBUTE, HANDOFF_ATTRIBUTE
 from .planner import blocked_on_parents, child_leases_on_end
 
 # -- settings and results -----------------------------------------------------------------------------
@@ -45,6 +46,11 @@ class LifeSettings:
     # validity passes (it learns of the take at its next heartbeat at the latest), so the new holder
     # delivers nothing for one expiry after its acquire returned: never two deliverers at once.
     stolen: bool = False
+    # Take it by a graceful hand-off from this live holder (it runs this consumer's protocol: its worker
+    # metrics are fresh): it checkpoints what it delivered and steps aside, and this worker delivers at
+    # once — instead of waiting out the holder's validity. A holder that does not answer within
+    # `handoff_timeout` is taken from cold, as any steal.
+    handoff_from: str | None = None
 
 
 @dataclass(frozen=True)
@@ -52,7 +58,7 @@ class LifeResult:
     """How a lease's life in a worker ended (the worker reports it to its manager)."""
 
     lease_key: str
-    outcome: str  # not_acquired | blocked_on_parents | shard_ended | lease_lost | shutdown | failed
+    outcome: str  # not_acquired | blocked_on_parents | shard_ended | lease_lost | handed_off | shutdown | failed
     detail: str = ""
     children_created: tuple[str, ...] = ()
 
@@ -78,7 +84,41 @@ class Effect:
 
 @dataclass(frozen=True)
 class Acquire(Effect):
-    """Conditional take of the observed lease; note the send time and install the hold. → Lease | None"""
+    """Conditional take of the lease as observed (by the manager's scan, or `observed` when given); note
+    the send time and install the hold. → Lease | None"""
+    observed: Lease | None = None
+
+
+@dataclass(frozen=True)
+class InitiateHandoff(Effect):
+    """Ask the observed holder to hand the lease over (`LeaseTable.initiate_handoff`, conditioned on the
+    observed owner and counter). → Lease (as written, with this worker's claim) | None"""
+
+
+@dataclass(frozen=True)
+class FinishHandoff(Effect):
+    """The old holder's last write of a hand-off (`LeaseTable.finish_handoff`, fenced on the hold's
+    counter): the checkpoint, the counter moved on, `checkpointOwner` removed. → bool"""
+    checkpoint: Checkpoint | None
+
+
+@dataclass(frozen=True)
+class CancelHandoff(Effect):
+    """Withdraw this worker's unfinished hand-off request (`LeaseTable.cancel_handoff`, fenced on the
+    asked lease's owner, counter and claim). → bool"""
+    asked: Lease
+
+
+@dataclass(frozen=True)
+class ReleaseObserved(Effect):
+    """Release a lease this worker owns but never acquired a hold on (a finished hand-off it no longer
+    wants), fenced on the counter it read. → bool"""
+    lease: Lease
+
+
+@dataclass(frozen=True)
+class Clock(Effect):
+    """The worker's clock and whether it was asked to stop, before it holds anything. → (float, bool)"""
 
 
 @dataclass(frozen=True)
@@ -174,7 +214,8 @@ class MarkEnded(Effect):
 
 @dataclass(frozen=True)
 class OwnerlessCheckpoint(Effect):
-    """The forward-only checkpoint that needs no lease. → bool"""
+    """The forward-only checkpoint that needs no lease, written only while nobody else holds the lease
+    (`LeaseTable.checkpoint(..., unless_held_by_another=me)`). → bool"""
     checkpoint: Checkpoint
 
 
@@ -305,12 +346,76 @@ def wait_between_polls_for_end(settings: LifeSettings) -> float:
 
 # -- the delivery coroutine -----------------------------------------------------------------------------
 
-def lease_life(observed: Lease, settings: LifeSettings) -> Life:
-    """The life of the lease `observed` (as the manager's scan saw it) in one worker."""
+def handoff_timeout(settings: LifeSettings) -> float:
+    """How long a hand-off may take before the lease is taken from cold: half an expiry. The holder hears
+    of it at its next heartbeat (a third of an expiry apart) and its counter stops moving meanwhile, so
+    waiting longer would let a third consumer see the lease expire and take it first."""
+    return settings.timing.expiry_seconds / 2
+
+
+def _await_handoff(me: str, settings: LifeSettings) -> Generator[Effect, Any, tuple[Lease, bool] | None]:
+    """Initiate a hand-off and wait for it: (the lease to acquire, whether the holder may still deliver),
+    or None when the lease went elsewhere (or the worker was asked to stop).
+
+    The lease is still the one asked for only while it carries this worker's claim: another process under
+    the same worker id (or this one, after a freeze) may have taken and worked it meanwhile."""
+    asked = yield InitiateHandoff()
+    if asked is None:
+        return None
+    claim = asked.extra.get(CLAIM_ATTRIBUTE)
+    now, stop = yield Clock()
+    deadline = now + handoff_timeout(settings)
+    while not stop:
+        current = yield GetLease()
+        if (current is None or current.is_ended or current.lease_owner != me
+                or current.extra.get(CLAIM_ATTRIBUTE) != claim):
+            return None
+        if current.extra.get(HANDOFF_ATTRIBUTE) is None:
+            if current.lease_counter == asked.lease_counter + 1:
+                return current, False  # the holder checkpointed and stepped aside: it delivers no more
+            return None  # moved on more than the holder's one last write: not ours to take as handed over
+        if current.lease_counter != asked.lease_counter:
+            return None
+        if now >= deadline:
+            return current, True  # no answer: take it from cold, which fences the holder
+        yield Wait(min(wait_between_polls_for_end(settings), deadline - now))
+        now, stop = yield Clock()
+    yield from _withdraw_handoff(me, asked)
+    return None
+
+
+def _withdraw_handoff(me: str, asked: Lease) -> Generator[Effect, Any, None]:
+    """Asked to stop while waiting: give the holder its lease back, or release it once handed over (the
+    holder stepped aside: nobody else delivers). A lease SIGTERM leaves owned waits out an expiry."""
+    claim = asked.extra.get(CLAIM_ATTRIBUTE)
+    try:
+        if (yield CancelHandoff(asked)):
+            return
+        current = yield GetLease()
+        if (current is not None and current.lease_owner == me and current.extra.get(CLAIM_ATTRIBUTE) == claim
+                and HANDOFF_ATTRIBUTE not in current.extra and current.lease_counter == asked.lease_counter + 1):
+            yield ReleaseObserved(current)
+    except Exception:  # unreachable: the lease expires
+        return
+
+
+def lease_life(observed: Lease, settings: LifeSettings, me: str | None = None) -> Life:
+    """The life of the lease `observed` (as the manager's scan saw it) in one worker (`me`: its worker id,
+    needed for a hand-off)."""
     key = observed.lease_key
     acquired = False
+    stolen = settings.stolen
     try:
-        lease = yield Acquire()
+        target = None
+        if settings.handoff_from is not None:
+            if me is None:
+                raise ValueError("a hand-off needs the worker id")
+            handed = yield from _await_handoff(me, settings)
+            if handed is None:
+                return LifeResult(key, "not_acquired", "the hand-off was overtaken (the lease moved on, or the "
+                                                       "worker was asked to stop)")
+            target, stolen = handed
+        lease = yield Acquire(target)
         if lease is None:
             return LifeResult(key, "not_acquired",
                               "the lease changed since it was observed (another consumer moved it first, or it ended)")
@@ -325,7 +430,7 @@ def lease_life(observed: Lease, settings: LifeSettings) -> Life:
                 yield Release()
                 return LifeResult(key, "blocked_on_parents", ",".join(waiting))
         yield StartHeartbeats()
-        if settings.stolen:
+        if stolen:
             status = yield Check()
             deliver_from = status.now + settings.timing.expiry_seconds
             while status.now < deliver_from:
@@ -405,10 +510,49 @@ def _shutdown(key: str, status: Status) -> Life:
     yield Notify("shutdown_requested" if status.hold.may_deliver(status.now) else "lease_lost")
     yield from flush_pending()
     released = yield Release()
+    if not released and (yield from _hand_off_on_shutdown(status.hold)):
+        return LifeResult(key, "shutdown", "handed_off")
     return LifeResult(key, "shutdown", f"released={released}")
 
 
+def _hand_off_on_shutdown(hold: LeaseHold) -> Generator[Effect, Any, bool]:
+    """Stopping while a hand-off of our lease was asked for: finish it rather than leave it hanging (the
+    release was refused: the table names the asker as owner)."""
+    try:
+        current = yield GetLease()
+        return bool(asked_to_hand_off(hold, current) and (yield FinishHandoff(None)))
+    except Exception:
+        return False
+
+
+def asked_to_hand_off(hold: LeaseHold, current: Lease | None) -> bool:
+    """The table shows a graceful hand-off of our lease to another worker, still ours to finish: we are
+    its `checkpointOwner` and nobody moved the counter since our last write."""
+    return (current is not None and not current.is_ended and current.lease_owner != hold.owner
+            and current.extra.get(HANDOFF_ATTRIBUTE) == hold.owner and current.lease_counter == hold.counter)
+
+
 def _lost(key: str, hold: LeaseHold) -> Life:
+    try:
+        current = yield GetLease()
+    except Exception:  # unreachable: treated as lost; a hand-off not finished is taken from cold
+        current = None
+    if asked_to_hand_off(hold, current):
+        # A graceful hand-off (KCL 3.x's checkpointOwner): delivery has stopped; the processor lands and
+        # checkpoints what it delivered, the last write hands the lease over and the new owner starts.
+        yield Notify("shutdown_requested")
+        cp = yield TakePending()
+        try:
+            handed = yield FinishHandoff(cp)
+        except Exception:
+            handed = False
+        if handed:
+            if cp is not None:
+                yield Checkpointed(cp)
+            return LifeResult(key, "handed_off", f"to {current.lease_owner}")
+        yield RestorePending(cp)
+        yield from flush_pending()
+        return LifeResult(key, "lease_lost", "the hand-off was taken over before it finished")
     yield Notify("lease_lost")
     yield from flush_pending()
     return LifeResult(key, "lease_lost", hold.lost or "no longer valid")
@@ -416,7 +560,7 @@ def _lost(key: str, hold: LeaseHold) -> Life:
 
 def flush_pending() -> Generator[Effect, Any, None]:
     """Write a checkpoint still waiting for a heartbeat: fenced while held, else the ownerless forward-only
-    write (the records were processed, whoever holds the lease now)."""
+    write while the lease is free (the records were processed; a new holder re-reads them otherwise)."""
     cp = yield TakePending()
     if cp is None:
         return
@@ -481,7 +625,8 @@ def _heartbeat_locked(pending: Checkpoint | None) -> Generator[Effect, Any, None
 
 
 __all__ = [
-    "Acquire", "Attributes", "AttributesRejected", "Begin", "Check", "Checkpointed", "Create", "Deliver",
+    "Acquire", "Attributes", "AttributesRejected", "Begin", "Check", "Checkpointed", "Clock", "Create", "Deliver",
+    "CancelHandoff", "FinishHandoff", "InitiateHandoff", "ReleaseObserved", "asked_to_hand_off", "handoff_timeout",
     "Effect", "End", "GetLease", "HeartbeatFailed", "LeaseLost", "LifeResult", "LifeSettings", "ListShards",
     "Locked", "MarkEnded", "Notify", "OwnerlessCheckpoint", "Poll", "ReadLeases", "Reinstate", "Release",
     "Renew", "RestorePending", "Scan", "ShardEnded", "StartHeartbeats", "Status", "TakePending", "Wait",

@@ -32,7 +32,8 @@ from botocore.exceptions import (
     ReadTimeoutError,
 )
 
-from .lease_rules import CLAIM_ATTRIBUTE, JAVA_HANDOVER_ATTRIBUTES, LEASE_ATTRIBUTES, check_throughput
+from .lease_rules import (CLAIM_ATTRIBUTE, HANDOFF_ATTRIBUTE, JAVA_HANDOVER_ATTRIBUTES, LEASE_ATTRIBUTES,
+                          check_throughput)
 from .model import AT_TIMESTAMP, LATEST, SHARD_END, TRIM_HORIZON, Checkpoint, Lease, checkpoint_advances
 
 log = logging.getLogger(__name__)
@@ -435,6 +436,84 @@ class LeaseTable:
             return taken[0]
         return lease_from_item(response["Attributes"])
 
+    def initiate_handoff(self, key: str, new_owner: str, holder: str, observed_counter: int,
+                         claim: str) -> Lease | None:
+        """Ask the live `holder` to hand the lease over (KCL 3.x's graceful hand-off): `leaseOwner` names
+        the new owner and `checkpointOwner` the holder, which checkpoints what it delivered and removes
+        `checkpointOwner` (`finish_handoff`); the new owner then takes the lease (`acquire`, observed owner
+        itself). The counter is left alone, as KCL 3.x does, so that the holder's final checkpoint can be
+        fenced on it. Only a lease exactly as observed, held by `holder`, not ended and with no hand-off in
+        flight. `claim` settles an unknown outcome as for `acquire`, and tells the new owner later whether
+        the lease it sees is still the one it asked for. Returns the lease as written, or None."""
+        if not new_owner or not holder or new_owner == holder:
+            raise ValueError(f"a hand-off needs two different workers, got {holder!r} → {new_owner!r}")
+        values = {":new": {"S": new_owner}, ":holder": {"S": holder}, ":observed": {"N": str(observed_counter)},
+                  ":SHARD_END": _SHARD_END, ":claim": {"S": claim}}
+
+        asked: list[Lease] = []
+
+        def judge(seen: Lease | None) -> bool:
+            if (seen is not None and seen.lease_owner == new_owner and seen.lease_counter == observed_counter
+                    and seen.extra.get(HANDOFF_ATTRIBUTE) == holder and seen.extra.get(CLAIM_ATTRIBUTE) == claim):
+                asked.append(seen)
+                return True
+            return False
+
+        response = self._write(
+            "update_item", judge, key, returns=True, TableName=self.table_name, Key=_key(key),
+            UpdateExpression=f"SET leaseOwner = :new, {HANDOFF_ATTRIBUTE} = :holder, {CLAIM_ATTRIBUTE} = :claim",
+            ConditionExpression=(f"leaseOwner = :holder AND leaseCounter = :observed AND checkpoint <> :SHARD_END "
+                                 f"AND attribute_not_exists({HANDOFF_ATTRIBUTE})"),
+            ExpressionAttributeValues=values, ReturnValues="ALL_NEW")
+        if response is False:
+            return None
+        return asked[0] if asked else lease_from_item(response["Attributes"])
+
+    def cancel_handoff(self, key: str, new_owner: str, holder: str, counter: int, claim: str) -> bool:
+        """Withdraw a hand-off this process asked for and the holder has not finished: the lease is the
+        holder's again exactly as it was (same counter, so its renewals go on). False when the holder
+        finished meanwhile (or the lease moved on)."""
+        values = {":me": {"S": new_owner}, ":holder": {"S": holder}, ":mine": {"N": str(counter)},
+                  ":claim": {"S": claim}}
+        return self._write(
+            "update_item",
+            lambda seen: (seen is not None and seen.lease_owner == holder and seen.lease_counter == counter
+                          and HANDOFF_ATTRIBUTE not in seen.extra),
+            key, TableName=self.table_name, Key=_key(key),
+            UpdateExpression=f"SET leaseOwner = :holder REMOVE {HANDOFF_ATTRIBUTE}",
+            ConditionExpression=(f"leaseOwner = :me AND leaseCounter = :mine AND {HANDOFF_ATTRIBUTE} = :holder "
+                                 f"AND {CLAIM_ATTRIBUTE} = :claim"),
+            ExpressionAttributeValues=values)
+
+    def finish_handoff(self, key: str, holder: str, counter: int, checkpoint: Checkpoint | None = None) -> bool:
+        """The old holder's last write in a hand-off: its checkpoint (when given and ahead of the table's),
+        the counter moved on, `checkpointOwner` removed — the new owner may start. False when the hand-off
+        is no longer ours to finish (the new owner or someone else took the lease meanwhile)."""
+        if checkpoint is not None and self._finish_handoff(key, holder, counter, checkpoint):
+            return True
+        return self._finish_handoff(key, holder, counter, None)  # the checkpoint was not ahead, or we lost
+
+    def _finish_handoff(self, key: str, holder: str, counter: int, checkpoint: Checkpoint | None) -> bool:
+        values: dict[str, dict] = {":holder": {"S": holder}, ":mine": {"N": str(counter)},
+                                   ":next": {"N": str(counter + 1)}, ":SHARD_END": _SHARD_END}
+        sets = ["leaseCounter = :next"]
+        condition = f"{HANDOFF_ATTRIBUTE} = :holder AND leaseCounter = :mine AND checkpoint <> :SHARD_END"
+        if checkpoint is not None:
+            if checkpoint.is_sentinel:
+                raise ValueError(f"a hand-off checkpoint takes a sequence number, not {checkpoint.sequence_number}")
+            cp_condition, cp_values = checkpoint_condition(checkpoint)
+            sets += ["checkpoint = :seq", "checkpointSubSequenceNumber = :sub", "ownerSwitchesSinceCheckpoint = :zero"]
+            values.update(cp_values, **{":zero": _ZERO})
+            condition = f"{HANDOFF_ATTRIBUTE} = :holder AND leaseCounter = :mine AND {cp_condition}"
+
+        def judge(seen: Lease | None) -> bool:
+            return (seen is not None and seen.lease_counter == counter + 1 and HANDOFF_ATTRIBUTE not in seen.extra
+                    and (checkpoint is None or not checkpoint_advances(seen.checkpoint, checkpoint)))
+
+        return self._write("update_item", judge, key, TableName=self.table_name, Key=_key(key),
+                           UpdateExpression="SET " + ", ".join(sets) + f" REMOVE {HANDOFF_ATTRIBUTE}",
+                           ConditionExpression=condition, ExpressionAttributeValues=values)
+
     def heartbeat(self, key: str, owner: str, counter: int, extra: Mapping[str, Any] | None = None,
                   checkpoint: Checkpoint | None = None, throughput_kbps: float | None = None) -> bool:
         """Renew the lease held as (`owner`, `counter`): the counter becomes counter + 1; `extra` rides along.
@@ -484,12 +563,20 @@ class LeaseTable:
         return self._write("update_item", lambda seen: ours(seen) and (
             checkpoint is None or not checkpoint_advances(seen.checkpoint, checkpoint)), key, **request)
 
-    def checkpoint(self, key: str, cp: Checkpoint) -> bool:
-        """The ownerless checkpoint: advance if `cp` is strictly after it (never touches leaseCounter)."""
+    def checkpoint(self, key: str, cp: Checkpoint, *, unless_held_by_another: str | None = None) -> bool:
+        """The ownerless checkpoint: advance if `cp` is strictly after it (never touches leaseCounter).
+
+        `unless_held_by_another` (a worker id): only while the lease is free or still shows that worker — a
+        worker flushing what it processed after losing its lease. A Java KCL holder's checkpoints are
+        fenced by its counter alone, not by order: moving the checkpoint under it would be undone by its
+        next checkpoint (a checkpoint going back)."""
         if cp.is_sentinel:
             raise ValueError(
                 f"checkpoint takes a sequence number, not {cp.sequence_number} (use end() for SHARD_END)")
         condition, values = checkpoint_condition(cp)
+        if unless_held_by_another is not None:
+            condition = f"{condition} AND ({_FREE} OR leaseOwner = :me)"
+            values = {**values, ":NULL": {"S": "NULL"}, ":me": {"S": unless_held_by_another}}
         return self._write(
             "update_item", lambda seen: seen is not None and seen.checkpoint == cp, key,
             TableName=self.table_name, Key=_key(key),

@@ -134,10 +134,7 @@ class LeaseManager:
         if isinstance(effect, Create):
             return self.table.create(effect.lease)
         if isinstance(effect, cyc.Spawn):
-            if effect.stolen:
-                self._spawn(effect.lease, stolen=True)
-            else:
-                self._spawn(effect.lease)
+            self._spawn(effect.lease, stolen=effect.stolen, handoff=effect.handoff)
             return None
         if isinstance(effect, cyc.Abandon):
             key = effect.lease.lease_key
@@ -248,12 +245,12 @@ class LeaseManager:
         return results
 
     # -- workers -----------------------------------------------------------------------------
-    def _spawn(self, lease: Lease, stolen: bool = False) -> None:
+    def _spawn(self, lease: Lease, stolen: bool = False, handoff: bool = False) -> None:
         proc = self._ctx.Process(
             target=worker_main,
             args=(self.config, lease, self.spec, self._results),
             kwargs={"keepalive": self._keepalive, "keepalive_timeout": self.keepalive_timeout,
-                    "log_level": self.worker_log_level, "stolen": stolen},
+                    "log_level": self.worker_log_level, "stolen": stolen, "handoff": handoff},
             name=f"kcl-worker-{lease.lease_key}", daemon=True)
         proc.start()
         self.workers[lease.lease_key] = proc

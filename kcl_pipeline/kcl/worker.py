@@ -30,7 +30,7 @@ from .kpl import KplStats
 from . import lease_life as life
 from .lease_hold import LeaseHold, LeaseTiming, Outcome
 from .lease_life import LeaseLost, LifeResult, LifeSettings
-from .lease_rules import check_heartbeat_attributes
+from .lease_rules import HANDOFF_ATTRIBUTE, check_heartbeat_attributes
 from .lease_table import LeaseTable, encode_value
 from .metrics import Metrics
 from .model import Checkpoint, Lease
@@ -205,13 +205,14 @@ class LeaseWorker:
     """Works one lease in the current process. `run()` returns a WorkerResult; it never raises.
 
     `observed` is the lease as the manager's scan saw it: acquire is conditioned on its owner and counter.
-    `stolen`: it was taken from a live holder (see LifeSettings.stolen).
+    `stolen`: it was taken from a live holder (see LifeSettings.stolen); `handoff`: by asking that holder
+    for a graceful hand-off first (LifeSettings.handoff_from).
     """
 
     def __init__(self, config: ConsumerConfig, observed: Lease, processor: RecordProcessor, *,
                  keepalive: Callable[[], float] | None = None, keepalive_timeout: float | None = None,
                  stop: threading.Event | None = None, monotonic: Callable[[], float] = time.monotonic,
-                 stolen: bool = False):
+                 stolen: bool = False, handoff: bool = False):
         self.config = config
         self.lease_key = observed.lease_key
         self.observed = observed
@@ -224,7 +225,8 @@ class LeaseWorker:
         self.monotonic = monotonic
         self.timing = LeaseTiming(config.lease_expiry_seconds, config.validity_margin)
         self.settings = LifeSettings(self.timing, config.initial_position.checkpoint(), config.heartbeat_seconds,
-                                     config.parent_drained_attribute, stolen)
+                                     config.parent_drained_attribute, stolen,
+                                     observed.lease_owner if handoff else None)
         self.kinesis = client("kinesis", config.aws)
         self.table = LeaseTable(config.lease_table, lease_table_client(config))
         # Few retries for metrics: a CloudWatch outage must not stall delivery.
@@ -250,13 +252,21 @@ class LeaseWorker:
         self._parent_pid = os.getppid()
         self._handlers: dict[type, Callable[[Any], Any]] = {
             life.Acquire: self._acquire, life.ReadLeases: self._read_leases, life.GetLease: self._get_lease,
+            life.InitiateHandoff: self._initiate_handoff, life.FinishHandoff: self._finish_handoff,
+            life.CancelHandoff: lambda e: self.table.cancel_handoff(
+                self.lease_key, self.config.worker_id, e.asked.extra.get(HANDOFF_ATTRIBUTE), e.asked.lease_counter,
+                self.claim),
+            life.ReleaseObserved: lambda e: self.table.release(self.lease_key, self.config.worker_id,
+                                                               e.lease.lease_counter),
+            life.Clock: lambda e: (self.monotonic(), self._should_stop()),
             life.Check: self._check, life.Wait: lambda e: self.stop.wait(e.seconds),
             life.WaitForChange: lambda e: self.lease.wait_lost(e.seconds),
             life.StartHeartbeats: self._start_heartbeats, life.Begin: self._begin, life.Poll: self._poll,
             life.Deliver: self._deliver, life.ShardEnded: self._shard_ended, life.Notify: self._notify,
             life.Renew: self._renew, life.End: self._end, life.Release: lambda e: self._release_quietly(),
             life.Reinstate: lambda e: self.lease.reinstate(e.current), life.MarkEnded: lambda e: self.lease.mark_ended(),
-            life.OwnerlessCheckpoint: lambda e: self.table.checkpoint(self.lease_key, e.checkpoint),
+            life.OwnerlessCheckpoint: lambda e: self.table.checkpoint(
+                self.lease_key, e.checkpoint, unless_held_by_another=self.config.worker_id),
             life.Checkpointed: self._checkpointed, life.TakePending: self._take_pending,
             life.RestorePending: lambda e: self._restore_pending(e.checkpoint),
             life.Attributes: lambda e: self._heartbeat_attributes(),
@@ -270,7 +280,7 @@ class LeaseWorker:
     # -- the lease's life ----------------------------------------------------------------------
     def run(self) -> WorkerResult:
         try:
-            result = self._drive(life.lease_life(self.observed, self.settings))
+            result = self._drive(life.lease_life(self.observed, self.settings, self.config.worker_id))
         except Exception as exc:  # a bug in the I/O itself: still say why, and give the lease back
             log.exception("worker for %s failed", self.lease_key)
             self._release_quietly()
@@ -298,15 +308,27 @@ class LeaseWorker:
         with self.lease.writing():
             return self._drive(effect.body)
 
-    def _acquire(self, _effect) -> Lease | None:
+    def _acquire(self, effect: life.Acquire) -> Lease | None:
+        observed = effect.observed or self.observed
         sent_at = self.monotonic()
-        lease = self.table.acquire(self.lease_key, self.config.worker_id, self.observed.lease_owner,
-                                   self.observed.lease_counter, claim=self.claim)
+        lease = self.table.acquire(self.lease_key, self.config.worker_id, observed.lease_owner,
+                                   observed.lease_counter, claim=self.claim)
         if lease is not None:
             self.lease = _HeldLease(LeaseHold.acquired(lease, sent_at, self.timing), self.timing, self.monotonic)
             log.info("acquired lease %s (counter %d, checkpoint %s, previous owner %s)", self.lease_key,
                      lease.lease_counter, lease.checkpoint, self.observed.lease_owner)
         return lease
+
+    def _initiate_handoff(self, _effect) -> Lease | None:
+        asked = self.table.initiate_handoff(self.lease_key, self.config.worker_id, self.observed.lease_owner,
+                                            self.observed.lease_counter, self.claim)
+        if asked is not None:
+            log.info("%s: asked %s for a graceful hand-off", self.lease_key, self.observed.lease_owner)
+        return asked
+
+    def _finish_handoff(self, effect: life.FinishHandoff) -> bool:
+        _, hold = self.lease.current()
+        return self.table.finish_handoff(self.lease_key, self.config.worker_id, hold.counter, effect.checkpoint)
 
     def _read_leases(self, effect: life.ReadLeases) -> dict[str, Lease | None]:
         return {key: self.table.get(key) for key in effect.keys}
@@ -495,7 +517,7 @@ def name_process(name: str) -> None:
 
 def worker_main(config: ConsumerConfig, observed: Lease, spec: ProcessorSpec,
                 results, keepalive=None, keepalive_timeout: float | None = None,
-                log_level: int = logging.INFO, stolen: bool = False) -> None:
+                log_level: int = logging.INFO, stolen: bool = False, handoff: bool = False) -> None:
     """Entry point of a worker process (multiprocessing spawn)."""
     lease_key = observed.lease_key
     name_process(WORKER_PROCESS_NAME)
@@ -515,6 +537,6 @@ def worker_main(config: ConsumerConfig, observed: Lease, spec: ProcessorSpec,
         return
     ka = (lambda: keepalive.value) if keepalive is not None else None
     worker = LeaseWorker(config, observed, processor, keepalive=ka,
-                         keepalive_timeout=keepalive_timeout, stop=stop, stolen=stolen)
+                         keepalive_timeout=keepalive_timeout, stop=stop, stolen=stolen, handoff=handoff)
     result = worker.run()
     results.put(result)

@@ -26,6 +26,7 @@ class BalanceRun:
     hot: int
     seconds: float
     steals: int
+    handoffs: int               # leases handed over gracefully (the holder checkpointed and stepped aside)
     last_steal_at: float | None
     steady_steals: int          # steals in the last third of the run
     worsening_moves: int        # moves after which the true spread (sum of squared shares) grew: noise-driven
@@ -77,7 +78,7 @@ def simulate_balance(seed: int, *, consumers: int = 3, shards: int = 24, hot: in
     world.run_until(lambda: bool(world.checker.violations) or world.now >= seconds)
     steals = world.steal_times
     return BalanceRun(seed, load_aware, consumers, shards, hot, world.now, len(steals),
-                      steals[-1] if steals else None, sum(1 for t in steals if t >= seconds * 2 / 3),
+                      world.stats["worker handed_off"], steals[-1] if steals else None, sum(1 for t in steals if t >= seconds * 2 / 3),
                       track["worse"], track["within"], true_shares(), tuple(world.checker.violations))
 
 

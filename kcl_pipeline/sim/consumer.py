@@ -16,7 +16,7 @@ from ..kcl.balance import ThroughputMeter, reported_load
 from ..kcl import lease_life as life
 from ..kcl.config import ConsumerConfig
 from ..kcl.lease_hold import LeaseHold, LeaseTiming, Outcome
-from ..kcl.lease_rules import check_heartbeat_attributes
+from ..kcl.lease_rules import HANDOFF_ATTRIBUTE, check_heartbeat_attributes
 from ..kcl.lease_table import LeaseTable, encode_value
 from ..kcl.model import Lease
 from ..kcl.processor import InitializationInput, ProcessRecordsInput
@@ -37,7 +37,8 @@ def lease_table_client(world: "World", host: Host, config: ConsumerConfig, actor
                              max_attempts=LEASE_TABLE_ATTEMPTS, read_timeout=lease_table_read_timeout(config))
 
 
-_WRITES = frozenset({"acquire", "heartbeat", "checkpoint", "end", "release", "create", "delete"})
+_WRITES = frozenset({"acquire", "heartbeat", "checkpoint", "end", "release", "create", "delete", "handoff",
+                     "finish-handoff", "cancel-handoff"})
 
 
 class _Paced(Exception):
@@ -93,7 +94,7 @@ class Process:
 class SimWorker(Process):
     """One lease worker process (worker.py's shell)."""
 
-    def __init__(self, consumer: "SimConsumer", observed: Lease, stolen: bool):
+    def __init__(self, consumer: "SimConsumer", observed: Lease, stolen: bool, handoff: bool = False):
         self.consumer = consumer
         self.world = world = consumer.world
         self.host = consumer.host
@@ -104,7 +105,8 @@ class SimWorker(Process):
         self.scope = Scope(f"worker {self.serial}", consumer.group)
         self.timing = LeaseTiming(self.config.lease_expiry_seconds, self.config.validity_margin)
         self.settings = life.LifeSettings(self.timing, self.config.initial_position.checkpoint(),
-                                          self.config.heartbeat_seconds, self.config.parent_drained_attribute, stolen)
+                                          self.config.heartbeat_seconds, self.config.parent_drained_attribute, stolen,
+                                          observed.lease_owner if handoff else None)
         self.client = lease_table_client(world, self.host, self.config, self)
         self.table = LeaseTable(self.config.lease_table, self.client)
         self.kinesis = SimKinesisClient(world.stream, world.child_rng(), world.scenario.kinesis_throttle)
@@ -137,7 +139,8 @@ class SimWorker(Process):
                 and self.hold is not None and self.hold.lost is None and not self.hold.ended)
 
     def start(self, delay: float) -> None:
-        Task(self.world, self.scope, life.lease_life(self.observed, self.settings), self.handle, lock=self.lock,
+        Task(self.world, self.scope, life.lease_life(self.observed, self.settings, self.worker_id), self.handle,
+             lock=self.lock,
              on_done=self._done, name=f"{self!r}").start(delay)
 
     def _done(self, result: life.LifeResult) -> None:
@@ -164,7 +167,7 @@ class SimWorker(Process):
         return self._handlers[type(effect)](self, effect)
 
     def _acquire(self, effect):
-        sent, observed = self.local(), self.observed
+        sent, observed = self.local(), effect.observed or self.observed
 
         def finish(lease, error):
             if error is not None:
@@ -177,6 +180,38 @@ class SimWorker(Process):
         return self.io(self.client, lambda: self.table.acquire(self.key, self.worker_id, observed.lease_owner,
                                                                observed.lease_counter, claim=f"w{self.serial}"),
                        "acquire", self, finish)
+
+    def _initiate_handoff(self, effect):
+        observed = self.observed
+
+        def finish(asked, error):
+            if error is not None:
+                raise error
+            if asked is not None:
+                self.world.note(f"{self!r}: asked {observed.lease_owner} for a hand-off")
+            return asked
+        self.inflight_sent_true = self.world.now
+        return self.io(self.client, lambda: self.table.initiate_handoff(
+            self.key, self.worker_id, observed.lease_owner, observed.lease_counter, f"w{self.serial}"),
+            "handoff", self, finish)
+
+    def _finish_handoff(self, effect):
+        counter = self.hold.counter
+        return self.io(self.client, lambda: self.table.finish_handoff(self.key, self.worker_id, counter,
+                                                                      effect.checkpoint), "finish-handoff", self)
+
+    def _cancel_handoff(self, effect):
+        asked = effect.asked
+        return self.io(self.client, lambda: self.table.cancel_handoff(
+            self.key, self.worker_id, asked.extra.get(HANDOFF_ATTRIBUTE), asked.lease_counter, f"w{self.serial}"),
+            "cancel-handoff", self)
+
+    def _release_observed(self, effect):
+        counter = effect.lease.lease_counter
+        return self.io(self.client, lambda: self.table.release(self.key, self.worker_id, counter), "release", self)
+
+    def _clock(self, effect):
+        return self.local(), self.stopping()
 
     def _read_leases(self, effect):
         return self.io(self.client, lambda: {k: self.table.get(k) for k in effect.keys}, "get", self)
@@ -304,7 +339,8 @@ class SimWorker(Process):
         self.hold = self.hold.ended_by_pipeline()
 
     def _ownerless(self, effect):
-        return self.io(self.client, lambda: self.table.checkpoint(self.key, effect.checkpoint), "checkpoint", self)
+        return self.io(self.client, lambda: self.table.checkpoint(
+            self.key, effect.checkpoint, unless_held_by_another=self.worker_id), "checkpoint", self)
 
     def _checkpointed(self, effect):
         self.checkpointed = effect.checkpoint
@@ -358,7 +394,9 @@ SimWorker._handlers = {
     life.TakePending: SimWorker._take_pending, life.RestorePending: SimWorker._restore_pending,
     life.Attributes: SimWorker._attributes, life.AttributesRejected: _counter("heartbeat attributes rejected"),
     life.HeartbeatFailed: _counter("heartbeat errors"), life.ListShards: SimWorker._list_shards,
-    life.Scan: SimWorker._scan, life.Create: SimWorker._create,
+    life.Scan: SimWorker._scan, life.Create: SimWorker._create, life.InitiateHandoff: SimWorker._initiate_handoff,
+    life.FinishHandoff: SimWorker._finish_handoff, life.Clock: SimWorker._clock,
+    life.CancelHandoff: SimWorker._cancel_handoff, life.ReleaseObserved: SimWorker._release_observed,
 }
 
 
@@ -522,7 +560,7 @@ class SimConsumer(Process):
         if kind is life.Create:
             return self.io(self.client, lambda: self.table.create(effect.lease), "create", self)
         if kind is cyc.Spawn:
-            self._spawn(effect.lease, effect.stolen)
+            self._spawn(effect.lease, effect.stolen, effect.handoff)
             return None
         if kind is cyc.DuplicateWorkerId:
             self.world.stats["duplicate worker id detected"] += 1
@@ -558,11 +596,12 @@ class SimConsumer(Process):
             return cyc.Scanned(leases, sent, self.cycle_now if self.cycling else sent)
         return cyc.Scanned(leases, sent, self.host.monotonic())
 
-    def _spawn(self, lease: Lease, stolen: bool) -> None:
-        worker = SimWorker(self, lease, stolen)
+    def _spawn(self, lease: Lease, stolen: bool, handoff: bool = False) -> None:
+        worker = SimWorker(self, lease, stolen, handoff)
         self.workers[lease.lease_key] = worker
         self.world.workers.append(worker)
-        self.world.note(f"{self!r}: spawn {worker!r}{' (steal)' if stolen else ''}")
+        how = " (hand-off)" if handoff else " (steal)" if stolen else ""
+        self.world.note(f"{self!r}: spawn {worker!r}{how}")
         worker.start(self.world.rng.uniform(0.2, 1.0))  # a spawned process takes a moment to start
 
 

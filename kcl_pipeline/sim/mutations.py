@@ -40,6 +40,8 @@ MUTATIONS: dict[str, Mutation] = {m.name: m for m in (
     Mutation("validity-from-response", "validity measured from when a write's answer arrived, not when it "
              "was sent", 400, ("slow-dynamodb", "lost-responses", "throttling", "freeze-worker", "crash")),
     Mutation("acquire-ended", "an ended (SHARD_END) lease can be acquired", 500, ("reshard", "crash")),
+    Mutation("handoff-without-wait", "a graceful hand-off's new owner delivers without waiting for the old "
+             "holder to step aside", 60),
 )}
 
 
@@ -81,6 +83,16 @@ def _renewed_from_answer(original):
     return renewed
 
 
+def _handoff_without_wait(me, settings):
+    """lease_life._await_handoff without the wait: asked, and taken as if the holder had stepped aside."""
+    if (yield lease_life.InitiateHandoff()) is None:
+        return None
+    current = yield lease_life.GetLease()
+    if current is None or current.lease_owner != me:
+        return None
+    return current, False
+
+
 @contextlib.contextmanager
 def active(name: str | None, world: Any) -> Iterator[None]:
     """Run `world` with mutation `name` (None: the shipped code as it is)."""
@@ -110,6 +122,8 @@ def active(name: str | None, world: Any) -> Iterator[None]:
                                                                   [], None)))
         elif name == "delete-foreign":
             stack.enter_context(mock.patch.object(cycle, "scoped_leases", lambda leases, shards: list(leases)))
+        elif name == "handoff-without-wait":
+            stack.enter_context(mock.patch.object(lease_life, "_await_handoff", _handoff_without_wait))
         elif name == "validity-from-response":
             stack.enter_context(mock.patch.object(lease_life, "renewed", _renewed_from_answer(lease_life.renewed)))
         try:

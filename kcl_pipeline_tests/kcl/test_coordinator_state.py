@@ -106,7 +106,7 @@ def test_kcl3_items_round_trip_unchanged_through_this_consumer(
                             lease_expiry_seconds=30.0, max_leases=4, aws=emulators.aws_settings())
     clock = [1000.0]
     manager = LeaseManager(config, ProcessorSpec("kcl_pipeline.kcl.jsonl_sink:JsonlSink"), clock=lambda: clock[0])
-    manager._spawn = lambda lease: None  # the decisions only
+    manager._spawn = lambda lease, **how: None  # the decisions only
     manager.start()  # 2.x-compatible: proceeds and creates the lease table
     table = LeaseTable(app, dynamodb_client)
     # A 3.x graceful hand-off in flight: the new owner holds the lease, the old one still has to checkpoint.

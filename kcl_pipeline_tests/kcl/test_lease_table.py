@@ -642,3 +642,18 @@ def test_an_existing_table_without_the_index_is_detected_and_used_by_scans_only(
     assert not t.has_owner_index
     with pytest.raises(LeaseTableError, match="no ACTIVE LeaseOwnerToLeaseKeyIndex"):
         t.owned_keys("w1")
+
+
+def test_a_lost_workers_flushed_checkpoint_never_moves_under_another_holder(table):
+    """Found by the simulation: a worker that lost its lease flushed its processed checkpoint ownerless
+    while a Java KCL peer, which had just taken the lease and read the older checkpoint, kept writing its
+    own (fenced by its counter alone): the checkpoint went back. The flush now needs the lease free or
+    still ours; the pipeline's ownerless commit is unchanged."""
+    table.create(Lease("held", Checkpoint("100"), "java-peer", 5))
+    assert not table.checkpoint("held", Checkpoint("200"), unless_held_by_another="me")
+    assert table.get("held").checkpoint == Checkpoint("100")
+    assert table.checkpoint("held", Checkpoint("200"))  # the pipeline's commit, as before
+    table.create(Lease("free", Checkpoint("100"), None, 5))
+    assert table.checkpoint("free", Checkpoint("200"), unless_held_by_another="me")
+    table.create(Lease("mine", Checkpoint("100"), "me", 5))
+    assert table.checkpoint("mine", Checkpoint("200"), unless_held_by_another="me")

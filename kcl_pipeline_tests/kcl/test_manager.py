@@ -32,7 +32,7 @@ def fleet(emulators, kinesis_client, dynamodb_client, unique_name):
         clock = [1000.0]
         manager = LeaseManager(config, ProcessorSpec("kcl_pipeline.kcl.jsonl_sink:JsonlSink"), clock=lambda: clock[0])
         spawned: list[str] = []
-        manager._spawn = lambda lease: spawned.append(lease.lease_key)  # no processes: the decisions only
+        manager._spawn = lambda lease, **how: spawned.append(lease.lease_key)  # no processes: the decisions only
         manager.start()
         table = LeaseTable(app, dynamodb_client)
         return manager, table, clock, spawned, [s.shard_id for s in list_shards(kinesis_client, stream)]

@@ -1,0 +1,314 @@
+"""Graceful hand-off for balance (KCL 3.x's checkpointOwner): the taker asks, the holder checkpoints and
+steps aside, the taker starts at once; a holder that does not answer is taken from cold.
+
+Pure histories of the coroutines first (each effect answered by hand), then the table's two writes
+against dynalite and moto over HTTP.
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from kcl_pipeline.kcl import cycle as cyc
+from kcl_pipeline.kcl import lease_life as life
+from kcl_pipeline.kcl.lease_hold import LeaseHold, LeaseTiming, Outcome
+from kcl_pipeline.kcl.lease_table import LeaseTable
+from kcl_pipeline.kcl.model import TRIM_HORIZON, Checkpoint, Lease, Shard
+
+TIMING = LeaseTiming(10.0, 1.0)
+MINE = {"leaseClaim": "this-process"}
+
+
+def _settings(handoff_from="holder"):
+    return life.LifeSettings(TIMING, Checkpoint(TRIM_HORIZON), heartbeat_seconds=3.0, stolen=True,
+                             handoff_from=handoff_from)
+
+
+class Taker:
+    """Answers the new owner's effects; `steps_aside_after` seconds after the ask, the holder finishes."""
+
+    def __init__(self, steps_aside_after: float | None, asked: bool = True, overtaken: Lease | None = None):
+        self.now = 0.0
+        self.asked = asked
+        self.steps_aside_after = steps_aside_after
+        self.overtaken = overtaken
+        self.lease = Lease("s-0", Checkpoint("100"), "holder", 7)
+        self.acquired_from: Lease | None = None
+        self.hold: LeaseHold | None = None
+        self.waited_before_delivering = 0.0
+        self.delivered_at: float | None = None
+
+    def __call__(self, effect):
+        if isinstance(effect, life.InitiateHandoff):
+            if not self.asked:
+                return None
+            self.lease = Lease("s-0", Checkpoint("100"), "me", 7, extra={"checkpointOwner": "holder", **MINE})
+            return self.lease
+        if isinstance(effect, life.Clock):
+            return self.now, False
+        if isinstance(effect, life.GetLease):
+            if self.overtaken:
+                return self.overtaken
+            if self.steps_aside_after is not None and self.now >= self.steps_aside_after:
+                self.lease = Lease("s-0", Checkpoint("150"), "me", 8, extra=MINE)  # checkpoint written, counter moved
+            return self.lease
+        if isinstance(effect, life.Wait):
+            self.now += effect.seconds
+            if self.hold is not None:  # heartbeats meanwhile
+                self.hold = self.hold.after_renew(Outcome.APPLIED, self.now, TIMING, self.now)
+            return None
+        if isinstance(effect, life.Acquire):
+            self.acquired_from = effect.observed
+            taken = Lease("s-0", effect.observed.checkpoint, "me", effect.observed.lease_counter + 1)
+            self.hold = LeaseHold.acquired(taken, self.now, TIMING)
+            return taken
+        if isinstance(effect, life.Check):
+            self.hold = self.hold.held(self.now)
+            return life.Status(self.now, self.hold, False)
+        if isinstance(effect, life.Begin):
+            self.delivered_at = self.now
+            raise StopAsking()
+        return None
+
+
+class StopAsking(Exception):
+    """The history under test ends at the first delivery."""
+
+
+def _run(script, settings=None):
+    return life.drive(life.lease_life(Lease("s-0", Checkpoint("100"), "holder", 7), settings or _settings(), "me"),
+                      script)
+
+
+def test_a_holder_that_steps_aside_lets_the_new_owner_start_at_once_from_its_checkpoint():
+    """Before: every steal waited out the holder's validity (an expiry) and re-read from the last
+    checkpoint the holder happened to write."""
+    script = Taker(steps_aside_after=2.0)
+    result = _run(script)
+    assert result.outcome == "failed"  # StopAsking, thrown at the first delivery
+    assert script.acquired_from.lease_owner == "me" and script.acquired_from.lease_counter == 8
+    assert script.acquired_from.checkpoint == Checkpoint("150")  # the holder's final checkpoint
+    assert script.delivered_at < TIMING.expiry_seconds / 2  # no expiry-long wait
+
+
+def test_a_holder_that_does_not_answer_is_taken_from_cold_after_half_an_expiry():
+    script = Taker(steps_aside_after=None)
+    _run(script)
+    assert script.acquired_from.extra.get("checkpointOwner") == "holder"  # taken as it stood: fences the holder
+    assert script.delivered_at >= TIMING.expiry_seconds / 2 + TIMING.expiry_seconds  # then a cold steal's wait
+
+
+@pytest.mark.parametrize("overtaken", [
+    Lease("s-0", Checkpoint("100"), "third", 8),  # a third consumer took it
+    # Found by the simulation: another process under the same worker id (or this one after a freeze)
+    # took the handed-over lease and delivered; judged "stepped aside", it was delivered twice at once.
+    Lease("s-0", Checkpoint("150"), "me", 9, extra={"leaseClaim": "another-process"}),
+    Lease("s-0", Checkpoint("150"), "me", 10, extra=MINE),  # moved on more than the holder's last write
+])
+def test_a_refused_ask_or_an_overtaken_hand_off_takes_nothing(overtaken):
+    assert _run(Taker(steps_aside_after=0.0, asked=False)).outcome == "not_acquired"
+    assert _run(Taker(steps_aside_after=None, overtaken=overtaken)).outcome == "not_acquired"
+
+
+def test_a_hand_off_needs_the_worker_id():
+    result = life.drive(life.lease_life(Lease("s-0", Checkpoint("100"), "holder", 7), _settings()),
+                        Taker(steps_aside_after=0.0))
+    assert result.outcome == "failed" and "worker id" in result.detail
+
+
+class StoppedTaker(Taker):
+    """Asked to stop while waiting; `finished` says whether the holder stepped aside before the cancel."""
+
+    def __init__(self, finished: bool):
+        super().__init__(steps_aside_after=None)
+        self.finished = finished
+        self.calls: list = []
+
+    def __call__(self, effect):
+        self.calls.append(type(effect).__name__)
+        if isinstance(effect, life.Clock):
+            return self.now, True
+        if isinstance(effect, life.CancelHandoff):
+            return not self.finished
+        if isinstance(effect, life.GetLease) and self.finished:
+            return Lease("s-0", Checkpoint("150"), "me", 8, extra=MINE)
+        if isinstance(effect, life.ReleaseObserved):
+            return True
+        return super().__call__(effect)
+
+
+@pytest.mark.parametrize("finished, expected", [(False, ["CancelHandoff"]),
+                                                (True, ["CancelHandoff", "GetLease", "ReleaseObserved"])])
+def test_a_taker_stopped_while_waiting_gives_the_lease_back(finished, expected):
+    """Before: SIGTERM during a hand-off left the lease owned by a worker that was gone (found by the
+    fleet test: a lease still owned after every consumer stopped)."""
+    script = StoppedTaker(finished)
+    assert _run(script).outcome == "not_acquired"
+    assert script.calls[script.calls.index("Clock") + 1:] == expected
+
+
+def test_a_holder_stopping_while_asked_finishes_the_hand_off_instead_of_leaving_it():
+    asked = Lease("s-0", Checkpoint("100"), "taker", 12, extra={"checkpointOwner": "holder"})
+    script = Holder(asked)
+    script.release_ok = False
+    result = life.drive(life._shutdown("s-0", life.Status(100.0, HOLD_LOST, True)), script)
+    assert (result.outcome, result.detail) == ("shutdown", "handed_off")
+    assert [e.checkpoint for e in script.effects if isinstance(e, life.FinishHandoff)] == [None]
+
+
+class Holder:
+    """Answers the old holder's effects once its heartbeat was refused: the table shows the hand-off."""
+
+    def __init__(self, table_lease: Lease, finish_ok: bool = True):
+        self.table_lease = table_lease
+        self.finish_ok = finish_ok
+        self.effects: list = []
+        self.pending = Checkpoint("140")
+
+    def __call__(self, effect):
+        self.effects.append(effect)
+        if isinstance(effect, life.GetLease):
+            return self.table_lease
+        if isinstance(effect, life.TakePending):
+            cp, self.pending = self.pending, None
+            return cp
+        if isinstance(effect, life.RestorePending):
+            self.pending = self.pending or effect.checkpoint
+            return None
+        if isinstance(effect, life.FinishHandoff):
+            return self.finish_ok
+        if isinstance(effect, life.Check):
+            return life.Status(100.0, HOLD_LOST, False)
+        if isinstance(effect, life.OwnerlessCheckpoint):
+            return True
+        if isinstance(effect, life.Release):
+            return getattr(self, "release_ok", True)
+        return None
+
+
+HOLD_LOST = LeaseHold("s-0", "holder", 12, valid_until=105.0, lost="heartbeat condition failed")
+
+
+def test_a_holder_asked_to_hand_off_lands_its_work_checkpoints_and_steps_aside():
+    """Before: a holder whose lease was handed to another treated it as a lost lease (lease_lost, no
+    checkpoint of its own), and the new owner re-read what it had delivered."""
+    asked = Lease("s-0", Checkpoint("100"), "taker", 12, extra={"checkpointOwner": "holder"})
+    script = Holder(asked)
+    result = life.drive(life._lost("s-0", HOLD_LOST), script)
+    assert result.outcome == "handed_off" and "taker" in result.detail
+    kinds = [type(e).__name__ for e in script.effects]
+    assert kinds.index("Notify") < kinds.index("FinishHandoff")
+    assert [e.event for e in script.effects if isinstance(e, life.Notify)] == ["shutdown_requested"]
+    assert [e.checkpoint for e in script.effects if isinstance(e, life.FinishHandoff)] == [Checkpoint("140")]
+
+
+def test_a_hand_off_taken_over_before_it_finished_falls_back_to_the_ownerless_checkpoint():
+    asked = Lease("s-0", Checkpoint("100"), "taker", 12, extra={"checkpointOwner": "holder"})
+    script = Holder(asked, finish_ok=False)
+    result = life.drive(life._lost("s-0", HOLD_LOST), script)
+    assert result.outcome == "lease_lost"
+    assert any(isinstance(e, life.OwnerlessCheckpoint) for e in script.effects)
+
+
+@pytest.mark.parametrize("table_lease", [
+    Lease("s-0", Checkpoint("100"), "taker", 13, extra={"checkpointOwner": "holder"}),  # counter moved: taken
+    Lease("s-0", Checkpoint("100"), "taker", 12, extra={"checkpointOwner": "someone"}),
+    Lease("s-0", Checkpoint("100"), "taker", 12),  # a plain steal
+    None,
+])
+def test_only_a_hand_off_still_ours_to_finish_is_finished(table_lease):
+    assert not life.asked_to_hand_off(HOLD_LOST, table_lease)
+    result = life.drive(life._lost("s-0", HOLD_LOST), Holder(table_lease))
+    assert result.outcome == "lease_lost"
+
+
+# -- the manager asks only holders that run this protocol ------------------------------------------------------
+
+def test_the_manager_asks_for_a_hand_off_only_from_a_holder_with_fresh_worker_metrics():
+    """A KCL 2.x holder publishes no worker metrics and ignores checkpointOwner: it is stolen from cold."""
+    leases = [Lease(f"s-{i}", Checkpoint(TRIM_HORIZON), "peer", 5) for i in range(4)]
+    shards = [Shard(lease.lease_key) for lease in leases]
+
+    def spawned_with(live_peers):
+        state = cyc.ManagerState(shards=shards, list_next=False, live_peers=frozenset(live_peers))
+        settings = cyc.CycleSettings("me", Checkpoint(TRIM_HORIZON), 10.0, 1, 10)
+        spawns = []
+
+        def handle(effect):
+            if isinstance(effect, cyc.Now):
+                return 100.0
+            if isinstance(effect, cyc.ScanTable):
+                return cyc.Scanned(leases, 100.0, 100.0)
+            if isinstance(effect, life.ListShards):
+                return shards
+            if isinstance(effect, cyc.Spawn):
+                spawns.append((effect.stolen, effect.handoff))
+            return None
+        life.drive(cyc.manager_cycle(state, settings, (), random.Random(0)), handle)
+        return spawns
+
+    assert spawned_with({"peer"}) == [(True, True)]
+    assert spawned_with(set()) == [(True, False)]
+
+
+# -- the table's writes, against dynalite and moto over HTTP ---------------------------------------------------
+
+@pytest.fixture
+def table(any_dynamodb_client, unique_name) -> LeaseTable:
+    t = LeaseTable(unique_name("handoff"), any_dynamodb_client)
+    t.ensure_table()
+    return t
+
+
+def test_the_hand_off_writes_move_a_lease_from_its_holder_to_the_taker(table):
+    table.create(Lease("s-0", Checkpoint(TRIM_HORIZON), "holder", 7))
+    assert table.initiate_handoff("s-0", "taker", "holder", 6, "c1") is None  # counter moved since observed
+    asked = table.initiate_handoff("s-0", "taker", "holder", 7, "c1")
+    assert asked == table.get("s-0")
+    assert (asked.lease_owner, asked.lease_counter, asked.extra["checkpointOwner"]) == ("taker", 7, "holder")
+    assert asked.extra["leaseClaim"] == "c1"
+    assert table.initiate_handoff("s-0", "other", "holder", 7, "c2") is None  # one hand-off at a time
+    assert not table.heartbeat("s-0", "holder", 7)  # the holder's renewals stop: it learns of the ask
+    assert not table.finish_handoff("s-0", "holder", 6, Checkpoint("100"))  # a stale holder cannot finish
+    assert table.finish_handoff("s-0", "holder", 7, Checkpoint("100"))
+    done = table.get("s-0")
+    assert (done.lease_owner, done.lease_counter, done.checkpoint) == ("taker", 8, Checkpoint("100"))
+    assert "checkpointOwner" not in done.extra
+    taken = table.acquire("s-0", "taker", "taker", 8, claim="c1")
+    assert (taken.lease_owner, taken.lease_counter) == ("taker", 9)
+
+
+def test_a_hand_off_whose_checkpoint_is_not_ahead_still_finishes(table):
+    table.create(Lease("s-0", Checkpoint("200"), "holder", 3))
+    assert table.initiate_handoff("s-0", "taker", "holder", 3, "c1")
+    assert table.finish_handoff("s-0", "holder", 3, Checkpoint("150"))
+    done = table.get("s-0")
+    assert (done.lease_counter, done.checkpoint) == (4, Checkpoint("200")) and "checkpointOwner" not in done.extra
+
+
+def test_a_taker_that_gave_up_waiting_fences_the_holders_last_write(table):
+    table.create(Lease("s-0", Checkpoint(TRIM_HORIZON), "holder", 7))
+    assert table.initiate_handoff("s-0", "taker", "holder", 7, "c1")
+    assert table.acquire("s-0", "taker", "taker", 7, claim="c1") is not None  # the cold take after the timeout
+    assert not table.finish_handoff("s-0", "holder", 7, Checkpoint("100"))
+    assert "checkpointOwner" not in table.get("s-0").extra
+
+
+def test_a_withdrawn_hand_off_gives_the_holder_its_lease_back_as_it_was(table):
+    table.create(Lease("s-0", Checkpoint(TRIM_HORIZON), "holder", 7))
+    assert table.initiate_handoff("s-0", "taker", "holder", 7, "c1") is not None
+    assert not table.cancel_handoff("s-0", "taker", "holder", 7, "another-process")
+    assert table.cancel_handoff("s-0", "taker", "holder", 7, "c1")
+    back = table.get("s-0")
+    assert (back.lease_owner, back.lease_counter) == ("holder", 7) and "checkpointOwner" not in back.extra
+    assert table.heartbeat("s-0", "holder", 7)  # its renewals go on
+    assert table.initiate_handoff("s-0", "taker", "holder", 8, "c2") is not None
+    assert table.finish_handoff("s-0", "holder", 8)
+    assert not table.cancel_handoff("s-0", "taker", "holder", 8, "c2")  # too late: handed over
+    assert table.release("s-0", "taker", 9)
+
+
+def test_a_hand_off_between_one_worker_is_refused():
+    with pytest.raises(ValueError, match="two different workers"):
+        LeaseTable("t", object()).initiate_handoff("s-0", "me", "me", 1, "c")
