@@ -155,8 +155,8 @@ def main(verbose: int, log_format: str) -> None:
 
 # consume's flags that are ConsumerConfig fields of the same name.
 _CONSUMER_FLAGS = ("stream", "application", "table_name", "worker_id", "max_leases", "leases_to_acquire",
-                   "heartbeat_seconds", "lease_expiry_seconds", "cycle_seconds", "metrics_namespace",
-                   "metrics_naming")
+                   "heartbeat_seconds", "lease_expiry_seconds", "cycle_seconds", "worker_metrics_period_seconds",
+                   "metrics_namespace", "metrics_naming")
 
 
 def consumer_config_from_cli(ctx: click.Context, properties_file: str | None, java_compatible: bool, *,
@@ -222,6 +222,9 @@ def _default(name: str):
                    "consumers share the lease table.".format(**JAVA_COMPATIBLE_TIMINGS))
 @click.option("--cycle-seconds", type=float, default=_default("cycle_seconds"), show_default=True,
               help="Lease-manager cycle, which also lists shards (shardSyncIntervalMillis / 1000).")
+@click.option("--worker-metrics-period-seconds", type=float, default=_default("worker_metrics_period_seconds"),
+              show_default=True, help="How often this consumer writes its KCL 3.x worker metrics item and reads the "
+                                      "fleet's (idle consumers, graceful hand-offs); 0: never.")
 @click.option("--metrics-namespace", default=None, help="Publish metrics to this CloudWatch namespace.")
 @click.option("--metrics-naming", type=click.Choice(["pipeline", "kcl"]), default=_default("metrics_naming"),
               show_default=True, help="kcl: Java KCL's metric names and dimensions (its dashboards carry over).")
@@ -241,7 +244,7 @@ def _default(name: str):
 @friendly_errors
 def consume(ctx, properties_file, stream, application, table_name, initial_position, timestamp, worker_id,
             max_leases, leases_to_acquire, heartbeat_seconds, lease_expiry_seconds, java_compatible, cycle_seconds,
-            metrics_namespace, metrics_naming, sink, landing, checkpoint_by, batch_seconds, batch_mb, region,
+            worker_metrics_period_seconds, metrics_namespace, metrics_naming, sink, landing, checkpoint_by, batch_seconds, batch_mb, region,
             endpoint_url):
     """Run a headless consumer: a full peer of the fleet sharing the lease table. Stops on SIGTERM/SIGINT."""
     from .kcl.consumer import run_consumer

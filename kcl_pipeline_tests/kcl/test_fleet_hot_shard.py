@@ -72,8 +72,11 @@ def test_a_10x_hot_shard_is_balanced_by_load_and_then_nothing_moves(
     producer.start()
     table = LeaseTable(app, dynamodb_client)
     names = ("c1", "c2")
+    # Peers are known to run this protocol (and so asked for hand-offs) once their worker metrics were read:
+    # every 2 s here, not the default 30 s, so that the first moves are already graceful.
     procs = {w: consume_process(env, stream, app, w, tmp_path / w, tmp_path / f"{w}.log", heartbeat=HEARTBEAT,
-                                expiry=EXPIRY, cycle=CYCLE) for w in names}
+                                expiry=EXPIRY, cycle=CYCLE, extra=("--worker-metrics-period-seconds", "2"))
+             for w in names}
     moves = Moves(table)
     try:
         _wait(lambda: table.ensure_table() is False and len(table.scan()) == SHARDS, 60, "twelve leases")

@@ -165,3 +165,11 @@ def test_missing_file_and_missing_stream_are_exit_2(tmp_path, captured):
     assert result.exit_code == 2 and "cannot read properties file" in result.output
     result = _consume(tmp_path, "applicationName = a\n")
     assert result.exit_code == 2 and "--stream is required" in result.output
+
+
+def test_the_worker_metrics_period_is_a_flag_and_a_negative_one_is_refused(tmp_path, captured):
+    result = _consume(tmp_path, KCLPY_SAMPLE, "--worker-metrics-period-seconds", "2")
+    assert result.exit_code == 0, result.output
+    assert captured[0].worker_metrics_period_seconds == 2.0
+    result = _consume(tmp_path, KCLPY_SAMPLE, "--worker-metrics-period-seconds", "-1")
+    assert result.exit_code == 2 and "worker_metrics_period_seconds must be >= 0" in result.output
