@@ -104,16 +104,7 @@ def land(replay, zone: str) -> dict:
 def throughput(args) -> None:
     replay = [r for r in responses(args.records, args.record_bytes)]  # built before timing
     mb = 1024 * 1024
-    best = None
-    for _ in range(args.repeat):
-        zone = tempfile.mkdtemp(prefix="bench-landing-")
-        try:
-            result = land(replay, zone)
-        finally:
-            shutil.rmtree(zone)
-        if best is None or result["cpu"] < best["cpu"]:
-            best = result
-    r = best
+    r = best_of(land, replay, args.repeat)
     print(f"landing throughput, one worker, {r['records']} records of {args.record_bytes} B "
           f"({r['bytes'] / mb:.0f} MB), {len(replay)} responses -> {r['batches']} batches "
           f"({r['landed_bytes'] / mb:.1f} MB Parquet, zstd), best of {args.repeat}")
@@ -173,6 +164,20 @@ def peak_rss(args, without_pandas: bool = False) -> None:
     own = f"{hwm / 1024:.0f} MB (VmHWM), " if hwm else ""
     print(f"worker peak RSS{' (pandas not installed)' if without_pandas else ''}, backlog of {result['records']} records ({result['bytes'] / 2**20:.0f} MB): "
           f"{own}{maxrss / 1024:.0f} MB (ru_maxrss); after imports {(baseline or 0) / 1024:.0f} MB; goal <= 150 MB")
+
+
+def best_of(fn, replay, repeat: int) -> dict:
+    """The run with the least CPU of `repeat` runs of `fn(replay, zone)`, each into a fresh zone."""
+    best = None
+    for _ in range(repeat):
+        zone = tempfile.mkdtemp(prefix="bench-landing-")
+        try:
+            result = fn(replay, zone)
+        finally:
+            shutil.rmtree(zone)
+        if best is None or result["cpu"] < best["cpu"]:
+            best = result
+    return best
 
 
 def main() -> None:

@@ -20,16 +20,14 @@ from __future__ import annotations
 import argparse
 import base64
 import os
-import shutil
 import sys
-import tempfile
 import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_landing import SHARD, STREAM, land, responses  # noqa: E402
+from bench_landing import SHARD, STREAM, best_of, land, responses  # noqa: E402
 
 from kcl_pipeline.kcl.record_batch import arrow_schema  # noqa: E402
 
@@ -78,19 +76,6 @@ def peer_land(replay, zone: str) -> dict:
     return {"cpu": time.process_time() - cpu0, "records": records, "bytes": data_bytes, "files": files}
 
 
-def best(fn, replay, repeat: int) -> dict:
-    out = None
-    for _ in range(repeat):
-        zone = tempfile.mkdtemp(prefix="bench-landing-agg-")
-        try:
-            result = fn(replay, zone)
-        finally:
-            shutil.rmtree(zone)
-        if out is None or result["cpu"] < out["cpu"]:
-            out = result
-    return out
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=200_000)
@@ -101,8 +86,8 @@ def main() -> None:
           f"{args.repeat}; ratio = ours / peer, same responses, same run")
     for record_bytes in (100, 1024):
         replay = list(responses(args.records, record_bytes))
-        ours = best(land, replay, args.repeat)
-        peer = best(peer_land, replay, args.repeat)
+        ours = best_of(land, replay, args.repeat)
+        peer = best_of(peer_land, replay, args.repeat)
         assert ours["records"] == peer["records"] == args.records, (ours["records"], peer["records"])
         ours_rate, peer_rate = ours["records"] / ours["cpu"], peer["records"] / peer["cpu"]
         print(f"  {record_bytes:>5} B records: ours {ours_rate:>10,.0f}/s ({ours['bytes'] / mb / ours['cpu']:6.1f} MB/s), "

@@ -1,12 +1,14 @@
 """What the process-level fleet tests share: a lease-table poller and a consumer process."""
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from kcl_pipeline.kcl.lease_table import LeaseTable
 from kcl_pipeline.kcl.model import Lease
@@ -43,3 +45,19 @@ def consume_process(env: dict, stream: str, app: str, worker_id: str, out: Path,
            "--worker-id", worker_id, "--sink", f"jsonl:{out}", "--heartbeat-seconds", str(heartbeat),
            "--lease-expiry-seconds", str(expiry), "--cycle-seconds", str(cycle), "--leases-to-acquire", "2", *extra]
     return subprocess.Popen(cmd, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop_processes(procs: Iterable[subprocess.Popen], timeout: float) -> None:
+    """SIGTERM each process group still running (SIGCONT first: a frozen one must see it), wait up to
+    `timeout` for each, SIGKILL what is left."""
+    procs = list(procs)
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGCONT)
+            os.killpg(p.pid, signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()

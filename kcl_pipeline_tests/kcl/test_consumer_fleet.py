@@ -23,7 +23,7 @@ from kcl_pipeline.kcl.model import Checkpoint
 from kcl_pipeline.kcl.shards import list_shards, wait_stream_active
 from kcl_pipeline.local.producer import produce
 
-from .fleet_support import TablePoller, consume_process
+from .fleet_support import TablePoller, consume_process, stop_processes
 
 pytestmark = [pytest.mark.emulator, pytest.mark.slow]
 
@@ -174,15 +174,7 @@ def test_fleet_failover_resharding_rebalance(emulators, kinesis_client, dynamodb
     finally:
         if monitor is not None:
             monitor.stop.set()
-        for w, p in procs.items():
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-        for w, p in procs.items():
-            try:
-                p.wait(40)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+        stop_processes(procs.values(), 40)
 
     for w in ("c2", "c3", "c4"):
         assert procs[w].returncode == 0, (tmp_path / f"{w}.log").read_text()[-3000:]

@@ -26,7 +26,7 @@ from kcl_pipeline.kcl.shards import wait_stream_active
 from kcl_pipeline.local.fault_proxy import FaultProxy, drop_responses
 from kcl_pipeline.local.producer import produce
 
-from .fleet_support import TablePoller, consume_process
+from .fleet_support import TablePoller, consume_process, stop_processes
 
 from .test_consumer_fleet import _delivered, _ids, _wait
 
@@ -142,16 +142,7 @@ def test_fleet_survives_a_zombie_a_duplicate_worker_id_and_lost_responses(
         time.sleep(2 * EXPIRY)  # let the thawed zombie settle (and rejoin)
     finally:
         monitor.stop.set()
-        for p in procs.values():
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGCONT)
-                os.killpg(p.pid, signal.SIGTERM)
-        for p in procs.values():
-            try:
-                p.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+        stop_processes(procs.values(), 60)
         proxy.stop()
 
     logs = {name: (tmp_path / f"{name}.log").read_text() for name in names}

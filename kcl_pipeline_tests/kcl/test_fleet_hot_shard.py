@@ -10,8 +10,6 @@ no lease owned.
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -22,7 +20,7 @@ from kcl_pipeline.kcl.balance import imbalance, reported_load
 from kcl_pipeline.kcl.lease_table import LeaseTable
 from kcl_pipeline.kcl.shards import list_shards, wait_stream_active
 
-from .fleet_support import TablePoller, consume_process
+from .fleet_support import TablePoller, consume_process, stop_processes
 from .test_consumer_fleet import _wait
 
 pytestmark = [pytest.mark.emulator, pytest.mark.slow]
@@ -105,15 +103,7 @@ def test_a_10x_hot_shard_is_balanced_by_load_and_then_nothing_moves(
     finally:
         stop.set()
         moves.stop.set()
-        for p in procs.values():
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-        for p in procs.values():
-            try:
-                p.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+        stop_processes(procs.values(), 60)
         producer.join(10)
     logs = {w: (tmp_path / f"{w}.log").read_text() for w in names}
     for w, p in procs.items():
