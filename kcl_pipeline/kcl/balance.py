@@ -118,21 +118,30 @@ def effective_loads(reported: Mapping[str, float | None], settings: BalanceSetti
     return {key: (mean if value is None else value) + floor for key, value in reported.items()}
 
 
-def overloaded_owners(me: str, mine: Mapping[str, float], owned: Mapping[str, Mapping[str, float]],
-                      settings: BalanceSettings = BalanceSettings(), *, idle_consumers: int = 0) -> list[str]:
-    """The owners `me` would steal from for load, richest first (owner name breaks ties): those above the
-    mean × (1 + tolerance), when `me` is below the mean. Arguments as `plan_steal`'s."""
+def _fleet_loads(me: str, mine: Mapping[str, float], owned: Mapping[str, Mapping[str, float]],
+                 idle_consumers: int) -> tuple[dict[str, float], float, float]:
+    """Each other owner's total load, ours, and the mean per consumer (idle consumers included)."""
     if idle_consumers < 0:
         raise ValueError(f"idle_consumers must be >= 0, got {idle_consumers}")
     if me in owned:
         raise ValueError(f"{me!r} is both this consumer and another owner")
     totals = {owner: sum(leases.values()) for owner, leases in owned.items()}
     my_load = sum(mine.values())
-    mean = (sum(totals.values()) + my_load) / (len(totals) + 1 + idle_consumers)
+    return totals, my_load, (sum(totals.values()) + my_load) / (len(totals) + 1 + idle_consumers)
+
+
+def _victims(totals: Mapping[str, float], my_load: float, mean: float, settings: BalanceSettings) -> list[str]:
     if mean <= 0 or my_load >= mean:
         return []
     ceiling = mean * (1 + settings.tolerance)
     return sorted((owner for owner, load in totals.items() if load > ceiling), key=lambda o: (-totals[o], o))
+
+
+def overloaded_owners(me: str, mine: Mapping[str, float], owned: Mapping[str, Mapping[str, float]],
+                      settings: BalanceSettings = BalanceSettings(), *, idle_consumers: int = 0) -> list[str]:
+    """The owners `me` would steal from for load, richest first (owner name breaks ties): those above the
+    mean × (1 + tolerance), when `me` is below the mean. Arguments as `plan_steal`'s."""
+    return _victims(*_fleet_loads(me, mine, owned, idle_consumers), settings)
 
 
 def plan_steal(me: str, mine: Mapping[str, float], owned: Mapping[str, Mapping[str, float]],
@@ -149,14 +158,9 @@ def plan_steal(me: str, mine: Mapping[str, float], owned: Mapping[str, Mapping[s
     a passing burst, such as a new holder catching up from the checkpoint, moves nothing).
     Ties break on owner then lease key, so the decision depends on its inputs alone.
     """
-    victims = overloaded_owners(me, mine, owned, settings, idle_consumers=idle_consumers)
-    if not victims:
-        return None
-    totals = {owner: sum(leases.values()) for owner, leases in owned.items()}
-    my_load = sum(mine.values())
-    mean = (sum(totals.values()) + my_load) / (len(totals) + 1 + idle_consumers)
+    totals, my_load, mean = _fleet_loads(me, mine, owned, idle_consumers)
     margin = settings.margin * mean
-    for owner in victims:
+    for owner in _victims(totals, my_load, mean, settings):
         if confirmed is not None and owner not in confirmed:
             continue
         gap = totals[owner] - my_load
@@ -168,8 +172,8 @@ def plan_steal(me: str, mine: Mapping[str, float], owned: Mapping[str, Mapping[s
     return None
 
 
-def imbalance(held: dict[str, dict[str, float | None]], settings: BalanceSettings = BalanceSettings()
-                   ) -> str | None:
+def imbalance(held: Mapping[str, Mapping[str, float | None]],
+              settings: BalanceSettings = BalanceSettings()) -> str | None:
     """Why the live consumers (each with its leases' reported KB/s) are not balanced, or None: the
     balance's stated outcome, which the simulation and the fleet tests check.
 
