@@ -266,6 +266,19 @@ def checkpoint_condition(cp: Checkpoint) -> tuple[str, dict[str, dict]]:
     return (_CHECKPOINT_CONDITION_NO_SUB if cp.sub_sequence_number > 0 else CHECKPOINT_CONDITION), values
 
 
+# What every checkpoint-moving write sets (values :seq, :sub from `checkpoint_condition`, :zero).
+_CHECKPOINT_SETS = ("checkpoint = :seq", "checkpointSubSequenceNumber = :sub", "ownerSwitchesSinceCheckpoint = :zero")
+
+
+def _checkpoint_write(cp: Checkpoint, what: str, hint: str = "") -> tuple[str, dict[str, dict]]:
+    """The forward-only condition and the values of a write that moves the checkpoint to `cp` (with
+    `_CHECKPOINT_SETS`); a sentinel is refused, naming the write."""
+    if cp.is_sentinel:
+        raise ValueError(f"{what} takes a sequence number, not {cp.sequence_number}{hint}")
+    condition, values = checkpoint_condition(cp)
+    return condition, {**values, ":zero": _ZERO}
+
+
 def _ours_after(owner: str, counter: int):
     """Judge of a holder's write: the item shows our owner and the counter we wrote."""
     return lambda lease: lease is not None and lease.lease_owner == owner and lease.lease_counter == counter
@@ -499,11 +512,9 @@ class LeaseTable:
         sets = ["leaseCounter = :next"]
         condition = f"{HANDOFF_ATTRIBUTE} = :holder AND leaseCounter = :mine AND checkpoint <> :SHARD_END"
         if checkpoint is not None:
-            if checkpoint.is_sentinel:
-                raise ValueError(f"a hand-off checkpoint takes a sequence number, not {checkpoint.sequence_number}")
-            cp_condition, cp_values = checkpoint_condition(checkpoint)
-            sets += ["checkpoint = :seq", "checkpointSubSequenceNumber = :sub", "ownerSwitchesSinceCheckpoint = :zero"]
-            values.update(cp_values, **{":zero": _ZERO})
+            cp_condition, cp_values = _checkpoint_write(checkpoint, "a hand-off checkpoint")
+            sets += _CHECKPOINT_SETS
+            values.update(cp_values)
             condition = f"{HANDOFF_ATTRIBUTE} = :holder AND leaseCounter = :mine AND {cp_condition}"
 
         def judge(seen: Lease | None) -> bool:
@@ -545,11 +556,9 @@ class LeaseTable:
                 sets.append(f"#x{i} = :x{i}")
         condition = f"{_HELD} AND checkpoint <> :SHARD_END"
         if checkpoint is not None:
-            if checkpoint.is_sentinel:
-                raise ValueError(f"heartbeat checkpoint takes a sequence number, not {checkpoint.sequence_number}")
-            sets += ["checkpoint = :seq", "checkpointSubSequenceNumber = :sub", "ownerSwitchesSinceCheckpoint = :zero"]
-            cp_condition, cp_values = checkpoint_condition(checkpoint)
-            values.update(cp_values, **{":zero": _ZERO})
+            cp_condition, cp_values = _checkpoint_write(checkpoint, "heartbeat checkpoint")
+            sets += _CHECKPOINT_SETS
+            values.update(cp_values)
             condition = f"{_HELD} AND {cp_condition}"
         update = "SET " + ", ".join(sets)
         if removes:
@@ -570,19 +579,14 @@ class LeaseTable:
         worker flushing what it processed after losing its lease. A Java KCL holder's checkpoints are
         fenced by its counter alone, not by order: moving the checkpoint under it would be undone by its
         next checkpoint (a checkpoint going back)."""
-        if cp.is_sentinel:
-            raise ValueError(
-                f"checkpoint takes a sequence number, not {cp.sequence_number} (use end() for SHARD_END)")
-        condition, values = checkpoint_condition(cp)
+        condition, values = _checkpoint_write(cp, "checkpoint", " (use end() for SHARD_END)")
         if unless_held_by_another is not None:
             condition = f"{condition} AND ({_FREE} OR leaseOwner = :me)"
             values = {**values, ":NULL": {"S": "NULL"}, ":me": {"S": unless_held_by_another}}
         return self._write(
             "update_item", lambda seen: seen is not None and seen.checkpoint == cp, key,
-            TableName=self.table_name, Key=_key(key),
-            UpdateExpression=("SET checkpoint = :seq, checkpointSubSequenceNumber = :sub, "
-                              "ownerSwitchesSinceCheckpoint = :zero"),
-            ConditionExpression=condition, ExpressionAttributeValues={**values, ":zero": _ZERO})
+            TableName=self.table_name, Key=_key(key), UpdateExpression="SET " + ", ".join(_CHECKPOINT_SETS),
+            ConditionExpression=condition, ExpressionAttributeValues=values)
 
     def end(self, key: str, owner: str | None = None, counter: int | None = None) -> bool:
         """Mark the shard finished (SHARD_END is final) and let the lease go.
