@@ -517,12 +517,25 @@ def _shutdown(key: str, status: Status) -> Life:
 
 def _hand_off_on_shutdown(hold: LeaseHold) -> Generator[Effect, Any, bool]:
     """Stopping while a hand-off of our lease was asked for: finish it rather than leave it hanging (the
-    release was refused: the table names the asker as owner)."""
+    release was refused: the table names the asker as owner). If the asker withdrew meanwhile, the lease
+    is ours again: release it."""
     try:
         current = yield GetLease()
-        return bool(asked_to_hand_off(hold, current) and (yield FinishHandoff(None)))
+        if asked_to_hand_off(hold, current):
+            return bool((yield FinishHandoff(None)))
+        yield from _release_if_given_back(hold, current)
+        return False
     except Exception:
         return False
+
+
+def _release_if_given_back(hold: LeaseHold, current: Lease | None) -> Generator[Effect, Any, None]:
+    """The table shows the lease ours at our own counter after this worker stopped delivering (a withdrawn
+    hand-off gave it back, or the validity passed with nobody taking it): release it, or it would stay
+    owned by a worker that is gone until it expires."""
+    if (current is not None and not current.is_ended and current.lease_owner == hold.owner
+            and current.lease_counter == hold.counter and HANDOFF_ATTRIBUTE not in current.extra):
+        yield ReleaseObserved(current)
 
 
 def asked_to_hand_off(hold: LeaseHold, current: Lease | None) -> bool:
@@ -552,9 +565,17 @@ def _lost(key: str, hold: LeaseHold) -> Life:
             return LifeResult(key, "handed_off", f"to {current.lease_owner}")
         yield RestorePending(cp)
         yield from flush_pending()
+        try:
+            yield from _release_if_given_back(hold, (yield GetLease()))
+        except Exception:  # unreachable: the lease expires
+            pass
         return LifeResult(key, "lease_lost", "the hand-off was taken over before it finished")
     yield Notify("lease_lost")
     yield from flush_pending()
+    try:
+        yield from _release_if_given_back(hold, current)
+    except Exception:  # unreachable: the lease expires
+        pass
     return LifeResult(key, "lease_lost", hold.lost or "no longer valid")
 
 

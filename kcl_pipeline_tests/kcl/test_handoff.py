@@ -312,3 +312,18 @@ def test_a_withdrawn_hand_off_gives_the_holder_its_lease_back_as_it_was(table):
 def test_a_hand_off_between_one_worker_is_refused():
     with pytest.raises(ValueError, match="two different workers"):
         LeaseTable("t", object()).initiate_handoff("s-0", "me", "me", 1, "c")
+
+
+def test_a_lease_given_back_by_a_withdrawn_hand_off_is_released_not_left_owned():
+    """Found by the fleet test (a lease still owned after every consumer stopped): the asker withdrew
+    (stopping), which gave the lease back to the holder at its own counter after the holder had stopped
+    delivering; the holder exited and the lease stayed owned by a worker that was gone."""
+    given_back = Lease("s-0", Checkpoint("100"), "holder", 12)
+    script = Holder(given_back)
+    assert life.drive(life._lost("s-0", HOLD_LOST), script).outcome == "lease_lost"
+    assert [e.lease for e in script.effects if isinstance(e, life.ReleaseObserved)] == [given_back]
+    stopping = Holder(given_back)
+    stopping.release_ok = False  # its own release ran while the asker still owned the lease
+    result = life.drive(life._shutdown("s-0", life.Status(100.0, HOLD_LOST, True)), stopping)
+    assert result.outcome == "shutdown"
+    assert [e.lease for e in stopping.effects if isinstance(e, life.ReleaseObserved)] == [given_back]
