@@ -344,8 +344,11 @@ def leases(application, table_name, as_json, region, endpoint_url):
 @click.option("--state-dir", default=".kcl_local", show_default=True, help="Logs, DAGSTER_HOME, env.sh.")
 @click.option("--dagster-storage", type=click.Choice(["sqlite", "postgres"]), default="sqlite", show_default=True,
               help="postgres: Dagster's storage in the PostgreSQL at DAGSTER_POSTGRES_URL.")
+@click.option("--code-servers", type=click.IntRange(1, 2), default=1, show_default=True,
+              help="2: a fleet-member code location beside the pipeline's, each in its own code server, sharing "
+                   "the fleet (the two-host shape).")
 @friendly_errors
-def demo(port, stream, shards, rate, window_minutes, no_producer, state_dir, dagster_storage):
+def demo(port, stream, shards, rate, window_minutes, no_producer, state_dir, dagster_storage, code_servers):
     """Emulators + demo stream + KPL producer + `dagster dev` with the consumer sensor on. Ctrl-C stops all."""
     from pathlib import Path
 
@@ -360,7 +363,7 @@ def demo(port, stream, shards, rate, window_minutes, no_producer, state_dir, dag
     _preflight(node=True, java=True)
     sys.exit(run_demo(DemoOptions(state_dir=Path(state_dir), port=port, stream=stream, shards=shards, rate=rate,
                                   window_minutes=window_minutes, producer=not no_producer,
-                                  dagster_storage=dagster_storage)))
+                                  dagster_storage=dagster_storage, code_servers=code_servers)))
 
 
 def _check_postgres_storage(command: str) -> None:

@@ -1,5 +1,6 @@
 """Dagster on PostgreSQL: a real PostgreSQL (Debian's package) on loopback holds the instance's storage while
-the demo runs sensor → landed_records → transformed_records → kinesis_checkpoints against it."""
+the demo runs sensor → landed_records → transformed_records → kinesis_checkpoints against it, with two code
+servers (the pipeline location and a fleet-member location) sharing the fleet."""
 from __future__ import annotations
 
 import importlib.util
@@ -93,15 +94,19 @@ def _env_file(path: Path) -> dict[str, str]:
 
 
 @pytest.mark.slow
-def test_demo_on_postgres_lands_transforms_and_checkpoints(postgres, tmp_path):
-    from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
+def test_two_code_servers_on_postgres_share_the_fleet_and_report_each_window_once(postgres, tmp_path):
+    from collections import Counter
+
+    from dagster import AssetKey, DagsterInstance, DagsterRunStatus, RunsFilter
+
+    from kcl_pipeline.defs.kinesis.sensors import consumer_name
 
     state = tmp_path / "state"
     env = {**{k: v for k, v in os.environ.items() if not k.startswith(("AWS_ENDPOINT_URL", "KCL_PIPELINE_"))},
            POSTGRES_URL_ENV: postgres}
     demo = subprocess.Popen([sys.executable, "-m", "kcl_pipeline.cli", "demo", "--dagster-storage", "postgres",
                              "--port", str(free_port()), "--shards", "2", "--rate", "20", "--window-minutes", "1",
-                             "--state-dir", str(state)], env=env, stdout=subprocess.PIPE,
+                             "--code-servers", "2", "--state-dir", str(state)], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 90
@@ -113,18 +118,22 @@ def test_demo_on_postgres_lands_transforms_and_checkpoints(postgres, tmp_path):
                           endpoint_urls={"dynamodb": endpoints["AWS_ENDPOINT_URL_DYNAMODB"]})
         table = LeaseTable("kcl-pipeline", client("dynamodb", aws))
 
+        holders: set[str] = set()  # consumer names seen holding a lease: both code servers' members
+
         def checkpointed() -> bool:
             try:
                 leases = table.scan()
             except LeaseTableError:
                 return False
+            holders.update(consumer_name(lease.lease_owner) for lease in leases if lease.lease_owner)
             return bool(leases) and all(not lease.checkpoint.is_sentinel for lease in leases)
 
         deadline = time.monotonic() + 420
-        while not checkpointed() and time.monotonic() < deadline:
+        while not (checkpointed() and len(holders) == 2) and time.monotonic() < deadline:
             assert demo.poll() is None, "the demo exited"
             time.sleep(3)
         assert checkpointed(), "no window was checkpointed through the pipeline on PostgreSQL"
+        assert len(holders) == 2 and sum("-member-" in name for name in holders) == 1, holders
 
         os.environ[POSTGRES_URL_ENV] = postgres
         try:
@@ -137,6 +146,13 @@ def test_demo_on_postgres_lands_transforms_and_checkpoints(postgres, tmp_path):
                     RunsFilter(job_name="kinesis_window_job", statuses=[DagsterRunStatus.SUCCESS])):
                 time.sleep(2)
             assert instance.get_runs(RunsFilter(job_name="kinesis_window_job", statuses=[DagsterRunStatus.SUCCESS]))
+            # Each window is reported once (only the pipeline location reports) and run once.
+            landed = instance.fetch_materializations(AssetKey("landed_records"), limit=1000).records
+            reports = Counter(record.asset_materialization.partition for record in landed)
+            assert reports and max(reports.values()) == 1, reports
+            runs = Counter(run.tags.get("dagster/partition")
+                           for run in instance.get_runs(RunsFilter(job_name="kinesis_window_job")))
+            assert max(runs.values()) == 1, runs
             instance.dispose()
         finally:
             os.environ.pop(POSTGRES_URL_ENV, None)

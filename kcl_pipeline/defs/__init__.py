@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["build_definitions"]
+__all__ = ["build_definitions", "build_member_definitions"]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "build_definitions":
-        from .kinesis.definitions import build_definitions
+    if name in __all__:
+        from .kinesis import definitions
 
-        return build_definitions
+        return getattr(definitions, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -25,6 +25,8 @@ from .producer import produce
 log = logging.getLogger(__name__)
 # The workspace file ships inside the package, so the demo runs from an installed wheel too.
 WORKSPACE_YAML = Path(__file__).resolve().parents[1] / "deploy" / "workspace.yaml"
+# Two code servers sharing the fleet: the pipeline location and a fleet-member location.
+TWO_HOSTS_WORKSPACE_YAML = WORKSPACE_YAML.with_name("workspace-two-hosts.yaml")
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,11 @@ class DemoOptions:
     sensor_interval_seconds: int = 10
     producer: bool = True
     dagster_storage: str = "sqlite"  # or "postgres" (DAGSTER_POSTGRES_URL)
+    code_servers: int = 1  # 2: a fleet-member location beside the pipeline's (workspace-two-hosts.yaml)
+
+    @property
+    def workspace(self) -> Path:
+        return TWO_HOSTS_WORKSPACE_YAML if self.code_servers == 2 else WORKSPACE_YAML
 
 
 def demo_env(endpoints: Endpoints, options: DemoOptions, dagster_home: Path,
@@ -96,7 +103,7 @@ def _producer_loop(kinesis, options: DemoOptions, stop: threading.Event) -> None
 
 
 def start_dagster(env: dict[str, str], options: DemoOptions, log_path: Path) -> subprocess.Popen:
-    cmd = [str(Path(sys.executable).with_name("dagster")), "dev", "-w", str(WORKSPACE_YAML),
+    cmd = [str(Path(sys.executable).with_name("dagster")), "dev", "-w", str(options.workspace),
            "-h", options.host, "-p", str(options.port)]
     if not Path(cmd[0]).exists():
         cmd = [sys.executable, "-m", "dagster", "dev", *cmd[2:]]

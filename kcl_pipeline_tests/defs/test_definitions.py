@@ -40,6 +40,25 @@ def test_definitions_validate(tmp_path):
     assert "Validation successful for code location kcl_pipeline.definitions" in result.stdout + result.stderr
 
 
+def test_the_two_host_workspace_loads_a_fleet_member_location_with_no_asset(tmp_path):
+    from kcl_pipeline.defs import build_member_definitions
+    from kcl_pipeline.local.demo import TWO_HOSTS_WORKSPACE_YAML
+
+    home = prepare_dagster_home(tmp_path / "home")
+    result = subprocess.run([DAGSTER, "definitions", "validate", "-w", str(TWO_HOSTS_WORKSPACE_YAML)],
+                            capture_output=True, text=True, timeout=300, cwd=REPO_ROOT,
+                            env={**os.environ, "DAGSTER_HOME": str(home), "KCL_PIPELINE_PROFILE": "demo"})
+    output = result.stdout + result.stderr
+    assert result.returncode == 0 and "All code locations passed validation" in output, output
+    assert "kcl_pipeline.fleet_member" in output
+    member = build_member_definitions(PipelineSettings.from_env({"KCL_PIPELINE_PROFILE": "demo"}, now=NOW))
+    # No asset (two locations defining the same assets is an invalid deployment) and no job: nothing reported.
+    assert not list(member.assets or []) and not list(member.jobs or [])
+    (sensor,) = member.sensors
+    assert sensor.name == "kinesis_fleet_member" and sensor.default_status == DefaultSensorStatus.RUNNING
+    assert sensor.required_resource_keys == {"consumer", "aws"}
+
+
 def test_definitions_without_a_fixed_partitions_start_fail_to_load_with_a_clear_error(tmp_path):
     result = validate(tmp_path)
     assert result.returncode != 0

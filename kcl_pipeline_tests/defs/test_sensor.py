@@ -31,6 +31,7 @@ from kcl_pipeline.defs.kinesis.sensors import (
     WINDOW_JOB,
     Cursor,
     build_consumer_sensor,
+    build_member_sensor,
     consumer_name,
     shutdown_hosted,
 )
@@ -84,7 +85,7 @@ def tick(s, cursor: str | None) -> SensorResult:
 
 
 def hosted(s):
-    return sensors._REGISTRY[(s["consumer"].stream, s["consumer"].application)]
+    return sensors._REGISTRY[sensors.registry_key(s["consumer"])]
 
 
 def owners(table) -> dict[str, str | None]:
@@ -228,7 +229,7 @@ def test_a_missing_stream_fails_the_tick_with_its_name(setup, unique_name):
         output_uri=s["consumer"].output_uri, create_zones=True)
     with pytest.raises(Exception, match=f"Kinesis stream {missing} does not exist"):
         tick(s, None)
-    assert (missing, s["resources"]["consumer"].application) not in sensors._REGISTRY  # not kept half-started
+    assert sensors.registry_key(s["resources"]["consumer"]) not in sensors._REGISTRY  # not kept half-started
 
 
 def test_a_new_consumer_id_hands_the_leases_over_and_an_old_cursor_skips_to_the_partitions(setup):
@@ -345,3 +346,60 @@ def test_children_are_read_once_their_parent_landed_its_last_record_before_its_e
 
     assert wait_until(children_read, 150, step=INTERVAL), "the children waited for the parent's SHARD_END"
     assert s["table"].get(parent).checkpoint.sequence_number != "SHARD_END"  # still only the pipeline ends it
+
+
+def test_a_fleet_member_location_shares_the_leases_and_never_reports_a_window(setup):
+    """Two code servers in one deployment: the pipeline location's sensor and a fleet-member location's sensor
+    each host workers; the leases split between them, every record lands once, and only the pipeline's sensor
+    reports windows or requests runs."""
+    from kcl_pipeline.landing.verify import verify_zone
+
+    s = setup
+    member = build_member_sensor(INTERVAL)
+    member_resources = {k: s["resources"][k] for k in ("consumer", "aws")}
+
+    def member_tick(cursor):
+        with build_sensor_context(cursor=cursor, resources=member_resources, instance=s["instance"]) as context:
+            result = member(context)
+        assert not result.run_requests and not result.asset_events  # a member reports nothing
+        return result
+
+    pipeline_cursor = tick(s, None).cursor
+    member_cursor = member_tick(None).cursor
+    pipeline_id, member_id = Cursor.parse(pipeline_cursor).worker_id, Cursor.parse(member_cursor).worker_id
+    assert consumer_name(pipeline_id) != consumer_name(member_id) and "-member-" in member_id
+    reported: list[str] = []
+    held: dict[str, str | None] = {}
+
+    def both_hold_and_everything_landed() -> bool:
+        nonlocal pipeline_cursor, member_cursor
+        result = tick(s, pipeline_cursor)
+        pipeline_cursor = result.cursor
+        reported.extend(e.partition for e in result.asset_events if isinstance(e, AssetMaterialization))
+        member_cursor = member_tick(member_cursor).cursor
+        held.clear()
+        held.update(owners(s["table"]))
+        names = {consumer_name(o) for o in held.values() if o}
+        expected = {partition_key(w) for w in s["windows"]}
+        return names == {consumer_name(pipeline_id), consumer_name(member_id)} and expected <= set(reported)
+
+    assert wait_until(both_hold_and_everything_landed, 150, step=INTERVAL), (held, reported)
+    assert len(reported) == len(set(reported)), "a window was reported twice"
+    member_workers = set(sensors._REGISTRY[sensors.registry_key(s["consumer"], sensors.MEMBER_SENSOR)].manager.workers)
+    assert member_workers and member_workers.isdisjoint(hosted(s).manager.workers)
+    shutdown_hosted(timeout=15)
+    assert set(owners(s["table"]).values()) == {None}
+    report = verify_zone(s["consumer"].landing_uri, stream=s["stream"])
+    assert report.ok, report
+    assert read_batches(open_store(s["consumer"].landing_uri), s["stream"]).num_rows == s["produced"]
+
+
+def test_a_fleet_member_location_without_hosting_enabled_takes_no_lease(setup):
+    s = setup
+    member = build_member_sensor(INTERVAL)
+    idle = KinesisConsumerResource(**{**s["consumer"].model_dump(), "host_workers": False})
+    with build_sensor_context(resources={"consumer": idle, "aws": s["resources"]["aws"]},
+                              instance=s["instance"]) as context:
+        result = member(context)
+    assert "KCL_PIPELINE_HOST_WORKERS" in result.skip_reason.skip_message
+    assert not sensors._REGISTRY

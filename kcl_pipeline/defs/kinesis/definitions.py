@@ -8,7 +8,7 @@ from .checks import build_checks
 from .partitions import window_partitions
 from .resources import SPARK_RUN_TAG, build_resources
 from .schedules import build_backfill_schedule
-from .sensors import CHECKPOINTS_JOB, WINDOW_JOB, build_consumer_sensor
+from .sensors import CHECKPOINTS_JOB, WINDOW_JOB, build_consumer_sensor, build_member_sensor
 from .settings import PipelineSettings
 
 BACKFILL_JOB = "kinesis_backfill_job"
@@ -45,3 +45,16 @@ def build_definitions(settings: PipelineSettings | None = None) -> Definitions:
         # Steps run one after another in the run's process: one SparkSession per run, no per-step start-up.
         executor=in_process_executor,
     )
+
+
+def build_member_definitions(settings: PipelineSettings | None = None) -> Definitions:
+    """A fleet-member code location: the `kinesis_fleet_member` sensor and its resources, no asset.
+
+    A second code server (another host) in the same deployment loads this beside the pipeline location: its
+    workers share the fleet through the lease table, and since it defines no asset and requests no run, every
+    window is reported once, by the pipeline location's sensor. (Two copies of the pipeline location would
+    define every asset twice, which Dagster treats as an invalid deployment.)"""
+    settings = settings or PipelineSettings.from_env(for_partitions=False)
+    resources = build_resources(settings)
+    return Definitions(sensors=[build_member_sensor(settings.sensor_interval_seconds)],
+                       resources={key: resources[key] for key in ("consumer", "aws")})

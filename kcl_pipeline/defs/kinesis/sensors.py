@@ -65,6 +65,9 @@ CHECKPOINTS_JOB = "kinesis_checkpoints_job"
 SHARD_END_TAG = "kcl_pipeline/shard_end"
 HOST_WORKERS_SETTING = "KCL_PIPELINE_HOST_WORKERS"
 STALL_CHECK = "windows_not_stalled"
+CONSUMER_SENSOR = "kinesis_consumer"  # the pipeline location's sensor: hosts (or observes) and reports windows
+MEMBER_SENSOR = "kinesis_fleet_member"  # a fleet-member location's sensor: hosts workers, reports nothing
+MEMBER_SUFFIX = "member"  # a member location's consumer name: `<KCL_PIPELINE_WORKER_ID>-member`
 OBSERVE_EVERY_MS = 60_000  # fleet observations (lag, leases per consumer): at most once a minute
 
 
@@ -121,8 +124,8 @@ def _outstanding(value: Any) -> dict[int, int]:
     return {int(k): _opt(v, int) for k, v in value.items()}
 
 
-def new_worker_id() -> str:
-    return f"dagster-{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+def new_worker_id(role: str | None = None) -> str:
+    return f"dagster-{socket.gethostname()}{'-' + role if role else ''}-{uuid.uuid4().hex[:8]}"
 
 
 def consumer_name(worker_id: str) -> str:
@@ -142,14 +145,20 @@ class HostedConsumer:
     worker_id: str
 
 
-_REGISTRY: dict[tuple[str, str], HostedConsumer] = {}
+# Keyed by stream, application and the hosting sensor: one process may load both sensors (tests, or one
+# code server serving both locations), and each is its own fleet member.
+_REGISTRY: dict[tuple[str, str, str], HostedConsumer] = {}
 _REGISTRY_LOCK = threading.Lock()
 
 
+def registry_key(consumer: KinesisConsumerResource, sensor_name: str = CONSUMER_SENSOR) -> tuple[str, str, str]:
+    return consumer.stream, consumer.application, sensor_name
+
+
 def hosted_consumer(consumer: KinesisConsumerResource, aws: AwsResource, worker_id: str,
-                    interval_seconds: float) -> HostedConsumer:
+                    interval_seconds: float, sensor_name: str = CONSUMER_SENSOR) -> HostedConsumer:
     """This process's lease manager for the consumer, created (and started) on first use."""
-    key = (consumer.stream, consumer.application)
+    key = registry_key(consumer, sensor_name)
     with _REGISTRY_LOCK:
         hosted = _REGISTRY.get(key)
         if hosted is not None and hosted.worker_id == worker_id:
@@ -200,20 +209,45 @@ def consumer_tick(context: SensorEvaluationContext, consumer: KinesisConsumerRes
         say(f"observer (hosts no workers; {HOST_WORKERS_SETTING}=true to join the fleet): {cycle.summary()}")
         return _report_windows(context, consumer, aws, s3, partitions_def, cursor, cursor.worker_id, cycle, leases,
                                shards, started, said, say, now_ms)
-    with _REGISTRY_LOCK:
-        hosted = _REGISTRY.get((consumer.stream, consumer.application))
-    # The consumer's name is stable (setting, cursor); its worker id is one per code-server process
-    # incarnation, `<name>#<incarnation>`: a new process never shares its fencing identity with a zombie of the
-    # old one, and it leaves an earlier incarnation's leases to expire rather than stealing them.
-    name = consumer.worker_id or (consumer_name(cursor.worker_id) if cursor.worker_id else None) \
-        or (consumer_name(hosted.worker_id) if hosted else None) or new_worker_id()
-    worker_id = hosted.worker_id if hosted and consumer_name(hosted.worker_id) == name else incarnation_id(name)
-    hosted = hosted_consumer(consumer, aws, worker_id, interval_seconds)
-    manager = hosted.manager
-    cycle = manager.run_cycle()
+    manager, worker_id, cycle = _hosted_cycle(consumer, aws, cursor, interval_seconds, CONSUMER_SENSOR)
     say(f"consumer {worker_id} cycle: {cycle.summary()}")
     return _report_windows(context, consumer, aws, s3, partitions_def, cursor, worker_id, cycle, manager.leases,
                            manager.shards, started, said, say, now_ms)
+
+
+def _hosted_cycle(consumer: KinesisConsumerResource, aws: AwsResource, cursor: Cursor, interval_seconds: float,
+                  sensor_name: str) -> tuple[LeaseManager, str, CycleReport]:
+    """One lease-manager cycle of this process's fleet member for the sensor (started on first use)."""
+    with _REGISTRY_LOCK:
+        hosted = _REGISTRY.get(registry_key(consumer, sensor_name))
+    # The consumer's name is stable (setting, cursor); its worker id is one per code-server process
+    # incarnation, `<name>#<incarnation>`: a new process never shares its fencing identity with a zombie of the
+    # old one, and it leaves an earlier incarnation's leases to expire rather than stealing them.
+    configured = consumer.worker_id and (consumer.worker_id if sensor_name == CONSUMER_SENSOR
+                                         else f"{consumer.worker_id}-{MEMBER_SUFFIX}")
+    name = configured or (consumer_name(cursor.worker_id) if cursor.worker_id else None) \
+        or (consumer_name(hosted.worker_id) if hosted else None) \
+        or new_worker_id(None if sensor_name == CONSUMER_SENSOR else MEMBER_SUFFIX)
+    worker_id = hosted.worker_id if hosted and consumer_name(hosted.worker_id) == name else incarnation_id(name)
+    manager = hosted_consumer(consumer, aws, worker_id, interval_seconds, sensor_name).manager
+    return manager, worker_id, manager.run_cycle()
+
+
+def member_tick(context: SensorEvaluationContext, consumer: KinesisConsumerResource, aws: AwsResource,
+                interval_seconds: float) -> SensorResult:
+    """A fleet member's tick (the `kinesis_fleet_member` location): one lease-manager cycle, nothing reported.
+
+    Windows are reported, and runs requested, only by the pipeline location's `kinesis_consumer` sensor, so a
+    second code server adds workers to the fleet without a second report of any window."""
+    cursor = Cursor.parse(context.cursor)
+    if not consumer.host_workers:
+        return SensorResult(cursor=cursor.to_json(), skip_reason=(
+            f"fleet member idle: {HOST_WORKERS_SETTING} is not true in this code server's environment, so it "
+            f"joins no fleet (set it where this location should take leases)"))
+    _, worker_id, cycle = _hosted_cycle(consumer, aws, cursor, interval_seconds, MEMBER_SENSOR)
+    message = f"fleet member {worker_id} cycle: {cycle.summary()} (windows are reported by {CONSUMER_SENSOR})"
+    context.log.info(message)
+    return SensorResult(cursor=Cursor(worker_id=worker_id).to_json(), skip_reason=message)
 
 
 def reopened_requests(instance) -> list[RunRequest]:
@@ -456,7 +490,7 @@ def build_consumer_sensor(partitions_def: TimeWindowPartitionsDefinition, jobs, 
     if names != sorted([WINDOW_JOB, CHECKPOINTS_JOB]):
         raise ValueError(f"the kinesis_consumer sensor targets the jobs {WINDOW_JOB} and {CHECKPOINTS_JOB}, got {names}")
 
-    @sensor(name="kinesis_consumer", jobs=jobs, minimum_interval_seconds=interval_seconds,
+    @sensor(name=CONSUMER_SENSOR, jobs=jobs, minimum_interval_seconds=interval_seconds,
             default_status=DefaultSensorStatus.RUNNING,
             description="This deployment's Kinesis consumer: one lease-manager cycle per tick (one worker process "
                         "per held lease), then reports every window that became complete as landed_records and "
@@ -466,3 +500,17 @@ def build_consumer_sensor(partitions_def: TimeWindowPartitionsDefinition, jobs, 
         return consumer_tick(context, consumer, aws, s3, partitions_def, interval_seconds)
 
     return kinesis_consumer
+
+
+def build_member_sensor(interval_seconds: int):
+    """The fleet-member location's one sensor: hosts lease workers, targets no job, reports no window."""
+
+    @sensor(name=MEMBER_SENSOR, minimum_interval_seconds=interval_seconds, default_status=DefaultSensorStatus.RUNNING,
+            description=f"A second host's member of the Kinesis consumer fleet: one lease-manager cycle per tick "
+                        f"(one worker process per held lease). It reports nothing: the pipeline location's "
+                        f"{CONSUMER_SENSOR} sensor reports windows and requests their runs.")
+    def kinesis_fleet_member(context: SensorEvaluationContext, consumer: KinesisConsumerResource,
+                             aws: AwsResource) -> SensorResult:
+        return member_tick(context, consumer, aws, interval_seconds)
+
+    return kinesis_fleet_member
