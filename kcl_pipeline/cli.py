@@ -180,6 +180,9 @@ def consumer_config_from_cli(ctx: click.Context, properties_file: str | None, ja
     for name in _CONSUMER_FLAGS:
         if name in given and params[name] is not None:
             kwargs[name] = params[name]
+    if isinstance(kwargs.get("stream"), tuple):  # --stream given once or more: a multi-stream application
+        kwargs["stream"], *more = kwargs["stream"]
+        kwargs["more_streams"] = tuple(more)
     if "initial_position" in given or "timestamp" in given or "initial_position" not in kwargs:
         kwargs["initial_position"] = InitialPosition.parse(params["initial_position"], params["timestamp"])
     for required in ("stream", "application"):
@@ -200,7 +203,9 @@ def _default(name: str):
 @main.command()
 @click.option("--properties", "properties_file", default=None, type=click.Path(dir_okay=False),
               help="A Java KCL / kclpy .properties file; flags given as well override its values.")
-@click.option("--stream", default=None, help="Kinesis stream name or ARN (streamName / streamArn).")
+@click.option("--stream", multiple=True,
+              help="Kinesis stream name or ARN (streamName / streamArn). Repeat it for a multi-stream application: "
+                   "one lease table, KCL's multi-stream lease keys (account:stream:creationEpoch:shardId).")
 @click.option("--application", default=None, help="Application name, shared by the fleet (applicationName).")
 @click.option("--table-name", default=None,
               help="Lease table (tableName) [default: the application name].")
@@ -258,6 +263,9 @@ def consume(ctx, properties_file, stream, application, table_name, initial_posit
                                       endpoint_url=endpoint_url)
     if sink:
         spec = parse_sink(sink)
+    elif config.multi_stream:
+        raise UserError(f"--landing lands one stream per application; {len(config.streams)} streams were given "
+                        f"(run one consume per stream with --landing, or use --sink jsonl:DIR)")
     else:
         from .landing.layout import Zone
         from .landing.sink import landing_spec

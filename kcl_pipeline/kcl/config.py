@@ -112,9 +112,19 @@ class ConsumerConfig:
     # its throughput, for load-aware balance and a 3.x fleet's leader); 0 never writes it.
     worker_metrics_period_seconds: float = 30.0
     aws: AwsSettings = field(default_factory=AwsSettings)
+    # A multi-stream application's other streams (one lease table, KCL's multi-stream lease keys); empty: a
+    # single-stream application, whose lease keys are the shard ids (KCL 2.x's format).
+    more_streams: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         check_stream(self.stream or "")
+        if isinstance(self.more_streams, (str, bytes)) or not isinstance(self.more_streams, tuple):
+            raise ConfigError(f"more_streams must be a tuple of stream names, got {self.more_streams!r}")
+        names = [stream_name(s) for s in self.streams]
+        for stream in self.more_streams:
+            check_stream(stream or "")
+        if len(set(names)) != len(names):
+            raise ConfigError(f"a stream is named twice: {', '.join(self.streams)}")
         for name in ("application", "table_name"):
             value = getattr(self, name)
             if value is None and name == "table_name":
@@ -174,6 +184,15 @@ class ConsumerConfig:
     @property
     def stream_name(self) -> str:
         return stream_name(self.stream)
+
+    @property
+    def streams(self) -> tuple[str, ...]:
+        return (self.stream, *self.more_streams)
+
+    @property
+    def multi_stream(self) -> bool:
+        """Several streams: KCL's multi-stream lease keys (account:name:creationEpoch:shardId)."""
+        return bool(self.more_streams)
 
     def java_compatible(self) -> "ConsumerConfig":
         """Timings that are safe beside Java KCL 2.x consumers (they expire leases after 10 s)."""

@@ -1,4 +1,7 @@
-"""The `jsonl:DIR` sink: one JSON line per user record in DIR/<shard_id>.jsonl, checkpointed after fsync.
+"""The `jsonl:DIR` sink: one JSON line per user record in DIR/<lease key>.jsonl, checkpointed after fsync.
+
+The lease key is the shard id for a single-stream application and `account:stream:creationEpoch:shardId`
+for a multi-stream one (whose lines also carry `stream`, the stream identifier).
 
 At-least-once: a record is checkpointed only once its line is on disk, so a crash re-delivers (never
 loses) the records after the last checkpoint. Lines are synced every batch and the checkpoint rides on
@@ -21,17 +24,22 @@ class JsonlSink:
         self.directory = Path(directory)
         self._file = None
         self.shard_id = ""
+        self.stream: str | None = None
 
     def initialize(self, init: InitializationInput) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.shard_id = init.shard_id
-        self._file = open(self.directory / f"{init.shard_id}.jsonl", "a", encoding="utf-8")
+        self.stream = init.stream
+        name = init.shard_id if init.stream is None else f"{init.stream}:{init.shard_id}"
+        self._file = open(self.directory / f"{name}.jsonl", "a", encoding="utf-8")
 
     def process_records(self, batch: ProcessRecordsInput) -> None:
         if not batch.records:
             return
         delivered_at_ms = round(time.time() * 1000)  # for lineage and latency, by this host's clock
+        stream = {} if self.stream is None else {"stream": self.stream}
         lines = [json.dumps({
+            **stream,
             "shard_id": r.shard_id,
             "sequence_number": r.sequence_number,
             "sub_sequence_number": r.sub_sequence_number,

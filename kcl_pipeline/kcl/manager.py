@@ -27,7 +27,7 @@ from .lease_table import LeaseTable
 from .metrics import Metrics
 from .model import Lease, Shard
 from .planner import LeaseAges
-from .shards import list_shards
+from .shards import describe_stream_summary, list_application_shards
 from .worker import ProcessorSpec, WorkerResult, lease_table_client, worker_main
 
 log = logging.getLogger(__name__)
@@ -88,7 +88,10 @@ class LeaseManager:
     def start(self) -> None:
         """Fail fast with a clear error when the stream is missing or a KCL 3.x fleet runs in 3.x mode; create the
         lease table when missing."""
-        self.shards = list_shards(self.kinesis, self.config.stream)
+        if self.config.multi_stream:  # a missing stream fails here, with its name (later it only waits)
+            for stream in self.config.streams:
+                describe_stream_summary(self.kinesis, stream)
+        self.shards = self._list_shards()
         # Before the lease table is created or touched: a 3.x leader-assigned fleet is never joined.
         verdict = check_coordinator_state(self.table.client, self.config.application)
         log.info("coordinator state: %s", verdict.reason)
@@ -128,7 +131,7 @@ class LeaseManager:
             leases = self.table.scan()
             return cyc.Scanned(leases, sent_at, self.clock())
         if isinstance(effect, ListShards):
-            return list_shards(self.kinesis, self.config.stream)
+            return self._list_shards()
         if isinstance(effect, cyc.Delete):
             return self.table.delete(effect.lease.lease_key, effect.lease.lease_counter)
         if isinstance(effect, Create):
@@ -171,6 +174,9 @@ class LeaseManager:
                             worker_metrics.worker_metrics_table(self.config.application), type(exc).__name__, exc)
             return None
         raise TypeError(f"the lease manager cannot handle {effect!r}")
+
+    def _list_shards(self) -> list[Shard]:
+        return list_application_shards(self.kinesis, self.config.streams, self.config.multi_stream)
 
     def run_cycle(self) -> CycleReport:
         self._keepalive.value = time.time()

@@ -34,6 +34,8 @@ class InitializationInput:
     child_shard_ids: tuple[str, ...] = ()
     # The lease item's other attributes (e.g. the previous owner's landing progress), read at acquire.
     lease_attributes: Mapping[str, Any] = field(default_factory=dict)
+    # A multi-stream application's stream identifier (`account:name:creationEpoch`); None: single-stream.
+    stream: str | None = None
 
 
 @dataclass(frozen=True)

@@ -6,12 +6,16 @@ stream is a consumer pointed at the wrong account, region or emulator.
 """
 from __future__ import annotations
 
+import logging
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from botocore.exceptions import ClientError, ConnectionError as BotoConnectionError, HTTPClientError
 
 from .model import Shard
+from .streams import StreamScope, stream_identifier
+
+log = logging.getLogger(__name__)
 
 
 class KinesisError(Exception):
@@ -85,6 +89,39 @@ def list_shards(kinesis: Any, stream: str) -> list[Shard]:
         if not token:
             return shards
         kwargs = {"NextToken": token}
+
+
+def stream_scope(kinesis: Any, stream: str) -> StreamScope:
+    """The stream as a multi-stream application names it (its identifier carries its creation time)."""
+    return StreamScope(stream, stream_identifier(describe_stream_summary(kinesis, stream)))
+
+
+def list_application_shards(kinesis: Any, streams: Sequence[str], multi_stream: bool) -> list[Shard]:
+    """Every shard of the application's streams, named by lease key (streams.py).
+
+    Multi-stream: each stream is described before and after its listing, and its shards are kept only when
+    both name the same stream (creation time): a stream deleted and re-created in between lists the new
+    stream's shards, whose ids repeat the old ones, and they must never be taken for the old stream's. A
+    stream that does not exist (deleted, or being re-created) lists nothing this time; its leases wait, and
+    the other streams are consumed meanwhile."""
+    if not multi_stream:
+        return list_shards(kinesis, streams[0])
+    shards: list[Shard] = []
+    for stream in streams:
+        try:
+            before = stream_scope(kinesis, stream)
+            listed = list_shards(kinesis, stream)
+            after = stream_scope(kinesis, stream)
+        except StreamNotFound as exc:
+            log.warning("%s: its shards are not listed this cycle (its leases wait; a re-created stream starts "
+                        "afresh under its new creation time)", exc)
+            continue
+        if after != before:
+            log.warning("stream %s was re-created while it was listed (%s, then %s): listed again next cycle",
+                        stream, before.identifier, after.identifier)
+            continue
+        shards.extend(before.shards(listed))
+    return shards
 
 
 def describe_stream_summary(kinesis: Any, stream: str) -> dict[str, Any]:

@@ -36,7 +36,8 @@ from .metrics import Metrics
 from .model import Checkpoint, Lease
 from .processor import InitializationInput, ProcessRecordsInput, RecordProcessor
 from .reader import ShardReader
-from .shards import list_shards
+from .shards import list_shards, stream_scope
+from .streams import StreamRecreated, scope_of
 
 log = logging.getLogger(__name__)
 
@@ -216,6 +217,7 @@ class LeaseWorker:
         self.config = config
         self.lease_key = observed.lease_key
         self.observed = observed
+        self.scope = scope_of(config.streams, observed.lease_key)  # its stream, and the shard id the API knows
         # Unique to this worker process: an ambiguous acquire is ours only if the item carries it.
         self.claim = uuid.uuid4().hex
         self.processor = processor
@@ -272,7 +274,7 @@ class LeaseWorker:
             life.Attributes: lambda e: self._heartbeat_attributes(),
             life.AttributesRejected: lambda e: self._attribute_error(e.error),
             life.HeartbeatFailed: self._heartbeat_failed,
-            life.ListShards: lambda e: list_shards(self.kinesis, self.config.stream),
+            life.ListShards: lambda e: self.scope.shards(list_shards(self.kinesis, self.scope.stream)),
             life.Scan: lambda e: self.table.scan(), life.Create: lambda e: self.table.create(e.lease),
             life.Locked: self._locked,
         }
@@ -347,9 +349,17 @@ class LeaseWorker:
 
     def _begin(self, effect: life.Begin) -> None:
         lease = effect.lease
+        scope = self.scope
+        shard_id = scope.shard_id(self.lease_key)
+        if scope.identifier is not None and stream_scope(self.kinesis, scope.stream) != scope:
+            # The stream was deleted and re-created: its shard ids repeat, but this lease's checkpoint is of
+            # the old stream. Fail (the lease is released); the new stream's leases carry its new creation time.
+            raise StreamRecreated(f"stream {scope.name} is no longer {scope.identifier} (deleted or re-created): "
+                                  f"lease {self.lease_key} is not read")
         self.processor.initialize(InitializationInput(
-            self.lease_key, self.config.worker_id, lease.checkpoint, lease.child_shard_ids, dict(lease.extra)))
-        self.reader = ShardReader(self.kinesis, self.config.stream, self.lease_key, self._start_position(lease),
+            shard_id, self.config.worker_id, lease.checkpoint, lease.child_shard_ids, dict(lease.extra),
+            stream=scope.identifier))
+        self.reader = ShardReader(self.kinesis, scope.stream, shard_id, self._start_position(lease),
                                   polling_interval=self.config.polling_interval_seconds,
                                   idle_interval=self.config.idle_interval_seconds,
                                   max_records=self.config.max_records_per_call, kpl_stats=self.kpl_stats,

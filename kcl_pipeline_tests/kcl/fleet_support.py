@@ -38,10 +38,13 @@ class TablePoller(threading.Thread):
             time.sleep(0.1)
 
 
-def consume_process(env: dict, stream: str, app: str, worker_id: str, out: Path, log: Path, *,
+def consume_process(env: dict, stream: str | Sequence[str], app: str, worker_id: str, out: Path, log: Path, *,
                     heartbeat: float, expiry: float, cycle: float, extra: Sequence[str] = ()) -> subprocess.Popen:
-    """`kcl-pipeline consume` with a JSONL sink, in its own session (a test may signal its whole group)."""
-    cmd = [sys.executable, "-m", "kcl_pipeline.cli", "consume", "--stream", stream, "--application", app,
+    """`kcl-pipeline consume` with a JSONL sink, in its own session (a test may signal its whole group).
+    Several streams: a multi-stream application."""
+    streams = [stream] if isinstance(stream, str) else list(stream)
+    cmd = [sys.executable, "-m", "kcl_pipeline.cli", "consume", *(a for s in streams for a in ("--stream", s)),
+           "--application", app,
            "--worker-id", worker_id, "--sink", f"jsonl:{out}", "--heartbeat-seconds", str(heartbeat),
            "--lease-expiry-seconds", str(expiry), "--cycle-seconds", str(cycle), "--leases-to-acquire", "2", *extra]
     return subprocess.Popen(cmd, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)

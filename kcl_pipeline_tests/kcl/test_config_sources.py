@@ -174,3 +174,18 @@ def test_leases_command_reads_the_named_table(emulators, dynamodb_client, unique
     result = CliRunner(env=emulators.env()).invoke(main, ["leases", "--application", "app", "--table-name", table])
     assert result.exit_code == 0, result.output
     assert f"lease table {table} is empty" in result.output
+
+
+def test_stream_given_twice_makes_a_multi_stream_application(captured_config, tmp_path):
+    result = _consume(["--stream", "orders", "--stream", ARN.replace("orders", "clicks"), "--application", "a"],
+                      tmp_path)
+    assert result.exit_code == 0, result.output
+    (config,) = captured_config
+    assert config.streams == ("orders", ARN.replace("orders", "clicks")) and config.multi_stream
+
+
+def test_landing_several_streams_is_refused_with_exit_2(captured_config, tmp_path):
+    result = CliRunner().invoke(main, ["consume", "--stream", "orders", "--stream", "clicks", "--application", "a",
+                                       "--landing", str(tmp_path / "zone"), "--region", "eu-west-1"])
+    assert result.exit_code == 2 and "--landing lands one stream per application" in result.output
+    assert captured_config == [] and not (tmp_path / "zone").exists()

@@ -425,3 +425,32 @@ def test_lease_workers_are_told_apart_from_other_spawned_processes(emulators, ki
     finally:
         proc.terminate()
         proc.wait(60)
+
+
+def test_a_lease_of_a_deleted_and_recreated_stream_is_not_read_from_the_new_stream(
+        emulators, kinesis_client, dynamodb_client, unique_name):
+    """Multi-stream: the new stream repeats the old one's shard ids; a lease carrying the old creation time must
+    never resume its old checkpoint on the new stream's shard."""
+    from kcl_pipeline.kcl.shards import stream_scope
+
+    a, b, app = unique_name("wma"), unique_name("wmb"), unique_name("wmapp")
+    for stream in (a, b):
+        kinesis_client.create_stream(StreamName=stream, ShardCount=1)
+        wait_stream_active(kinesis_client, stream)
+    old = stream_scope(kinesis_client, b)
+    kinesis_client.delete_stream(StreamName=b)
+    time.sleep(1.2)  # the creation time in the identifier is in seconds
+    kinesis_client.create_stream(StreamName=b, ShardCount=1)
+    wait_stream_active(kinesis_client, b)
+    kinesis_client.put_record(StreamName=b, Data=b"new", PartitionKey="k")
+    assert stream_scope(kinesis_client, b) != old
+    config = ConsumerConfig(stream=a, more_streams=(b,), application=app, worker_id="me", heartbeat_seconds=0.3,
+                            lease_expiry_seconds=1.0, validity_margin_seconds=0.2, aws=emulators.aws_settings())
+    table = LeaseTable(app, dynamodb_client)
+    table.ensure_table()
+    key = old.lease_key("shardId-000000000000")
+    table.create(Lease(key, Checkpoint(TRIM_HORIZON)))
+    proc = Recorder()
+    result = LeaseWorker(config, table.get(key), proc).run()
+    assert result.outcome == "failed" and "re-created" in result.detail, result
+    assert proc.records == [] and table.get(key).lease_owner is None  # nothing read, the lease released

@@ -1,0 +1,112 @@
+"""Which stream a lease belongs to: single-stream keys (the shard id) and KCL's multi-stream keys.
+
+A single-stream application keeps KCL 2.x's format: the lease key is the shard id. A multi-stream application
+(several `--stream`s, one lease table) uses KCL's format: the key is `<account>:<StreamName>:<creationEpoch>:
+<shardId>`, and the item carries `streamName` (the stream identifier, `<account>:<StreamName>:<creationEpoch>`)
+and `shardId` (Java's DynamoDBMultiStreamLeaseSerializer writes exactly these two names; AWS's prose says
+`shardID`, Java writes `shardId`). The creation time in the key is what makes a deleted and re-created stream,
+whose shard ids repeat, start afresh instead of resuming from the old stream's checkpoints.
+
+The lease manager's decisions (planner, cycle, balance) see only lease keys: a stream's listed shards are
+renamed to their lease keys here (`StreamScope.shards`), at the I/O boundary, so a stream's leases are scoped,
+created with parents and balanced exactly like a single stream's, and two streams' keys can never meet.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from typing import Any, Iterable
+
+from .config import stream_name
+from .model import Shard
+
+STREAM_ID_ATTRIBUTE = "streamName"  # Java keeps the stream identifier under this name "for legacy reasons"
+SHARD_ID_ATTRIBUTE = "shardId"
+_ARN_ACCOUNT_RE = re.compile(r"arn:[a-z-]+:kinesis:[a-z0-9-]+:(?P<account>\d{12}):stream/")
+_IDENTIFIER_RE = re.compile(r"(?P<account>\d{12}):(?P<name>[A-Za-z0-9_.-]{1,128}):(?P<epoch>\d+)")
+
+
+class StreamRecreated(Exception):
+    """The stream a lease names was deleted (and maybe re-created): its checkpoints are of another stream."""
+
+
+@dataclass(frozen=True)
+class StreamScope:
+    """One stream of the application: how it is called (`stream`, a name or an ARN) and, for a multi-stream
+    application, its identifier `<account>:<name>:<creationEpoch>` (None: single-stream, key = shard id)."""
+
+    stream: str
+    identifier: str | None = None
+
+    @property
+    def name(self) -> str:
+        return stream_name(self.stream)
+
+    @property
+    def creation_epoch(self) -> int | None:
+        return None if self.identifier is None else int(self.identifier.rsplit(":", 1)[1])
+
+    def lease_key(self, shard_id: str) -> str:
+        return shard_id if self.identifier is None else f"{self.identifier}:{shard_id}"
+
+    def shard_id(self, lease_key: str) -> str:
+        if self.identifier is None:
+            return lease_key
+        prefix = self.identifier + ":"
+        if not lease_key.startswith(prefix):
+            raise ValueError(f"lease {lease_key} is not a lease of stream {self.identifier}")
+        return lease_key[len(prefix):]
+
+    def shards(self, listed: Iterable[Shard]) -> list[Shard]:
+        """The listed shards renamed to their lease keys (parents too): what the planner sees."""
+        if self.identifier is None:
+            return list(listed)
+        key = self.lease_key
+        return [replace(shard, shard_id=key(shard.shard_id),
+                        parent_shard_id=shard.parent_shard_id and key(shard.parent_shard_id),
+                        adjacent_parent_shard_id=shard.adjacent_parent_shard_id and key(shard.adjacent_parent_shard_id))
+                for shard in listed]
+
+
+def stream_identifier(summary: dict[str, Any]) -> str:
+    """`<account>:<name>:<creationEpoch>` from a DescribeStreamSummary answer (KCL's StreamIdentifier)."""
+    arn = summary["StreamARN"]
+    match = _ARN_ACCOUNT_RE.match(arn)
+    if match is None:
+        raise ValueError(f"stream ARN {arn!r} names no account")
+    created = summary["StreamCreationTimestamp"]
+    epoch = int(created.timestamp()) if hasattr(created, "timestamp") else int(created)
+    return f"{match['account']}:{summary['StreamName']}:{epoch}"
+
+
+def parse_multi_stream_key(lease_key: str) -> tuple[str, str] | None:
+    """(stream identifier, shard id) of a multi-stream lease key; None for a single-stream key."""
+    identifier, sep, shard_id = lease_key.rpartition(":")
+    if not sep or not shard_id or _IDENTIFIER_RE.fullmatch(identifier) is None:
+        return None
+    return identifier, shard_id
+
+
+def multi_stream_attributes(lease_key: str) -> dict[str, str]:
+    """The attributes KCL writes beside a multi-stream key (none for a single-stream key)."""
+    parsed = parse_multi_stream_key(lease_key)
+    if parsed is None:
+        return {}
+    return {STREAM_ID_ATTRIBUTE: parsed[0], SHARD_ID_ATTRIBUTE: parsed[1]}
+
+
+def scope_of(streams: Iterable[str], lease_key: str) -> StreamScope:
+    """The configured stream a lease key belongs to (a worker is given only its lease and the config)."""
+    streams = list(streams)
+    parsed = parse_multi_stream_key(lease_key) if len(streams) > 1 else None
+    if parsed is None:
+        if len(streams) > 1:
+            raise ValueError(f"lease {lease_key} is not a multi-stream lease key")
+        return StreamScope(streams[0])
+    identifier = parsed[0]
+    name = identifier.split(":")[1]
+    for stream in streams:
+        if stream_name(stream) == name:
+            return StreamScope(stream, identifier)
+    raise ValueError(f"lease {lease_key} names stream {name}, which is not one of this consumer's streams "
+                     f"({', '.join(streams)})")

@@ -1,0 +1,143 @@
+"""A multi-stream application with real processes: `kcl-pipeline consume --stream A --stream B` on the emulators.
+
+Three consumers share one lease table for two streams; each stream is split while records flow, and stream B
+is deleted and re-created (same name, same shard ids) mid-run. Checked: every record of each stream (and of
+each incarnation of B) delivered, and under its own stream's lease; every lease item in KCL's multi-stream
+format; no checkpoint of one stream (or of B's first incarnation) on another's lease; SIGTERM leaves no lease
+owned.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from kcl_pipeline.kcl.lease_table import LeaseTable
+from kcl_pipeline.kcl.shards import list_shards, stream_scope, wait_stream_active
+from kcl_pipeline.kcl.streams import parse_multi_stream_key
+from kcl_pipeline.local.producer import produce
+
+from .fleet_support import consume_process, stop_processes
+from .test_consumer_fleet import _wait
+
+pytestmark = [pytest.mark.emulator, pytest.mark.slow]
+
+HEARTBEAT, EXPIRY, CYCLE = 1.0, 3.0, 1.0
+
+
+def _lines(outs) -> list[dict]:
+    return [json.loads(line) for d in outs for f in Path(d).glob("*.jsonl") for line in f.read_text().splitlines()]
+
+
+def _payload(record: dict) -> dict:
+    return json.loads(base64.b64decode(record["data_base64"]))
+
+
+def _split_first(kinesis, stream: str) -> None:
+    shard = min((s for s in list_shards(kinesis, stream) if s.ending_sequence_number is None),
+                key=lambda s: int(s.hash_key_range.starting_hash_key))
+    lo, hi = int(shard.hash_key_range.starting_hash_key), int(shard.hash_key_range.ending_hash_key)
+    kinesis.split_shard(StreamName=stream, ShardToSplit=shard.shard_id, NewStartingHashKey=str((lo + hi) // 2))
+    wait_stream_active(kinesis, stream)
+
+
+def test_multi_stream_fleet_splits_and_a_recreated_stream_never_resumes_from_stale_checkpoints(
+        emulators, kinesis_client, dynamodb_client, unique_name, tmp_path):
+    a, b, app = unique_name("msa"), unique_name("msb"), unique_name("msapp")
+    for stream in (a, b):
+        kinesis_client.create_stream(StreamName=stream, ShardCount=2)
+    for stream in (a, b):
+        wait_stream_active(kinesis_client, stream)
+    env = {**os.environ, **emulators.env(), "PYTHONUNBUFFERED": "1"}
+    produced: dict[str, set[int]] = {}  # stream identifier -> ids
+    next_id = [0]
+
+    def put(stream: str, count: int, aggregate: int) -> None:
+        identifier = stream_scope(kinesis_client, stream).identifier
+        first = next_id[0]
+        produce(kinesis_client, stream, count=count, rate=None, aggregate=aggregate,
+                payload=lambda n: json.dumps({"stream": stream, "id": first + n}).encode(), poison_every=None,
+                create_shards=None)
+        produced.setdefault(identifier, set()).update(range(first, first + count))
+        next_id[0] += count
+
+    def delivered() -> dict[str, set[int]]:
+        out: dict[str, set[int]] = {}
+        for r in _lines(outs.values()):
+            out.setdefault(r["stream"], set()).add(_payload(r)["id"])
+        return out
+
+    def all_delivered() -> bool:
+        got = delivered()
+        return all(ids <= got.get(identifier, set()) for identifier, ids in produced.items())
+
+    put(a, 200, 1)
+    put(b, 200, 10)
+    old_b = stream_scope(kinesis_client, b).identifier
+    table = LeaseTable(app, dynamodb_client)
+    outs = {w: tmp_path / w for w in ("c1", "c2", "c3")}
+    procs: dict[str, subprocess.Popen] = {
+        w: consume_process(env, [a, b], app, w, outs[w], tmp_path / f"{w}.log", heartbeat=HEARTBEAT,
+                           expiry=EXPIRY, cycle=CYCLE) for w in outs}
+    try:
+        _wait(lambda: table.ensure_table() is False and len(table.scan()) == 4, 60, "four leases, two per stream")
+        _wait(all_delivered, 90, "the first records of both streams delivered")
+
+        # A split on each stream while records flow.
+        _split_first(kinesis_client, a)
+        put(a, 150, 1)
+        _split_first(kinesis_client, b)
+        put(b, 150, 5)
+        _wait(all_delivered, 120, "every record of both streams delivered after the splits")
+
+        # Stream B deleted and re-created: the same name and shard ids, a new creation time.
+        kinesis_client.delete_stream(StreamName=b)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and b in kinesis_client.list_streams()["StreamNames"]:
+            time.sleep(0.2)
+        time.sleep(1.5)  # the identifier carries the creation time in seconds
+        put(a, 100, 1)
+        kinesis_client.create_stream(StreamName=b, ShardCount=2)
+        wait_stream_active(kinesis_client, b)
+        new_b = stream_scope(kinesis_client, b).identifier
+        assert new_b != old_b
+        put(b, 200, 1)
+        _wait(all_delivered, 120, "every record of the re-created stream delivered")
+    finally:
+        stop_processes(procs.values(), 40)
+
+    logs = {w: (tmp_path / f"{w}.log").read_text() for w in outs}
+    for w, p in procs.items():
+        assert p.returncode == 0, logs[w][-3000:]
+    got = delivered()
+    for identifier, ids in produced.items():
+        assert ids <= got[identifier], identifier
+    # Each record under its own stream's lease: the new B delivered only its own records, from TRIM_HORIZON.
+    for r in _lines(outs.values()):
+        assert _payload(r)["stream"] == r["stream"].split(":")[1]
+    assert got[new_b] == produced[new_b], "the re-created stream delivered records that are not its own"
+
+    # Every lease in KCL's multi-stream format; checkpoints only of records delivered under the same lease.
+    seqs: dict[str, set[str]] = {}
+    for r in _lines(outs.values()):
+        seqs.setdefault(f"{r['stream']}:{r['shard_id']}", set()).add(r["sequence_number"])
+    items = dynamodb_client.scan(TableName=app, ConsistentRead=True)["Items"]
+    identifiers = {a_id for a_id in produced}
+    for item in items:
+        key = item["leaseKey"]["S"]
+        parsed = parse_multi_stream_key(key)
+        assert parsed is not None and parsed[0] in identifiers, key
+        assert item["streamName"] == {"S": parsed[0]} and item["shardId"] == {"S": parsed[1]}
+        assert all(":" not in p for p in item.get("parentShardId", {}).get("SS", [])), item  # as Java: shard ids
+        checkpoint = item["checkpoint"]["S"]
+        if checkpoint[0].isdigit():
+            assert checkpoint in seqs.get(key, set()), f"{key} checkpointed {checkpoint}, not one of its records"
+    lease_keys = {item["leaseKey"]["S"] for item in items}
+    assert sum(k.startswith(new_b + ":") for k in lease_keys) >= 2 and sum(k.startswith(old_b + ":") for k in lease_keys)
+    # SIGTERM left no lease owned.
+    assert [lease.lease_key for lease in table.scan() if lease.lease_owner] == []
