@@ -34,6 +34,14 @@ _KEY_RE = re.compile(
 )
 
 
+def stream_directory(identifier: str) -> str:
+    """A multi-stream application's directory for one stream incarnation, `<StreamName>@<creationEpoch>`, from
+    its identifier `account:name:epoch`: a re-created stream (same name, same shard ids) lands beside the old
+    one, never onto its chains. ('@' is not allowed in stream names, so no single-stream directory looks alike.)"""
+    _account, name, epoch = identifier.split(":")
+    return f"{name}@{epoch}"
+
+
 @dataclass(frozen=True)
 class Zone:
     """A landing zone: `s3://bucket/prefix` or a local directory (path or file:// URI)."""

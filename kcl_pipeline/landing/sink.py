@@ -48,7 +48,8 @@ from ..kcl.record_batch import UserRecordBatch
 from .batch import COMPRESSIONS, BatchInfo, encode_batch, read_batch_info
 from .errors import CorruptBatchError, LandingConfigError, LandingError
 from .exclusion import exclude_landed
-from .layout import MINUTE_MS, BatchKey, link_key, minute_of, minute_prefix, parse_batch_key, split_batch_keys
+from .layout import (MINUTE_MS, BatchKey, link_key, minute_of, minute_prefix, parse_batch_key, split_batch_keys,
+                     stream_directory)
 from .progress import ShardProgress, merge_progress
 from .store import ZoneStore, open_store
 
@@ -160,6 +161,8 @@ class LandingProcessor:
 
     def initialize(self, init: InitializationInput) -> None:
         self.shard_id = init.shard_id
+        if init.stream is not None:  # a multi-stream application: one directory per stream incarnation
+            self.stream = stream_directory(init.stream)
         if self.store is None:
             self.store = open_store(self._zone, self._aws)
         self.store.ensure_zone(create=self.settings.create_zone)

@@ -141,3 +141,70 @@ def test_multi_stream_fleet_splits_and_a_recreated_stream_never_resumes_from_sta
     assert sum(k.startswith(new_b + ":") for k in lease_keys) >= 2 and sum(k.startswith(old_b + ":") for k in lease_keys)
     # SIGTERM left no lease owned.
     assert [lease.lease_key for lease in table.scan() if lease.lease_owner] == []
+
+
+def test_multi_stream_landing_puts_each_stream_incarnation_in_its_own_directory_exactly_once(
+        emulators, kinesis_client, unique_name, tmp_path):
+    """`consume --stream A --stream B --landing DIR`: one directory per stream incarnation (`<name>@<epoch>`),
+    every record landed exactly once, chains verified; the re-created stream never continues the old chains."""
+    import sys
+
+    from kcl_pipeline.landing.layout import stream_directory
+    from kcl_pipeline.landing.store import open_store
+    from kcl_pipeline.landing.verify import read_batches, verify_zone
+
+    a, b, app = unique_name("mla"), unique_name("mlb"), unique_name("mlapp")
+    for stream in (a, b):
+        kinesis_client.create_stream(StreamName=stream, ShardCount=2)
+    for stream in (a, b):
+        wait_stream_active(kinesis_client, stream)
+    zone = tmp_path / "zone"
+    env = {**os.environ, **emulators.env(), "PYTHONUNBUFFERED": "1"}
+    produced: dict[str, set[int]] = {}
+    next_id = [0]
+
+    def put(stream: str, count: int) -> None:
+        identifier = stream_scope(kinesis_client, stream).identifier
+        first = next_id[0]
+        produce(kinesis_client, stream, count=count, rate=None, aggregate=4,
+                payload=lambda n: json.dumps({"id": first + n}).encode(), poison_every=None, create_shards=None)
+        produced.setdefault(stream_directory(identifier), set()).update(range(first, first + count))
+        next_id[0] += count
+
+    store = open_store(str(zone))
+
+    def landed(directory: str) -> list[int]:
+        try:
+            return [json.loads(d)["id"] for d in read_batches(store, directory).column("data").to_pylist()]
+        except Exception:
+            return []
+
+    def all_landed() -> bool:
+        assert proc.poll() is None, log.read_text()[-3000:]
+        return all(ids <= set(landed(d)) for d, ids in produced.items())
+
+    put(a, 150)
+    put(b, 150)
+    cmd = [sys.executable, "-m", "kcl_pipeline.cli", "consume", "--stream", a, "--stream", b, "--application", app,
+           "--worker-id", "lander", "--landing", str(zone), "--heartbeat-seconds", "1", "--lease-expiry-seconds",
+           "3", "--cycle-seconds", "1", "--leases-to-acquire", "4", "--batch-seconds", "0.5"]
+    log = tmp_path / "lander.log"
+    proc = subprocess.Popen(cmd, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        _wait(all_landed, 90, "both streams landed")
+        kinesis_client.delete_stream(StreamName=b)
+        time.sleep(1.5)
+        kinesis_client.create_stream(StreamName=b, ShardCount=2)
+        wait_stream_active(kinesis_client, b)
+        put(b, 150)
+        put(a, 50)
+        _wait(all_landed, 90, "the re-created stream landed")
+    finally:
+        stop_processes([proc], 40)
+    assert proc.returncode == 0, log.read_text()[-3000:]
+    assert sorted(store.list_dirs("")) == sorted(produced)  # a@e1, b@e1 and b@e2
+    for directory, ids in produced.items():
+        got = landed(directory)
+        assert sorted(got) == sorted(ids), directory  # exactly once, and only its own records
+    report = verify_zone(str(zone))
+    assert report.ok, report
