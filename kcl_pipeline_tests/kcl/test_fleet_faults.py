@@ -135,6 +135,13 @@ def test_fleet_survives_a_zombie_a_duplicate_worker_id_and_lost_responses(
         # steals its share by balance. The zombie thaws only once it holds one, or the check below is empty.
         _wait(lambda: "spawned worker pid" in (tmp_path / "restarted.log").read_text(), 90,
               "the restarted incarnation holding a lease")
+        # ... and having delivered from it (the zombie check below compares against its first delivery; once
+        # the zombie thaws, the twins under one id may both back off and the new one could deliver nothing).
+        for _ in range(20):
+            if outs["restarted"].exists() and _lines(outs["restarted"]):
+                break
+            put(60, 1)
+            time.sleep(1.5)
         os.killpg(procs["zombie"].pid, signal.SIGCONT)
         put(200, 5)
 
