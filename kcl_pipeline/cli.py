@@ -335,12 +335,13 @@ def leases(application, table_name, as_json, region, endpoint_url):
     if not rows:
         click.echo(f"lease table {table_name or application} is empty")
         return
-    header = f"{'lease':<24} {'owner':<40} {'counter':>7}  checkpoint"
+    width = max(24, *(len(lease.lease_key) for lease in rows))  # multi-stream keys run to ~60 characters
+    header = f"{'lease':<{width}} {'owner':<40} {'counter':>7}  checkpoint"
     click.echo(header)
     for lease in rows:
         cp = lease.checkpoint
         cps = cp.sequence_number if cp.is_sentinel and cp.sequence_number != "AT_TIMESTAMP" else str(cp)
-        click.echo(f"{lease.lease_key:<24} {lease.lease_owner or '-':<40} {lease.lease_counter:>7}  {cps}")
+        click.echo(f"{lease.lease_key:<{width}} {lease.lease_owner or '-':<40} {lease.lease_counter:>7}  {cps}")
 
 
 @main.command()

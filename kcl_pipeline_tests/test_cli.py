@@ -89,6 +89,12 @@ def test_produce_then_leases_json(emulators, unique_name, tmp_path, dynamodb_cli
     assert row["checkpointSubSequenceNumber"] == 2 and row["leaseOwner"] == "w1"
     proc = _run(["leases", "--application", app], env)
     assert "shardId-000000000000" in proc.stdout and "12345/2" in proc.stdout
+    # A multi-stream key is longer than the column was: the owner column stays aligned under its header.
+    multi = "123456789012:a-rather-long-stream-name:1700000000:shardId-000000000001"
+    table.create(Lease(multi, Checkpoint("TRIM_HORIZON"), lease_owner="w2", lease_counter=1))
+    header, *rows = _run(["leases", "--application", app], env).stdout.splitlines()
+    assert any(row.startswith(multi + " ") for row in rows)
+    assert {row.index(" w") + 1 for row in rows} == {header.index("owner")}
 
 
 @pytest.mark.emulator
