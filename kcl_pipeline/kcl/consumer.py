@@ -6,11 +6,11 @@ lease), wait for them, exit 0.
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 
 from .config import ConsumerConfig
 from .manager import LeaseManager
+from .signals import stop_on_signals
 from .worker import ProcessorSpec
 
 log = logging.getLogger(__name__)
@@ -20,12 +20,7 @@ def run_consumer(config: ConsumerConfig, spec: ProcessorSpec, stop: threading.Ev
                  install_signal_handlers: bool = True) -> int:
     stop = stop or threading.Event()
     if install_signal_handlers:
-        def _on_signal(signum, _frame):
-            log.info("signal %s: stopping consumer %s", signal.Signals(signum).name, config.worker_id)
-            stop.set()
-
-        signal.signal(signal.SIGTERM, _on_signal)
-        signal.signal(signal.SIGINT, _on_signal)
+        stop_on_signals(stop, lambda name: log.info("signal %s: stopping consumer %s", name, config.worker_id))
     manager = LeaseManager(config, spec)
     manager.start()
     log.info("consumer %s on stream %s, lease table %s", config.worker_id, config.stream, config.lease_table)

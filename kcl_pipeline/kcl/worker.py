@@ -16,7 +16,6 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-import signal
 import threading
 import time
 import uuid
@@ -37,6 +36,7 @@ from .model import Checkpoint, Lease
 from .processor import InitializationInput, ProcessRecordsInput, RecordProcessor
 from .reader import ShardReader
 from .shards import list_shards, stream_scope
+from .signals import stop_on_signals
 from .streams import StreamRecreated, scope_of
 
 log = logging.getLogger(__name__)
@@ -533,13 +533,7 @@ def worker_main(config: ConsumerConfig, observed: Lease, spec: ProcessorSpec,
     name_process(WORKER_PROCESS_NAME)
     logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s [worker {lease_key}] %(message)s")
     stop = threading.Event()
-
-    def _on_signal(signum, _frame):
-        log.info("%s: signal %s: graceful shutdown", lease_key, signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGINT, _on_signal)
+    stop_on_signals(stop, lambda name: log.info("%s: signal %s: graceful shutdown", lease_key, name))
     try:
         processor = spec.build()
     except Exception as exc:

@@ -19,6 +19,7 @@ from typing import Callable
 
 from ..kcl.aws import client
 from ..kcl.shards import StreamNotFound, wait_stream_active
+from ..kcl.signals import stop_on_signals
 from .emulators import EmulatorStack, Endpoints
 from .producer import produce
 
@@ -146,8 +147,7 @@ def run_demo(options: DemoOptions, *, ready: Callable[[Endpoints, str], None] | 
     stop = stop or threading.Event()
     logging.getLogger("kcl_pipeline.local.producer").setLevel(logging.WARNING)  # one line per batch is noise here
     if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: stop.set())
+        stop_on_signals(stop)
     state = options.state_dir.resolve()
     state.mkdir(parents=True, exist_ok=True)
     stack = EmulatorStack(state / "logs")
