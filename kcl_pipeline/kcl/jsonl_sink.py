@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from .processor import Checkpointer, InitializationInput, ProcessRecordsInput
+from .streams import multi_stream_key
 
 
 class JsonlSink:
@@ -30,7 +31,7 @@ class JsonlSink:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.shard_id = init.shard_id
         self.stream = init.stream
-        name = init.shard_id if init.stream is None else f"{init.stream}:{init.shard_id}"
+        name = init.shard_id if init.stream is None else multi_stream_key(init.stream, init.shard_id)
         self._file = open(self.directory / f"{name}.jsonl", "a", encoding="utf-8")
 
     def process_records(self, batch: ProcessRecordsInput) -> None:

@@ -35,7 +35,7 @@ from botocore.exceptions import (
 from .lease_rules import (CLAIM_ATTRIBUTE, HANDOFF_ATTRIBUTE, JAVA_HANDOVER_ATTRIBUTES, LEASE_ATTRIBUTES,
                           check_throughput)
 from .model import AT_TIMESTAMP, LATEST, SHARD_END, TRIM_HORIZON, Checkpoint, Lease, checkpoint_advances
-from .streams import multi_stream_attributes, parse_multi_stream_key
+from .streams import multi_stream_attributes, related_lease_keys, stored_shard_ids
 
 log = logging.getLogger(__name__)
 
@@ -155,20 +155,6 @@ def decode_value(attribute: Mapping[str, Any]) -> Any:
     raise ValueError(f"unknown DynamoDB attribute type {kind}")
 
 
-def _stored_shard_id(lease_key: str):
-    parsed = parse_multi_stream_key(lease_key)
-    if parsed is None:
-        return lambda key: key
-    prefix = parsed[0] + ":"
-    return lambda key: key[len(prefix):] if key.startswith(prefix) else key
-
-
-def _modelled_key(lease_key: str, shard_id: str) -> str:
-    """A multi-stream lease's parent or child (stored as a shard id) as the lease key it has in the model."""
-    parsed = parse_multi_stream_key(lease_key)
-    return shard_id if parsed is None or ":" in shard_id else f"{parsed[0]}:{shard_id}"
-
-
 def lease_to_item(lease: Lease) -> dict[str, dict]:
     """The full item for a new lease (PutItem). Absent values and empty sets are left out."""
     item: dict[str, dict] = {
@@ -182,11 +168,10 @@ def lease_to_item(lease: Lease) -> dict[str, dict]:
         item["leaseOwner"] = {"S": lease.lease_owner}
     # A multi-stream lease names its parents and children by shard id, as Java writes them; the model names
     # them by lease key, like everything the planner compares (streams.py).
-    stored = _stored_shard_id(lease.lease_key)
     if lease.parent_shard_ids:
-        item["parentShardId"] = {"SS": sorted({stored(p) for p in lease.parent_shard_ids})}
+        item["parentShardId"] = {"SS": stored_shard_ids(lease.lease_key, lease.parent_shard_ids)}
     if lease.child_shard_ids:
-        item["childShardIds"] = {"SS": sorted({stored(c) for c in lease.child_shard_ids})}
+        item["childShardIds"] = {"SS": stored_shard_ids(lease.lease_key, lease.child_shard_ids)}
     if lease.starting_hash_key is not None:
         item["startingHashKey"] = {"S": lease.starting_hash_key}
     if lease.ending_hash_key is not None:
@@ -243,8 +228,8 @@ def lease_from_item(item: Mapping[str, dict]) -> Lease | None:
         lease_owner=_typed(item, "leaseOwner", "S", key),
         lease_counter=_int(item, "leaseCounter", key),
         owner_switches_since_checkpoint=_int(item, "ownerSwitchesSinceCheckpoint", key),
-        parent_shard_ids=tuple(sorted(_modelled_key(key, p) for p in _typed(item, "parentShardId", "SS", key) or ())),
-        child_shard_ids=tuple(sorted(_modelled_key(key, c) for c in _typed(item, "childShardIds", "SS", key) or ())),
+        parent_shard_ids=related_lease_keys(key, _typed(item, "parentShardId", "SS", key) or ()),
+        child_shard_ids=related_lease_keys(key, _typed(item, "childShardIds", "SS", key) or ()),
         starting_hash_key=_typed(item, "startingHashKey", "S", key),
         ending_hash_key=_typed(item, "endingHashKey", "S", key),
         extra={name: decode_value(value) for name, value in item.items() if name not in _MODELLED},

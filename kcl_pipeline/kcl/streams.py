@@ -44,10 +44,10 @@ class StreamScope:
 
     @property
     def creation_epoch(self) -> int | None:
-        return None if self.identifier is None else int(self.identifier.rsplit(":", 1)[1])
+        return None if self.identifier is None else identifier_parts(self.identifier)[2]
 
     def lease_key(self, shard_id: str) -> str:
-        return shard_id if self.identifier is None else f"{self.identifier}:{shard_id}"
+        return shard_id if self.identifier is None else multi_stream_key(self.identifier, shard_id)
 
     def shard_id(self, lease_key: str) -> str:
         if self.identifier is None:
@@ -79,6 +79,19 @@ def stream_identifier(summary: dict[str, Any]) -> str:
     return f"{match['account']}:{summary['StreamName']}:{epoch}"
 
 
+def identifier_parts(identifier: str) -> tuple[str, str, int]:
+    """(account, stream name, creation epoch) of a stream identifier `<account>:<name>:<creationEpoch>`."""
+    match = _IDENTIFIER_RE.fullmatch(identifier)
+    if match is None:
+        raise ValueError(f"{identifier!r} is not a stream identifier (<account>:<name>:<creationEpoch>)")
+    return match["account"], match["name"], int(match["epoch"])
+
+
+def multi_stream_key(identifier: str, shard_id: str) -> str:
+    """KCL's multi-stream lease key: `<account>:<name>:<creationEpoch>:<shardId>`."""
+    return f"{identifier}:{shard_id}"
+
+
 def parse_multi_stream_key(lease_key: str) -> tuple[str, str] | None:
     """(stream identifier, shard id) of a multi-stream lease key; None for a single-stream key."""
     identifier, sep, shard_id = lease_key.rpartition(":")
@@ -95,6 +108,24 @@ def multi_stream_attributes(lease_key: str) -> dict[str, str]:
     return {STREAM_ID_ATTRIBUTE: parsed[0], SHARD_ID_ATTRIBUTE: parsed[1]}
 
 
+def related_lease_keys(lease_key: str, stored: Iterable[str]) -> tuple[str, ...]:
+    """A lease's parents or children as the model names them (lease keys, sorted), from the item, where a
+    multi-stream lease stores them by shard id as Java writes them."""
+    parsed = parse_multi_stream_key(lease_key)
+    if parsed is None:
+        return tuple(sorted(stored))
+    return tuple(sorted(key if ":" in key else multi_stream_key(parsed[0], key) for key in stored))
+
+
+def stored_shard_ids(lease_key: str, related: Iterable[str]) -> list[str]:
+    """The inverse of `related_lease_keys`: parents or children as the item stores them (sorted, unique)."""
+    parsed = parse_multi_stream_key(lease_key)
+    if parsed is None:
+        return sorted(set(related))
+    prefix = parsed[0] + ":"
+    return sorted({key[len(prefix):] if key.startswith(prefix) else key for key in related})
+
+
 def scope_of(streams: Iterable[str], lease_key: str) -> StreamScope:
     """The configured stream a lease key belongs to (a worker is given only its lease and the config)."""
     streams = list(streams)
@@ -104,7 +135,7 @@ def scope_of(streams: Iterable[str], lease_key: str) -> StreamScope:
             raise ValueError(f"lease {lease_key} is not a multi-stream lease key")
         return StreamScope(streams[0])
     identifier = parsed[0]
-    name = identifier.split(":")[1]
+    name = identifier_parts(identifier)[1]
     for stream in streams:
         if stream_name(stream) == name:
             return StreamScope(stream, identifier)

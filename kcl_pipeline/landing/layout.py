@@ -24,6 +24,7 @@ from urllib.parse import urlparse
 
 from ..kcl.config import stream_name  # a stream named by its ARN lands under its name
 from ..kcl.model import Checkpoint
+from ..kcl.streams import identifier_parts
 
 MINUTE_MS = 60_000
 HOUR_MS = 3_600_000
@@ -38,7 +39,7 @@ def stream_directory(identifier: str) -> str:
     """A multi-stream application's directory for one stream incarnation, `<StreamName>@<creationEpoch>`, from
     its identifier `account:name:epoch`: a re-created stream (same name, same shard ids) lands beside the old
     one, never onto its chains. ('@' is not allowed in stream names, so no single-stream directory looks alike.)"""
-    _account, name, epoch = identifier.split(":")
+    _account, name, epoch = identifier_parts(identifier)
     return f"{name}@{epoch}"
 
 
