@@ -451,6 +451,12 @@ def test_a_lease_of_a_deleted_and_recreated_stream_is_not_read_from_the_new_stre
     key = old.lease_key("shardId-000000000000")
     table.create(Lease(key, Checkpoint(TRIM_HORIZON)))
     proc = Recorder()
-    result = LeaseWorker(config, table.get(key), proc).run()
+    worker = LeaseWorker(config, table.get(key), proc)
+    t, out = _start(worker)
+    t.join(30)
+    if t.is_alive():  # it is reading the new stream: stop it, and fail below rather than hang
+        worker.stop.set()
+        t.join(10)
+    result = out[0]
     assert result.outcome == "failed" and "re-created" in result.detail, result
     assert proc.records == [] and table.get(key).lease_owner is None  # nothing read, the lease released
