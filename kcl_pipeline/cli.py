@@ -263,10 +263,6 @@ def consume(ctx, properties_file, stream, application, table_name, initial_posit
                                       endpoint_url=endpoint_url)
     if sink:
         spec = parse_sink(sink)
-    elif config.multi_stream and checkpoint_by == "dagster":
-        raise UserError(f"the Dagster pipeline consumes one stream per application; {len(config.streams)} streams "
-                        f"were given with --checkpoint-by dagster (run one fleet per stream, or land them "
-                        f"standalone with --checkpoint-by self)")
     else:
         from .landing.layout import Zone
         from .landing.sink import landing_spec

@@ -57,6 +57,10 @@ class StreamScope:
             raise ValueError(f"lease {lease_key} is not a lease of stream {self.identifier}")
         return lease_key[len(prefix):]
 
+    def owns(self, lease_key: str) -> bool:
+        """Whether the lease is of this stream (this incarnation, for a multi-stream application)."""
+        return self.identifier is None or lease_key.startswith(self.identifier + ":")
+
     def shards(self, listed: Iterable[Shard]) -> list[Shard]:
         """The listed shards renamed to their lease keys (parents too): what the planner sees."""
         if self.identifier is None:

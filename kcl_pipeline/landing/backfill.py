@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ..kcl.aws import AwsSettings, client
+from ..kcl.config import stream_name
 from ..kcl.model import AT_TIMESTAMP, TRIM_HORIZON, Checkpoint, Lease, UserRecord
 from ..kcl.processor import InitializationInput, ProcessRecordsInput
 from ..kcl.reader import MAX_CALLS_PER_SECOND, MAX_READ_BYTES_PER_SECOND, ShardReader
@@ -201,11 +202,13 @@ def backfill_range(stream: str, start_ms: int, end_ms: int, zone: str | ZoneStor
                    aws: AwsSettings | None = None, kinesis: Any = None, now_ms: int | None = None,
                    deadline_seconds: float | None = None, pace: BackfillPace = BackfillPace(),
                    on_progress: Callable[[BackfillProgress], None] | None = None,
-                   compression: str = "zstd", create_zone: bool = False,
+                   compression: str = "zstd", create_zone: bool = False, directory: str | None = None,
                    monotonic: Callable[[], float] = time.monotonic) -> BackfillReport:
     """Land the records of `stream` that arrived in [start_ms, end_ms) (whole minutes) into `zone`.
 
-    `leases`: a snapshot of the live lease table (read by the caller; None or empty: no live consumer).
+    `leases`: a snapshot of the live lease table (read by the caller; None or empty: no live consumer), named
+    by shard id. `directory`: where the stream lands in the zone (default: its name; a multi-stream
+    application's stream lands in its incarnation's directory, layout.landing_directory).
     `on_progress` is called in the caller's thread after each shard read.
     """
     if end_ms <= start_ms or start_ms % MINUTE_MS or end_ms % MINUTE_MS:
@@ -227,7 +230,8 @@ def backfill_range(stream: str, start_ms: int, end_ms: int, zone: str | ZoneStor
     stop = threading.Event()  # the caller's thread was interrupted: the readers stop at their next poll
     with ThreadPoolExecutor(max_workers=max(1, min(pace.parallelism, len(to_read))),
                             thread_name_prefix="backfill") as pool:
-        futures = {pool.submit(_backfill_shard, kinesis, store, stream, shard_id, start, start_ms, end_ms,
+        futures = {pool.submit(_backfill_shard, kinesis, store, stream, directory or stream_name(stream), shard_id,
+                               start, start_ms, end_ms,
                                worker_id, deadline, pace, compression, monotonic, stop): shard_id
                    for shard_id in to_read}
         try:
@@ -257,7 +261,8 @@ def live_shards(start_ms: int, end_ms: int, shards, leases: Sequence[Lease], gra
     return {shard_id: status.reasons.get(shard_id, "") for shard_id in status.waiting_on}
 
 
-def _backfill_shard(kinesis, store: ZoneStore, stream: str, shard_id: str, start: Checkpoint, start_ms: int,
+def _backfill_shard(kinesis, store: ZoneStore, stream: str, directory: str, shard_id: str, start: Checkpoint,
+                    start_ms: int,
                     end_ms: int, worker_id: str, deadline: float | None, pace: BackfillPace,
                     compression: str, monotonic: Callable[[], float], stop: threading.Event) -> ShardBackfill:
     result = ShardBackfill(shard_id, str(start.sequence_number if start.sequence_number == TRIM_HORIZON
@@ -280,7 +285,7 @@ def _backfill_shard(kinesis, store: ZoneStore, stream: str, shard_id: str, start
             if sink is None:
                 # The sink starts after the last record skipped before the range (a TRIM_HORIZON read), so
                 # the first batch names its true predecessor; from AT_TIMESTAMP the predecessor is unknown.
-                sink = _BackfillLanding(store, stream, compression=compression)
+                sink = _BackfillLanding(store, directory, compression=compression)
                 sink.initialize(InitializationInput(shard_id, worker_id, last_before or start))
             result.records_in_range += len(cut.deliver)
             result.first = result.first or cut.deliver[0].checkpoint

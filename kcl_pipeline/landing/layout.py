@@ -43,6 +43,11 @@ def stream_directory(identifier: str) -> str:
     return f"{name}@{epoch}"
 
 
+def landing_directory(stream: str, identifier: str | None = None) -> str:
+    """Where a stream lands: its name (single-stream), or its incarnation's directory (multi-stream)."""
+    return stream_name(stream) if identifier is None else stream_directory(identifier)
+
+
 @dataclass(frozen=True)
 class Zone:
     """A landing zone: `s3://bucket/prefix` or a local directory (path or file:// URI)."""

@@ -245,3 +245,36 @@ def test_a_split_child_is_not_stalled_behind_its_parents_untransformed_window():
     assert not parent.is_ended
     assert blocked_on_parents(child, {"shardId-0": parent}, config.parent_drained_attribute) == []
     assert blocked_on_parents(child, {"shardId-0": parent}, None) == ["shardId-0"]
+
+
+def test_a_multi_stream_deployment_has_each_streams_assets_jobs_checks_and_schedule_under_its_prefix(tmp_path):
+    settings = PipelineSettings.from_env({"KCL_PIPELINE_PROFILE": "demo", "KCL_PIPELINE_STREAM": "orders, click-stream",
+                                          "KCL_PIPELINE_PARTITIONS_START": "2026-11-21"}, now=NOW)
+    multi = build_definitions(settings)
+    for prefix in ("orders", "click_stream"):
+        window_job = multi.resolve_job_def(f"kinesis_window_job__{prefix}")
+        assert set(window_job.asset_layer.selected_asset_keys) == {AssetKey([prefix, "transformed_records"]),
+                                                                   AssetKey([prefix, "kinesis_checkpoints"])}
+        assert set(window_job.asset_layer.asset_graph.asset_check_keys) == {
+            AssetCheckKey(AssetKey([prefix, "landed_records"]), "chain_unbroken"),
+            AssetCheckKey(AssetKey([prefix, "transformed_records"]), "rows_reconcile"),
+            AssetCheckKey(AssetKey([prefix, "kinesis_checkpoints"]), "checkpoint_within_materialised")}
+        landed = multi.resolve_assets_def(AssetKey([prefix, "landed_records"]))
+        assert landed.group_names_by_key[AssetKey([prefix, "landed_records"])] == f"kinesis_{prefix}"
+        assert multi.resolve_schedule_def(f"backfill_previous_day__{prefix}").job_name == \
+            f"kinesis_backfill_job__{prefix}"
+    # One sensor hosts the application's one lease manager and requests every stream's runs.
+    sensor = multi.resolve_sensor_def("kinesis_consumer")
+    assert {job.name for job in sensor.jobs} == {f"kinesis_{kind}_job__{p}" for kind in ("window", "checkpoints")
+                                                 for p in ("orders", "click_stream")}
+    assert multi.resources["consumer"].streams == ("orders", "click-stream")
+
+
+def test_a_stream_setting_with_an_empty_name_or_two_streams_sharing_a_dagster_name_fails_to_load():
+    from kcl_pipeline.kcl.config import ConfigError
+
+    for value, message in (("orders,", "has an empty name"), ("a-b,a.b", "would share the Dagster name 'a_b'"),
+                           ("orders,orders", "a stream is named twice")):
+        with pytest.raises(ConfigError, match=message):
+            PipelineSettings.from_env({"KCL_PIPELINE_STREAM": value, "KCL_PIPELINE_PARTITIONS_START": "2026-11-21"},
+                                      now=NOW)

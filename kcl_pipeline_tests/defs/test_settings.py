@@ -125,6 +125,10 @@ def test_previous_day_keys(scheduled, window, start, expected):
     (None, Cursor()),
     ("", Cursor()),
     ('{"v": 1, "worker_id": "w", "next_window_ms": 120000, "observed_at_ms": null}', Cursor("w", 120000)),
+    # a multi-stream deployment: each stream's windows under its prefix
+    ('{"v": 1, "worker_id": "w", "streams": {"orders": {"v": 1, "next_window_ms": 60000, "outstanding": {"0": 2}},'
+     ' "clicks": {"v": 1, "next_window_ms": null}}}',
+     Cursor("w", streams={"orders": Cursor(next_window_ms=60000, outstanding={0: 2}), "clicks": Cursor()})),
 ])
 def test_cursor_round_trip(text, cursor):
     assert Cursor.parse(text) == cursor
@@ -132,7 +136,8 @@ def test_cursor_round_trip(text, cursor):
 
 
 @pytest.mark.parametrize("text", ["not json", "[1]", '{"v": 2}', '{"v": 1, "next_window_ms": "soon"}',
-                                  '{"v": 1, "worker_id": 5}', '{"v": 1, "next_window_ms": true}'])
+                                  '{"v": 1, "worker_id": 5}', '{"v": 1, "next_window_ms": true}',
+                                  '{"v": 1, "streams": [1]}', '{"v": 1, "streams": {"a": {"next_window_ms": "x"}}}'])
 def test_a_foreign_cursor_is_a_clear_error(text):
     with pytest.raises(CursorError, match="clear the cursor"):
         Cursor.parse(text)

@@ -184,9 +184,10 @@ def test_stream_given_twice_makes_a_multi_stream_application(captured_config, tm
     assert config.streams == ("orders", ARN.replace("orders", "clicks")) and config.multi_stream
 
 
-def test_landing_several_streams_for_dagster_is_refused_with_exit_2(captured_config, tmp_path):
+def test_landing_several_streams_for_dagster_makes_a_multi_stream_fleet_member(captured_config, tmp_path):
     result = CliRunner().invoke(main, ["consume", "--stream", "orders", "--stream", "clicks", "--application", "a",
                                        "--landing", str(tmp_path / "zone"), "--checkpoint-by", "dagster",
                                        "--region", "eu-west-1"])
-    assert result.exit_code == 2 and "the Dagster pipeline consumes one stream per application" in result.output
-    assert captured_config == [] and not (tmp_path / "zone").exists()
+    assert result.exit_code == 0, result.output
+    (config,) = captured_config
+    assert config.streams == ("orders", "clicks") and config.multi_stream

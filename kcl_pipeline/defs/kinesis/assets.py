@@ -28,12 +28,11 @@ from dagster_aws.s3 import S3Resource
 
 from ...kcl.aws import client
 from ...kcl.lease_table import LeaseTable, LeaseTableMissing
-from ...kcl.shards import list_shards
 from ...landing.store import ZoneStore, open_store
 from .partitions import partition_key, window_of
 from .resources import SPARK_POOL, AwsResource, KinesisConsumerResource, SparkResource
+from .streams import PipelineStream
 
-GROUP = "kinesis"
 KINESIS_STREAM = AssetKey("kinesis_stream")
 LANDED = AssetKey("landed_records")
 TRANSFORMED = AssetKey("transformed_records")
@@ -41,10 +40,16 @@ CHECKPOINTS = AssetKey("kinesis_checkpoints")
 REOPENED = "reopened_windows"  # kinesis_checkpoints metadata the sensor reads
 MAX_LATE_KEYS = 50
 
-kinesis_stream = AssetSpec(
-    KINESIS_STREAM, group_name=GROUP, kinds={"kinesis"},
-    description="The Kinesis stream. Observed by the kinesis_consumer sensor: lag per shard (millis behind "
-                "latest), leases per consumer, shard and lease counts.")
+
+def stream_spec(target: PipelineStream) -> AssetSpec:
+    return AssetSpec(
+        target.key(KINESIS_STREAM), group_name=target.group, kinds={"kinesis"},
+        description=target.describe("The Kinesis stream. Observed by the kinesis_consumer sensor: lag per shard "
+                                    "(millis behind latest), leases per consumer, shard and lease counts."))
+
+
+SINGLE = PipelineStream()
+kinesis_stream = stream_spec(SINGLE)
 
 
 def landing_store(consumer: KinesisConsumerResource, aws: AwsResource, s3: S3Resource | None) -> ZoneStore:
@@ -56,9 +61,10 @@ def landing_store(consumer: KinesisConsumerResource, aws: AwsResource, s3: S3Res
     return store
 
 
-def output_store(consumer: KinesisConsumerResource, aws: AwsResource, s3: S3Resource | None) -> ZoneStore:
-    """The transform's output location, read (manifests) with the landing zone's store code."""
-    uri = consumer.output_uri
+def output_store(consumer: KinesisConsumerResource, aws: AwsResource, s3: S3Resource | None,
+                 target: PipelineStream = SINGLE) -> ZoneStore:
+    """The stream's transform output location, read (manifests) with the landing zone's store code."""
+    uri = target.output_uri(consumer.output_uri)
     s3_client = s3.get_client() if s3 is not None and uri.startswith("s3://") else None
     return open_store(uri, aws.settings(), s3_client=s3_client)
 
@@ -102,15 +108,18 @@ def transformed_freshness(window_ms: int) -> FreshnessPolicy:
                                        warn_window=2 * window + timedelta(minutes=10))
 
 
-def build_assets(partitions_def: TimeWindowPartitionsDefinition, window_ms: int):
-    """landed_records, transformed_records and kinesis_checkpoints over `partitions_def`."""
+def build_assets(partitions_def: TimeWindowPartitionsDefinition, window_ms: int,
+                 target: PipelineStream = SINGLE):
+    """The stream's landed_records, transformed_records and kinesis_checkpoints over `partitions_def`."""
 
-    @asset(key=LANDED, partitions_def=partitions_def, deps=[KINESIS_STREAM], group_name=GROUP,
+    @asset(key=target.key(LANDED), partitions_def=partitions_def, deps=[target.key(KINESIS_STREAM)],
+           group_name=target.group,
            backfill_policy=BackfillPolicy.single_run(), kinds={"kinesis", "parquet"},
-           description="Kinesis records landed exactly once as Parquet, one partition per arrival window. "
-                       "Reported live by the kinesis_consumer sensor when a window is complete; materialising "
-                       "it in a run (a backfill) re-reads the window from Kinesis (AT_TIMESTAMP, or TRIM_HORIZON "
-                       "beyond retention) and lands what is missing under the same keys.")
+           description=target.describe("Kinesis records landed exactly once as Parquet, one partition per arrival "
+                                       "window. Reported live by the kinesis_consumer sensor when a window is "
+                                       "complete; materialising it in a run (a backfill) re-reads the window from "
+                                       "Kinesis (AT_TIMESTAMP, or TRIM_HORIZON beyond retention) and lands what is "
+                                       "missing under the same keys."))
     def landed_records(context: AssetExecutionContext, consumer: KinesisConsumerResource, aws: AwsResource,
                        s3: S3Resource) -> MaterializeResult:
         from ...landing.backfill import BackfillProgress, backfill_range
@@ -118,13 +127,15 @@ def build_assets(partitions_def: TimeWindowPartitionsDefinition, window_ms: int)
 
         span = window_range(context, partitions_def, window_ms)
         store = landing_store(consumer, aws, s3)
+        view = target.read_slice(consumer, aws.settings(), live_leases(consumer, aws))
+
         def progress(p: BackfillProgress) -> None:
             context.log.info(f"backfill progress: {p.shards_done}/{p.shards_to_read} shards read "
                              f"({p.last_shard}: {p.stopped_by}); {p.records_in_range} records in range, "
                              f"{p.records_landed} landed now")
 
-        report = backfill_range(consumer.stream, span.start_ms, span.end_ms, store,
-                                leases=live_leases(consumer, aws), grace_ms=int(consumer.grace_seconds * 1000),
+        report = backfill_range(target.configured(consumer), span.start_ms, span.end_ms, store, directory=view.directory,
+                                leases=view.leases_by_shard_id(), grace_ms=int(consumer.grace_seconds * 1000),
                                 aws=aws.settings(), pace=consumer.backfill_pace(),
                                 deadline_seconds=consumer.backfill_deadline_seconds, on_progress=progress)
         for shard_id, s in sorted(report.shards.items()):
@@ -149,7 +160,7 @@ def build_assets(partitions_def: TimeWindowPartitionsDefinition, window_ms: int)
         shards: dict[str, Any] = {}
         keys: list[str] = []
         for start in span.starts:
-            summary = summarise_window(store, consumer.stream, start, start + window_ms)
+            summary = summarise_window(store, view.directory, start, start + window_ms)
             rows += summary.rows
             size += summary.bytes
             keys += summary.keys
@@ -172,12 +183,13 @@ def build_assets(partitions_def: TimeWindowPartitionsDefinition, window_ms: int)
             "source": "backfill",
         })
 
-    @asset(key=TRANSFORMED, partitions_def=partitions_def, deps=[LANDED], group_name=GROUP,
+    @asset(key=target.key(TRANSFORMED), partitions_def=partitions_def, deps=[target.key(LANDED)],
+           group_name=target.group,
            backfill_policy=BackfillPolicy.single_run(), kinds={"pyspark", "parquet"}, pool=SPARK_POOL,
            freshness_policy=transformed_freshness(window_ms),
-           description="The window's records, deduplicated on (shard, sequence, sub-sequence) and decoded, "
-                       "written idempotently (the partition is replaced); undecodable records go to quarantine "
-                       "with the reason.")
+           description=target.describe("The window's records, deduplicated on (shard, sequence, sub-sequence) and "
+                                       "decoded, written idempotently (the partition is replaced); undecodable "
+                                       "records go to quarantine with the reason."))
     def transformed_records(context: AssetExecutionContext, consumer: KinesisConsumerResource, aws: AwsResource,
                             pyspark: SparkResource) -> MaterializeResult:
         from ...transform.job import transform_window
@@ -185,8 +197,10 @@ def build_assets(partitions_def: TimeWindowPartitionsDefinition, window_ms: int)
 
         span = window_range(context, partitions_def, window_ms)
         settings = aws.settings()
+        output_uri = target.output_uri(consumer.output_uri)
+        directory = target.directory(consumer, settings)
         if consumer.create_zones:
-            open_store(consumer.output_uri, settings).ensure_zone(create=True)
+            open_store(output_uri, settings).ensure_zone(create=True)
         s3_options = S3Options.from_aws_settings(settings, env_credentials=True)
         spark = pyspark.spark_session
         totals = {"rows_in": 0, "rows_out": 0, "duplicates_dropped": 0, "quarantined": 0}
@@ -195,9 +209,9 @@ def build_assets(partitions_def: TimeWindowPartitionsDefinition, window_ms: int)
         schema: list[tuple[str, str]] = []
         paths: list[str] = []
         for start in span.starts:
-            report = transform_window(spark, zone=consumer.landing_uri, stream=consumer.stream,
+            report = transform_window(spark, zone=consumer.landing_uri, stream=directory,
                                       window_start_ms=start, window_end_ms=start + window_ms,
-                                      output_uri=consumer.output_uri, decoder=consumer.decoder,
+                                      output_uri=output_uri, decoder=consumer.decoder,
                                       s3_options=s3_options, landing_reader=consumer.landing_reader)
             context.log.info(f"window {start}: {report.rows_in} rows in, {report.rows_out} out, "
                              f"{report.duplicates_dropped} duplicates, {report.quarantined} quarantined")
@@ -222,11 +236,13 @@ def build_assets(partitions_def: TimeWindowPartitionsDefinition, window_ms: int)
             "output_path": MetadataValue.path(paths[-1]) if len(paths) == 1 else MetadataValue.json(paths),
         })
 
-    @asset(key=CHECKPOINTS, partitions_def=partitions_def, deps=[TRANSFORMED], group_name=GROUP,
+    @asset(key=target.key(CHECKPOINTS), partitions_def=partitions_def, deps=[target.key(TRANSFORMED)],
+           group_name=target.group,
            backfill_policy=BackfillPolicy.single_run(), kinds={"dynamodb"},
-           description="Lease checkpoints committed for materialised windows: per shard, the last landed record "
-                       "of the longest run of materialised windows from its checkpoint, and SHARD_END once its "
-                       "last record is in. The only place the pipeline advances checkpoints.")
+           description=target.describe("Lease checkpoints committed for materialised windows: per shard, the last "
+                                       "landed record of the longest run of materialised windows from its checkpoint,"
+                                       " and SHARD_END once its last record is in. The only place the pipeline "
+                                       "advances checkpoints."))
     def kinesis_checkpoints(context: AssetExecutionContext, consumer: KinesisConsumerResource, aws: AwsResource,
                             s3: S3Resource) -> MaterializeResult:
         from ...kcl.config import InitialPosition
@@ -239,21 +255,22 @@ def build_assets(partitions_def: TimeWindowPartitionsDefinition, window_ms: int)
 
         settings = aws.settings()
         table = LeaseTable(consumer.lease_table, client("dynamodb", settings))
-        leases = table.scan()
-        shards = list_shards(client("kinesis", settings), consumer.stream)
+        view = target.read_slice(consumer, settings, table.scan())
+        leases, shards = view.leases, view.shards  # named by lease key (a multi-stream key: stream + shard)
         store = landing_store(consumer, aws, s3)
-        committed = read_materialised(output_store(consumer, aws, s3))  # a window counts once its commit is in
+        # a window counts once its commit is in
+        committed = read_materialised(output_store(consumer, aws, s3, target))
         materialised = committed.windows
-        previous = _previous_frontier(context)
-        earliest = earliest_landed_minute(store, consumer.stream)
+        previous = _previous_frontier(context, target)
+        earliest = earliest_landed_minute(store, view.directory)
         zone_start = None if earliest is None else window_floor(earliest, window_ms)
         start = plan_listing_start(zone_start, previous, leases)
         progress = progress_from_leases(leases)
         end = plan_listing_end(materialised, progress, window_ms)
         batches: dict[str, list] = {}
         if start is not None and end is not None and end > start:
-            for b in list_batches(store, consumer.stream, start, end):
-                batches.setdefault(b.shard_id, []).append(b)
+            for b in list_batches(store, view.directory, start, end):
+                batches.setdefault(view.lease_key(b.shard_id), []).append(b)
         first_window_ms = int(partitions_def.start.timestamp() * 1000)
         plan = plan_checkpoints(committed, window_ms, batches, progress, leases, first_window_ms=first_window_ms)
         late = late_batches(committed, [(window_floor(b.minute_ms, window_ms), b.key())
@@ -295,9 +312,9 @@ def build_assets(partitions_def: TimeWindowPartitionsDefinition, window_ms: int)
     return landed_records, transformed_records, kinesis_checkpoints
 
 
-def _previous_frontier(context: AssetExecutionContext) -> dict[str, int]:
-    """The frontier the last kinesis_checkpoints materialisation recorded (any partition)."""
-    event = context.instance.get_latest_materialization_event(CHECKPOINTS)
+def _previous_frontier(context: AssetExecutionContext, target: PipelineStream = SINGLE) -> dict[str, int]:
+    """The frontier the stream's last kinesis_checkpoints materialisation recorded (any partition)."""
+    event = context.instance.get_latest_materialization_event(target.key(CHECKPOINTS))
     if event is None or event.asset_materialization is None:
         return {}
     value = event.asset_materialization.metadata.get("frontier")

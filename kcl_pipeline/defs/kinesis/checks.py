@@ -14,6 +14,7 @@ from dagster import (
     AssetCheckExecutionContext,
     AssetCheckResult,
     AssetCheckSeverity,
+    AssetKey,
     AssetRecordsFilter,
     MetadataValue,
     TimeWindowPartitionsDefinition,
@@ -22,8 +23,10 @@ from dagster import (
 from dagster_aws.s3 import S3Resource
 
 from ...landing.audit import CheckOutcome, audit_window
-from .assets import CHECKPOINTS, LANDED, TRANSFORMED, landing_store, live_leases, output_store, window_range
+from .assets import (CHECKPOINTS, LANDED, SINGLE, TRANSFORMED, landing_store, live_leases, output_store,
+                     window_range)
 from .resources import AwsResource, KinesisConsumerResource
+from .streams import PipelineStream
 
 
 def check_result(outcomes: list[CheckOutcome]) -> AssetCheckResult:
@@ -43,12 +46,12 @@ def check_result(outcomes: list[CheckOutcome]) -> AssetCheckResult:
                       + "".join(f"  - `{line}`\n" for line in o.details[:50]) for o in outcomes)[:20000])})
 
 
-def _transform_report(context: AssetCheckExecutionContext) -> Mapping[str, int] | None:
+def _transform_report(context: AssetCheckExecutionContext, transformed: AssetKey) -> Mapping[str, int] | None:
     """The transform's own counts for this partition (when the run transformed exactly one window)."""
     if context.has_partition_key_range and len(context.partition_keys) != 1:
         return None
     records = context.instance.fetch_materializations(
-        AssetRecordsFilter(asset_key=TRANSFORMED, asset_partitions=[context.partition_key]), limit=1).records
+        AssetRecordsFilter(asset_key=transformed, asset_partitions=[context.partition_key]), limit=1).records
     if not records or records[0].asset_materialization is None:
         return None
     meta = records[0].asset_materialization.metadata
@@ -58,14 +61,21 @@ def _transform_report(context: AssetCheckExecutionContext) -> Mapping[str, int] 
             if name in meta}
 
 
-def build_checks(partitions_def: TimeWindowPartitionsDefinition, window_ms: int):
+def build_checks(partitions_def: TimeWindowPartitionsDefinition, window_ms: int,
+                 target: PipelineStream = SINGLE):
     def run(context, consumer, aws, s3, check: str, **kwargs) -> AssetCheckResult:
         span = window_range(context, partitions_def, window_ms)
         store = landing_store(consumer, aws, s3)
-        output = output_store(consumer, aws, s3)
+        output = output_store(consumer, aws, s3, target)
+        if check == "checkpoints":  # the audit matches leases to landed batches by shard id
+            view = target.read_slice(consumer, aws.settings(), live_leases(consumer, aws))
+            kwargs["leases"] = view.leases_by_shard_id()
+            directory = view.directory
+        else:
+            directory = target.directory(consumer, aws.settings())
         outcomes: list[CheckOutcome] = []
         for start in span.starts:
-            outcomes += audit_window(store, output, consumer.stream, start, start + window_ms, checks=[check],
+            outcomes += audit_window(store, output, directory, start, start + window_ms, checks=[check],
                                      **kwargs)
         for o in outcomes:
             context.log.info(f"{o.check} {'OK' if o.ok else 'FAILED'}: {o.summary}")
@@ -73,34 +83,35 @@ def build_checks(partitions_def: TimeWindowPartitionsDefinition, window_ms: int)
 
     # The two checks that guard checkpoints block: when either fails in a window run, the run stops before
     # kinesis_checkpoints, so no checkpoint moves past a broken chain or an unreconciled window.
-    @asset_check(asset=LANDED, name="chain_unbroken", partitions_def=partitions_def, blocking=True,
+    @asset_check(asset=target.key(LANDED), name="chain_unbroken", partitions_def=partitions_def, blocking=True,
                  description="Every shard's landed batches form an unbroken chain (each batch follows the previous "
                              "one's last record; no gap, no overlap, no unreadable object), across windows too.")
     def chain_unbroken(context: AssetCheckExecutionContext, consumer: KinesisConsumerResource, aws: AwsResource,
                        s3: S3Resource) -> AssetCheckResult:
         return run(context, consumer, aws, s3, "chain")
 
-    @asset_check(asset=TRANSFORMED, name="rows_reconcile", partitions_def=partitions_def, blocking=True,
+    @asset_check(asset=target.key(TRANSFORMED), name="rows_reconcile", partitions_def=partitions_def, blocking=True,
                  description="Landed rows = transformed rows + duplicates dropped + quarantined rows (from the "
                              "landing zone and the output manifests; the transform's own report must agree).")
     def rows_reconcile(context: AssetCheckExecutionContext, consumer: KinesisConsumerResource, aws: AwsResource,
                        s3: S3Resource) -> AssetCheckResult:
-        return run(context, consumer, aws, s3, "counts", transform=_transform_report(context))
+        return run(context, consumer, aws, s3, "counts", transform=_transform_report(context, target.key(TRANSFORMED)))
 
-    @asset_check(asset=CHECKPOINTS, name="checkpoint_within_materialised", partitions_def=partitions_def,
+    @asset_check(asset=target.key(CHECKPOINTS), name="checkpoint_within_materialised", partitions_def=partitions_def,
                  description="No committed checkpoint reaches into a window that has not materialised (SHARD_END only "
                              "once the shard's last record is in), and none is past the last landed record.")
     def checkpoint_within_materialised(context: AssetCheckExecutionContext, consumer: KinesisConsumerResource,
                                        aws: AwsResource, s3: S3Resource) -> AssetCheckResult:
-        return run(context, consumer, aws, s3, "checkpoints", leases=live_leases(consumer, aws))
+        return run(context, consumer, aws, s3, "checkpoints")
 
-    @asset_check(asset=TRANSFORMED, name="windows_not_stalled",
+    @asset_check(asset=target.key(TRANSFORMED), name="windows_not_stalled",
                  description="No window the sensor reported is still unmaterialised past its end + the overdue "
                              "time (its runs failed for good, or never ran); fails naming each stalled window.")
     def windows_not_stalled(context: AssetCheckExecutionContext, consumer: KinesisConsumerResource) -> AssetCheckResult:
         from ...landing.window_followup import stall_description
 
-        records = context.instance.fetch_observations(AssetRecordsFilter(asset_key=TRANSFORMED), limit=1).records
+        records = context.instance.fetch_observations(AssetRecordsFilter(asset_key=target.key(TRANSFORMED)),
+                                                     limit=1).records
         observation = records[0].asset_observation if records else None
         value = observation.metadata.get("stalled") if observation is not None else None
         stalled = [str(k) for k in (getattr(value, "data", None) or [])]

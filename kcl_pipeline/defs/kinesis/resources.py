@@ -51,6 +51,8 @@ class KinesisConsumerResource(ConfigurableResource):
 
     # Defaults of the consumer's own settings are ConsumerConfig's; the pipeline's are PipelineSettings'.
     stream: str
+    # A multi-stream application's other streams (one lease table; one set of assets per stream).
+    more_streams: list[str] = []
     application: str
     table_name: Optional[str] = consumer_default("table_name")
     initial_position: str = PipelineSettings.initial_position
@@ -101,7 +103,8 @@ class KinesisConsumerResource(ConfigurableResource):
 
     @classmethod
     def _from_values(cls, settings: PipelineSettings) -> "KinesisConsumerResource":
-        return cls(stream=settings.stream, application=settings.application, table_name=settings.table_name,
+        return cls(stream=settings.stream, more_streams=list(settings.more_streams),
+                   application=settings.application, table_name=settings.table_name,
                    initial_position=settings.initial_position, initial_timestamp=settings.initial_timestamp,
                    window_minutes=settings.window_minutes, landing_uri=settings.landing_uri,
                    output_uri=settings.output_uri, create_zones=settings.create_zones,
@@ -134,7 +137,11 @@ class KinesisConsumerResource(ConfigurableResource):
             # Children are read once the parent's last record has LANDED (the sink's heartbeat says so), not
             # once SHARD_END is committed after the transform: a failed or late window run must not stop
             # a resharded stream. SHARD_END itself still waits for materialisation.
-            parent_drained_attribute=SHARD_END_LANDED)
+            parent_drained_attribute=SHARD_END_LANDED, more_streams=tuple(self.more_streams))
+
+    @property
+    def streams(self) -> tuple[str, ...]:
+        return (self.stream, *self.more_streams)
 
     def processor_spec(self, aws: AwsSettings) -> ProcessorSpec:
         """The landing sink in pipeline mode: it never checkpoints (kinesis_checkpoints does)."""

@@ -19,6 +19,7 @@ from dagster import (
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
 from .partitions import partition_key
+from .streams import PipelineStream
 
 DAY_MS = 86_400_000
 
@@ -33,12 +34,14 @@ def previous_day_keys(scheduled: datetime, window_ms: int, partitions_start_ms: 
     return partition_key(day_start), partition_key(day_end - window_ms)
 
 
-def build_backfill_schedule(job, partitions_def: TimeWindowPartitionsDefinition, window_ms: int):
+def build_backfill_schedule(job, partitions_def: TimeWindowPartitionsDefinition, window_ms: int,
+                            target: PipelineStream = PipelineStream()):
     partitions_start_ms = int(partitions_def.start.timestamp() * 1000)
 
-    @schedule(name="backfill_previous_day", cron_schedule="30 1 * * *", execution_timezone="UTC", job=job,
+    @schedule(name=target.job("backfill_previous_day"), cron_schedule="30 1 * * *", execution_timezone="UTC", job=job,
               default_status=DefaultScheduleStatus.STOPPED,
-              description="Re-land (bounded re-reads from Kinesis) and transform every window of the previous day.")
+              description=target.describe("Re-land (bounded re-reads from Kinesis) and transform every window of "
+                                          "the previous day."))
     def backfill_previous_day(context: ScheduleEvaluationContext):
         scheduled = context.scheduled_execution_time or datetime.now(timezone.utc)
         keys = previous_day_keys(scheduled, window_ms, partitions_start_ms)

@@ -20,8 +20,8 @@ import socket
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Sequence
 
 from dagster import (
     AssetCheckEvaluation,
@@ -46,16 +46,21 @@ from dagster_aws.s3 import S3Resource
 from ...kcl.aws import client
 from ...kcl.lease_table import LeaseTable, LeaseTableMissing
 from ...kcl.manager import CycleReport, LeaseManager
-from ...kcl.shards import list_shards
+from ...kcl.shards import StreamNotFound, list_application_shards
+from ...kcl.streams import StreamScope
 from ...landing.completeness import window_complete
 from ...landing.progress import progress_from_leases
 from ...landing.window_followup import (RunState, WindowObservation, follow_up, reopen_run_key, rerun_key,
                                        stall_description)
 from ...landing.window_report import earliest_landed_minute, iso, list_window
 from ...landing.window_scan import ending_shards, first_window, resume_window, scan_windows, skip_materialised
-from .assets import CHECKPOINTS, KINESIS_STREAM, LANDED, REOPENED, TRANSFORMED, landing_store, output_store
+from ...landing.layout import landing_directory
+from ...landing.stream_slice import StreamSlice, current_scope, earlier_incarnations, slice_of
+from .assets import (CHECKPOINTS, KINESIS_STREAM, LANDED, REOPENED, SINGLE, TRANSFORMED, landing_store,
+                     output_store)
 from .partitions import partition_key
 from .resources import SPARK_RUN_TAG, AwsResource, KinesisConsumerResource
+from .streams import PipelineStream
 
 log = logging.getLogger(__name__)
 
@@ -82,11 +87,19 @@ class Cursor:
     observed_at_ms: int | None = None
     # reported windows not materialised yet -> how many times the sensor requested them (window_followup.py)
     outstanding: dict[int, int] = field(default_factory=dict)
+    # A multi-stream deployment: each stream's own windows, by its Dagster prefix (the fields above unused)
+    streams: dict[str, "Cursor"] = field(default_factory=dict)
 
     def to_json(self) -> str:
-        return json.dumps({"v": CURSOR_VERSION, "worker_id": self.worker_id, "next_window_ms": self.next_window_ms,
-                           "observed_at_ms": self.observed_at_ms,
-                           "outstanding": {str(k): v for k, v in sorted(self.outstanding.items())}}, sort_keys=True)
+        return json.dumps(self._data(), sort_keys=True)
+
+    def _data(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"v": CURSOR_VERSION, "worker_id": self.worker_id,
+                                "next_window_ms": self.next_window_ms, "observed_at_ms": self.observed_at_ms,
+                                "outstanding": {str(k): v for k, v in sorted(self.outstanding.items())}}
+        if self.streams:
+            data["streams"] = {name: c._data() for name, c in sorted(self.streams.items())}
+        return data
 
     @classmethod
     def parse(cls, text: str | None) -> "Cursor":
@@ -96,14 +109,25 @@ class Cursor:
             data = json.loads(text)
             if not isinstance(data, dict) or data.get("v") != CURSOR_VERSION:
                 raise ValueError(f"version {data.get('v') if isinstance(data, dict) else None!r}")
-            return cls(worker_id=_opt(data.get("worker_id"), str), next_window_ms=_opt(data.get("next_window_ms"), int),
-                       observed_at_ms=_opt(data.get("observed_at_ms"), int),
-                       outstanding=_outstanding(data.get("outstanding")))
+            return cls._from_data(data)
         except (ValueError, TypeError) as exc:
             raise CursorError(
                 f"kinesis_consumer cursor {text[:200]!r} is not a v{CURSOR_VERSION} cursor ({exc}); clear the "
                 f"cursor in the UI to start afresh (windows already reported are not reported twice: runs are "
                 f"keyed by partition)") from None
+
+
+    @classmethod
+    def _from_data(cls, data: Any) -> "Cursor":
+        if not isinstance(data, dict):
+            raise TypeError(f"expected an object, got {data!r}")
+        streams = data.get("streams") or {}
+        if not isinstance(streams, dict):
+            raise TypeError(f"streams must be an object, got {streams!r}")
+        return cls(worker_id=_opt(data.get("worker_id"), str), next_window_ms=_opt(data.get("next_window_ms"), int),
+                   observed_at_ms=_opt(data.get("observed_at_ms"), int),
+                   outstanding=_outstanding(data.get("outstanding")),
+                   streams={str(name): cls._from_data(sub) for name, sub in streams.items()})
 
 
 def _opt(value: Any, kind: type) -> Any:
@@ -189,11 +213,10 @@ def shutdown_hosted(timeout: float = 30.0) -> None:
 
 def consumer_tick(context: SensorEvaluationContext, consumer: KinesisConsumerResource, aws: AwsResource,
                   s3: S3Resource | None, partitions_def: TimeWindowPartitionsDefinition, interval_seconds: float,
-                  *, now_ms: int | None = None) -> SensorResult:
+                  *, now_ms: int | None = None, targets: Sequence[PipelineStream] = (SINGLE,)) -> SensorResult:
     started = time.monotonic()
     cursor = Cursor.parse(context.cursor)
-    window_ms = consumer.window_ms
-    _check_window(partitions_def, window_ms)
+    _check_window(partitions_def, consumer.window_ms)
     said: list[str] = []
 
     def say(message: str) -> None:  # the tick log, and the tick's status line when it requests nothing
@@ -206,13 +229,56 @@ def consumer_tick(context: SensorEvaluationContext, consumer: KinesisConsumerRes
             return SensorResult(cursor=cursor.to_json(), skip_reason=(
                 f"observer: lease table {consumer.lease_table} does not exist yet (no fleet member has started)"))
         cycle, leases, shards = observed
+        worker_id = cursor.worker_id
         say(f"observer (hosts no workers; {HOST_WORKERS_SETTING}=true to join the fleet): {cycle.summary()}")
-        return _report_windows(context, consumer, aws, s3, partitions_def, cursor, cursor.worker_id, cycle, leases,
-                               shards, started, said, say, now_ms)
-    manager, worker_id, cycle = _hosted_cycle(consumer, aws, cursor, interval_seconds, CONSUMER_SENSOR)
-    say(f"consumer {worker_id} cycle: {cycle.summary()}")
-    return _report_windows(context, consumer, aws, s3, partitions_def, cursor, worker_id, cycle, manager.leases,
-                           manager.shards, started, said, say, now_ms)
+    else:
+        manager, worker_id, cycle = _hosted_cycle(consumer, aws, cursor, interval_seconds, CONSUMER_SENSOR)
+        leases, shards = manager.leases, manager.shards
+        say(f"consumer {worker_id} cycle: {cycle.summary()}")
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    tick = _Tick(context, consumer, aws, s3, partitions_def, started, now_ms, say)
+    run_requests: list[RunRequest] = []
+    events: list[Any] = []
+    if not any(target.multi for target in targets):
+        run_requests, events, new_cursor = _report_windows(
+            tick, SINGLE, cursor, cycle, StreamSlice(StreamScope(consumer.stream), list(leases), list(shards)))
+        new_cursor = replace(new_cursor, worker_id=worker_id)
+    else:
+        streams = dict(cursor.streams)
+        for target in targets:
+            try:
+                scope = current_scope(target.configured(consumer), True, aws.settings())
+            except StreamNotFound as exc:
+                say(f"{target.stream}: {exc}; its windows wait")
+                continue
+            view = slice_of(scope, leases, shards)
+            for earlier in earlier_incarnations(scope, leases):
+                say(target.describe(
+                    f"the stream was re-created: unfinished leases of its earlier incarnation {earlier} remain. Its "
+                    f"windows follow the new incarnation; what the earlier one landed after its last complete "
+                    f"window stays untransformed in {landing_directory(scope.stream, earlier)} (check it with "
+                    f"`kcl-pipeline landing verify`, then delete those leases)"))
+            requested, reported, streams[target.prefix] = _report_windows(
+                tick, target, streams.get(target.prefix) or Cursor(), _cycle_report(view.leases, view.shards), view)
+            run_requests += requested
+            events += reported
+        new_cursor = Cursor(worker_id=worker_id, streams=streams)
+    return SensorResult(run_requests=run_requests, asset_events=events, cursor=new_cursor.to_json(),
+                        skip_reason=None if run_requests else " | ".join(said)[:4000])
+
+
+@dataclass(frozen=True)
+class _Tick:
+    """What every stream's part of one tick shares."""
+
+    context: SensorEvaluationContext
+    consumer: KinesisConsumerResource
+    aws: AwsResource
+    s3: S3Resource | None
+    partitions_def: TimeWindowPartitionsDefinition
+    started: float
+    now_ms: int
+    say: Callable[[str], None]
 
 
 def _hosted_cycle(consumer: KinesisConsumerResource, aws: AwsResource, cursor: Cursor, interval_seconds: float,
@@ -250,18 +316,18 @@ def member_tick(context: SensorEvaluationContext, consumer: KinesisConsumerResou
     return SensorResult(cursor=Cursor(worker_id=worker_id).to_json(), skip_reason=message)
 
 
-def reopened_requests(instance) -> list[RunRequest]:
+def reopened_requests(instance, target: PipelineStream = SINGLE) -> list[RunRequest]:
     """A window run for every materialised window the latest checkpoint run found late batches in (its
     `reopened_windows` metadata): until it runs again, the checkpoint plan cannot pass those batches. One
     request per set of late batches (the run key names them), so ticks do not repeat it."""
-    event = instance.get_latest_materialization_event(CHECKPOINTS)
+    event = instance.get_latest_materialization_event(target.key(CHECKPOINTS))
     materialization = event.asset_materialization if event is not None else None
     value = materialization.metadata.get(REOPENED) if materialization is not None else None
     late = getattr(value, "data", None)
     if not isinstance(late, dict):
         return []
-    return [RunRequest(run_key=reopen_run_key(key, keys), job_name=WINDOW_JOB, partition_key=key,
-                       tags={SPARK_RUN_TAG: "true"}) for key, keys in sorted(late.items())]
+    return [RunRequest(run_key=target.run_key(reopen_run_key(key, keys)), job_name=target.job(WINDOW_JOB),
+                       partition_key=key, tags={SPARK_RUN_TAG: "true"}) for key, keys in sorted(late.items())]
 
 
 def observe_fleet(consumer: KinesisConsumerResource, aws: AwsResource):
@@ -272,7 +338,13 @@ def observe_fleet(consumer: KinesisConsumerResource, aws: AwsResource):
         leases = LeaseTable(consumer.lease_table, client("dynamodb", settings)).scan()
     except LeaseTableMissing:
         return None
-    shards = list_shards(client("kinesis", settings), consumer.stream)
+    streams = consumer.streams
+    shards = list_application_shards(client("kinesis", settings), streams, len(streams) > 1)
+    return _cycle_report(leases, shards), leases, shards
+
+
+def _cycle_report(leases, shards) -> CycleReport:
+    """The fleet's lease counts as a scan shows them (an observer, or one stream of several)."""
     report = CycleReport(total_leases=len(leases), total_shards=len(shards))
     for lease in leases:
         if lease.is_ended:
@@ -281,23 +353,28 @@ def observe_fleet(consumer: KinesisConsumerResource, aws: AwsResource):
             report.owners[lease.lease_owner] = report.owners.get(lease.lease_owner, 0) + 1
         else:
             report.unclaimed_leases += 1
-    return report, leases, shards
+    return report
 
 
-def _report_windows(context, consumer, aws, s3, partitions_def, cursor, worker_id, cycle, leases, shards, started,
-                    said, say, now_ms) -> SensorResult:
-    """Report every window that became complete since the cursor and request its transform (host or observer)."""
+def _report_windows(tick: _Tick, target: PipelineStream, cursor: Cursor, cycle: CycleReport,
+                    view: StreamSlice) -> tuple[list[RunRequest], list[Any], Cursor]:
+    """Report every window of the stream that became complete since its cursor and request its transform
+    (host or observer). Returns the run requests, the asset events and the stream's new cursor."""
+    context, consumer, aws, s3, say, now_ms = tick.context, tick.consumer, tick.aws, tick.s3, tick.say, tick.now_ms
+    if target.multi:
+        say = lambda message, _say=tick.say: _say(target.describe(message))  # noqa: E731 - a prefix, not logic
     window_ms = consumer.window_ms
-    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    leases, shards, directory = view.leases, view.shards, view.directory
     progress = progress_from_leases(leases)
     grace_ms = int(consumer.grace_seconds * 1000)
     store = landing_store(consumer, aws, s3)
-    partitions_start_ms = int(partitions_def.start.timestamp() * 1000)
+    partitions_start_ms = int(tick.partitions_def.start.timestamp() * 1000)
+    window_job = target.job(WINDOW_JOB)
 
     events: list[Any] = []
     next_window = cursor.next_window_ms
     if next_window is None:
-        first = first_window(window_ms, earliest_landed_minute(store, consumer.stream), leases, progress, grace_ms,
+        first = first_window(window_ms, earliest_landed_minute(store, directory), leases, progress, grace_ms,
                              not_before_ms=partitions_start_ms)
         if first.start_ms is None:
             say(f"first window not decided yet: {first.reason}"
@@ -305,7 +382,8 @@ def _report_windows(context, consumer, aws, s3, partitions_def, cursor, worker_i
         else:
             from ...transform.manifest import read_materialised
 
-            committed = read_materialised(output_store(consumer, aws, s3)).windows  # committed manifests only
+            # committed manifests only
+            committed = read_materialised(output_store(consumer, aws, s3, target)).windows
             next_window = skip_materialised(first.start_ms, committed, window_ms)
             skipped = (next_window - first.start_ms) // window_ms
             say(f"first window {iso(next_window)}: {first.reason}"
@@ -320,17 +398,17 @@ def _report_windows(context, consumer, aws, s3, partitions_def, cursor, worker_i
 
     run_requests: list[RunRequest] = []
     outstanding = dict(cursor.outstanding)
-    followed = follow_up(outstanding, _observe_windows(context.instance, outstanding), now_ms=now_ms,
+    followed = follow_up(outstanding, _observe_windows(context.instance, outstanding, target), now_ms=now_ms,
                          window_ms=window_ms, overdue_ms=int(consumer.overdue_seconds * 1000),
                          max_requests=consumer.max_window_requests)
     outstanding = dict(followed.outstanding)
     for start in followed.rerequest:
         key = partition_key(start)
-        run_requests.append(RunRequest(run_key=rerun_key(key, outstanding[start]), job_name=WINDOW_JOB,
-                                       partition_key=key, tags={SPARK_RUN_TAG: "true"}))
+        run_requests.append(RunRequest(run_key=target.run_key(rerun_key(key, outstanding[start])),
+                                       job_name=window_job, partition_key=key, tags={SPARK_RUN_TAG: "true"}))
         say(f"window {key} has no materialisation and its last run failed: transform requested again "
             f"(request {outstanding[start]} of {consumer.max_window_requests})")
-    for request in reopened_requests(context.instance):
+    for request in reopened_requests(context.instance, target):
         run_requests.append(request)
         say(f"window {request.partition_key} materialised before batches landed in it: transform requested "
             f"again ({request.run_key})")
@@ -344,15 +422,15 @@ def _report_windows(context, consumer, aws, s3, partitions_def, cursor, worker_i
                             lambda t0, t1: window_complete(t0, t1, shards, progress, leases, grace_ms),
                             limit=max(1, consumer.max_windows_per_tick))
         for status in scan.complete:
-            if time.monotonic() - started > consumer.tick_budget_seconds:
+            if time.monotonic() - tick.started > consumer.tick_budget_seconds:
                 say(f"tick budget spent; window {iso(status.window_start_ms)} waits for the next tick")
                 break
             key = partition_key(status.window_start_ms)
             # The listing only (a few LIST pages, whatever the window holds): the window run counts the rows
             # (transformed_records' rows_in) and checks the chain (chain_unbroken), once.
-            listing = list_window(store, consumer.stream, status.window_start_ms, status.window_end_ms)
+            listing = list_window(store, directory, status.window_start_ms, status.window_end_ms)
             per_shard = listing.per_shard()
-            events.append(AssetMaterialization(asset_key=LANDED, partition=key, metadata={
+            events.append(AssetMaterialization(asset_key=target.key(LANDED), partition=key, metadata={
                 "batches": len(listing.batches),
                 "shards": len(per_shard),
                 "per_shard": MetadataValue.json(per_shard),
@@ -361,8 +439,8 @@ def _report_windows(context, consumer, aws, s3, partitions_def, cursor, worker_i
                 "completeness": MetadataValue.json(status.reasons),
                 "source": "kinesis_consumer sensor",
             }))
-            run_requests.append(RunRequest(run_key=rerun_key(key, 1), job_name=WINDOW_JOB, partition_key=key,
-                                           tags={SPARK_RUN_TAG: "true"}))
+            run_requests.append(RunRequest(run_key=target.run_key(rerun_key(key, 1)), job_name=window_job,
+                                           partition_key=key, tags={SPARK_RUN_TAG: "true"}))
             outstanding[status.window_start_ms] = 1
             next_window = status.window_end_ms
             say(f"window {key} complete: {len(listing.batches)} batches from {len(per_shard)} shards"
@@ -372,7 +450,8 @@ def _report_windows(context, consumer, aws, s3, partitions_def, cursor, worker_i
             waiting = "; ".join(f"{s}: {scan.blocking.reasons.get(s, '')}" for s in scan.blocking.waiting_on)
             say(f"window {partition_key(scan.blocking.window_start_ms)} not complete yet, waiting on {waiting}")
 
-    end_request = _shard_end_request(context, leases, progress, next_window, window_ms, partitions_start_ms, now_ms)
+    end_request = _shard_end_request(context, target, leases, progress, next_window, window_ms, partitions_start_ms,
+                                     now_ms)
     if end_request is not None:
         run_requests.append(end_request)
         say(f"shards {end_request.tags[SHARD_END_TAG]} landed their last record: checkpoint plan requested "
@@ -380,22 +459,21 @@ def _report_windows(context, consumer, aws, s3, partitions_def, cursor, worker_i
 
     observed_at = cursor.observed_at_ms
     if observed_at is None or now_ms - observed_at >= OBSERVE_EVERY_MS:
-        events.append(AssetObservation(asset_key=KINESIS_STREAM, metadata=_fleet_metadata(cycle, progress, leases)))
+        events.append(AssetObservation(asset_key=target.key(KINESIS_STREAM),
+                                       metadata=_fleet_metadata(cycle, progress, leases)))
         observed_at = now_ms
     if followed.stalled or set(followed.stalled) != _stalled_before(cursor, now_ms, window_ms, consumer):
         # The stall metric: on every tick while windows are stalled, and once when they no longer are.
-        events.append(AssetObservation(asset_key=TRANSFORMED, metadata={
+        events.append(AssetObservation(asset_key=target.key(TRANSFORMED), metadata={
             "stalled_windows": len(followed.stalled),
             "stalled": MetadataValue.json([partition_key(w) for w in followed.stalled]),
             "outstanding_windows": len(outstanding)}))
         names = [partition_key(w) for w in followed.stalled]
         events.append(AssetCheckEvaluation(
-            asset_key=TRANSFORMED, check_name=STALL_CHECK, passed=not names,
+            asset_key=target.key(TRANSFORMED), check_name=STALL_CHECK, passed=not names,
             metadata={"stalled": MetadataValue.json(names),
                       "description": stall_description(names, consumer.overdue_seconds)}))
-    new_cursor = Cursor(worker_id, next_window, observed_at, outstanding)
-    return SensorResult(run_requests=run_requests, asset_events=events, cursor=new_cursor.to_json(),
-                        skip_reason=None if run_requests else " | ".join(said)[:4000])
+    return run_requests, events, Cursor(None, next_window, observed_at, outstanding)
 
 
 def _stalled_before(cursor: Cursor, now_ms: int, window_ms: int, consumer: KinesisConsumerResource) -> set[int]:
@@ -403,15 +481,17 @@ def _stalled_before(cursor: Cursor, now_ms: int, window_ms: int, consumer: Kines
     return {w for w in cursor.outstanding if now_ms >= w + window_ms + overdue_ms}
 
 
-def _observe_windows(instance, outstanding: dict[int, int]) -> dict[int, WindowObservation]:
+def _observe_windows(instance, outstanding: dict[int, int],
+                     target: PipelineStream = SINGLE) -> dict[int, WindowObservation]:
     """What the Dagster instance says about each outstanding window: materialised, and its newest run's state."""
     if not outstanding:
         return {}
     keys = {start: partition_key(start) for start in outstanding}
-    done = instance.get_materialized_partitions(TRANSFORMED)
+    done = instance.get_materialized_partitions(target.key(TRANSFORMED))
     observed: dict[int, WindowObservation] = {}
     for start, key in keys.items():
-        runs = instance.get_runs(RunsFilter(job_name=WINDOW_JOB, tags={PARTITION_NAME_TAG: key}), limit=1)
+        runs = instance.get_runs(RunsFilter(job_name=target.job(WINDOW_JOB), tags={PARTITION_NAME_TAG: key}),
+                                 limit=1)
         observed[start] = WindowObservation(key in done, _run_state(runs[0] if runs else None))
     return observed
 
@@ -426,8 +506,8 @@ def _run_state(run) -> RunState:
     return RunState.ACTIVE
 
 
-def _shard_end_request(context, leases, progress, next_window: int | None, window_ms: int, partitions_start_ms: int,
-                       now_ms: int) -> RunRequest | None:
+def _shard_end_request(context, target: PipelineStream, leases, progress, next_window: int | None, window_ms: int,
+                       partitions_start_ms: int, now_ms: int) -> RunRequest | None:
     """A kinesis_checkpoints run when shards have landed their last record but are not SHARD_END yet.
 
     Only the checkpoint plan ends a shard in the pipeline, and the window holding a parent's last record
@@ -436,12 +516,12 @@ def _shard_end_request(context, leases, progress, next_window: int | None, windo
     ending = ending_shards(leases, progress)
     if not ending or next_window is None or next_window - window_ms < partitions_start_ms:
         return None
-    in_flight = context.instance.get_runs_count(RunsFilter(
-        job_name=CHECKPOINTS_JOB, statuses=IN_PROGRESS_RUN_STATUSES))
+    job = target.job(CHECKPOINTS_JOB)
+    in_flight = context.instance.get_runs_count(RunsFilter(job_name=job, statuses=IN_PROGRESS_RUN_STATUSES))
     if in_flight:
         return None
     anchor = partition_key(next_window - window_ms)  # any existing partition: the plan itself is global
-    return RunRequest(run_key=f"shard-end-{'+'.join(ending)}-{now_ms // window_ms}", job_name=CHECKPOINTS_JOB,
+    return RunRequest(run_key=target.run_key(f"shard-end-{'+'.join(ending)}-{now_ms // window_ms}"), job_name=job,
                       partition_key=anchor, tags={SHARD_END_TAG: ",".join(ending)})
 
 
@@ -484,11 +564,13 @@ def _check_window(partitions_def: TimeWindowPartitionsDefinition, window_ms: int
                              f"partitions' ({length // 60_000} min): build both from the same settings")
 
 
-def build_consumer_sensor(partitions_def: TimeWindowPartitionsDefinition, jobs, interval_seconds: int):
-    """`jobs`: the window job (transform + checkpoints) and the checkpoints-only job, named as above."""
+def build_consumer_sensor(partitions_def: TimeWindowPartitionsDefinition, jobs, interval_seconds: int,
+                          targets: Sequence[PipelineStream] = (SINGLE,)):
+    """`jobs`: each stream's window job (transform + checkpoints) and checkpoints-only job, named as above."""
     names = sorted(job.name for job in jobs)
-    if names != sorted([WINDOW_JOB, CHECKPOINTS_JOB]):
-        raise ValueError(f"the kinesis_consumer sensor targets the jobs {WINDOW_JOB} and {CHECKPOINTS_JOB}, got {names}")
+    expected = sorted(target.job(base) for target in targets for base in (WINDOW_JOB, CHECKPOINTS_JOB))
+    if names != expected:
+        raise ValueError(f"the kinesis_consumer sensor targets the jobs {', '.join(expected)}, got {names}")
 
     @sensor(name=CONSUMER_SENSOR, jobs=jobs, minimum_interval_seconds=interval_seconds,
             default_status=DefaultSensorStatus.RUNNING,
@@ -497,7 +579,7 @@ def build_consumer_sensor(partitions_def: TimeWindowPartitionsDefinition, jobs, 
                         "requests its transform and checkpoints.")
     def kinesis_consumer(context: SensorEvaluationContext, consumer: KinesisConsumerResource, aws: AwsResource,
                          s3: S3Resource) -> SensorResult:
-        return consumer_tick(context, consumer, aws, s3, partitions_def, interval_seconds)
+        return consumer_tick(context, consumer, aws, s3, partitions_def, interval_seconds, targets=targets)
 
     return kinesis_consumer
 

@@ -11,7 +11,9 @@ every load ("7 days ago") made the windows before it unreportable, so their reco
 checkpoint moved past them.
 
     KCL_PIPELINE_PROFILE                  default | demo
-    KCL_PIPELINE_STREAM                   Kinesis stream name or ARN          (kcl-pipeline-demo)
+    KCL_PIPELINE_STREAM                   Kinesis stream name or ARN, or a comma-separated list of them
+                                          (a multi-stream application: one set of assets per stream)
+                                                                              (kcl-pipeline-demo)
     KCL_PIPELINE_APPLICATION              application name                    (kcl-pipeline)
     KCL_PIPELINE_TABLE_NAME               lease table (Java's tableName)      (the application name)
     KCL_PIPELINE_INITIAL_POSITION         TRIM_HORIZON | LATEST | AT_TIMESTAMP (TRIM_HORIZON)
@@ -48,6 +50,7 @@ from datetime import datetime, timezone
 from typing import Mapping
 
 from ...kcl.config import ConfigError, ConsumerConfig, InitialPosition, consumer_default
+from .streams import check_prefixes
 
 PREFIX = "KCL_PIPELINE_"
 PROFILES = ("default", "demo")
@@ -86,6 +89,9 @@ class PipelineSettings:
     landing_reader: str = "auto"
     spark_master: str = "local[*]"
     spark_conf: Mapping[str, str] = field(default_factory=dict)
+    # A multi-stream application's other streams (ConsumerConfig.more_streams): one lease table, KCL's
+    # multi-stream lease keys, and one set of assets, jobs and checks per stream.
+    more_streams: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         check_window_minutes(self.window_minutes)
@@ -94,7 +100,8 @@ class PipelineSettings:
         ConsumerConfig(self.stream, self.application, table_name=self.table_name,
                        heartbeat_seconds=self.heartbeat_seconds, lease_expiry_seconds=self.lease_expiry_seconds,
                        max_leases=self.max_leases, cycle_seconds=float(self.sensor_interval_seconds),
-                       metrics_naming=self.metrics_naming)
+                       metrics_naming=self.metrics_naming, more_streams=tuple(self.more_streams))
+        check_prefixes(self.streams)
         if self.partitions_start.tzinfo is None:
             raise ConfigError("partitions_start must be timezone-aware (UTC)")
         if int(self.partitions_start.timestamp()) % (self.window_minutes * 60):
@@ -107,6 +114,10 @@ class PipelineSettings:
         for name in ("landing_uri", "output_uri"):
             if not getattr(self, name):
                 raise ConfigError(f"{PREFIX}{name.upper()} is empty; use s3://bucket/prefix or a directory")
+
+    @property
+    def streams(self) -> tuple[str, ...]:
+        return (self.stream, *self.more_streams)
 
     @property
     def window_ms(self) -> int:
@@ -156,8 +167,10 @@ class PipelineSettings:
                 f"{PREFIX}PARTITIONS_START is required: the first window partition, fixed for the deployment's "
                 f"life (ISO 8601 UTC on a window boundary, e.g. 2026-01-31 or 2026-01-31T06:00:00Z). Choose the "
                 f"window of the oldest record you want transformed; older records are left untransformed and reported")
+        streams = _streams(get("STREAM", d["stream"]))
         settings = cls(
-            stream=get("STREAM", d["stream"]),
+            stream=streams[0],
+            more_streams=streams[1:],
             application=get("APPLICATION", d["application"]),
             initial_position=get("INITIAL_POSITION", d["initial_position"]).upper(),
             initial_timestamp=get("INITIAL_TIMESTAMP"),
@@ -186,6 +199,13 @@ class PipelineSettings:
         )
         settings.check_partition_count(now)
         return settings
+
+
+def _streams(text: str) -> tuple[str, ...]:
+    streams = tuple(part.strip() for part in text.split(","))
+    if not all(streams):
+        raise ConfigError(f"{PREFIX}STREAM {text!r} has an empty name: give a stream, or streams separated by ','")
+    return streams
 
 
 def _choice(value: str, name: str, allowed: tuple[str, ...]) -> str:

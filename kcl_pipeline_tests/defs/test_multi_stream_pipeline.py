@@ -1,0 +1,174 @@
+"""A multi-stream Dagster deployment end to end, against the emulators over HTTP, a real Dagster instance and a
+real SparkSession: two streams in one application (one lease table, one hosted lease manager), each with its
+own assets and window partitions. The sensor reports each stream's windows once, the window runs it requests
+transform each stream's records into its own output, and each stream's checkpoints reach its own last landed
+record, never another stream's."""
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from datetime import datetime, timezone
+
+import pytest
+from dagster import AssetKey, AssetMaterialization, DagsterInstance, RunsFilter, build_sensor_context
+from dagster_aws.s3 import S3Resource
+
+from kcl_pipeline.defs.kinesis import definitions as definitions_module
+from kcl_pipeline.defs.kinesis.definitions import build_definitions
+from kcl_pipeline.defs.kinesis.partitions import partition_key
+from kcl_pipeline.defs.kinesis.resources import AwsResource, KinesisConsumerResource, SparkResource, spark_config
+from kcl_pipeline.defs.kinesis.sensors import CONSUMER_SENSOR, Cursor, shutdown_hosted
+from kcl_pipeline.defs.kinesis.settings import PipelineSettings
+from kcl_pipeline.defs.kinesis.streams import stream_prefix
+from kcl_pipeline.kcl.aws import client
+from kcl_pipeline.kcl.lease_table import LeaseTable
+from kcl_pipeline.kcl.shards import stream_scope
+from kcl_pipeline.landing.layout import landing_directory
+from kcl_pipeline.landing.store import open_store
+from kcl_pipeline.landing.verify import list_batches
+from kcl_pipeline.local.producer import produce
+from kcl_pipeline.transform.job import read_partition
+
+pytestmark = pytest.mark.slow
+W = 60_000
+
+
+@pytest.fixture
+def deployment(emulators, aws_settings, unique_name, tmp_path, monkeypatch, spark):
+    kinesis = client("kinesis", aws_settings)
+    orders, clicks = unique_name("orders"), unique_name("clicks")
+    before = int(time.time() * 1000)
+    produce(kinesis, orders, 60, aggregate=3, create_shards=2, seed=1)
+    produce(kinesis, clicks, 40, aggregate=1, create_shards=1, first_id=1000, seed=2)
+    after = int(time.time() * 1000)
+    start = datetime.fromtimestamp((before - before % W) / 1000 - 3600, tz=timezone.utc)
+    settings = PipelineSettings(
+        stream=orders, more_streams=(clicks,), application=unique_name("app"), window_minutes=1,
+        partitions_start=start, landing_uri=str(tmp_path / "zone"), output_uri=str(tmp_path / "out"),
+        create_zones=True, host_workers=True, sensor_interval_seconds=5, heartbeat_seconds=1.0,
+        lease_expiry_seconds=3.0, grace_seconds=1.0)
+    consumer = KinesisConsumerResource.from_settings(settings)
+    resources = {
+        "consumer": KinesisConsumerResource(**{**consumer.model_dump(), "leases_to_acquire": 3}),
+        "aws": AwsResource(region=emulators.region, kinesis_endpoint_url=emulators.kinesis,
+                           dynamodb_endpoint_url=emulators.dynamodb, s3_endpoint_url=emulators.s3,
+                           cloudwatch_endpoint_url=emulators.cloudwatch),
+        "s3": S3Resource(endpoint_url=emulators.s3, region_name=emulators.region),
+        "pyspark": SparkResource(spark_config=spark_config(settings)),
+    }
+    monkeypatch.setattr(definitions_module, "build_resources", lambda _settings, env=None: resources)
+    defs = build_definitions(settings)
+    yield dict(defs=defs, resources=resources, settings=settings, kinesis=kinesis, aws=aws_settings,
+               streams={orders: 60, clicks: 40}, first=before - before % W, last=after - after % W,
+               instance=DagsterInstance.ephemeral(), table=LeaseTable(settings.application,
+                                                                      client("dynamodb", aws_settings)))
+    shutdown_hosted(timeout=15)
+
+
+def _landed_last(store, directory: str, first: int, last: int) -> dict[str, object]:
+    """Per shard id, the last record landed in the stream's directory."""
+    out = {}
+    for batch in sorted(list_batches(store, directory, first, last + W), key=lambda b: b.last.key()):
+        out[batch.shard_id] = batch.last
+    return out
+
+
+def test_two_streams_are_reported_transformed_and_checkpointed_each_in_its_own_partitions(deployment):
+    d = deployment
+    defs, instance = d["defs"], d["instance"]
+    sensor = defs.get_sensor_def(CONSUMER_SENSOR)
+    scopes = {stream: stream_scope(d["kinesis"], stream) for stream in d["streams"]}
+    directories = {stream: landing_directory(stream, scope.identifier) for stream, scope in scopes.items()}
+    store = open_store(d["settings"].landing_uri)
+
+    reported: Counter = Counter()
+    runs: Counter = Counter()
+    cursor = None
+
+    def checkpoints_reached() -> bool:
+        leases = d["table"].scan()
+        for stream, scope in scopes.items():
+            expected = _landed_last(store, directories[stream], d["first"], d["last"])
+            mine = {scope.shard_id(lease.lease_key): lease.checkpoint for lease in leases
+                    if scope.owns(lease.lease_key)}
+            if not expected or mine != expected:
+                return False
+        return True
+
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        with build_sensor_context(cursor=cursor, resources=d["resources"], instance=instance) as context:
+            result = sensor(context)
+        cursor = result.cursor
+        for event in result.asset_events or []:
+            if isinstance(event, AssetMaterialization):
+                reported[(event.asset_key.path[0], event.partition)] += 1
+        for request in result.run_requests or []:
+            runs[request.job_name] += 1
+            job = defs.resolve_job_def(request.job_name)
+            assert job.execute_in_process(partition_key=request.partition_key, instance=instance,
+                                          tags=request.tags).success
+        if checkpoints_reached():
+            break
+        time.sleep(2)
+    assert checkpoints_reached(), "the checkpoints of both streams never reached their last landed records"
+
+    # One cursor section per stream; each stream's windows were reported once, under its own asset keys.
+    assert set(Cursor.parse(cursor).streams) == {stream_prefix(s) for s in d["streams"]}
+    assert reported and set(reported.values()) == {1}
+    for stream, count in d["streams"].items():
+        prefix = stream_prefix(stream)
+        done = instance.get_materialized_partitions(AssetKey([prefix, "transformed_records"]))
+        windows = {partition_key(w) for w in range(d["first"], d["last"] + W, W)}
+        assert windows <= done and {p for (s, p) in reported if s == prefix} <= done
+        window_runs = instance.get_runs(RunsFilter(job_name=f"kinesis_window_job__{prefix}"))
+        assert len(window_runs) == len({r.tags["dagster/partition"] for r in window_runs})  # one per window
+
+        # Every record of the stream in its own output, and nothing of the other stream.
+        ids = []
+        for window in range(d["first"], d["last"] + W, W):
+            table, _ = read_partition(f"{d['settings'].output_uri}/{stream}", "transformed", window)
+            ids += [json.loads(p)["id"] for p in table.column("payload").to_pylist()]
+        first_id = 0 if count == 60 else 1000
+        assert sorted(ids) == list(range(first_id, first_id + count))
+
+    # A backfill of one stream's windows re-reads that stream and finds every record landed already, in the
+    # stream's incarnation directory (it never lands a second copy elsewhere).
+    orders = next(iter(d["streams"]))
+    backfill = defs.resolve_job_def(f"kinesis_backfill_job__{stream_prefix(orders)}")
+    result = backfill.execute_in_process(instance=instance, tags={
+        "dagster/asset_partition_range_start": partition_key(d["first"]),
+        "dagster/asset_partition_range_end": partition_key(d["last"])})
+    assert result.success
+    landed = next(e for e in result.get_asset_materialization_events()
+                  if e.asset_key == AssetKey([stream_prefix(orders), "landed_records"])).materialization.metadata
+    assert landed["records_already_landed"].value == 60 and landed["records_relanded"].value == 0
+
+    # Each stream landed in its incarnation's directory; its leases carry KCL's multi-stream keys.
+    assert sorted(store.list_dirs("")) == sorted(directories.values())
+    for lease in d["table"].scan():
+        assert lease.extra.get("streamName") in {scope.identifier for scope in scopes.values()}
+
+
+def test_an_observer_names_the_unfinished_leases_of_a_re_created_streams_earlier_incarnation(deployment):
+    """The stream's windows follow its current incarnation; what an earlier one landed after its last complete
+    window is in no window, and the sensor says so on every tick until an operator removes those leases."""
+    from kcl_pipeline.kcl.model import Checkpoint, Lease
+    from kcl_pipeline.kcl.streams import identifier_parts, multi_stream_key
+
+    d = deployment
+    orders = next(iter(d["streams"]))
+    current = stream_scope(d["kinesis"], orders).identifier
+    account, name, epoch = identifier_parts(current)
+    earlier = f"{account}:{name}:{epoch - 3600}"
+    d["table"].ensure_table()
+    assert d["table"].create(Lease(multi_stream_key(earlier, "shardId-000000000000"), Checkpoint("TRIM_HORIZON")))
+    observer = KinesisConsumerResource(**{**d["resources"]["consumer"].model_dump(), "host_workers": False})
+    sensor = d["defs"].get_sensor_def(CONSUMER_SENSOR)
+    with build_sensor_context(resources={**d["resources"], "consumer": observer}, instance=d["instance"]) as context:
+        result = sensor(context)
+    message = result.skip_reason.skip_message
+    assert f"the stream was re-created: unfinished leases of its earlier incarnation {earlier} remain" in message
+    assert f"{name}@{epoch - 3600}" in message and not result.run_requests
+    assert message.count("re-created") == 1  # only the re-created stream
