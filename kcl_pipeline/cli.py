@@ -438,16 +438,48 @@ def audit(window, last, zone, output, stream, application, window_minutes, trans
 
     settings = _pipeline_settings()
     window_ms = (window_minutes or settings.window_minutes) * 60_000
-    report = run_audit(zone or settings.landing_uri, output or settings.output_uri, stream or settings.stream,
-                       window_ms, window=parse_window(window) if window else None,
-                       application=application or settings.application, aws=_settings(region, endpoint_url),
-                       last=last, transform_grace_ms=int(transform_grace * 1000))
+    aws = _settings(region, endpoint_url)
+    options = dict(window=parse_window(window) if window else None, aws=aws, last=last,
+                   transform_grace_ms=int(transform_grace * 1000))
+    if len(settings.streams) == 1:
+        report = run_audit(zone or settings.landing_uri, output or settings.output_uri, stream or settings.stream,
+                           window_ms, application=application or settings.application, **options)
+    else:
+        report = _audit_streams([stream] if stream else settings.streams, zone or settings.landing_uri,
+                                output or settings.output_uri, application or settings.application, window_ms,
+                                run_audit, **options)
     if as_json:
         _echo_report_json(report)
     else:
         for line in report.lines():
             click.echo(line)
     sys.exit(0 if report.ok else 1)
+
+
+def _audit_streams(streams, zone: str, output: str, application: str, window_ms: int, run_audit, *, aws, **options):
+    """A multi-stream deployment's audit: each stream's current incarnation, in its landing directory and its
+    own output location (`<output>/<stream name>`), its checkpoints against its own leases."""
+    import dataclasses
+
+    from .defs.kinesis.streams import PipelineStream
+    from .kcl.aws import client
+    from .kcl.config import stream_name
+    from .kcl.lease_table import LeaseTable, LeaseTableMissing
+    from .landing.audit import AuditReport
+    from .landing.stream_slice import read_slice
+
+    try:
+        leases = LeaseTable(application, client("dynamodb", aws)).scan()
+    except LeaseTableMissing:
+        leases = None  # the checkpoints check is skipped, as for a single stream without a table
+    report = AuditReport()
+    for stream in streams:
+        view = read_slice(stream, True, aws, leases or [])
+        name = stream_name(stream)
+        part = run_audit(zone, PipelineStream(stream).output_uri(output), view.directory, window_ms, aws=aws,
+                         leases=None if leases is None else view.leases_by_shard_id(), **options)
+        report.outcomes += [dataclasses.replace(o, stream=name) for o in part.outcomes]
+    return report
 
 
 @main.command()

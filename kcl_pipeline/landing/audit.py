@@ -59,6 +59,7 @@ class CheckOutcome:
     summary: str
     details: tuple[str, ...] = ()
     metadata: Mapping[str, Any] = field(default_factory=dict)  # JSON-ready numbers and strings
+    stream: str | None = None  # named when one audit covers several streams
 
 
 @dataclass
@@ -72,7 +73,8 @@ class AuditReport:
     def lines(self) -> list[str]:
         out: list[str] = []
         for o in self.outcomes:
-            out.append(f"{_iso(o.window_start_ms)} {o.check:<11} {'OK' if o.ok else 'FAILED'}: {o.summary}")
+            where = f"{o.stream} " if o.stream else ""
+            out.append(f"{where}{_iso(o.window_start_ms)} {o.check:<11} {'OK' if o.ok else 'FAILED'}: {o.summary}")
             out += [f"    {line}" for line in o.details]
         failed = sum(1 for o in self.outcomes if not o.ok)
         windows = len({o.window_start_ms for o in self.outcomes})

@@ -6,13 +6,17 @@ record, never another stream's."""
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections import Counter
 from datetime import datetime, timezone
 
 import pytest
 from dagster import AssetKey, AssetMaterialization, DagsterInstance, RunsFilter, build_sensor_context
+from click.testing import CliRunner
 from dagster_aws.s3 import S3Resource
+
+from kcl_pipeline.cli import main
 
 from kcl_pipeline.defs.kinesis import definitions as definitions_module
 from kcl_pipeline.defs.kinesis.definitions import build_definitions
@@ -60,6 +64,7 @@ def deployment(emulators, aws_settings, unique_name, tmp_path, monkeypatch, spar
     monkeypatch.setattr(definitions_module, "build_resources", lambda _settings, env=None: resources)
     defs = build_definitions(settings)
     yield dict(defs=defs, resources=resources, settings=settings, kinesis=kinesis, aws=aws_settings,
+               env=emulators.env(),
                streams={orders: 60, clicks: 40}, first=before - before % W, last=after - after % W,
                instance=DagsterInstance.ephemeral(), table=LeaseTable(settings.application,
                                                                       client("dynamodb", aws_settings)))
@@ -144,6 +149,23 @@ def test_two_streams_are_reported_transformed_and_checkpointed_each_in_its_own_p
     landed = next(e for e in result.get_asset_materialization_events()
                   if e.asset_key == AssetKey([stream_prefix(orders), "landed_records"])).materialization.metadata
     assert landed["records_already_landed"].value == 60 and landed["records_relanded"].value == 0
+
+    # The audit CLI audits each stream in its own directory and output; losing one stream's output fails
+    # that stream's windows only.
+    env = {**d["env"], "KCL_PIPELINE_STREAM": ",".join(d["streams"]), "KCL_PIPELINE_WINDOW_MINUTES": "1",
+           "KCL_PIPELINE_APPLICATION": d["settings"].application,
+           "KCL_PIPELINE_LANDING_URI": d["settings"].landing_uri, "KCL_PIPELINE_OUTPUT_URI": d["settings"].output_uri}
+    span = f"{datetime.fromtimestamp(d['first'] / 1000, tz=timezone.utc):%Y-%m-%dT%H:%M}Z/" \
+           f"{datetime.fromtimestamp((d['last'] + W) / 1000, tz=timezone.utc):%Y-%m-%dT%H:%M}Z"
+    audited = CliRunner().invoke(main, ["audit", "--window", span], env=env)
+    assert audited.exit_code == 0, audited.output
+    for stream in d["streams"]:
+        assert f"{stream} " in audited.output
+    clicks = list(d["streams"])[1]
+    shutil.rmtree(f"{d['settings'].output_uri}/{clicks}/transformed")
+    broken = CliRunner().invoke(main, ["audit", "--window", span], env=env)
+    failed = [line for line in broken.output.splitlines() if "FAILED:" in line and not line.startswith("FAILED")]
+    assert broken.exit_code == 1 and failed and all(line.startswith(f"{clicks} ") for line in failed), broken.output
 
     # Each stream landed in its incarnation's directory; its leases carry KCL's multi-stream keys.
     assert sorted(store.list_dirs("")) == sorted(directories.values())

@@ -141,3 +141,18 @@ def test_cursor_round_trip(text, cursor):
 def test_a_foreign_cursor_is_a_clear_error(text):
     with pytest.raises(CursorError, match="clear the cursor"):
         Cursor.parse(text)
+
+
+def test_the_deployment_settings_and_stream_names_are_readable_without_dagster_installed():
+    """The CLI's audit and verify read the deployment's settings on a core install (no Dagster)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['dagster'] = None\n"
+            "from kcl_pipeline.defs.kinesis.settings import PipelineSettings\n"
+            "from kcl_pipeline.defs.kinesis.streams import PipelineStream\n"
+            "s = PipelineSettings.from_env({'KCL_PIPELINE_STREAM': 'a,b-c'}, for_partitions=False)\n"
+            "print(s.streams, PipelineStream(s.streams[1]).output_uri('s3://x/out'))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "('a', 'b-c') s3://x/out/b-c"

@@ -16,8 +16,6 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from dagster import AssetKey
-
 from ...kcl.aws import AwsSettings
 from ...kcl.config import ConfigError, stream_name
 from ...kcl.model import Lease
@@ -58,7 +56,11 @@ class PipelineStream:
     def prefix(self) -> str | None:
         return None if self.stream is None else stream_prefix(self.stream)
 
-    def key(self, base: AssetKey) -> AssetKey:
+    def key(self, base):
+        """The stream's `base` asset key (dagster is imported on use: the settings, which check these names,
+        stay readable from a core install without Dagster)."""
+        from dagster import AssetKey
+
         return base if self.prefix is None else AssetKey([self.prefix, *base.path])
 
     def job(self, base: str) -> str:
