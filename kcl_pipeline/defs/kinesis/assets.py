@@ -134,9 +134,10 @@ def build_assets(partitions_def: TimeWindowPartitionsDefinition, window_ms: int,
                              f"({p.last_shard}: {p.stopped_by}); {p.records_in_range} records in range, "
                              f"{p.records_landed} landed now")
 
-        report = backfill_range(target.configured(consumer), span.start_ms, span.end_ms, store, directory=view.directory,
-                                leases=view.leases_by_shard_id(), grace_ms=int(consumer.grace_seconds * 1000),
-                                aws=aws.settings(), pace=consumer.backfill_pace(),
+        report = backfill_range(target.configured(consumer), span.start_ms, span.end_ms, store,
+                                directory=view.directory, leases=view.leases_by_shard_id(),
+                                grace_ms=int(consumer.grace_seconds * 1000), aws=aws.settings(),
+                                pace=consumer.backfill_pace(),
                                 deadline_seconds=consumer.backfill_deadline_seconds, on_progress=progress)
         for shard_id, s in sorted(report.shards.items()):
             context.log.info(f"{shard_id}: {s.stopped_by}; read from {s.start}: {s.records_in_range} records in "
