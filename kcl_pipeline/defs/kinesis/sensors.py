@@ -116,7 +116,6 @@ class Cursor:
                 f"cursor in the UI to start afresh (windows already reported are not reported twice: runs are "
                 f"keyed by partition)") from None
 
-
     @classmethod
     def _from_data(cls, data: Any) -> "Cursor":
         if not isinstance(data, dict):
