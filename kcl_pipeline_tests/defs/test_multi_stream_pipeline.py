@@ -27,8 +27,10 @@ from kcl_pipeline.defs.kinesis.settings import PipelineSettings
 from kcl_pipeline.defs.kinesis.streams import stream_prefix
 from kcl_pipeline.kcl.aws import client
 from kcl_pipeline.kcl.lease_table import LeaseTable
-from kcl_pipeline.kcl.shards import stream_scope
+from kcl_pipeline.kcl.model import SHARD_END, Checkpoint
+from kcl_pipeline.kcl.shards import list_shards, stream_scope, wait_stream_active
 from kcl_pipeline.landing.layout import landing_directory
+from kcl_pipeline.landing.progress import progress_from_leases
 from kcl_pipeline.landing.store import open_store
 from kcl_pipeline.landing.verify import list_batches
 from kcl_pipeline.local.producer import produce
@@ -65,7 +67,8 @@ def deployment(emulators, aws_settings, unique_name, tmp_path, monkeypatch, spar
     defs = build_definitions(settings)
     yield dict(defs=defs, resources=resources, settings=settings, kinesis=kinesis, aws=aws_settings,
                env=emulators.env(),
-               streams={orders: 60, clicks: 40}, first=before - before % W, last=after - after % W,
+               streams={orders: 100, clicks: 40},  # orders: 60 now, 40 more after its split
+               first=before - before % W, last=after - after % W,
                instance=DagsterInstance.ephemeral(), table=LeaseTable(settings.application,
                                                                       client("dynamodb", aws_settings)))
     shutdown_hosted(timeout=15)
@@ -86,22 +89,40 @@ def test_two_streams_are_reported_transformed_and_checkpointed_each_in_its_own_p
     scopes = {stream: stream_scope(d["kinesis"], stream) for stream in d["streams"]}
     directories = {stream: landing_directory(stream, scope.identifier) for stream, scope in scopes.items()}
     store = open_store(d["settings"].landing_uri)
+    orders = next(iter(d["streams"]))
+    parent = "shardId-000000000000"
 
     reported: Counter = Counter()
-    runs: Counter = Counter()
     cursor = None
+    split = False
+
+    def stream_leases(stream):
+        scope = scopes[stream]
+        return {scope.shard_id(lease.lease_key): lease for lease in d["table"].scan() if scope.owns(lease.lease_key)}
 
     def checkpoints_reached() -> bool:
-        leases = d["table"].scan()
-        for stream, scope in scopes.items():
-            expected = _landed_last(store, directories[stream], d["first"], d["last"])
-            mine = {scope.shard_id(lease.lease_key): lease.checkpoint for lease in leases
-                    if scope.owns(lease.lease_key)}
-            if not expected or mine != expected:
+        """Each stream's checkpoints at its own last landed records; the split parent ended."""
+        for stream in d["streams"]:
+            landed = _landed_last(store, directories[stream], d["first"], int(time.time() * 1000) // W * W)
+            listed = list_shards(d["kinesis"], stream)
+            closed = {s.shard_id for s in listed if s.ending_sequence_number}
+            expected = {shard: Checkpoint(SHARD_END) if shard in closed else last for shard, last in landed.items()}
+            leases = stream_leases(stream)
+            if set(leases) != {s.shard_id for s in listed}:  # a split's children have their leases
                 return False
-        return True
+            if not landed or {k: lease.checkpoint for k, lease in leases.items() if k in landed} != expected:
+                return False
+        return split
 
-    deadline = time.monotonic() + 300
+    def split_orders() -> None:
+        """Split the orders stream's first shard once it has landed, and produce into its children."""
+        shard = next(x for x in list_shards(d["kinesis"], orders) if x.shard_id == parent)
+        lo, hi = int(shard.hash_key_range.starting_hash_key), int(shard.hash_key_range.ending_hash_key)
+        d["kinesis"].split_shard(StreamName=orders, ShardToSplit=parent, NewStartingHashKey=str((lo + hi) // 2))
+        wait_stream_active(d["kinesis"], orders)
+        produce(d["kinesis"], orders, 40, aggregate=1, first_id=60, seed=3)
+
+    deadline = time.monotonic() + 360
     while time.monotonic() < deadline:
         with build_sensor_context(cursor=cursor, resources=d["resources"], instance=instance) as context:
             result = sensor(context)
@@ -110,14 +131,24 @@ def test_two_streams_are_reported_transformed_and_checkpointed_each_in_its_own_p
             if isinstance(event, AssetMaterialization):
                 reported[(event.asset_key.path[0], event.partition)] += 1
         for request in result.run_requests or []:
-            runs[request.job_name] += 1
             job = defs.resolve_job_def(request.job_name)
             assert job.execute_in_process(partition_key=request.partition_key, instance=instance,
                                           tags=request.tags).success
+        progress = progress_from_leases(stream_leases(orders).values())
+        if not split and len(progress) == 2 and all(p.landed is not None for p in progress.values()):
+            split_orders()
+            split = True
         if checkpoints_reached():
             break
         time.sleep(2)
     assert checkpoints_reached(), "the checkpoints of both streams never reached their last landed records"
+    children = {k for k, lease in stream_leases(orders).items()
+                if scopes[orders].lease_key(parent) in lease.parent_shard_ids}
+    assert len(children) == 2  # created by the orders stream's checkpoint plan, under its multi-stream keys
+    # The last window holding a record of either stream (every window up to it has materialised).
+    d["last"] = max(b.minute_ms for stream in d["streams"]
+                    for b in list_batches(store, directories[stream], d["first"],
+                                          int(time.time() * 1000) // W * W + W)) // W * W
 
     # One cursor section per stream; each stream's windows were reported once, under its own asset keys.
     assert set(Cursor.parse(cursor).streams) == {stream_prefix(s) for s in d["streams"]}
@@ -135,12 +166,11 @@ def test_two_streams_are_reported_transformed_and_checkpointed_each_in_its_own_p
         for window in range(d["first"], d["last"] + W, W):
             table, _ = read_partition(f"{d['settings'].output_uri}/{stream}", "transformed", window)
             ids += [json.loads(p)["id"] for p in table.column("payload").to_pylist()]
-        first_id = 0 if count == 60 else 1000
+        first_id = 0 if stream == orders else 1000
         assert sorted(ids) == list(range(first_id, first_id + count))
 
     # A backfill of one stream's windows re-reads that stream and finds every record landed already, in the
     # stream's incarnation directory (it never lands a second copy elsewhere).
-    orders = next(iter(d["streams"]))
     backfill = defs.resolve_job_def(f"kinesis_backfill_job__{stream_prefix(orders)}")
     result = backfill.execute_in_process(instance=instance, tags={
         "dagster/asset_partition_range_start": partition_key(d["first"]),
@@ -148,7 +178,7 @@ def test_two_streams_are_reported_transformed_and_checkpointed_each_in_its_own_p
     assert result.success
     landed = next(e for e in result.get_asset_materialization_events()
                   if e.asset_key == AssetKey([stream_prefix(orders), "landed_records"])).materialization.metadata
-    assert landed["records_already_landed"].value == 60 and landed["records_relanded"].value == 0
+    assert landed["records_already_landed"].value == 100 and landed["records_relanded"].value == 0
 
     # The audit CLI audits each stream in its own directory and output; losing one stream's output fails
     # that stream's windows only.
