@@ -16,6 +16,7 @@ from typing import Any, Callable, Collection, Generator, Iterable, Sequence
 
 from .balance import confirmed_overloaded, reported_load, still_overloaded
 from .lease_life import Create, ListShards
+from .lease_rules import UNSETTLED_ATTRIBUTE
 from .model import Checkpoint, Lease, Shard
 from .planner import (
     LeaseAges,
@@ -247,7 +248,8 @@ def manager_cycle(state: ManagerState, settings: CycleSettings, locally_worked: 
         if settings.balance_patience_seconds > 0 else None)
     state.overloaded_since = still_overloaded(state.overloaded_since, plan.overloaded, now)
     for lease in plan.take:
-        yield Spawn(lease)
+        # A lease released before its stealer's wait was over: wait one expiry as the stealer would have.
+        yield Spawn(lease, stolen=bool(lease.extra.get(UNSETTLED_ATTRIBUTE)))
         result.spawned.append(lease.lease_key)
     if plan.steal is not None:
         # A holder with a fresh worker metrics item runs this protocol (or KCL 3.x's), which hands a lease

@@ -197,7 +197,9 @@ class End(Effect):
 
 @dataclass(frozen=True)
 class Release(Effect):
-    """The fenced release through the hold (`finished_release`); a failure reads as not released. → bool"""
+    """The fenced release through the hold (`finished_release`); a failure reads as not released. → bool
+    `unsettled`: the lease was stolen less than an expiry ago (lease_rules.UNSETTLED_ATTRIBUTE)."""
+    unsettled: bool = False
 
 
 @dataclass(frozen=True)
@@ -431,11 +433,14 @@ def lease_life(observed: Lease, settings: LifeSettings, me: str | None = None) -
                 return LifeResult(key, "blocked_on_parents", ",".join(waiting))
         yield StartHeartbeats()
         if stolen:
+            # The holder it was taken from may deliver until its validity passes: deliver nothing for one
+            # expiry. Asked to stop meanwhile, release it marked unsettled: a free lease is otherwise taken
+            # and delivered at once, while that holder may still be delivering.
             status = yield Check()
             deliver_from = status.now + settings.timing.expiry_seconds
             while status.now < deliver_from:
                 if status.stop:
-                    return (yield from _shutdown(key, status))
+                    return (yield from _shutdown(key, status, unsettled=True))
                 if not status.hold.may_deliver(status.now):
                     return (yield from _lost(key, status.hold))
                 yield Wait(min(deliver_from - status.now, settings.heartbeat_seconds))
@@ -506,10 +511,10 @@ def _finish_ended(key: str, end_requested: bool, settings: LifeSettings) -> Life
     return LifeResult(key, "shard_ended", children_created=tuple(created))
 
 
-def _shutdown(key: str, status: Status) -> Life:
+def _shutdown(key: str, status: Status, unsettled: bool = False) -> Life:
     yield Notify("shutdown_requested" if status.hold.may_deliver(status.now) else "lease_lost")
     yield from flush_pending()
-    released = yield Release()
+    released = yield Release(unsettled)
     if not released and (yield from _hand_off_on_shutdown(status.hold)):
         return LifeResult(key, "shutdown", "handed_off")
     return LifeResult(key, "shutdown", f"released={released}")

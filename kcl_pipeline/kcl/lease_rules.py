@@ -50,6 +50,11 @@ JAVA_HANDOVER_ATTRIBUTES = (
     "pendingCheckpointState",
 )
 
+# Written by a release that comes before the releasing worker's wait after a cold steal ended: the holder it
+# stole from may still be delivering, so the next owner waits one expiry before delivering, as the stealer
+# would have. Every acquire removes it.
+UNSETTLED_ATTRIBUTE = "previousHolderMayDeliver"
+
 # Attributes the lease protocol owns; extra attributes written on a heartbeat must not use them.
 LEASE_ATTRIBUTES = frozenset(
     {
@@ -65,6 +70,7 @@ LEASE_ATTRIBUTES = frozenset(
         "endingHashKey",
         "entityType",
         "throughputKBps",
+        UNSETTLED_ATTRIBUTE,
         *JAVA_HANDOVER_ATTRIBUTES,
     }
 )
@@ -106,7 +112,7 @@ def acquire(lease: Lease | None, new_owner: str, observed_owner: str | None, obs
         return None
     if lease.lease_owner != observed_owner:
         return None
-    extra = {k: v for k, v in lease.extra.items() if k not in JAVA_HANDOVER_ATTRIBUTES}
+    extra = {k: v for k, v in lease.extra.items() if k not in JAVA_HANDOVER_ATTRIBUTES and k != UNSETTLED_ATTRIBUTE}
     if claim is not None:
         extra[CLAIM_ATTRIBUTE] = claim
     return _copy(
@@ -220,11 +226,15 @@ def end(lease: Lease | None, owner: str | None = None, counter: int | None = Non
                  lease_owner=None, owner_switches_since_checkpoint=0, **changes)
 
 
-def release(lease: Lease | None, owner: str, counter: int) -> Lease | None:
-    """Give the lease up on graceful shutdown; fails harmlessly if someone took it meanwhile."""
+def release(lease: Lease | None, owner: str, counter: int, unsettled: bool = False) -> Lease | None:
+    """Give the lease up on graceful shutdown; fails harmlessly if someone took it meanwhile. `unsettled`:
+    the holder it was stolen from may still deliver (UNSETTLED_ATTRIBUTE)."""
     if not _held_by(lease, owner, counter):
         return None
-    return _copy(lease, lease_counter=counter + 1, lease_owner=None)
+    released = _copy(lease, lease_counter=counter + 1, lease_owner=None)
+    if unsettled:
+        released.extra[UNSETTLED_ATTRIBUTE] = True
+    return released
 
 
 def delete(lease: Lease | None, observed_counter: int) -> bool:

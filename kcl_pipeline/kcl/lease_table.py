@@ -33,7 +33,7 @@ from botocore.exceptions import (
 )
 
 from .lease_rules import (CLAIM_ATTRIBUTE, HANDOFF_ATTRIBUTE, JAVA_HANDOVER_ATTRIBUTES, LEASE_ATTRIBUTES,
-                          check_throughput)
+                          UNSETTLED_ATTRIBUTE, check_throughput)
 from .model import AT_TIMESTAMP, LATEST, SHARD_END, TRIM_HORIZON, Checkpoint, Lease, checkpoint_advances
 from .streams import multi_stream_attributes, related_lease_keys, stored_shard_ids
 
@@ -427,7 +427,7 @@ class LeaseTable:
         else:
             owner_condition = "leaseOwner = :seen"
             values[":seen"] = {"S": observed_owner}
-        removes = f" REMOVE {', '.join(JAVA_HANDOVER_ATTRIBUTES)}" if JAVA_HANDOVER_ATTRIBUTES else ""
+        removes = f" REMOVE {', '.join((*JAVA_HANDOVER_ATTRIBUTES, UNSETTLED_ATTRIBUTE))}"
         sets = "leaseOwner = :new, leaseCounter = :next"
         if claim is not None:
             sets += f", {CLAIM_ATTRIBUTE} = :claim"
@@ -616,16 +616,20 @@ class LeaseTable:
                            UpdateExpression=update + " REMOVE leaseOwner", ConditionExpression=condition,
                            ExpressionAttributeValues=values)
 
-    def release(self, key: str, owner: str, counter: int) -> bool:
-        """Give the lease held as (`owner`, `counter`) up; False if someone else holds it now."""
+    def release(self, key: str, owner: str, counter: int, unsettled: bool = False) -> bool:
+        """Give the lease held as (`owner`, `counter`) up; False if someone else holds it now. `unsettled`:
+        the holder it was stolen from may still deliver, so its next owner waits one expiry (lease_rules)."""
+        values = {":me": {"S": owner}, ":mine": {"N": str(counter)}, ":next": {"N": str(counter + 1)}}
+        sets = "leaseCounter = :next"
+        if unsettled:
+            sets += f", {UNSETTLED_ATTRIBUTE} = :unsettled"
+            values[":unsettled"] = {"BOOL": True}
         return self._write(
             "update_item",
             lambda seen: seen is not None and seen.lease_owner is None and seen.lease_counter == counter + 1, key,
             TableName=self.table_name, Key=_key(key),
-            UpdateExpression="SET leaseCounter = :next REMOVE leaseOwner",
-            ConditionExpression=_HELD,
-            ExpressionAttributeValues={":me": {"S": owner}, ":mine": {"N": str(counter)},
-                                       ":next": {"N": str(counter + 1)}})
+            UpdateExpression=f"SET {sets} REMOVE leaseOwner",
+            ConditionExpression=_HELD, ExpressionAttributeValues=values)
 
     def delete(self, key: str, observed_counter: int) -> bool:
         """Delete the lease if its counter is still the observed one; False if it moved (or is gone)."""

@@ -265,7 +265,7 @@ class LeaseWorker:
             life.WaitForChange: lambda e: self.lease.wait_lost(e.seconds),
             life.StartHeartbeats: self._start_heartbeats, life.Begin: self._begin, life.Poll: self._poll,
             life.Deliver: self._deliver, life.ShardEnded: self._shard_ended, life.Notify: self._notify,
-            life.Renew: self._renew, life.End: self._end, life.Release: lambda e: self._release_quietly(),
+            life.Renew: self._renew, life.End: self._end, life.Release: lambda e: self._release_quietly(e.unsettled),
             life.Reinstate: lambda e: self.lease.reinstate(e.current), life.MarkEnded: lambda e: self.lease.mark_ended(),
             life.OwnerlessCheckpoint: lambda e: self.table.checkpoint(
                 self.lease_key, e.checkpoint, unless_held_by_another=self.config.worker_id),
@@ -439,12 +439,12 @@ class LeaseWorker:
         advance; LeaseLost when the lease is no longer ours."""
         return self._locked(life.Locked(life.write_checkpoint(cp)))
 
-    def _release_quietly(self) -> bool:
+    def _release_quietly(self, unsettled: bool = False) -> bool:
         if self.lease is None:
             return False
         try:
             return self.lease.release(
-                lambda counter: self.table.release(self.lease_key, self.config.worker_id, counter))
+                lambda counter: self.table.release(self.lease_key, self.config.worker_id, counter, unsettled))
         except Exception as exc:
             log.warning("%s: could not release the lease: %s", self.lease_key, exc)
             return False

@@ -325,7 +325,7 @@ class SimWorker(Process):
     def _release(self, effect):
         if self.hold is None:
             return False
-        return self._fenced("release", lambda c: self.table.release(self.key, self.worker_id, c),
+        return self._fenced("release", lambda c: self.table.release(self.key, self.worker_id, c, effect.unsettled),
                             lambda hold, outcome, sent: life.finished_release(hold, outcome),
                             refused_if_lost=False, quiet=True)
 

@@ -35,6 +35,8 @@ class Script:
         self.batches = [Batch(), Batch(shard_ended=True)]
         self.end_outcome = end_outcome
         self.released = False
+        self.released_at: float | None = None
+        self.stop_at: float | None = None  # the worker is asked to stop from then on
 
     def __call__(self, effect):
         self.effects.append(type(effect).__name__)
@@ -47,7 +49,7 @@ class Script:
             return {k: self.parents.get(k) for k in effect.keys}
         if isinstance(effect, life.Check):
             self.hold = self.hold.held(self.now)
-            return life.Status(self.now, self.hold, False)
+            return life.Status(self.now, self.hold, self.stop_at is not None and self.now >= self.stop_at)
         if isinstance(effect, life.Wait):
             self.now += effect.seconds
             self.hold = self.hold.after_renew(Outcome.APPLIED, self.now, TIMING, self.now)  # heartbeats meanwhile
@@ -62,6 +64,7 @@ class Script:
             return self.end_outcome
         if isinstance(effect, life.Release):
             self.released = True
+            self.released_at = self.now
             self.hold = life.finished_release(self.hold, Outcome.APPLIED)
             return True
         if isinstance(effect, life.ListShards):
@@ -111,6 +114,45 @@ def test_a_stolen_lease_delivers_nothing_for_one_expiry_after_its_acquire():
 
     life.drive(life.lease_life(script.lease, SETTINGS.__class__(**{**SETTINGS.__dict__, "stolen": True})), watch)
     assert begun_at == [TIMING.expiry_seconds]
+
+
+def test_a_stolen_lease_asked_to_stop_during_its_wait_is_released_marked_unsettled():
+    """Released plainly, the lease would be free: a third consumer takes a free lease and delivers at once,
+    while the holder it was stolen from may still be within its validity. Released marked unsettled, its next
+    owner waits one expiry first (cycle.py spawns it as stolen)."""
+    script = Script(Lease("s-0", Checkpoint(TRIM_HORIZON), "peer", 9))
+    script.stop_at = 2.0
+    released = []
+    original = script.__call__
+
+    def watch(effect):
+        if isinstance(effect, life.Release):
+            released.append(effect.unsettled)
+        return original(effect)
+
+    result = life.drive(life.lease_life(script.lease, SETTINGS.__class__(**{**SETTINGS.__dict__, "stolen": True})),
+                        watch)
+    assert (result.outcome, result.detail) == ("shutdown", "released=True") and released == [True]
+    assert script.released_at is not None and script.released_at < TIMING.expiry_seconds  # no slower stop
+    assert "Begin" not in script.effects and "Poll" not in script.effects
+
+
+def test_a_lease_stopped_after_its_wait_or_never_stolen_is_released_plainly():
+    for stolen, stop_at in ((True, 12.0), (False, 0.0)):
+        script = Script(Lease("s-0", Checkpoint(TRIM_HORIZON), "peer" if stolen else None, 9))
+        script.stop_at = stop_at
+        script.batches = [Batch()] * 20
+        released = []
+        original = script.__call__
+
+        def watch(effect, original=original, released=released):
+            if isinstance(effect, life.Release):
+                released.append(effect.unsettled)
+            return original(effect)
+
+        life.drive(life.lease_life(script.lease, SETTINGS.__class__(**{**SETTINGS.__dict__, "stolen": stolen})),
+                   watch)
+        assert released == [False]
 
 
 def test_an_invalid_hold_never_delivers_what_it_polled():
@@ -198,3 +240,29 @@ def test_a_worker_past_its_validity_never_renews_its_lease():
     assert writes == [3], "a renew was sent after the lease's validity had passed"
     assert held.hold.lost is not None
     assert not life.may_write(hold, 9.5) and life.may_write(hold, 8.5)
+
+
+def test_a_free_lease_released_unsettled_is_spawned_to_wait_one_expiry_before_delivering():
+    """Found by reading the stop path of a cold steal: its release freed a lease whose previous holder may
+    still deliver, and a free lease was spawned to deliver at once."""
+    from kcl_pipeline.kcl.lease_rules import UNSETTLED_ATTRIBUTE
+
+    for extra, stolen in (({UNSETTLED_ATTRIBUTE: True}, True), ({}, False)):
+        state = cyc.ManagerState(shards=[Shard("s-0")], list_next=False)
+        settings = cyc.CycleSettings("me", Checkpoint(TRIM_HORIZON), 10.0, 1, 10)
+        free = Lease("s-0", Checkpoint("5"), None, 4, extra=dict(extra))
+        spawned = []
+
+        def handle(effect, free=free, spawned=spawned):
+            if isinstance(effect, cyc.Now):
+                return 0.0
+            if isinstance(effect, cyc.ScanTable):
+                return cyc.Scanned([free], 0.0, 0.0)
+            if isinstance(effect, life.ListShards):
+                return [Shard("s-0")]
+            if isinstance(effect, cyc.Spawn):
+                spawned.append(effect.stolen)
+            return None
+
+        life.drive(cyc.manager_cycle(state, settings, (), random.Random(0)), handle)
+        assert spawned == [stolen]

@@ -181,5 +181,12 @@ def test_release_passes_for_the_holder_only_and_moves_the_counter_on():
     assert rules.release(None, "w1", 7) is None
 
 
+def test_a_release_before_a_steals_wait_ended_is_marked_unsettled_and_the_next_acquire_clears_it():
+    after = rules.release(lease(), "w1", 7, unsettled=True)
+    assert after.lease_owner is None and after.extra == {rules.UNSETTLED_ATTRIBUTE: True}
+    assert rules.UNSETTLED_ATTRIBUTE not in rules.release(lease(), "w1", 7).extra
+    assert rules.acquire(after, "w2", None, 8).extra == {}
+
+
 def test_delete_is_conditional_on_the_observed_counter():
     assert rules.delete(lease(), 7) and not rules.delete(lease(), 6) and not rules.delete(None, 7)

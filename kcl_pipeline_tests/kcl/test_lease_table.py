@@ -502,6 +502,18 @@ def test_release_only_by_the_holder(table):
     assert table.release("shardId-missing", "w1", 0) is False and raw(table, "shardId-missing") is None
 
 
+def test_a_release_marked_unsettled_is_read_back_and_cleared_by_the_next_acquire(table):
+    from kcl_pipeline.kcl.lease_rules import UNSETTLED_ATTRIBUTE
+
+    assert table.create(lease(owner="w1", counter=9))
+    assert table.release(KEY, "w1", 9, unsettled=True) is True
+    released = table.get(KEY)
+    assert released.lease_owner is None and released.extra.get(UNSETTLED_ATTRIBUTE) is True
+    taken = table.acquire(KEY, "w2", None, 10)
+    assert taken is not None and UNSETTLED_ATTRIBUTE not in taken.extra
+    assert UNSETTLED_ATTRIBUTE not in raw(table)
+
+
 def test_delete_is_conditional_on_the_observed_counter(table):
     assert table.create(lease(owner="w1", counter=7))
     assert table.delete(KEY, 6) is False
