@@ -340,6 +340,53 @@ def leases(application, table_name, as_json, region, endpoint_url):
         click.echo(f"{lease.lease_key:<{width}} {lease.lease_owner or '-':<40} {lease.lease_counter:>7}  {cps}")
 
 
+@main.command("forget-incarnation")
+@click.argument("incarnation")
+@click.option("--application", required=True, help="Application name (the lease table unless --table-name).")
+@click.option("--table-name", default=None, help="The lease table (Java's tableName) [default: the application].")
+@aws_options
+@friendly_errors
+def forget_incarnation(incarnation, application, table_name, region, endpoint_url):
+    """Delete the leases of a deleted stream's earlier INCARNATION (`account:StreamName:creationEpoch`, as the
+    sensor and the lease keys name it) from a multi-stream application's lease table.
+
+    A re-created stream starts afresh under its new creation time; its old leases stay, unowned, until
+    removed. The stream's current incarnation is refused (exit 2). Each delete is conditional on the counter
+    just read, so a lease something still renews is left (exit 1)."""
+    from .kcl.lease_table import LeaseTable
+    from .kcl.shards import StreamNotFound, stream_scope
+    from .kcl.streams import identifier_parts, parse_multi_stream_key
+
+    try:
+        account, name, _epoch = identifier_parts(incarnation)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    aws = _settings(region, endpoint_url)
+    kinesis = client("kinesis", aws)
+    try:  # by ARN: the incarnation names its account (a cross-account stream is described where it lives)
+        current = stream_scope(kinesis, f"arn:aws:kinesis:{kinesis.meta.region_name}:{account}:stream/{name}"
+                               ).identifier
+    except StreamNotFound:
+        current = None
+    if current == incarnation:
+        raise UserError(f"{incarnation} is the current incarnation of stream {name}: its leases are live")
+    table = LeaseTable(table_name or application, client("dynamodb", aws))
+    mine = [lease for lease in table.scan()
+            if (parse_multi_stream_key(lease.lease_key) or (None,))[0] == incarnation]
+    if not mine:
+        click.echo(f"no lease of {incarnation} in {table.table_name}")
+        return
+    kept = []
+    for lease in sorted(mine, key=lambda lease: lease.lease_key):
+        if table.delete(lease.lease_key, lease.lease_counter):
+            click.echo(f"deleted {lease.lease_key} (checkpoint {lease.checkpoint})")
+        else:
+            kept.append(lease.lease_key)
+            click.echo(f"kept {lease.lease_key}: it changed since it was read (something still renews it)")
+    click.echo(f"{len(mine) - len(kept)} of {len(mine)} leases of {incarnation} deleted")
+    sys.exit(1 if kept else 0)
+
+
 @main.command()
 @click.option("--port", type=int, default=3000, show_default=True, help="Dagster UI port on 127.0.0.1.")
 @click.option("--stream", default="kcl-pipeline-demo", show_default=True)

@@ -208,3 +208,37 @@ def test_multi_stream_landing_puts_each_stream_incarnation_in_its_own_directory_
         assert sorted(got) == sorted(ids), directory  # exactly once, and only its own records
     report = verify_zone(str(zone))
     assert report.ok, report
+
+
+def test_forget_incarnation_deletes_only_an_earlier_incarnations_leases(emulators, kinesis_client, dynamodb_client,
+                                                                         unique_name):
+    """The operator's tool for what the sensor reports after a re-creation: the old incarnation's leases go,
+    the current incarnation's stay, and the current incarnation itself is refused."""
+    from click.testing import CliRunner
+
+    from kcl_pipeline.cli import main
+    from kcl_pipeline.kcl.lease_table import LeaseTable
+    from kcl_pipeline.kcl.model import Checkpoint, Lease
+    from kcl_pipeline.kcl.shards import stream_scope
+    from kcl_pipeline.kcl.streams import identifier_parts, multi_stream_key
+    from kcl_pipeline.local.producer import produce
+
+    stream, application = unique_name("forget"), unique_name("forget-app")
+    produce(kinesis_client, stream, 1, create_shards=1)
+    current = stream_scope(kinesis_client, stream).identifier
+    account, name, epoch = identifier_parts(current)
+    earlier = f"{account}:{name}:{epoch - 600}"
+    table = LeaseTable(application, dynamodb_client)
+    table.ensure_table()
+    for identifier in (earlier, current):
+        for shard in ("shardId-000000000000", "shardId-000000000001"):
+            assert table.create(Lease(multi_stream_key(identifier, shard), Checkpoint("TRIM_HORIZON")))
+    env = emulators.env()
+    refused = CliRunner().invoke(main, ["forget-incarnation", current, "--application", application], env=env)
+    assert refused.exit_code == 2 and "is the current incarnation" in refused.output
+    bad = CliRunner().invoke(main, ["forget-incarnation", "orders", "--application", application], env=env)
+    assert bad.exit_code == 2 and "is not a stream identifier" in bad.output
+    done = CliRunner().invoke(main, ["forget-incarnation", earlier, "--application", application], env=env)
+    assert done.exit_code == 0 and "2 of 2 leases" in done.output, done.output
+    assert sorted(lease.lease_key for lease in table.scan()) == [
+        multi_stream_key(current, "shardId-000000000000"), multi_stream_key(current, "shardId-000000000001")]

@@ -256,7 +256,7 @@ def consumer_tick(context: SensorEvaluationContext, consumer: KinesisConsumerRes
                     f"the stream was re-created: unfinished leases of its earlier incarnation {earlier} remain. Its "
                     f"windows follow the new incarnation; what the earlier one landed after its last complete "
                     f"window stays untransformed in {landing_directory(scope.stream, earlier)} (check it with "
-                    f"`kcl-pipeline landing verify`, then delete those leases)"))
+                    f"`kcl-pipeline landing verify`, then `kcl-pipeline forget-incarnation {earlier}`)"))
             requested, reported, streams[target.prefix] = _report_windows(
                 tick, target, streams.get(target.prefix) or Cursor(), _cycle_report(view.leases, view.shards), view)
             run_requests += requested
