@@ -242,3 +242,29 @@ def test_forget_incarnation_deletes_only_an_earlier_incarnations_leases(emulator
     assert done.exit_code == 0 and "2 of 2 leases" in done.output, done.output
     assert sorted(lease.lease_key for lease in table.scan()) == [
         multi_stream_key(current, "shardId-000000000000"), multi_stream_key(current, "shardId-000000000001")]
+
+
+def test_forget_incarnation_keeps_a_lease_that_moved_since_it_was_read_and_exits_1(emulators, dynamodb_client,
+                                                                                  unique_name, monkeypatch):
+    from click.testing import CliRunner
+
+    from kcl_pipeline.cli import main
+    from kcl_pipeline.kcl.lease_table import LeaseTable
+    from kcl_pipeline.kcl.model import Checkpoint, Lease
+    from kcl_pipeline.kcl.streams import multi_stream_key
+
+    application = unique_name("forget-app")
+    earlier = "000000000000:gone-stream:1700000000"  # a stream that no longer exists
+    table = LeaseTable(application, dynamodb_client)
+    table.ensure_table()
+    keys = [multi_stream_key(earlier, f"shardId-00000000000{i}") for i in range(2)]
+    for key in keys:
+        assert table.create(Lease(key, Checkpoint("TRIM_HORIZON")))
+    read = table.scan()
+    assert table.acquire(keys[1], "late-worker", None, 0) is not None  # moves after the command read it
+    monkeypatch.setattr(LeaseTable, "scan", lambda self: read)
+    result = CliRunner().invoke(main, ["forget-incarnation", earlier, "--application", application],
+                                env=emulators.env())
+    assert result.exit_code == 1 and f"kept {keys[1]}" in result.output and "1 of 2 leases" in result.output
+    monkeypatch.undo()
+    assert [lease.lease_key for lease in table.scan()] == [keys[1]]
