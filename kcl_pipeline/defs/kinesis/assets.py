@@ -44,8 +44,8 @@ MAX_LATE_KEYS = 50
 def stream_spec(target: PipelineStream) -> AssetSpec:
     return AssetSpec(
         target.key(KINESIS_STREAM), group_name=target.group, kinds={"kinesis"},
-        description=target.describe("The Kinesis stream. Observed by the kinesis_consumer sensor: lag per shard "
-                                    "(millis behind latest), leases per consumer, shard and lease counts."))
+        description=target.about("The Kinesis stream. Observed by the kinesis_consumer sensor: lag per shard (millis "
+                                 "behind latest), leases per consumer, shard and lease counts."))
 
 
 SINGLE = PipelineStream()
@@ -115,11 +115,11 @@ def build_assets(partitions_def: TimeWindowPartitionsDefinition, window_ms: int,
     @asset(key=target.key(LANDED), partitions_def=partitions_def, deps=[target.key(KINESIS_STREAM)],
            group_name=target.group,
            backfill_policy=BackfillPolicy.single_run(), kinds={"kinesis", "parquet"},
-           description=target.describe("Kinesis records landed exactly once as Parquet, one partition per arrival "
-                                       "window. Reported live by the kinesis_consumer sensor when a window is "
-                                       "complete; materialising it in a run (a backfill) re-reads the window from "
-                                       "Kinesis (AT_TIMESTAMP, or TRIM_HORIZON beyond retention) and lands what is "
-                                       "missing under the same keys."))
+           description=target.about("Kinesis records landed exactly once as Parquet, one partition per arrival "
+                                    "window. Reported live by the kinesis_consumer sensor when a window is complete; "
+                                    "materialising it in a run (a backfill) re-reads the window from Kinesis "
+                                    "(AT_TIMESTAMP, or TRIM_HORIZON beyond retention) and lands what is missing under"
+                                    " the same keys."))
     def landed_records(context: AssetExecutionContext, consumer: KinesisConsumerResource, aws: AwsResource,
                        s3: S3Resource) -> MaterializeResult:
         from ...landing.backfill import BackfillProgress, backfill_range
@@ -188,9 +188,9 @@ def build_assets(partitions_def: TimeWindowPartitionsDefinition, window_ms: int,
            group_name=target.group,
            backfill_policy=BackfillPolicy.single_run(), kinds={"pyspark", "parquet"}, pool=SPARK_POOL,
            freshness_policy=transformed_freshness(window_ms),
-           description=target.describe("The window's records, deduplicated on (shard, sequence, sub-sequence) and "
-                                       "decoded, written idempotently (the partition is replaced); undecodable "
-                                       "records go to quarantine with the reason."))
+           description=target.about("The window's records, deduplicated on (shard, sequence, sub-sequence) and "
+                                    "decoded, written idempotently (the partition is replaced); undecodable records "
+                                    "go to quarantine with the reason."))
     def transformed_records(context: AssetExecutionContext, consumer: KinesisConsumerResource, aws: AwsResource,
                             pyspark: SparkResource) -> MaterializeResult:
         from ...transform.job import transform_window
@@ -240,10 +240,10 @@ def build_assets(partitions_def: TimeWindowPartitionsDefinition, window_ms: int,
     @asset(key=target.key(CHECKPOINTS), partitions_def=partitions_def, deps=[target.key(TRANSFORMED)],
            group_name=target.group,
            backfill_policy=BackfillPolicy.single_run(), kinds={"dynamodb"},
-           description=target.describe("Lease checkpoints committed for materialised windows: per shard, the last "
-                                       "landed record of the longest run of materialised windows from its checkpoint,"
-                                       " and SHARD_END once its last record is in. The only place the pipeline "
-                                       "advances checkpoints."))
+           description=target.about("Lease checkpoints committed for materialised windows: per shard, the last landed"
+                                    " record of the longest run of materialised windows from its checkpoint, and "
+                                    "SHARD_END once its last record is in. The only place the pipeline advances "
+                                    "checkpoints."))
     def kinesis_checkpoints(context: AssetExecutionContext, consumer: KinesisConsumerResource, aws: AwsResource,
                             s3: S3Resource) -> MaterializeResult:
         from ...kcl.config import InitialPosition

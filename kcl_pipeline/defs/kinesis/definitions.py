@@ -60,21 +60,21 @@ def _stream_definitions(settings: PipelineSettings, partitions_def, target: Pipe
         selection=(AssetSelection.assets(target.key(TRANSFORMED), target.key(CHECKPOINTS))
                    | AssetSelection.checks(chain)) - AssetSelection.checks(stalled),
         partitions_def=partitions_def, tags={SPARK_RUN_TAG: "true"},
-        description=target.describe("Transform a window the kinesis_consumer sensor reported complete, then "
-                                    "commit its checkpoints."))
+        description=target.about("Transform a window the kinesis_consumer sensor reported complete, then commit its "
+                                 "checkpoints."))
     checkpoints_job = define_asset_job(
         target.job(CHECKPOINTS_JOB), selection=AssetSelection.assets(target.key(CHECKPOINTS)),
         partitions_def=partitions_def,
-        description=target.describe("Apply the checkpoint plan alone (the sensor runs it when a shard's last record "
-                                    "has landed, so the shard is ended and its children's leases are created)."))
+        description=target.about("Apply the checkpoint plan alone (the sensor runs it when a shard's last record has "
+                                 "landed, so the shard is ended and its children's leases are created)."))
     backfill_job = define_asset_job(
         target.job(BACKFILL_JOB),
         selection=AssetSelection.assets(target.key(LANDED), target.key(TRANSFORMED)) - AssetSelection.checks(stalled),
         partitions_def=partitions_def,
         # No Spark run tag: the re-reads run beside the live window runs; only the transform step waits for
         # the `spark` pool's slot.
-        description=target.describe("Re-land windows from Kinesis (bounded re-reads) and transform them; "
-                                    "checkpoints untouched."))
+        description=target.about("Re-land windows from Kinesis (bounded re-reads) and transform them; checkpoints "
+                                 "untouched."))
     return _StreamDefinitions(
         assets=[stream_spec(target), landed, transformed, checkpoints],
         checks=[chain, counts, within, stalled],

@@ -40,8 +40,8 @@ def build_backfill_schedule(job, partitions_def: TimeWindowPartitionsDefinition,
 
     @schedule(name=target.job("backfill_previous_day"), cron_schedule="30 1 * * *", execution_timezone="UTC", job=job,
               default_status=DefaultScheduleStatus.STOPPED,
-              description=target.describe("Re-land (bounded re-reads from Kinesis) and transform every window of "
-                                          "the previous day."))
+              description=target.about("Re-land (bounded re-reads from Kinesis) and transform every window of the "
+                                       "previous day."))
     def backfill_previous_day(context: ScheduleEvaluationContext):
         scheduled = context.scheduled_execution_time or datetime.now(timezone.utc)
         keys = previous_day_keys(scheduled, window_ms, partitions_start_ms)

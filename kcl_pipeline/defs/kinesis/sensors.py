@@ -252,7 +252,7 @@ def consumer_tick(context: SensorEvaluationContext, consumer: KinesisConsumerRes
                 continue
             view = slice_of(scope, leases, shards)
             for earlier in earlier_incarnations(scope, leases):
-                say(target.describe(
+                say(target.about(
                     f"the stream was re-created: unfinished leases of its earlier incarnation {earlier} remain. Its "
                     f"windows follow the new incarnation; what the earlier one landed after its last complete "
                     f"window stays untransformed in {landing_directory(scope.stream, earlier)} (check it with "
@@ -361,7 +361,7 @@ def _report_windows(tick: _Tick, target: PipelineStream, cursor: Cursor, cycle: 
     (host or observer). Returns the run requests, the asset events and the stream's new cursor."""
     context, consumer, aws, s3, say, now_ms = tick.context, tick.consumer, tick.aws, tick.s3, tick.say, tick.now_ms
     if target.multi:
-        say = lambda message, _say=tick.say: _say(target.describe(message))  # noqa: E731 - a prefix, not logic
+        say = lambda message, _say=tick.say: _say(target.about(message))  # noqa: E731 - a prefix, not logic
     window_ms = consumer.window_ms
     leases, shards, directory = view.leases, view.shards, view.directory
     progress = progress_from_leases(leases)

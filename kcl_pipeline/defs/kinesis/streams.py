@@ -1,4 +1,4 @@
-"""The pipeline's streams as Dagster names them, and one stream's slice of the fleet.
+"""The pipeline's streams as Dagster names them.
 
 A single-stream deployment keeps its plain names (`landed_records`, `kinesis_window_job`, …). A multi-stream
 deployment (KCL_PIPELINE_STREAM=a,b) has one set of assets, checks, jobs and schedule per stream, each named
@@ -74,7 +74,7 @@ class PipelineStream:
     def group(self) -> str:
         return "kinesis" if self.prefix is None else f"kinesis_{self.prefix}"
 
-    def describe(self, text: str) -> str:
+    def about(self, text: str) -> str:
         """`text` about this stream, named when there are several."""
         return text if self.stream is None else f"{stream_name(self.stream)}: {text}"
 
