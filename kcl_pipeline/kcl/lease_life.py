@@ -407,6 +407,7 @@ def lease_life(observed: Lease, settings: LifeSettings, me: str | None = None) -
     key = observed.lease_key
     acquired = False
     stolen = settings.stolen
+    unsettled = False  # stolen, and the holder it was stolen from may still deliver: a release says so
     try:
         target = None
         if settings.handoff_from is not None:
@@ -422,6 +423,7 @@ def lease_life(observed: Lease, settings: LifeSettings, me: str | None = None) -
             return LifeResult(key, "not_acquired",
                               "the lease changed since it was observed (another consumer moved it first, or it ended)")
         acquired = True
+        unsettled = stolen
         if lease.parent_shard_ids:
             # Java's BlockOnParentShard: never read a child before its parents are finished, read now (not
             # from the manager's scan: peers create merged children early). Give the lease back at once
@@ -429,7 +431,7 @@ def lease_life(observed: Lease, settings: LifeSettings, me: str | None = None) -
             parents = yield ReadLeases(tuple(lease.parent_shard_ids))
             waiting = blocked_on_parents(lease, parents, settings.drained_attribute)
             if waiting:
-                yield Release()
+                yield Release(unsettled)
                 return LifeResult(key, "blocked_on_parents", ",".join(waiting))
         yield StartHeartbeats()
         if stolen:
@@ -440,11 +442,12 @@ def lease_life(observed: Lease, settings: LifeSettings, me: str | None = None) -
             deliver_from = status.now + settings.timing.expiry_seconds
             while status.now < deliver_from:
                 if status.stop:
-                    return (yield from _shutdown(key, status, unsettled=True))
+                    return (yield from _shutdown(key, status, unsettled))
                 if not status.hold.may_deliver(status.now):
                     return (yield from _lost(key, status.hold))
                 yield Wait(min(deliver_from - status.now, settings.heartbeat_seconds))
                 status = yield Check()
+            unsettled = False
         yield Begin(lease)
         while True:
             status = yield Check()
@@ -472,7 +475,7 @@ def lease_life(observed: Lease, settings: LifeSettings, me: str | None = None) -
     except Exception as exc:  # the manager retries the lease on a later cycle; the driver logs why
         released = False
         if acquired:
-            released = yield Release()
+            released = yield Release(unsettled)
         return LifeResult(key, "failed", f"{type(exc).__name__}: {exc}" + ("" if released or not acquired
                                                                             else " (lease not released)"))
 

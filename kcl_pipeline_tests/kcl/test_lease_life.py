@@ -266,3 +266,20 @@ def test_a_free_lease_released_unsettled_is_spawned_to_wait_one_expiry_before_de
 
         life.drive(cyc.manager_cycle(state, settings, (), random.Random(0)), handle)
         assert spawned == [stolen]
+
+
+def test_a_stolen_lease_given_back_on_a_failure_before_its_wait_ended_is_marked_unsettled():
+    child = Lease("s-2", Checkpoint(TRIM_HORIZON), "peer", 4, parent_shard_ids=("s-0",))
+    script = Script(child)
+    released = []
+    original = script.__call__
+
+    def failing(effect):
+        if isinstance(effect, life.Release):
+            released.append(effect.unsettled)
+        if isinstance(effect, life.ReadLeases):
+            raise ConnectionError("dynamodb unreachable")
+        return original(effect)
+
+    result = life.drive(life.lease_life(child, SETTINGS.__class__(**{**SETTINGS.__dict__, "stolen": True})), failing)
+    assert result.outcome == "failed" and released == [True]
