@@ -224,3 +224,24 @@ def test_an_observer_names_the_unfinished_leases_of_a_re_created_streams_earlier
     assert f"the stream was re-created: unfinished leases of its earlier incarnation {earlier} remain" in message
     assert f"{name}@{epoch - 3600}" in message and not result.run_requests
     assert message.count("re-created") == 1  # only the re-created stream
+
+
+def test_a_missing_stream_waits_while_the_others_are_observed(deployment, unique_name, monkeypatch):
+    """One stream of several deleted (or not created yet): the tick says so and goes on with the others."""
+    from dataclasses import replace
+
+    d = deployment
+    ghost = unique_name("ghost")
+    settings = replace(d["settings"], more_streams=(*d["settings"].more_streams, ghost))
+    consumer = KinesisConsumerResource(**{**d["resources"]["consumer"].model_dump(),
+                                          "more_streams": list(settings.more_streams), "host_workers": False})
+    resources = {**d["resources"], "consumer": consumer}
+    monkeypatch.setattr(definitions_module, "build_resources", lambda _settings, env=None: resources)
+    d["table"].ensure_table()
+    sensor = build_definitions(settings).get_sensor_def(CONSUMER_SENSOR)
+    with build_sensor_context(resources=resources, instance=d["instance"]) as context:
+        result = sensor(context)
+    message = result.skip_reason.skip_message
+    assert f"{ghost}: Kinesis stream {ghost} does not exist" in message and "its windows wait" in message
+    streams = Cursor.parse(result.cursor).streams
+    assert set(streams) == {stream_prefix(s) for s in d["streams"]}  # the others were looked at
