@@ -52,3 +52,15 @@ if (parentPid > 0) {
 }
 
 process.on('SIGTERM', () => exitNow(0));
+
+// dynalite throws from a request's 'error' handler when a client closes its connection before sending the
+// whole body (a SIGKILLed worker, a client timeout): uncaught, that exits the emulator. The client has given
+// up on that request; drop it and go on serving. Any other uncaught error still ends the process.
+process.on('uncaughtException', (err) => {
+  if (err && err.code === 'ECONNRESET' && err.message === 'aborted') {
+    process.stderr.write('ignored: a client closed its connection in the middle of a request\n');
+    return;
+  }
+  process.stderr.write(`${(err && err.stack) || err}\n`);
+  exitNow(1);
+});

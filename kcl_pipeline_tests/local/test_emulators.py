@@ -141,6 +141,25 @@ def test_stack_binds_only_loopback_and_stop_leaves_no_process(tmp_path):
     assert stack.endpoints is None
 
 
+@pytest.mark.parametrize("service,target", [("dynamodb", "DynamoDB_20120810.ListTables"),
+                                            ("kinesis", "Kinesis_20131202.ListStreams")])
+def test_a_client_gone_mid_request_does_not_kill_the_emulator(tmp_path, service, target):
+    """Found by CI: dynalite threw from a request's error handler when a client closed its connection before
+    sending the whole body (a killed worker, a client timeout), exiting, and every later test failed."""
+    import time
+
+    stack = EmulatorStack(tmp_path, services=[service])
+    with stack as endpoints:
+        url = endpoints.endpoint_urls()[service]
+        port = int(url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port)) as cut:
+            cut.sendall(f"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/x-amz-json-1.0\r\n"
+                        f"X-Amz-Target: {target}\r\nContent-Length: 100\r\n\r\n{{\"a\":".encode())
+            time.sleep(0.3)
+        time.sleep(0.5)
+        assert _alive(stack.pids()[service]) and _port_open(port), f"the {service} emulator exited"
+
+
 def test_services_subset_starts_only_what_is_asked(tmp_path):
     with EmulatorStack(tmp_path, services=["dynamodb"]) as endpoints:
         assert endpoints.dynamodb and endpoints.kinesis is None and endpoints.s3 is None and endpoints.moto is None
