@@ -530,7 +530,9 @@ def _hand_off_on_shutdown(hold: LeaseHold) -> Generator[Effect, Any, bool]:
     try:
         current = yield GetLease()
         if asked_to_hand_off(hold, current):
-            return bool((yield FinishHandoff(None)))
+            if (yield FinishHandoff(None)):
+                return True
+            current = yield GetLease()  # refused: the asker may have withdrawn meanwhile, giving it back
         yield from _release_if_given_back(hold, current)
         return False
     except Exception:

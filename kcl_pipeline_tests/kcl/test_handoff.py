@@ -327,3 +327,25 @@ def test_a_lease_given_back_by_a_withdrawn_hand_off_is_released_not_left_owned()
     result = life.drive(life._shutdown("s-0", life.Status(100.0, HOLD_LOST, True)), stopping)
     assert result.outcome == "shutdown"
     assert [e.lease for e in stopping.effects if isinstance(e, life.ReleaseObserved)] == [given_back]
+
+
+def test_a_stopping_holder_whose_hand_off_finish_lost_to_the_askers_withdrawal_releases_the_lease():
+    """Found by CI (a lease still owned after every consumer stopped): the holder, stopping, read the hand-off
+    still asked for and tried to finish it, while the asker, stopping too, withdrew; the finish was refused,
+    the lease was the holder's again at its own counter, and nobody released it."""
+    asked = Lease("s-0", Checkpoint("100"), "taker", 12, extra={"checkpointOwner": "holder"})
+    given_back = Lease("s-0", Checkpoint("100"), "holder", 12)
+    script = Holder(asked, finish_ok=False)
+    script.release_ok = False  # its own release ran while the asker still owned the lease
+    reads = iter([asked, given_back])
+    original = script.__call__
+
+    def answer(effect):
+        if isinstance(effect, life.GetLease):
+            script.effects.append(effect)
+            return next(reads)
+        return original(effect)
+
+    result = life.drive(life._shutdown("s-0", life.Status(100.0, HOLD_LOST, True)), answer)
+    assert result.outcome == "shutdown"
+    assert [e.lease for e in script.effects if isinstance(e, life.ReleaseObserved)] == [given_back]
