@@ -525,8 +525,8 @@ def _shutdown(key: str, status: Status, unsettled: bool = False) -> Life:
 
 def _hand_off_on_shutdown(hold: LeaseHold) -> Generator[Effect, Any, bool]:
     """Stopping while a hand-off of our lease was asked for: finish it rather than leave it hanging (the
-    release was refused: the table names the asker as owner). If the asker withdrew meanwhile, the lease
-    is ours again: release it."""
+    release was refused: the table names the asker as owner). If the asker withdrew meanwhile (before our
+    read, or racing our finish), the lease is ours again: release it."""
     try:
         current = yield GetLease()
         if asked_to_hand_off(hold, current):
