@@ -15,6 +15,7 @@ from kcl_pipeline.kcl.model import SHARD_END, TRIM_HORIZON, Checkpoint, HashKeyR
 
 TIMING = LeaseTiming(10.0, 1.0)
 SETTINGS = life.LifeSettings(TIMING, Checkpoint(TRIM_HORIZON), heartbeat_seconds=3.0)
+STOLEN = SETTINGS.__class__(**{**SETTINGS.__dict__, "stolen": True})
 
 
 @dataclass
@@ -36,6 +37,7 @@ class Script:
         self.end_outcome = end_outcome
         self.released = False
         self.released_at: float | None = None
+        self.unsettled_releases: list[bool] = []  # each Release's `unsettled` mark, in order
         self.stop_at: float | None = None  # the worker is asked to stop from then on
 
     def __call__(self, effect):
@@ -65,6 +67,7 @@ class Script:
         if isinstance(effect, life.Release):
             self.released = True
             self.released_at = self.now
+            self.unsettled_releases.append(effect.unsettled)
             self.hold = life.finished_release(self.hold, Outcome.APPLIED)
             return True
         if isinstance(effect, life.ListShards):
@@ -112,7 +115,7 @@ def test_a_stolen_lease_delivers_nothing_for_one_expiry_after_its_acquire():
             begun_at.append(script.now)
         return original(effect)
 
-    life.drive(life.lease_life(script.lease, SETTINGS.__class__(**{**SETTINGS.__dict__, "stolen": True})), watch)
+    life.drive(life.lease_life(script.lease, STOLEN), watch)
     assert begun_at == [TIMING.expiry_seconds]
 
 
@@ -122,17 +125,8 @@ def test_a_stolen_lease_asked_to_stop_during_its_wait_is_released_marked_unsettl
     owner waits one expiry first (cycle.py spawns it as stolen)."""
     script = Script(Lease("s-0", Checkpoint(TRIM_HORIZON), "peer", 9))
     script.stop_at = 2.0
-    released = []
-    original = script.__call__
-
-    def watch(effect):
-        if isinstance(effect, life.Release):
-            released.append(effect.unsettled)
-        return original(effect)
-
-    result = life.drive(life.lease_life(script.lease, SETTINGS.__class__(**{**SETTINGS.__dict__, "stolen": True})),
-                        watch)
-    assert (result.outcome, result.detail) == ("shutdown", "released=True") and released == [True]
+    result = life.drive(life.lease_life(script.lease, STOLEN), script)
+    assert (result.outcome, result.detail) == ("shutdown", "released=True") and script.unsettled_releases == [True]
     assert script.released_at is not None and script.released_at < TIMING.expiry_seconds  # no slower stop
     assert "Begin" not in script.effects and "Poll" not in script.effects
 
@@ -142,17 +136,8 @@ def test_a_lease_stopped_after_its_wait_or_never_stolen_is_released_plainly():
         script = Script(Lease("s-0", Checkpoint(TRIM_HORIZON), "peer" if stolen else None, 9))
         script.stop_at = stop_at
         script.batches = [Batch()] * 20
-        released = []
-        original = script.__call__
-
-        def watch(effect, original=original, released=released):
-            if isinstance(effect, life.Release):
-                released.append(effect.unsettled)
-            return original(effect)
-
-        life.drive(life.lease_life(script.lease, SETTINGS.__class__(**{**SETTINGS.__dict__, "stolen": stolen})),
-                   watch)
-        assert released == [False]
+        life.drive(life.lease_life(script.lease, STOLEN if stolen else SETTINGS), script)
+        assert script.unsettled_releases == [False]
 
 
 def test_an_invalid_hold_never_delivers_what_it_polled():
@@ -271,15 +256,12 @@ def test_a_free_lease_released_unsettled_is_spawned_to_wait_one_expiry_before_de
 def test_a_stolen_lease_given_back_on_a_failure_before_its_wait_ended_is_marked_unsettled():
     child = Lease("s-2", Checkpoint(TRIM_HORIZON), "peer", 4, parent_shard_ids=("s-0",))
     script = Script(child)
-    released = []
     original = script.__call__
 
     def failing(effect):
-        if isinstance(effect, life.Release):
-            released.append(effect.unsettled)
         if isinstance(effect, life.ReadLeases):
             raise ConnectionError("dynamodb unreachable")
         return original(effect)
 
-    result = life.drive(life.lease_life(child, SETTINGS.__class__(**{**SETTINGS.__dict__, "stolen": True})), failing)
-    assert result.outcome == "failed" and released == [True]
+    result = life.drive(life.lease_life(child, STOLEN), failing)
+    assert result.outcome == "failed" and script.unsettled_releases == [True]
