@@ -521,7 +521,7 @@ def _audit_streams(streams, zone: str, output: str, application: str, window_ms:
         leases = None  # the checkpoints check is skipped, as for a single stream without a table
     report = AuditReport()
     for stream in streams:
-        view = read_slice(stream, True, aws, leases or [])
+        view = read_slice(stream, True, aws, leases or [], shards=False)
         name = stream_name(stream)
         part = run_audit(zone, PipelineStream(stream).output_uri(output), view.directory, window_ms, aws=aws,
                          leases=None if leases is None else view.leases_by_shard_id(), **options)

@@ -72,9 +72,10 @@ def current_scope(stream: str, multi_stream: bool, aws: AwsSettings, kinesis=Non
     return stream_scope(kinesis or client("kinesis", aws), stream)
 
 
-def read_slice(stream: str, multi_stream: bool, aws: AwsSettings, leases: Iterable[Lease]) -> StreamSlice:
+def read_slice(stream: str, multi_stream: bool, aws: AwsSettings, leases: Iterable[Lease], *,
+               shards: bool = True) -> StreamSlice:
     """The stream's slice as a run sees it now: its current incarnation, its leases in `leases`, its shards
-    from ListShards."""
+    from ListShards (`shards=False`: none listed, for readers that need only the leases and the directory)."""
     kinesis = client("kinesis", aws)
     scope = current_scope(stream, multi_stream, aws, kinesis)
-    return slice_of(scope, leases, scope.shards(list_shards(kinesis, stream)))
+    return slice_of(scope, leases, scope.shards(list_shards(kinesis, stream)) if shards else [])

@@ -127,7 +127,8 @@ def build_assets(partitions_def: TimeWindowPartitionsDefinition, window_ms: int,
 
         span = window_range(context, partitions_def, window_ms)
         store = landing_store(consumer, aws, s3)
-        view = target.read_slice(consumer, aws.settings(), live_leases(consumer, aws))
+        # leases and directory only: backfill_range lists the shards itself
+        view = target.read_slice(consumer, aws.settings(), live_leases(consumer, aws), shards=False)
 
         def progress(p: BackfillProgress) -> None:
             context.log.info(f"backfill progress: {p.shards_done}/{p.shards_to_read} shards read "

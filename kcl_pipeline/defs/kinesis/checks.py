@@ -68,7 +68,7 @@ def build_checks(partitions_def: TimeWindowPartitionsDefinition, window_ms: int,
         store = landing_store(consumer, aws, s3)
         output = output_store(consumer, aws, s3, target)
         if check == "checkpoints":  # the audit matches leases to landed batches by shard id
-            view = target.read_slice(consumer, aws.settings(), live_leases(consumer, aws))
+            view = target.read_slice(consumer, aws.settings(), live_leases(consumer, aws), shards=False)
             kwargs["leases"] = view.leases_by_shard_id()
             directory = view.directory
         else:

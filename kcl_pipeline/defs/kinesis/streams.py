@@ -86,8 +86,8 @@ class PipelineStream:
         """Each stream of several has its own output location under the configured one."""
         return base_uri if self.stream is None else f"{base_uri.rstrip('/')}/{stream_name(self.stream)}"
 
-    def read_slice(self, consumer, aws: AwsSettings, leases: Iterable[Lease]) -> StreamSlice:
-        return read_slice(self.configured(consumer), self.multi, aws, leases)
+    def read_slice(self, consumer, aws: AwsSettings, leases: Iterable[Lease], *, shards: bool = True) -> StreamSlice:
+        return read_slice(self.configured(consumer), self.multi, aws, leases, shards=shards)
 
     def directory(self, consumer, aws: AwsSettings) -> str:
         """Where the stream's current incarnation lands."""
