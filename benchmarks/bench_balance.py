@@ -30,9 +30,9 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from kcl_pipeline.kcl.balance import effective_loads, plan_steal  # noqa: E402
-from kcl_pipeline.kcl.model import TRIM_HORIZON, Checkpoint, Lease  # noqa: E402
-from kcl_pipeline.kcl.planner import leases_to_acquire  # noqa: E402
+from kcl_pipeline.kcl.core.balance import effective_loads, plan_steal  # noqa: E402
+from kcl_pipeline.kcl.core.model import TRIM_HORIZON, Checkpoint, Lease  # noqa: E402
+from kcl_pipeline.kcl.core.planner import leases_to_acquire  # noqa: E402
 
 MAX_ROUNDS = 500
 

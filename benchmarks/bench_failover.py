@@ -25,9 +25,9 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from kcl_pipeline.kcl.aws import client  # noqa: E402
-from kcl_pipeline.kcl.lease_table import LeaseTable  # noqa: E402
-from kcl_pipeline.kcl.shards import wait_stream_active  # noqa: E402
+from kcl_pipeline.kcl.shells.aws import client  # noqa: E402
+from kcl_pipeline.kcl.shells.lease_table import LeaseTable  # noqa: E402
+from kcl_pipeline.kcl.shells.shards import wait_stream_active  # noqa: E402
 from kcl_pipeline.local.emulators import EmulatorStack  # noqa: E402
 
 JAVA_TAKER_SECONDS = (10 + 0.025) * 2

@@ -1,4 +1,4 @@
-"""KPL deaggregation throughput: kcl_pipeline.kcl.kpl vs aws-kinesis-agg 1.2.3, on the same aggregates, same run.
+"""KPL deaggregation throughput: kcl_pipeline.kcl.records.kpl vs aws-kinesis-agg 1.2.3, on the same aggregates, same run.
 
     .venv/bin/python benchmarks/bench_kpl.py [--repeat 5] [--scale 1.0] [--batch-mb 1]
 
@@ -29,7 +29,7 @@ import random
 import time
 from datetime import datetime, timezone
 
-from kcl_pipeline.kcl import kpl, kpl_pb2
+from kcl_pipeline.kcl.records import kpl, kpl_pb2
 
 SHARD = "shardId-000000000000"
 STREAM = "bench-stream"

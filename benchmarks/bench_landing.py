@@ -25,9 +25,9 @@ import tempfile
 import time
 from datetime import datetime, timezone
 
-from kcl_pipeline.kcl import kpl
-from kcl_pipeline.kcl.model import Checkpoint
+from kcl_pipeline.kcl.core.model import Checkpoint
 from kcl_pipeline.kcl.processor import InitializationInput, ProcessRecordsInput
+from kcl_pipeline.kcl.records import kpl
 
 SHARD = "shardId-000000000000"
 STREAM = "bench"
@@ -137,7 +137,7 @@ class _NoPandas:
 
 
 def _rss_child(records: int, record_bytes: int, zone: str, out, without_pandas: bool = False) -> None:
-    import kcl_pipeline.kcl.worker  # noqa: F401 - everything a lease worker process imports
+    import kcl_pipeline.kcl.shells.worker  # noqa: F401 - everything a lease worker process imports
     import kcl_pipeline.landing.sink  # noqa: F401
 
     if without_pandas:

@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_landing import SHARD, STREAM, best_of, land, responses  # noqa: E402
 
-from kcl_pipeline.kcl.record_batch import arrow_schema  # noqa: E402
+from kcl_pipeline.kcl.records.record_batch import arrow_schema  # noqa: E402
 
 PEER_BATCH_BYTES = 8 * 1024 * 1024  # the landing default (DEFAULT_MAX_BATCH_BYTES)
 

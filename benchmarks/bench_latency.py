@@ -22,9 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from kcl_pipeline.kcl.aws import AwsSettings  # noqa: E402
-from kcl_pipeline.transform.job import read_output  # noqa: E402
+from kcl_pipeline.kcl.shells.aws import AwsSettings  # noqa: E402
 from kcl_pipeline.landing.store import S3Options  # noqa: E402
+from kcl_pipeline.transform.job import read_output  # noqa: E402
 
 OUTPUT = "s3://kcl-pipeline/output"
 
@@ -64,8 +64,9 @@ def main() -> None:
         os.environ.setdefault("AWS_ACCESS_KEY_ID", env.get("AWS_ACCESS_KEY_ID", "test"))
         os.environ.setdefault("AWS_SECRET_ACCESS_KEY", env.get("AWS_SECRET_ACCESS_KEY", "test"))
         s3 = S3Options.from_aws_settings(aws, env_credentials=True)
-        from kcl_pipeline.defs.kinesis.partitions import PARTITION_FMT
         from datetime import datetime, timezone
+
+        from kcl_pipeline.defs.kinesis.partitions import PARTITION_FMT
 
         latencies = []
         for key, at in materialised_at.items():

@@ -22,12 +22,11 @@ import sys
 import tempfile
 import threading
 import time
-from collections import Counter
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from kcl_pipeline.kcl.aws import client  # noqa: E402
-from kcl_pipeline.kcl.shards import wait_stream_active  # noqa: E402
+from kcl_pipeline.kcl.shells.aws import client  # noqa: E402
+from kcl_pipeline.kcl.shells.shards import wait_stream_active  # noqa: E402
 from kcl_pipeline.local.emulators import EmulatorStack  # noqa: E402
 from kcl_pipeline.local.fault_proxy import FaultProxy  # noqa: E402
 from kcl_pipeline.local.producer import produce  # noqa: E402

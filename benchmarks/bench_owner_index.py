@@ -21,9 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from kcl_pipeline.kcl.aws import client  # noqa: E402
-from kcl_pipeline.kcl.lease_table import OWNER_INDEX_NAME, LeaseTable  # noqa: E402
-from kcl_pipeline.kcl.model import Checkpoint, Lease  # noqa: E402
+from kcl_pipeline.kcl.core.model import Checkpoint, Lease  # noqa: E402
+from kcl_pipeline.kcl.shells.aws import client  # noqa: E402
+from kcl_pipeline.kcl.shells.lease_table import OWNER_INDEX_NAME, LeaseTable  # noqa: E402
 from kcl_pipeline.local.emulators import EmulatorStack  # noqa: E402
 
 CYCLES_PER_MINUTE = 60 / 20.0

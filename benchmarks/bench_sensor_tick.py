@@ -23,9 +23,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from kcl_pipeline.kcl.aws import client  # noqa: E402
-from kcl_pipeline.kcl.model import Checkpoint, Lease, Shard  # noqa: E402
+from kcl_pipeline.kcl.core.model import Checkpoint, Lease, Shard  # noqa: E402
 from kcl_pipeline.kcl.processor import InitializationInput, ProcessRecordsInput  # noqa: E402
+from kcl_pipeline.kcl.shells.aws import client  # noqa: E402
 from kcl_pipeline.landing.completeness import window_complete  # noqa: E402
 from kcl_pipeline.landing.layout import MINUTE_MS  # noqa: E402
 from kcl_pipeline.landing.progress import ShardProgress, progress_from_leases  # noqa: E402

@@ -26,7 +26,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kcl_pipeline.kcl.model import Checkpoint
+from kcl_pipeline.kcl.core.model import Checkpoint
 from kcl_pipeline.landing.layout import BatchKey
 from kcl_pipeline.transform.job import build_local_session, transform_window
 

@@ -7,11 +7,10 @@ import logging
 import sys
 
 import click
-from botocore.exceptions import (BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError,
-                                 NoRegionError)
+from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError, NoRegionError
 
-from .kcl.aws import AwsSettings, client
 from .kcl.config import JAVA_COMPATIBLE_TIMINGS, ConfigError, ConsumerConfig, InitialPosition
+from .kcl.shells.aws import AwsSettings, client
 
 log = logging.getLogger("kcl_pipeline")
 
@@ -28,9 +27,9 @@ def friendly_errors(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from .kcl.coordinator_state import Kcl3FleetActive
-        from .kcl.lease_table import LeaseTableError
-        from .kcl.shards import KinesisError
+        from .kcl.shells.kcl3_tables import Kcl3FleetActive
+        from .kcl.shells.lease_table import LeaseTableError
+        from .kcl.shells.shards import KinesisError
         from .landing.errors import LandingError
 
         try:
@@ -252,8 +251,8 @@ def consume(ctx, properties_file, stream, application, table_name, initial_posit
             worker_metrics_period_seconds, metrics_namespace, metrics_naming, sink, landing, checkpoint_by, batch_seconds, batch_mb, region,
             endpoint_url):
     """Run a headless consumer: a full peer of the fleet sharing the lease table. Stops on SIGTERM/SIGINT."""
-    from .kcl.consumer import run_consumer
     from .kcl.jsonl_sink import parse_sink
+    from .kcl.shells.consumer import run_consumer
 
     if bool(sink) == bool(landing):
         raise UserError("give exactly one of --sink jsonl:DIR or --landing URI")
@@ -314,7 +313,7 @@ def produce(stream, count, rate, aggregate, create_shards, poison_every, region,
 @friendly_errors
 def leases(application, table_name, as_json, region, endpoint_url):
     """Show the lease table: owner, counter, checkpoint, parents, landing progress."""
-    from .kcl.lease_table import LeaseTable
+    from .kcl.shells.lease_table import LeaseTable
 
     table = LeaseTable(table_name or application, client("dynamodb", _settings(region, endpoint_url)))
     rows = sorted(table.scan(), key=lambda lease: lease.lease_key)
@@ -353,9 +352,9 @@ def forget_incarnation(incarnation, application, table_name, region, endpoint_ur
     A re-created stream starts afresh under its new creation time; its old leases stay, unowned, until
     removed. The stream's current incarnation is refused (exit 2). Each delete is conditional on the counter
     just read, so a lease something still renews is left (exit 1)."""
-    from .kcl.lease_table import LeaseTable
-    from .kcl.shards import StreamNotFound, stream_scope
-    from .kcl.streams import identifier_parts, parse_multi_stream_key
+    from .kcl.core.streams import identifier_parts, parse_multi_stream_key
+    from .kcl.shells.lease_table import LeaseTable
+    from .kcl.shells.shards import StreamNotFound, stream_scope
 
     try:
         account, name, _epoch = identifier_parts(incarnation)
@@ -509,9 +508,9 @@ def _audit_streams(streams, zone: str, output: str, application: str, window_ms:
     import dataclasses
 
     from .defs.kinesis.streams import PipelineStream
-    from .kcl.aws import client
-    from .kcl.config import stream_name
-    from .kcl.lease_table import LeaseTable, LeaseTableMissing
+    from .kcl.core.streams import stream_name
+    from .kcl.shells.aws import client
+    from .kcl.shells.lease_table import LeaseTable, LeaseTableMissing
     from .landing.audit import AuditReport
     from .landing.stream_slice import read_slice
 
@@ -591,8 +590,8 @@ def landing_verify(zone, window, stream, shard, deep, application, as_json, regi
     aws = _settings(region, endpoint_url)
     leases = None
     if application:
-        from .kcl.aws import client
-        from .kcl.lease_table import LeaseTable
+        from .kcl.shells.aws import client
+        from .kcl.shells.lease_table import LeaseTable
 
         leases = LeaseTable(application, client("dynamodb", aws)).scan()
     with Progress("batches verified", progress) as bar:

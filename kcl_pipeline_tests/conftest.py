@@ -19,7 +19,7 @@ from typing import Callable
 
 import pytest
 
-from kcl_pipeline.kcl.aws import AwsSettings, client
+from kcl_pipeline.kcl.shells.aws import AwsSettings, client
 from kcl_pipeline.local.emulators import EmulatorStack, Endpoints
 
 # The SDK refuses to sign without credentials; the emulators accept any. Never let a test reach real AWS

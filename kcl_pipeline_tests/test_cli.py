@@ -75,8 +75,8 @@ def test_produce_then_leases_json(emulators, unique_name, tmp_path, dynamodb_cli
     proc = _run(["produce", "--stream", stream, "--count", "50", "--aggregate", "5", "--create-shards", "2"], env)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1])["user_records"] == 50
-    from kcl_pipeline.kcl.lease_table import LeaseTable
-    from kcl_pipeline.kcl.model import Checkpoint, Lease
+    from kcl_pipeline.kcl.core.model import Checkpoint, Lease
+    from kcl_pipeline.kcl.shells.lease_table import LeaseTable
 
     app = unique_name("cliapp")
     table = LeaseTable(app, dynamodb_client)

@@ -27,16 +27,15 @@ from pathlib import Path
 
 import pytest
 
-from kcl_pipeline.kcl.aws import AwsSettings, client
-from kcl_pipeline.kcl.lease_table import LeaseTable
-from kcl_pipeline.kcl.shards import list_shards, wait_stream_active
+from kcl_pipeline.kcl.shells.aws import AwsSettings, client
+from kcl_pipeline.kcl.shells.lease_table import LeaseTable
+from kcl_pipeline.kcl.shells.shards import list_shards, wait_stream_active
 from kcl_pipeline.landing.layout import MINUTE_MS
-from kcl_pipeline.landing.store import open_store
+from kcl_pipeline.landing.store import S3Options, open_store
 from kcl_pipeline.landing.verify import list_batches, read_batches
 from kcl_pipeline.local.dagster_client import graphql
 from kcl_pipeline.local.producer import produce
 from kcl_pipeline.transform.job import read_output
-from kcl_pipeline.landing.store import S3Options
 
 pytestmark = [pytest.mark.slow]
 
@@ -188,7 +187,7 @@ def _lease_worker_pids(roots: list[int]) -> list[int]:
     (a code server spawns Dagster's run workers the same way as lease workers: their command lines are
     alike). Only under those trees: a test earlier in the session may have run `worker_main` in this very
     process, which names it too, and the chaos must never shoot the test runner."""
-    from kcl_pipeline.kcl.worker import WORKER_PROCESS_NAME
+    from kcl_pipeline.kcl.shells.worker import WORKER_PROCESS_NAME
 
     out = subprocess.run(["ps", "-eo", "pid=,comm="], capture_output=True, text=True).stdout
     named = {int(pid) for pid, comm in (line.split(None, 1) for line in out.splitlines() if line.strip())
@@ -201,7 +200,7 @@ def _lease_worker_pids(roots: list[int]) -> list[int]:
 def test_chaos_never_shoots_a_process_outside_the_pipeline():
     """This runner named `kcl-lease` (as an in-process `worker_main` call leaves it) is not a victim; a named
     child of a pipeline root is."""
-    from kcl_pipeline.kcl.worker import WORKER_PROCESS_NAME
+    from kcl_pipeline.kcl.shells.worker import WORKER_PROCESS_NAME
 
     comm = Path("/proc/self/comm")
     if not comm.exists():

@@ -7,12 +7,11 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 from datetime import datetime, timezone
 from typing import Any
 
-from .aws import AwsSettings
-from .model import AT_TIMESTAMP, LATEST, TRIM_HORIZON, Checkpoint
+from .core.model import AT_TIMESTAMP, LATEST, TRIM_HORIZON, Checkpoint
+from .core.streams import STREAM_ARN_RE, stream_name
+from .shells.aws import AwsSettings
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,255}")
-# arn:<partition>:kinesis:<region>:<account>:stream/<name> (any partition: aws, aws-cn, aws-us-gov, ...)
-_STREAM_ARN_RE = re.compile(r"arn:[a-z-]+:kinesis:[a-z0-9-]+:\d{12}:stream/(?P<name>[A-Za-z0-9_.-]{1,128})")
 # Java KCL 2.x expires a lease after failoverTimeMillis = 10 s: peers sharing its table must heartbeat inside it.
 JAVA_COMPATIBLE_TIMINGS = {"heartbeat_seconds": 3.0, "lease_expiry_seconds": 10.0}
 
@@ -21,16 +20,10 @@ class ConfigError(ValueError):
     """A setting is invalid; the message names it and says what is allowed."""
 
 
-def stream_name(stream: str) -> str:
-    """The stream's name, for a name or an ARN (the landing layout and logs use the name)."""
-    m = _STREAM_ARN_RE.fullmatch(stream)
-    return m["name"] if m else stream
-
-
 def check_stream(stream: str) -> None:
     """A stream is named by its name or, across accounts, by its ARN."""
     if stream.startswith("arn:"):
-        if not _STREAM_ARN_RE.fullmatch(stream):
+        if not STREAM_ARN_RE.fullmatch(stream):
             raise ConfigError(f"stream ARN {stream!r} is not arn:<partition>:kinesis:<region>:<account>:stream/<name>")
     elif not _NAME_RE.fullmatch(stream) or len(stream) > 128:
         raise ConfigError(f"stream {stream!r} must be 1-128 characters of letters, digits, '_', '.', '-' "

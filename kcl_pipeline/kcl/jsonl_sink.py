@@ -16,8 +16,8 @@ import os
 import time
 from pathlib import Path
 
+from .core.streams import multi_stream_key
 from .processor import Checkpointer, InitializationInput, ProcessRecordsInput
-from .streams import multi_stream_key
 
 
 class JsonlSink:
@@ -77,7 +77,7 @@ class JsonlSink:
 
 def parse_sink(spec: str):
     """`jsonl:DIR` -> a ProcessorSpec (imported lazily to keep this module importable alone)."""
-    from .worker import ProcessorSpec
+    from .shells.worker import ProcessorSpec
 
     kind, sep, arg = spec.partition(":")
     if kind != "jsonl" or not sep or not arg:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol, Sequence
 
-from .model import Checkpoint, UserRecord
+from .core.model import Checkpoint, UserRecord
 
 
 class Checkpointer(Protocol):

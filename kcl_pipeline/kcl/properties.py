@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from typing import Any, Callable
 
 from .config import ConfigError, InitialPosition, consumer_default
-from .model import AT_TIMESTAMP
+from .core.model import AT_TIMESTAMP
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping, Sequence
 
-from ..kcl.aws import AwsSettings
-from ..kcl.model import Checkpoint, Lease
+from ..kcl.core.model import Checkpoint, Lease
+from ..kcl.shells.aws import AwsSettings
 from .errors import ZoneNotFoundError
 from .layout import BatchKey
 from .progress import ShardProgress, progress_from_leases
@@ -326,8 +326,8 @@ def audit(zone_uri: str, output_uri: str, stream: str, window_ms: int, *,
         starts = sorted(set(materialised_windows(output)[-last:]) | set(landed_windows(store, stream, window_ms, last))
                         )[-last:] if last > 0 else []
     if leases is None and application:
-        from ..kcl.aws import client
-        from ..kcl.lease_table import LeaseTable
+        from ..kcl.shells.aws import client
+        from ..kcl.shells.lease_table import LeaseTable
 
         leases = LeaseTable(application, client("dynamodb", aws)).scan()
     report = AuditReport()

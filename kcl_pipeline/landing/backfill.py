@@ -35,12 +35,12 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from ..kcl.aws import AwsSettings, client
-from ..kcl.config import stream_name
-from ..kcl.model import AT_TIMESTAMP, TRIM_HORIZON, Checkpoint, Lease, UserRecord
+from ..kcl.core.model import AT_TIMESTAMP, TRIM_HORIZON, Checkpoint, Lease, UserRecord
+from ..kcl.core.streams import stream_name
 from ..kcl.processor import InitializationInput, ProcessRecordsInput
-from ..kcl.reader import MAX_CALLS_PER_SECOND, MAX_READ_BYTES_PER_SECOND, ShardReader
-from ..kcl.shards import describe_stream_summary, list_shards
+from ..kcl.shells.aws import AwsSettings, client
+from ..kcl.shells.reader import MAX_CALLS_PER_SECOND, MAX_READ_BYTES_PER_SECOND, ShardReader
+from ..kcl.shells.shards import describe_stream_summary, list_shards
 from .completeness import window_complete
 from .layout import MINUTE_MS
 from .progress import progress_from_leases

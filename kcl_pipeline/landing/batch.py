@@ -29,8 +29,8 @@ from typing import Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..kcl.model import Checkpoint, UserRecord
-from ..kcl.record_batch import UserRecordBatch, arrow_schema
+from ..kcl.core.model import Checkpoint, UserRecord
+from ..kcl.records.record_batch import UserRecordBatch, arrow_schema
 from .errors import CorruptBatchError
 from .layout import BatchKey, minute_of
 

@@ -31,7 +31,7 @@ import logging
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
-from ..kcl.model import TRIM_HORIZON, Checkpoint, Lease, Shard, checkpoint_advances
+from ..kcl.core.model import TRIM_HORIZON, Checkpoint, Lease, Shard, checkpoint_advances
 from ..transform.manifest import Materialised, batch_materialised
 from .layout import BatchKey
 from .progress import ShardProgress
@@ -161,7 +161,7 @@ def apply_plan(plan: CheckpointPlan, lease_table, *, shards: Sequence[Shard] | N
     shard, its children's leases are created (if `shards`, the stream's shard list, is given): the worker
     holding the ended lease does the same when its heartbeat sees SHARD_END; creation is conditional.
     """
-    from ..kcl.planner import child_leases_on_end  # kcl/ is below landing/: a plain import, kept local
+    from ..kcl.core.planner import child_leases_on_end  # kcl/ is below landing/: a plain import, kept local
 
     out: list[Committed] = []
     leases_now: list[Lease] | None = None

@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
-from ..kcl.model import AT_TIMESTAMP, Lease, Shard
+from ..kcl.core.model import AT_TIMESTAMP, Lease, Shard
 from .progress import ShardProgress
 
 

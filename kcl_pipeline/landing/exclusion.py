@@ -11,7 +11,7 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..kcl.model import Checkpoint, UserRecord
+from ..kcl.core.model import Checkpoint, UserRecord
 from .layout import BatchKey
 
 

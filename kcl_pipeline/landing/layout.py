@@ -22,9 +22,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import urlparse
 
-from ..kcl.config import stream_name  # a stream named by its ARN lands under its name
-from ..kcl.model import Checkpoint
-from ..kcl.streams import identifier_parts
+from ..kcl.core.model import Checkpoint
+from ..kcl.core.streams import (
+    identifier_parts,
+    stream_name,  # a stream named by its ARN lands under its name
+)
 
 MINUTE_MS = 60_000
 HOUR_MS = 3_600_000

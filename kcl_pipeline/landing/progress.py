@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping
 
-from ..kcl.model import Checkpoint, Lease
+from ..kcl.core.model import Checkpoint, Lease
 
 A_SEQUENCE = "landingSequenceNumber"
 A_SUB_SEQUENCE = "landingSubSequenceNumber"

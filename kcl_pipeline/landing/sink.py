@@ -41,15 +41,23 @@ from itertools import accumulate
 from operator import add
 from typing import Any, Callable, Mapping
 
-from ..kcl.aws import AwsSettings
-from ..kcl.model import Checkpoint, UserRecord
+from ..kcl.core.model import Checkpoint, UserRecord
 from ..kcl.processor import Checkpointer, InitializationInput, ProcessRecordsInput
-from ..kcl.record_batch import UserRecordBatch
+from ..kcl.records.record_batch import UserRecordBatch
+from ..kcl.shells.aws import AwsSettings
 from .batch import COMPRESSIONS, BatchInfo, encode_batch, read_batch_info
 from .errors import CorruptBatchError, LandingConfigError, LandingError
 from .exclusion import exclude_landed
-from .layout import (MINUTE_MS, BatchKey, link_key, minute_of, minute_prefix, parse_batch_key, split_batch_keys,
-                     stream_directory)
+from .layout import (
+    MINUTE_MS,
+    BatchKey,
+    link_key,
+    minute_of,
+    minute_prefix,
+    parse_batch_key,
+    split_batch_keys,
+    stream_directory,
+)
 from .progress import ShardProgress, merge_progress
 from .store import ZoneStore, open_store
 
@@ -581,7 +589,7 @@ def landing_spec(zone: str, stream: str, *, aws: AwsSettings | None = None, stan
 
     Settings are checked here, in the parent, so a bad value fails before any worker starts.
     """
-    from ..kcl.worker import ProcessorSpec  # lazily: the worker module pulls in the whole consumer
+    from ..kcl.shells.worker import ProcessorSpec  # lazily: the worker module pulls in the whole consumer
 
     LandingSettings(checkpoint_after_flush=standalone, **settings)
     kwargs: dict[str, Any] = {"zone": zone, "stream": stream, "checkpoint_after_flush": standalone, **settings}

@@ -37,7 +37,7 @@ from botocore.exceptions import (
     ReadTimeoutError,
 )
 
-from ..kcl.aws import AwsSettings, client
+from ..kcl.shells.aws import AwsSettings, client
 from .errors import LandingError, ZoneAccessError, ZoneNotFoundError, ZoneUnavailableError
 from .layout import Zone
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Iterable
 
-from ..kcl.aws import AwsSettings, client
-from ..kcl.model import Lease, Shard
-from ..kcl.shards import list_shards, stream_scope
-from ..kcl.streams import StreamScope, identifier_parts, parse_multi_stream_key
+from ..kcl.core.model import Lease, Shard
+from ..kcl.core.streams import StreamScope, identifier_parts, parse_multi_stream_key
+from ..kcl.shells.aws import AwsSettings, client
+from ..kcl.shells.shards import list_shards, stream_scope
 from .layout import landing_directory
 
 

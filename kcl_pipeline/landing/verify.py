@@ -17,12 +17,12 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import pyarrow as pa
 
-from ..kcl.aws import AwsSettings
-from ..kcl.model import Checkpoint, Lease
+from ..kcl.core.model import Checkpoint, Lease
+from ..kcl.shells.aws import AwsSettings
 from .batch import SCHEMA, BatchInfo, decode_batch, read_batch_info
 from .errors import CorruptBatchError
-from .progress import progress_from_leases
 from .layout import HOUR_MS, MINUTE_MS, BatchKey, minute_prefix, parse_batch_key, split_batch_keys, window_prefixes
+from .progress import progress_from_leases
 from .store import ZoneStore, open_store
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping, Sequence
 
-from ..kcl.model import Checkpoint, Lease
+from ..kcl.core.model import Checkpoint, Lease
 from .completeness import WindowStatus
 from .layout import BatchKey
 from .progress import ShardProgress

@@ -11,15 +11,14 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from ..kcl.aws import client
-from ..kcl.shards import StreamNotFound, wait_stream_active
-from ..kcl.signals import stop_on_signals
+from ..kcl.shells.aws import client
+from ..kcl.shells.shards import StreamNotFound, wait_stream_active
+from ..kcl.shells.signals import stop_on_signals
 from .emulators import EmulatorStack, Endpoints
 from .producer import produce
 

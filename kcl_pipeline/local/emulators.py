@@ -21,14 +21,14 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
 import boto3
 from botocore.config import Config
 
-from kcl_pipeline.kcl.aws import AwsSettings
+from kcl_pipeline.kcl.shells.aws import AwsSettings
 
 from . import prerequisites
 from .prerequisites import NODE_MODULES_ENV, NODE_PACKAGES  # the npm packages, pinned in local/npm/

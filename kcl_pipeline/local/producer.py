@@ -21,8 +21,8 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from botocore.exceptions import ClientError
 
-from kcl_pipeline.kcl.kpl import MAX_RECORD_BYTES, Aggregator
-from kcl_pipeline.kcl.shards import KinesisUnavailable, StreamNotFound, where
+from kcl_pipeline.kcl.records.kpl import MAX_RECORD_BYTES, Aggregator
+from kcl_pipeline.kcl.shells.shards import KinesisUnavailable, StreamNotFound, where
 
 log = logging.getLogger(__name__)
 

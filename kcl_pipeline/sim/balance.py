@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..kcl.balance import BalanceSettings
+from ..kcl.core.balance import BalanceSettings
 from .world import Scenario, World
 
 RATE = 0.3  # a record per shard every ~3 s (1-4 user records of 200 B each); the hot shard `hot`× that

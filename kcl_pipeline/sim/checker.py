@@ -23,9 +23,9 @@ from __future__ import annotations
 import bisect
 from typing import TYPE_CHECKING, Any
 
-from ..kcl.balance import imbalance, reported_load
-from ..kcl.lease_table import lease_from_item
-from ..kcl.model import Checkpoint
+from ..kcl.core.balance import imbalance, reported_load
+from ..kcl.core.model import Checkpoint
+from ..kcl.shells.lease_table import lease_from_item
 from .consumer import SimWorker
 
 if TYPE_CHECKING:

@@ -11,18 +11,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..kcl import cycle as cyc
-from ..kcl.balance import ThroughputMeter, reported_load
-from ..kcl import lease_life as life
 from ..kcl.config import ConsumerConfig
-from ..kcl.lease_hold import LeaseHold, LeaseTiming, Outcome
-from ..kcl.lease_rules import HANDOFF_ATTRIBUTE, check_heartbeat_attributes
-from ..kcl.lease_table import LeaseTable, encode_value
-from ..kcl.model import Lease
+from ..kcl.core import cycle as cyc
+from ..kcl.core import lease_life as life
+from ..kcl.core.balance import ThroughputMeter, reported_load
+from ..kcl.core.lease_hold import LeaseHold, LeaseTiming, Outcome
+from ..kcl.core.lease_rules import HANDOFF_ATTRIBUTE, check_heartbeat_attributes
+from ..kcl.core.model import Lease
 from ..kcl.processor import InitializationInput, ProcessRecordsInput
-from ..kcl.reader import ShardReader
-from ..kcl.shards import list_shards
-from ..kcl.worker import LEASE_TABLE_ATTEMPTS, lease_table_read_timeout
+from ..kcl.shells.lease_table import LeaseTable, encode_value
+from ..kcl.shells.reader import ShardReader
+from ..kcl.shells.shards import list_shards
+from ..kcl.shells.worker import LEASE_TABLE_ATTEMPTS, lease_table_read_timeout
 from .dynamodb import SimDynamoDBClient, retry_budget
 from .engine import Host, Later, Lock, Scope, Task
 from .kinesis import SimKinesisClient
@@ -410,7 +410,7 @@ class _Checkpointer:
         raise NotImplementedError("the simulated processor checkpoints on heartbeats only")
 
     def checkpoint_at_next_heartbeat(self, sequence_number=None, sub_sequence_number=0) -> None:
-        from ..kcl.model import Checkpoint
+        from ..kcl.core.model import Checkpoint
         self.worker.pending = Checkpoint(sequence_number, sub_sequence_number)
 
     def end_shard(self) -> None:

@@ -23,7 +23,15 @@ from typing import Any, Callable, Mapping
 
 from botocore.exceptions import ClientError, ConnectionClosedError, EndpointConnectionError, ReadTimeoutError
 
-from .expressions import Context, ExpressionError, apply_update, check_placeholders, evaluate, parse_condition, parse_update
+from .expressions import (
+    Context,
+    ExpressionError,
+    apply_update,
+    check_placeholders,
+    evaluate,
+    parse_condition,
+    parse_update,
+)
 
 MAX_ITEM_BYTES = 400 * 1024
 ENDPOINT = "http://dynamodb.sim"

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 
 from botocore.exceptions import ClientError
 
-from ..kcl.lease_table import lease_from_item
-from ..kcl.model import SHARD_END, TRIM_HORIZON
+from ..kcl.core.model import SHARD_END, TRIM_HORIZON
+from ..kcl.shells.lease_table import lease_from_item
 from .dynamodb import SimDynamoDBClient
 from .engine import Host, Scope
 

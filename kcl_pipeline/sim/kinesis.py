@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from botocore.exceptions import ClientError
 
-from ..kcl.kpl import aggregate
+from ..kcl.records.kpl import aggregate
 
 HASH_SPACE = 1 << 128
 ITERATOR_LIFETIME = 300.0

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ..kcl.model import Checkpoint
+from ..kcl.core.model import Checkpoint
 from ..landing import exclusion
 from ..landing.layout import BatchKey
 

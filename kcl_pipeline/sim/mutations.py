@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 from unittest import mock
 
-from ..kcl import cycle, lease_life, lease_table, planner
+from ..kcl.core import cycle, lease_life, planner
+from ..kcl.shells import lease_table
 from ..landing import exclusion
 from . import landing
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Iterable
 
 from ..kcl.config import ConsumerConfig
-from ..kcl.lease_table import LeaseTable
+from ..kcl.shells.lease_table import LeaseTable
+from . import mutations
 from .checker import Checker
 from .consumer import SimConsumer, SimWorker
 from .dynamodb import NetworkFaults, SimDynamoDB, SimDynamoDBClient
@@ -22,7 +23,6 @@ from .engine import Engine, Host
 from .java import JavaPeer
 from .kinesis import SimStream
 from .landing import Pipeline, ZoneStore
-from . import mutations
 
 STREAM = "simstream"
 APPLICATION = "simapp"

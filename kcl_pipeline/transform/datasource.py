@@ -43,7 +43,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from ..kcl.record_batch import arrow_schema
+from ..kcl.records.record_batch import arrow_schema
 from ..landing.batch import decode_batch
 from ..landing.layout import MINUTE_MS, Zone, parse_batch_key, split_batch_keys, window_prefixes
 from ..landing.store import S3Options, ZoneStore, open_store

@@ -36,7 +36,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructType
 
-from ..kcl.model import Checkpoint
+from ..kcl.core.model import Checkpoint
+from ..landing.errors import ZoneNotFoundError
+from ..landing.layout import parse_batch_key
+from ..landing.store import S3Options, ZoneStore, open_store
 from .datasource import (
     BATCHES_OPTION,
     DEFAULT_MAX_PARTITION_BYTES,
@@ -53,11 +56,8 @@ from .datasource import (
     shuffle_partitions,
     use_native_reader,
 )
-from ..landing.errors import ZoneNotFoundError
-from ..landing.layout import parse_batch_key
-from ..landing.store import S3Options, ZoneStore, open_store
-from .manifest import WindowCommit, commit_key
 from .decoders import DecoderFn, get_decoder
+from .manifest import WindowCommit, commit_key
 
 RECORD_KEY = ("shard_id", "sequence_number", "sub_sequence_number")
 _CARRIED = ("partition_key", "approximate_arrival_timestamp", "data")

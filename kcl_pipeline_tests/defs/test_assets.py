@@ -23,9 +23,9 @@ from kcl_pipeline.defs.kinesis.checks import build_checks
 from kcl_pipeline.defs.kinesis.partitions import PARTITION_FMT, partition_key
 from kcl_pipeline.defs.kinesis.resources import AwsResource, KinesisConsumerResource, SparkResource, spark_config
 from kcl_pipeline.defs.kinesis.settings import PipelineSettings
-from kcl_pipeline.kcl.aws import client
-from kcl_pipeline.kcl.lease_table import LeaseTable
-from kcl_pipeline.kcl.model import Checkpoint, Lease, checkpoint_advances
+from kcl_pipeline.kcl.core.model import Checkpoint, Lease, checkpoint_advances
+from kcl_pipeline.kcl.shells.aws import client
+from kcl_pipeline.kcl.shells.lease_table import LeaseTable
 from kcl_pipeline.landing.audit import output_partition
 from kcl_pipeline.landing.progress import ShardProgress
 from kcl_pipeline.landing.store import open_store

@@ -231,8 +231,8 @@ def test_a_split_child_is_not_stalled_behind_its_parents_untransformed_window():
     """Children read once the parent's last record has landed, not once SHARD_END is committed (that waits for
     the window's transform, so one failed run would stop the split for ever)."""
     from kcl_pipeline.defs.kinesis.resources import KinesisConsumerResource
-    from kcl_pipeline.kcl.model import TRIM_HORIZON, Checkpoint, Lease
-    from kcl_pipeline.kcl.planner import blocked_on_parents
+    from kcl_pipeline.kcl.core.model import TRIM_HORIZON, Checkpoint, Lease
+    from kcl_pipeline.kcl.core.planner import blocked_on_parents
     from kcl_pipeline.landing.progress import ShardProgress
 
     consumer = KinesisConsumerResource(stream="s", application="a", window_minutes=2, landing_uri="/tmp/z",

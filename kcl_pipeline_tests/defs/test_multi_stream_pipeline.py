@@ -12,12 +12,11 @@ from collections import Counter
 from datetime import datetime, timezone
 
 import pytest
-from dagster import AssetKey, AssetMaterialization, DagsterInstance, RunsFilter, build_sensor_context
 from click.testing import CliRunner
+from dagster import AssetKey, AssetMaterialization, DagsterInstance, RunsFilter, build_sensor_context
 from dagster_aws.s3 import S3Resource
 
 from kcl_pipeline.cli import main
-
 from kcl_pipeline.defs.kinesis import definitions as definitions_module
 from kcl_pipeline.defs.kinesis.definitions import build_definitions
 from kcl_pipeline.defs.kinesis.partitions import partition_key
@@ -25,10 +24,10 @@ from kcl_pipeline.defs.kinesis.resources import AwsResource, KinesisConsumerReso
 from kcl_pipeline.defs.kinesis.sensors import CONSUMER_SENSOR, Cursor, shutdown_hosted
 from kcl_pipeline.defs.kinesis.settings import PipelineSettings
 from kcl_pipeline.defs.kinesis.streams import stream_prefix
-from kcl_pipeline.kcl.aws import client
-from kcl_pipeline.kcl.lease_table import LeaseTable
-from kcl_pipeline.kcl.model import SHARD_END, Checkpoint
-from kcl_pipeline.kcl.shards import list_shards, stream_scope, wait_stream_active
+from kcl_pipeline.kcl.core.model import SHARD_END, Checkpoint
+from kcl_pipeline.kcl.shells.aws import client
+from kcl_pipeline.kcl.shells.lease_table import LeaseTable
+from kcl_pipeline.kcl.shells.shards import list_shards, stream_scope, wait_stream_active
 from kcl_pipeline.landing.layout import landing_directory
 from kcl_pipeline.landing.progress import progress_from_leases
 from kcl_pipeline.landing.store import open_store
@@ -211,8 +210,8 @@ def test_two_streams_are_reported_transformed_and_checkpointed_each_in_its_own_p
 def test_an_observer_names_the_unfinished_leases_of_a_re_created_streams_earlier_incarnation(deployment):
     """The stream's windows follow its current incarnation; what an earlier one landed after its last complete
     window is in no window, and the sensor says so on every tick until an operator removes those leases."""
-    from kcl_pipeline.kcl.model import Checkpoint, Lease
-    from kcl_pipeline.kcl.streams import identifier_parts, multi_stream_key
+    from kcl_pipeline.kcl.core.model import Checkpoint, Lease
+    from kcl_pipeline.kcl.core.streams import identifier_parts, multi_stream_key
 
     d = deployment
     orders = next(iter(d["streams"]))

@@ -35,8 +35,8 @@ from kcl_pipeline.defs.kinesis.sensors import (
     consumer_name,
     shutdown_hosted,
 )
-from kcl_pipeline.kcl.aws import client
-from kcl_pipeline.kcl.lease_table import LeaseTable
+from kcl_pipeline.kcl.shells.aws import client
+from kcl_pipeline.kcl.shells.lease_table import LeaseTable
 from kcl_pipeline.landing.store import open_store
 from kcl_pipeline.landing.verify import read_batches
 from kcl_pipeline.local.producer import produce
@@ -255,7 +255,7 @@ def test_a_split_parent_is_ended_by_the_checkpoint_plan_and_its_children_are_con
 
     from dagster import materialize
 
-    from kcl_pipeline.kcl.shards import list_shards, wait_stream_active
+    from kcl_pipeline.kcl.shells.shards import list_shards, wait_stream_active
     from kcl_pipeline.landing.audit import output_partition
     from kcl_pipeline.landing.progress import progress_from_leases
 
@@ -316,7 +316,7 @@ def test_children_are_read_once_their_parent_landed_its_last_record_before_its_e
     """A window run that fails or waits (the code server killed while it is queued) must not stop a resharded
     stream: the parent's SHARD_END is committed only after materialisation, but its children are read as soon as
     the parent's last record has landed."""
-    from kcl_pipeline.kcl.shards import list_shards, wait_stream_active
+    from kcl_pipeline.kcl.shells.shards import list_shards, wait_stream_active
     from kcl_pipeline.landing.progress import progress_from_leases
 
     s = setup

@@ -6,8 +6,8 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from dagster import (
-    Definitions,
     DagsterInstance,
+    Definitions,
     Failure,
     TimeWindowPartitionsDefinition,
     asset,

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from kcl_pipeline.kcl.lease_table import LeaseTable
-from kcl_pipeline.kcl.model import Lease
+from kcl_pipeline.kcl.core.model import Lease
+from kcl_pipeline.kcl.shells.lease_table import LeaseTable
 
 
 class TablePoller(threading.Thread):

@@ -8,8 +8,8 @@ import pytest
 from click.testing import CliRunner
 
 from kcl_pipeline.cli import main
-from kcl_pipeline.kcl.aws import AwsSettings, client
 from kcl_pipeline.kcl.config import JAVA_COMPATIBLE_TIMINGS, ConfigError, ConsumerConfig, consumer_default
+from kcl_pipeline.kcl.shells.aws import AwsSettings, client
 from kcl_pipeline.landing.layout import minute_prefix
 
 ARN = "arn:aws:kinesis:eu-west-1:123456789012:stream/orders"
@@ -96,7 +96,7 @@ def captured_config(monkeypatch):
         seen.append(config)
         return 0
 
-    monkeypatch.setattr("kcl_pipeline.kcl.consumer.run_consumer", fake_run)
+    monkeypatch.setattr("kcl_pipeline.kcl.shells.consumer.run_consumer", fake_run)
     return seen
 
 
@@ -167,7 +167,7 @@ def test_metrics_naming_reaches_the_consumer_from_the_environment():
 
 
 def test_leases_command_reads_the_named_table(emulators, dynamodb_client, unique_name):
-    from kcl_pipeline.kcl.lease_table import LeaseTable
+    from kcl_pipeline.kcl.shells.lease_table import LeaseTable
 
     table = unique_name("tbl")
     LeaseTable(table, dynamodb_client).ensure_table()

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from kcl_pipeline.kcl.balance import imbalance, reported_load
-from kcl_pipeline.kcl.lease_table import LeaseTable
-from kcl_pipeline.kcl.model import Checkpoint
-from kcl_pipeline.kcl.shards import list_shards, wait_stream_active
+from kcl_pipeline.kcl.core.balance import imbalance, reported_load
+from kcl_pipeline.kcl.core.model import Checkpoint
+from kcl_pipeline.kcl.shells.lease_table import LeaseTable
+from kcl_pipeline.kcl.shells.shards import list_shards, wait_stream_active
 from kcl_pipeline.local.producer import produce
 
 from .fleet_support import TablePoller, consume_process, stop_processes

@@ -10,14 +10,23 @@ import sys
 import pytest
 
 from kcl_pipeline.kcl.config import ConsumerConfig
-from kcl_pipeline.kcl.coordinator_state import (
-    CLIENT_VERSION_2X, CLIENT_VERSION_3X, CLIENT_VERSION_3X_WITH_ROLLBACK, CLIENT_VERSION_INIT,
-    CLIENT_VERSION_UPGRADE_FROM_2X, CoordinatorStateInvalid, Kcl3FleetActive, MigrationState,
-    coordinator_state_table, decide, migration_state_from_item)
-from kcl_pipeline.kcl.lease_table import LeaseTable
-from kcl_pipeline.kcl.manager import LeaseManager
-from kcl_pipeline.kcl.shards import list_shards, wait_stream_active
-from kcl_pipeline.kcl.worker import ProcessorSpec
+from kcl_pipeline.kcl.core.coordinator_state import (
+    CLIENT_VERSION_2X,
+    CLIENT_VERSION_3X,
+    CLIENT_VERSION_3X_WITH_ROLLBACK,
+    CLIENT_VERSION_INIT,
+    CLIENT_VERSION_UPGRADE_FROM_2X,
+    CoordinatorStateInvalid,
+    MigrationState,
+    coordinator_state_table,
+    decide,
+    migration_state_from_item,
+)
+from kcl_pipeline.kcl.shells.kcl3_tables import Kcl3FleetActive
+from kcl_pipeline.kcl.shells.lease_table import LeaseTable
+from kcl_pipeline.kcl.shells.manager import LeaseManager
+from kcl_pipeline.kcl.shells.shards import list_shards, wait_stream_active
+from kcl_pipeline.kcl.shells.worker import ProcessorSpec
 
 
 def migration_item(version: str) -> dict:

@@ -21,13 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from kcl_pipeline.kcl.lease_table import LeaseTable
-from kcl_pipeline.kcl.shards import wait_stream_active
+from kcl_pipeline.kcl.shells.lease_table import LeaseTable
+from kcl_pipeline.kcl.shells.shards import wait_stream_active
 from kcl_pipeline.local.fault_proxy import FaultProxy, drop_responses
 from kcl_pipeline.local.producer import produce
 
 from .fleet_support import TablePoller, consume_process, stop_processes
-
 from .test_consumer_fleet import _delivered, _ids, _wait
 
 pytestmark = [pytest.mark.emulator, pytest.mark.slow]

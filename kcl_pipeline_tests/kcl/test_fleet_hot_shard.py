@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from kcl_pipeline.kcl.balance import imbalance, reported_load
-from kcl_pipeline.kcl.lease_table import LeaseTable
-from kcl_pipeline.kcl.shards import list_shards, wait_stream_active
+from kcl_pipeline.kcl.core.balance import imbalance, reported_load
+from kcl_pipeline.kcl.shells.lease_table import LeaseTable
+from kcl_pipeline.kcl.shells.shards import list_shards, wait_stream_active
 
 from .fleet_support import TablePoller, consume_process, stop_processes
 from .test_consumer_fleet import _wait

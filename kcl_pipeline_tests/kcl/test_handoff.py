@@ -10,11 +10,11 @@ import random
 
 import pytest
 
-from kcl_pipeline.kcl import cycle as cyc
-from kcl_pipeline.kcl import lease_life as life
-from kcl_pipeline.kcl.lease_hold import LeaseHold, LeaseTiming, Outcome
-from kcl_pipeline.kcl.lease_table import LeaseTable
-from kcl_pipeline.kcl.model import TRIM_HORIZON, Checkpoint, Lease, Shard
+from kcl_pipeline.kcl.core import cycle as cyc
+from kcl_pipeline.kcl.core import lease_life as life
+from kcl_pipeline.kcl.core.lease_hold import LeaseHold, LeaseTiming, Outcome
+from kcl_pipeline.kcl.core.model import TRIM_HORIZON, Checkpoint, Lease, Shard
+from kcl_pipeline.kcl.shells.lease_table import LeaseTable
 
 TIMING = LeaseTiming(10.0, 1.0)
 MINE = {"leaseClaim": "this-process"}

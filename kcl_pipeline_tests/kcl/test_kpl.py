@@ -17,10 +17,19 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from kcl_pipeline.kcl import kpl, kpl_columns_pb2, kpl_pb2, record_batch
-from kcl_pipeline.kcl.kpl import MAGIC, Aggregate, Aggregator, KplStats, aggregate, aggregate_all, deaggregate, deaggregate_batch
-from kcl_pipeline.kcl.model import AT_TIMESTAMP, LATEST, SHARD_END, TRIM_HORIZON, Checkpoint, UserRecord
-from kcl_pipeline.kcl.record_batch import UserRecordBatch
+from kcl_pipeline.kcl.core.model import AT_TIMESTAMP, LATEST, SHARD_END, TRIM_HORIZON, Checkpoint, UserRecord
+from kcl_pipeline.kcl.records import kpl, kpl_columns_pb2, kpl_pb2, record_batch
+from kcl_pipeline.kcl.records.kpl import (
+    MAGIC,
+    Aggregate,
+    Aggregator,
+    KplStats,
+    aggregate,
+    aggregate_all,
+    deaggregate,
+    deaggregate_batch,
+)
+from kcl_pipeline.kcl.records.record_batch import UserRecordBatch
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "kcl_pipeline_tests" / "fixtures"
@@ -623,7 +632,7 @@ def test_aggregate_needs_records():
 
 
 # -- the generated modules -------------------------------------------------------------------------------
-PROTOS = ["kcl_pipeline/kcl/kpl.proto", "kcl_pipeline/kcl/kpl_columns.proto"]
+PROTOS = ["kcl_pipeline/kcl/records/kpl.proto", "kcl_pipeline/kcl/records/kpl_columns.proto"]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("grpc_tools") is None, reason="grpcio-tools not installed")
@@ -633,7 +642,7 @@ def test_checked_in_modules_match_the_protos(tmp_path):
     for proto in PROTOS:
         module = proto.replace(".proto", "_pb2.py")
         assert (tmp_path / module).read_text() == (REPO / module).read_text(), (
-            f"{module} is stale: regenerate it (see the kcl_pipeline/kcl/kpl.py docstring)")
+            f"{module} is stale: regenerate it (see the kcl_pipeline/kcl/records/kpl.py docstring)")
 
 
 def test_declared_protobuf_range_admits_the_generated_modules():

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from kcl_pipeline.kcl.lease_hold import LeaseHold, LeaseTiming, Outcome
-from kcl_pipeline.kcl.model import Checkpoint, Lease
+from kcl_pipeline.kcl.core.lease_hold import LeaseHold, LeaseTiming, Outcome
+from kcl_pipeline.kcl.core.model import Checkpoint, Lease
 
 TIMING = LeaseTiming(expiry_seconds=30.0, margin_seconds=3.0)
 

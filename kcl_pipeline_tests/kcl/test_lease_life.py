@@ -8,10 +8,10 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from kcl_pipeline.kcl import cycle as cyc
-from kcl_pipeline.kcl import lease_life as life
-from kcl_pipeline.kcl.lease_hold import LeaseHold, LeaseTiming, Outcome
-from kcl_pipeline.kcl.model import SHARD_END, TRIM_HORIZON, Checkpoint, HashKeyRange, Lease, Shard
+from kcl_pipeline.kcl.core import cycle as cyc
+from kcl_pipeline.kcl.core import lease_life as life
+from kcl_pipeline.kcl.core.lease_hold import LeaseHold, LeaseTiming, Outcome
+from kcl_pipeline.kcl.core.model import SHARD_END, TRIM_HORIZON, Checkpoint, HashKeyRange, Lease, Shard
 
 TIMING = LeaseTiming(10.0, 1.0)
 SETTINGS = life.LifeSettings(TIMING, Checkpoint(TRIM_HORIZON), heartbeat_seconds=3.0)
@@ -213,7 +213,7 @@ def test_the_manager_notices_a_second_process_under_its_worker_id():
 def test_a_worker_past_its_validity_never_renews_its_lease():
     """A worker that thaws after its validity passed must not renew: if nobody took the lease yet the renew
     succeeds, and every peer then waits one more expiry for a lease this worker no longer works."""
-    from kcl_pipeline.kcl.worker import _HeldLease
+    from kcl_pipeline.kcl.shells.worker import _HeldLease
 
     clock = [0.0]
     hold = LeaseHold.acquired(Lease("shardId-000000000001", Checkpoint("5"), "me", 3), 0.0, TIMING)
@@ -230,7 +230,7 @@ def test_a_worker_past_its_validity_never_renews_its_lease():
 def test_a_free_lease_released_unsettled_is_spawned_to_wait_one_expiry_before_delivering():
     """Found by reading the stop path of a cold steal: its release freed a lease whose previous holder may
     still deliver, and a free lease was spawned to deliver at once."""
-    from kcl_pipeline.kcl.lease_rules import UNSETTLED_ATTRIBUTE
+    from kcl_pipeline.kcl.core.lease_rules import UNSETTLED_ATTRIBUTE
 
     for extra, stolen in (({UNSETTLED_ATTRIBUTE: True}, True), ({}, False)):
         state = cyc.ManagerState(shards=[Shard("s-0")], list_next=False)

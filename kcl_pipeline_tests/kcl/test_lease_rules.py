@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from kcl_pipeline.kcl import lease_rules as rules
-from kcl_pipeline.kcl.model import AT_TIMESTAMP, LATEST, SHARD_END, TRIM_HORIZON, Checkpoint, Lease
+from kcl_pipeline.kcl.core import lease_rules as rules
+from kcl_pipeline.kcl.core.model import AT_TIMESTAMP, LATEST, SHARD_END, TRIM_HORIZON, Checkpoint, Lease
 
 SEQ56 = "49590338271490256608559692538361571095921575989136588898"  # a real-sized Kinesis sequence number
 assert len(SEQ56) == 56

@@ -10,11 +10,11 @@ import time
 import pytest
 
 from kcl_pipeline.kcl.config import ConsumerConfig
-from kcl_pipeline.kcl.lease_table import LeaseTable
-from kcl_pipeline.kcl.manager import LeaseManager
-from kcl_pipeline.kcl.model import TRIM_HORIZON, Checkpoint, Lease
-from kcl_pipeline.kcl.shards import list_shards, wait_stream_active
-from kcl_pipeline.kcl.worker import ProcessorSpec
+from kcl_pipeline.kcl.core.model import TRIM_HORIZON, Checkpoint, Lease
+from kcl_pipeline.kcl.shells.lease_table import LeaseTable
+from kcl_pipeline.kcl.shells.manager import LeaseManager
+from kcl_pipeline.kcl.shells.shards import list_shards, wait_stream_active
+from kcl_pipeline.kcl.shells.worker import ProcessorSpec
 
 pytestmark = pytest.mark.emulator
 
@@ -125,7 +125,7 @@ def test_a_frozen_local_worker_is_killed_and_its_lease_worked_again(fleet):
 def test_the_manager_writes_its_worker_metrics_every_period_with_its_leases_throughput(fleet, dynamodb_client):
     """Before: worker_metrics.publish existed and nothing called it, so a KCL 3.x fleet (and load-aware
     peers) never saw this consumer's throughput."""
-    from kcl_pipeline.kcl.worker_metrics import worker_metrics_table
+    from kcl_pipeline.kcl.core.worker_metrics import worker_metrics_table
 
     manager, table, clock, spawned, (mine, peer_shard) = fleet()
     assert manager.settings.worker_metrics_period_seconds == 30.0  # ConsumerConfig's default
@@ -165,10 +165,10 @@ def test_a_failed_worker_metrics_write_never_fails_the_cycle(fleet, caplog):
 
 
 def test_the_manager_reads_the_fleets_worker_metrics_and_a_failed_read_never_fails_the_cycle(fleet, caplog):
-    from kcl_pipeline.kcl import worker_metrics
+    from kcl_pipeline.kcl.shells import kcl3_tables
 
     manager, table, clock, spawned, _ = fleet()
-    worker_metrics.publish(table.client, manager.config.application, "idle-peer", int(time.time()), [0.0])
+    kcl3_tables.publish(table.client, manager.config.application, "idle-peer", int(time.time()), [0.0])
     manager.run_cycle()
     assert manager.state.live_peers == frozenset({"idle-peer"})  # read before our first write
 

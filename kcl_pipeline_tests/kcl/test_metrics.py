@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import threading
-import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from kcl_pipeline.kcl.aws import AwsSettings, client
-from kcl_pipeline.kcl.metrics import MAX_DATUMS_PER_CALL, Metrics
+from kcl_pipeline.kcl.shells.aws import AwsSettings, client
+from kcl_pipeline.kcl.shells.metrics import MAX_DATUMS_PER_CALL, Metrics
 
 
 class FakeCloudWatch:

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from kcl_pipeline.kcl.lease_table import LeaseTable
-from kcl_pipeline.kcl.shards import list_shards, stream_scope, wait_stream_active
-from kcl_pipeline.kcl.streams import parse_multi_stream_key
+from kcl_pipeline.kcl.core.streams import parse_multi_stream_key
+from kcl_pipeline.kcl.shells.lease_table import LeaseTable
+from kcl_pipeline.kcl.shells.shards import list_shards, stream_scope, wait_stream_active
 from kcl_pipeline.local.producer import produce
 
 from .fleet_support import consume_process, stop_processes
@@ -217,10 +217,10 @@ def test_forget_incarnation_deletes_only_an_earlier_incarnations_leases(emulator
     from click.testing import CliRunner
 
     from kcl_pipeline.cli import main
-    from kcl_pipeline.kcl.lease_table import LeaseTable
-    from kcl_pipeline.kcl.model import Checkpoint, Lease
-    from kcl_pipeline.kcl.shards import stream_scope
-    from kcl_pipeline.kcl.streams import identifier_parts, multi_stream_key
+    from kcl_pipeline.kcl.core.model import Checkpoint, Lease
+    from kcl_pipeline.kcl.core.streams import identifier_parts, multi_stream_key
+    from kcl_pipeline.kcl.shells.lease_table import LeaseTable
+    from kcl_pipeline.kcl.shells.shards import stream_scope
     from kcl_pipeline.local.producer import produce
 
     stream, application = unique_name("forget"), unique_name("forget-app")
@@ -249,9 +249,9 @@ def test_forget_incarnation_keeps_a_lease_that_moved_since_it_was_read_and_exits
     from click.testing import CliRunner
 
     from kcl_pipeline.cli import main
-    from kcl_pipeline.kcl.lease_table import LeaseTable
-    from kcl_pipeline.kcl.model import Checkpoint, Lease
-    from kcl_pipeline.kcl.streams import multi_stream_key
+    from kcl_pipeline.kcl.core.model import Checkpoint, Lease
+    from kcl_pipeline.kcl.core.streams import multi_stream_key
+    from kcl_pipeline.kcl.shells.lease_table import LeaseTable
 
     application = unique_name("forget-app")
     earlier = "000000000000:gone-stream:1700000000"  # a stream that no longer exists

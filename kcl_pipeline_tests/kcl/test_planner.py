@@ -7,16 +7,25 @@ from pathlib import Path
 
 import pytest
 
-from kcl_pipeline.kcl.model import AT_TIMESTAMP, LATEST, SHARD_END, TRIM_HORIZON, Checkpoint, HashKeyRange, Lease, Shard
-from kcl_pipeline.kcl.planner import (
+from kcl_pipeline.kcl.core.model import (
+    AT_TIMESTAMP,
+    LATEST,
+    SHARD_END,
+    TRIM_HORIZON,
+    Checkpoint,
+    HashKeyRange,
+    Lease,
+    Shard,
+)
+from kcl_pipeline.kcl.core.planner import (
     AcquirePlan,
     LeaseAges,
+    blocked_on_parents,
     child_leases_on_end,
     leases_to_acquire,
     leases_to_create,
     leases_to_delete,
     parent_finished,
-    blocked_on_parents,
     scoped_leases,
     unknown_lease_keys,
 )

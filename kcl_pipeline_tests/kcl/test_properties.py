@@ -6,7 +6,7 @@ from click.testing import CliRunner
 
 from kcl_pipeline.cli import main
 from kcl_pipeline.kcl.config import ConfigError
-from kcl_pipeline.kcl.model import AT_TIMESTAMP, LATEST
+from kcl_pipeline.kcl.core.model import AT_TIMESTAMP, LATEST
 from kcl_pipeline.kcl.properties import IGNORED, MAPPED, import_properties, parse_properties
 
 # kclpy's samples/sample.properties: its keys and values as shipped (comments shortened), KCL 3.x keys commented.
@@ -66,7 +66,7 @@ def _uncommented(text: str) -> str:
 @pytest.fixture
 def captured(monkeypatch):
     seen = []
-    monkeypatch.setattr("kcl_pipeline.kcl.consumer.run_consumer", lambda config, spec: seen.append(config) or 0)
+    monkeypatch.setattr("kcl_pipeline.kcl.shells.consumer.run_consumer", lambda config, spec: seen.append(config) or 0)
     return seen
 
 

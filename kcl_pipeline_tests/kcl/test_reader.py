@@ -10,11 +10,11 @@ import pytest
 from botocore.config import Config
 from botocore.stub import Stubber
 
-from kcl_pipeline.kcl.aws import client
-from kcl_pipeline.kcl.kpl import KplStats, aggregate
-from kcl_pipeline.kcl.model import AT_TIMESTAMP, LATEST, SHARD_END, TRIM_HORIZON, Checkpoint
-from kcl_pipeline.kcl.reader import ReaderError, ShardReader, paced_delay
-from kcl_pipeline.kcl.shards import KinesisUnavailable, list_shards, wait_stream_active
+from kcl_pipeline.kcl.core.model import AT_TIMESTAMP, LATEST, SHARD_END, TRIM_HORIZON, Checkpoint
+from kcl_pipeline.kcl.records.kpl import KplStats, aggregate
+from kcl_pipeline.kcl.shells.aws import client
+from kcl_pipeline.kcl.shells.reader import ReaderError, ShardReader, paced_delay
+from kcl_pipeline.kcl.shells.shards import KinesisUnavailable, list_shards, wait_stream_active
 
 STREAM = "orders"
 SHARD = "shardId-000000000000"

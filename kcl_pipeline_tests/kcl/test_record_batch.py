@@ -10,9 +10,9 @@ from datetime import datetime, timezone
 import pyarrow as pa
 import pytest
 
-from kcl_pipeline.kcl.kpl import aggregate, deaggregate_batch
-from kcl_pipeline.kcl.model import SHARD_END, TRIM_HORIZON, Checkpoint, UserRecord
-from kcl_pipeline.kcl.record_batch import UserRecordBatch, arrow_schema
+from kcl_pipeline.kcl.core.model import SHARD_END, TRIM_HORIZON, Checkpoint, UserRecord
+from kcl_pipeline.kcl.records.kpl import aggregate, deaggregate_batch
+from kcl_pipeline.kcl.records.record_batch import UserRecordBatch, arrow_schema
 
 SHARD = "shardId-000000000001"
 ARRIVAL = datetime(2024, 5, 1, 12, 30, 15, 123000, tzinfo=timezone.utc)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from kcl_pipeline.kcl.model import Shard
-from kcl_pipeline.kcl.shard_graph import ShardGraph
+from kcl_pipeline.kcl.core.model import Shard
+from kcl_pipeline.kcl.core.shard_graph import ShardGraph
 
 
 def S(shard_id, parent=None, adjacent=None, ending=None):

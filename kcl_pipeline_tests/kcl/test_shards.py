@@ -6,9 +6,15 @@ import pytest
 from botocore.config import Config
 from botocore.stub import Stubber
 
-from kcl_pipeline.kcl.model import Shard
-from kcl_pipeline.kcl.shards import (KinesisError, KinesisUnavailable, StreamNotFound, list_shards, stream_arn,
-                                     wait_stream_active)
+from kcl_pipeline.kcl.core.model import Shard
+from kcl_pipeline.kcl.shells.shards import (
+    KinesisError,
+    KinesisUnavailable,
+    StreamNotFound,
+    list_shards,
+    stream_arn,
+    wait_stream_active,
+)
 
 ARN = "arn:aws:kinesis:us-east-1:000000000000:stream/orders"
 

@@ -10,7 +10,7 @@ import textwrap
 # never stopped after SIGTERM, its lease left owned).
 SIGNAL_INSIDE_EVENT_WAIT = textwrap.dedent("""
     import os, signal, threading, time
-    from kcl_pipeline.kcl.signals import stop_on_signals
+    from kcl_pipeline.kcl.shells.signals import stop_on_signals
     stop = threading.Event()
     stop_on_signals(stop, lambda name: print("said", name, flush=True))
     with stop._cond:
@@ -35,7 +35,7 @@ def test_a_stop_signal_landing_inside_event_wait_stops_instead_of_deadlocking():
 def test_the_worker_and_the_consumer_stop_through_the_pipe_not_inside_a_handler():
     import inspect
 
-    from kcl_pipeline.kcl import consumer, worker
+    from kcl_pipeline.kcl.shells import consumer, worker
 
     for module in (worker, consumer):
         source = inspect.getsource(module)

@@ -6,11 +6,16 @@ from datetime import datetime, timezone
 import pytest
 
 from kcl_pipeline.kcl.config import ConfigError, ConsumerConfig
-from kcl_pipeline.kcl.lease_table import lease_from_item, lease_to_item
-from kcl_pipeline.kcl.model import Checkpoint, HashKeyRange, Shard
-from kcl_pipeline.kcl.planner import leases_to_create, scoped_leases
-from kcl_pipeline.kcl.streams import (StreamScope, multi_stream_attributes, parse_multi_stream_key, scope_of,
-                                      stream_identifier)
+from kcl_pipeline.kcl.core.model import Checkpoint, HashKeyRange, Shard
+from kcl_pipeline.kcl.core.planner import leases_to_create, scoped_leases
+from kcl_pipeline.kcl.core.streams import (
+    StreamScope,
+    multi_stream_attributes,
+    parse_multi_stream_key,
+    scope_of,
+    stream_identifier,
+)
+from kcl_pipeline.kcl.shells.lease_table import lease_from_item, lease_to_item
 
 ORDERS = StreamScope("orders", "123456789012:orders:1700000000")
 CLICKS = StreamScope("clicks", "123456789012:clicks:1700000500")

@@ -8,12 +8,12 @@ import time
 
 import pytest
 
-from kcl_pipeline.kcl.aws import client
 from kcl_pipeline.kcl.config import ConsumerConfig
-from kcl_pipeline.kcl.lease_table import LeaseTable
-from kcl_pipeline.kcl.model import TRIM_HORIZON, Checkpoint, Lease
-from kcl_pipeline.kcl.shards import list_shards, wait_stream_active
-from kcl_pipeline.kcl.worker import WORKER_PROCESS_NAME, LeaseWorker, ProcessorSpec, WorkerResult, worker_main
+from kcl_pipeline.kcl.core.model import TRIM_HORIZON, Checkpoint, Lease
+from kcl_pipeline.kcl.shells.aws import client
+from kcl_pipeline.kcl.shells.lease_table import LeaseTable
+from kcl_pipeline.kcl.shells.shards import list_shards, wait_stream_active
+from kcl_pipeline.kcl.shells.worker import WORKER_PROCESS_NAME, LeaseWorker, ProcessorSpec, WorkerResult, worker_main
 
 pytestmark = pytest.mark.emulator
 
@@ -201,7 +201,7 @@ def in_process_worker_main(monkeypatch):
     its SIGTERM. Keep both as they were."""
     import signal
 
-    from kcl_pipeline.kcl import worker
+    from kcl_pipeline.kcl.shells import worker
 
     monkeypatch.setattr(worker, "name_process", lambda name: None)
     handler = signal.getsignal(signal.SIGTERM)
@@ -431,7 +431,7 @@ def test_a_lease_of_a_deleted_and_recreated_stream_is_not_read_from_the_new_stre
         emulators, kinesis_client, dynamodb_client, unique_name):
     """Multi-stream: the new stream repeats the old one's shard ids; a lease carrying the old creation time must
     never resume its old checkpoint on the new stream's shard."""
-    from kcl_pipeline.kcl.shards import stream_scope
+    from kcl_pipeline.kcl.shells.shards import stream_scope
 
     a, b, app = unique_name("wma"), unique_name("wmb"), unique_name("wmapp")
     for stream in (a, b):

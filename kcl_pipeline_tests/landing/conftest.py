@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from kcl_pipeline.kcl.aws import AwsSettings, client
+from kcl_pipeline.kcl.shells.aws import AwsSettings, client
 from kcl_pipeline.landing.store import ZoneStore, open_store
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from kcl_pipeline.kcl.model import Checkpoint, UserRecord
+from kcl_pipeline.kcl.core.model import Checkpoint, UserRecord
 from kcl_pipeline.kcl.processor import InitializationInput, ProcessRecordsInput
 from kcl_pipeline.landing.layout import MINUTE_MS
 from kcl_pipeline.landing.store import UPLOAD_PART_BYTES, ZoneStore

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from kcl_pipeline.kcl.model import Checkpoint, Lease
+from kcl_pipeline.kcl.core.model import Checkpoint, Lease
 from kcl_pipeline.landing.audit import (
     AuditReport,
     OutputCounts,

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from kcl_pipeline.kcl.aws import client
-from kcl_pipeline.kcl.model import Checkpoint, Lease, Shard, UserRecord
+from kcl_pipeline.kcl.core.model import Checkpoint, Lease, Shard, UserRecord
+from kcl_pipeline.kcl.shells.aws import client
 from kcl_pipeline.landing.backfill import BackfillPace, backfill_range, cut_batch, live_shards, start_position
 from kcl_pipeline.landing.layout import MINUTE_MS, minute_of
 from kcl_pipeline.landing.progress import ShardProgress

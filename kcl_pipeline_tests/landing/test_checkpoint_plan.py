@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import pytest
 
-from kcl_pipeline.kcl.model import Checkpoint, Lease, Shard
+from kcl_pipeline.kcl.core.model import Checkpoint, Lease, Shard
 from kcl_pipeline.landing.checkpoint_plan import apply_plan, plan_checkpoints
-from kcl_pipeline.landing.window_scan import window_floor
 from kcl_pipeline.landing.layout import BatchKey
 from kcl_pipeline.landing.progress import ShardProgress
+from kcl_pipeline.landing.window_scan import window_floor
 
 from .helpers import seq
 
@@ -106,7 +106,7 @@ def test_bad_windows(materialised, window):
 
 
 def test_apply_plan_commits_ends_and_creates_children(dynamodb_client, unique_name):
-    from kcl_pipeline.kcl.lease_table import LeaseTable
+    from kcl_pipeline.kcl.shells.lease_table import LeaseTable
 
     table = LeaseTable(unique_name("leases"), dynamodb_client)
     table.ensure_table()

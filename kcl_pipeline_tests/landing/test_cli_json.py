@@ -8,7 +8,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from kcl_pipeline.cli import main
-from kcl_pipeline.kcl.lease_table import LeaseTable
+from kcl_pipeline.kcl.shells.lease_table import LeaseTable
 from kcl_pipeline.log_format import JsonFormatter
 
 from .helpers import SHARD, STREAM

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from kcl_pipeline.kcl.model import Checkpoint
+from kcl_pipeline.kcl.core.model import Checkpoint
 from kcl_pipeline.landing.exclusion import exclude_landed
 from kcl_pipeline.landing.layout import BatchKey
 

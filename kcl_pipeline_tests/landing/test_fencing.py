@@ -61,9 +61,9 @@ def test_a_winner_that_died_between_link_and_batch_is_completed_by_the_loser(loc
     uri, store = local_zone
     records = make_records(12, per_minute=12)
     clock = Clock(T0 + 5 * 60_000)
+    from kcl_pipeline.kcl.core.model import Checkpoint
     from kcl_pipeline.landing.batch import encode_batch
     from kcl_pipeline.landing.layout import link_key
-    from kcl_pipeline.kcl.model import Checkpoint
     dead = encode_batch(STREAM, records[0].shard_id, records[:7], Checkpoint("TRIM_HORIZON"))
     assert store.put_if_absent(link_key(STREAM, dead.key.minute_ms, records[0].shard_id, Checkpoint("TRIM_HORIZON")),
                                dead.key.key().encode())
@@ -79,7 +79,7 @@ def test_a_winner_that_died_between_link_and_batch_is_completed_by_the_loser(loc
 def test_a_backfill_before_the_first_live_run_does_not_make_the_consumer_skip_older_data(local_zone):
     """Lease at TRIM_HORIZON, no landing hint, and a backfill's batches in the last minutes: start from the
     beginning, not after the backfill."""
-    from kcl_pipeline.kcl.model import Checkpoint
+    from kcl_pipeline.kcl.core.model import Checkpoint
 
     uri, store = local_zone
     records = make_records(40, per_minute=10)

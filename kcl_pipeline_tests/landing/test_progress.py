@@ -5,9 +5,9 @@ from decimal import Decimal
 
 import pytest
 
-from kcl_pipeline.kcl.lease_rules import JAVA_HANDOVER_ATTRIBUTES, LEASE_ATTRIBUTES
-from kcl_pipeline.kcl.lease_table import encode_value
-from kcl_pipeline.kcl.model import Checkpoint, Lease
+from kcl_pipeline.kcl.core.lease_rules import JAVA_HANDOVER_ATTRIBUTES, LEASE_ATTRIBUTES
+from kcl_pipeline.kcl.core.model import Checkpoint, Lease
+from kcl_pipeline.kcl.shells.lease_table import encode_value
 from kcl_pipeline.landing.progress import (
     ATTRIBUTES,
     ShardProgress,
@@ -80,7 +80,7 @@ def test_merge_takes_each_fact_from_the_newer_report():
 
 def test_progress_rides_on_the_heartbeat(dynamodb_client, unique_name):
     """Through the real lease table (dynalite): written by the heartbeat, read back by every scanner."""
-    from kcl_pipeline.kcl.lease_table import LeaseTable
+    from kcl_pipeline.kcl.shells.lease_table import LeaseTable
 
     table = LeaseTable(unique_name("leases"), dynamodb_client)
     table.ensure_table()

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from kcl_pipeline.kcl.model import Checkpoint
+from kcl_pipeline.kcl.core.model import Checkpoint
 from kcl_pipeline.kcl.processor import ProcessRecordsInput
 from kcl_pipeline.landing.errors import LandingConfigError, ZoneAccessError, ZoneNotFoundError
 from kcl_pipeline.landing.layout import MINUTE_MS, minute_of, parse_batch_key
@@ -376,7 +376,7 @@ def _kpl_batch(aggregates: int = 30, per: int = 40, minute_every: int = 10):
     the reader's own code: a columnar UserRecordBatch, arrivals crossing minutes every `minute_every`."""
     from datetime import datetime, timezone
 
-    from kcl_pipeline.kcl import kpl
+    from kcl_pipeline.kcl.records import kpl
 
     response = []
     for a in range(aggregates):
@@ -392,7 +392,7 @@ def _kpl_batch(aggregates: int = 30, per: int = 40, minute_every: int = 10):
 def test_landing_a_deaggregated_batch_builds_no_object_per_record(local_zone, monkeypatch):
     """Before: the sink iterated one UserRecord per user record (built on demand from the columnar batch)
     and encoded Parquet from per-record attribute lists, so landing ran at 0.9x aws-kinesis-agg."""
-    from kcl_pipeline.kcl.record_batch import UserRecordBatch
+    from kcl_pipeline.kcl.records.record_batch import UserRecordBatch
 
     uri, store = local_zone
     batch = _kpl_batch()

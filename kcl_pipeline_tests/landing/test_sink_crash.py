@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kcl_pipeline.kcl.model import Checkpoint
+from kcl_pipeline.kcl.core.model import Checkpoint
 from kcl_pipeline.landing.errors import CorruptBatchError
 from kcl_pipeline.landing.layout import MINUTE_MS, BatchKey, link_key, minute_prefix
 from kcl_pipeline.landing.progress import ShardProgress
@@ -245,7 +245,7 @@ def _delete(zone, key: BatchKey) -> None:
 
         os.unlink(f"{zone.uri}/{key.key()}")
     else:
-        from kcl_pipeline.kcl.aws import client
+        from kcl_pipeline.kcl.shells.aws import client
 
         z = zone.store.zone
         client("s3", zone.aws).delete_object(Bucket=z.bucket, Key=z.full_key(key.key()))

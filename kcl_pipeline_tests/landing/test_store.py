@@ -10,7 +10,7 @@ import stat
 import pytest
 from botocore.stub import Stubber
 
-from kcl_pipeline.kcl.aws import AwsSettings, client
+from kcl_pipeline.kcl.shells.aws import AwsSettings, client
 from kcl_pipeline.landing.errors import (
     LandingError,
     ZoneAccessError,
@@ -20,7 +20,6 @@ from kcl_pipeline.landing.layout import Zone
 from kcl_pipeline.landing.store import LocalZoneStore, S3Options, S3ZoneStore, Upload, open_store
 
 from .helpers import run_unprivileged, shared_tmpdir
-
 
 # -- both stores ------------------------------------------------------------------------------------------
 

@@ -3,8 +3,8 @@ audit name shards by id; a slice never mixes two streams or two incarnations of 
 from __future__ import annotations
 
 from kcl_pipeline.defs.kinesis.streams import PipelineStream, pipeline_streams, stream_prefix
-from kcl_pipeline.kcl.model import Checkpoint, Lease, Shard
-from kcl_pipeline.kcl.streams import StreamScope
+from kcl_pipeline.kcl.core.model import Checkpoint, Lease, Shard
+from kcl_pipeline.kcl.core.streams import StreamScope
 from kcl_pipeline.landing.stream_slice import slice_of
 
 ORDERS = "123456789012:orders:1700000000"

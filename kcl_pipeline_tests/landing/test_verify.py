@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from kcl_pipeline.kcl.model import Checkpoint
+from kcl_pipeline.kcl.core.model import Checkpoint
 from kcl_pipeline.landing.batch import BatchInfo, encode_batch
 from kcl_pipeline.landing.layout import MINUTE_MS, BatchKey
 from kcl_pipeline.landing.sink import LandingProcessor

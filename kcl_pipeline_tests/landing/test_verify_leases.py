@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from kcl_pipeline.kcl.lease_table import LeaseTable
-from kcl_pipeline.kcl.model import Checkpoint, Lease
+from kcl_pipeline.kcl.core.model import Checkpoint, Lease
+from kcl_pipeline.kcl.shells.lease_table import LeaseTable
 from kcl_pipeline.landing.progress import ShardProgress
 from kcl_pipeline.landing.sink import LandingProcessor
 from kcl_pipeline.landing.verify import check_leases, list_batches, verify_zone

@@ -3,8 +3,14 @@ from __future__ import annotations
 
 import pytest
 
-from kcl_pipeline.landing.window_followup import (FollowUp, RunState, WindowObservation, follow_up,
-                                                  reopen_run_key, rerun_key)
+from kcl_pipeline.landing.window_followup import (
+    FollowUp,
+    RunState,
+    WindowObservation,
+    follow_up,
+    reopen_run_key,
+    rerun_key,
+)
 
 W = 60_000
 OVERDUE = 2 * W

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from kcl_pipeline.kcl.model import Checkpoint, Lease
+from kcl_pipeline.kcl.core.model import Checkpoint, Lease
 from kcl_pipeline.landing.completeness import WindowStatus
 from kcl_pipeline.landing.layout import BatchKey
 from kcl_pipeline.landing.progress import ShardProgress

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kcl_pipeline.kcl.aws import client
+from kcl_pipeline.kcl.shells.aws import client
 from kcl_pipeline.local import emulators as emulators_module
 from kcl_pipeline.local.emulators import (
     NODE_MODULES_ENV,

@@ -10,8 +10,8 @@ import boto3
 import pytest
 from botocore.stub import ANY, Stubber
 
-from kcl_pipeline.kcl.kpl import deaggregate
-from kcl_pipeline.kcl.shards import KinesisUnavailable, StreamNotFound
+from kcl_pipeline.kcl.records.kpl import deaggregate
+from kcl_pipeline.kcl.shells.shards import KinesisUnavailable, StreamNotFound
 from kcl_pipeline.local import producer
 from kcl_pipeline.local.producer import (
     MAX_BYTES_PER_CALL,

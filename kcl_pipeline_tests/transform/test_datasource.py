@@ -236,9 +236,10 @@ def test_a_write_task_streams_its_file_in_parts_straight_to_its_run_directory(em
                                                                                 monkeypatch):
     """Before: each task held its whole Parquet output in memory, PUT it to a staging key (one PutObject,
     5 GiB cap) and the commit copied it into place."""
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
     from kcl_pipeline.landing.store import S3Options, S3ZoneStore
     from kcl_pipeline.transform.datasource import PartitionTarget, PartitionWriter
-    from pyspark.sql.types import BinaryType, StructField, StructType
 
     bucket = unique_name("out")
     s3_client.create_bucket(Bucket=bucket)
@@ -270,9 +271,10 @@ def test_a_write_task_streams_its_file_in_parts_straight_to_its_run_directory(em
 
 
 def test_a_failed_write_task_publishes_nothing(emulators, s3_client, unique_name):
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
     from kcl_pipeline.landing.store import S3Options
     from kcl_pipeline.transform.datasource import PartitionTarget, PartitionWriter
-    from pyspark.sql.types import BinaryType, StructField, StructType
 
     bucket = unique_name("out")
     s3_client.create_bucket(Bucket=bucket)

@@ -2,7 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from kcl_pipeline.kcl.model import Checkpoint
+from kcl_pipeline.kcl.core.model import Checkpoint
+from kcl_pipeline.landing.errors import ZoneNotFoundError
+from kcl_pipeline.landing.store import S3Options
 from kcl_pipeline.transform.decoders import json_object_decoder
 from kcl_pipeline.transform.job import (
     OutputNotFoundError,
@@ -13,8 +15,6 @@ from kcl_pipeline.transform.job import (
     window_partition,
 )
 from kcl_pipeline.transform.manifest import commit_key
-from kcl_pipeline.landing.errors import ZoneNotFoundError
-from kcl_pipeline.landing.store import S3Options
 
 from .landing_batches import MINUTE, SHARD0, SHARD1, T0, Rec, seq, write_local, write_s3
 
@@ -219,6 +219,7 @@ def _plan(df) -> str:
 
 def test_overlapping_shards_are_the_ones_whose_batch_ranges_meet():
     from kcl_pipeline.transform.datasource import WindowBatch, overlapping_shards
+
     from .landing_batches import batch_key
 
     def b(shard, lo, hi):
@@ -285,7 +286,7 @@ def test_the_native_parquet_reader_and_the_data_source_transform_a_window_identi
 
 
 def test_the_landing_reader_is_chosen_by_zone_and_setting():
-    from kcl_pipeline.transform.datasource import native_paths, use_native_reader, WindowBatch
+    from kcl_pipeline.transform.datasource import WindowBatch, native_paths, use_native_reader
 
     assert use_native_reader("/data/zone", "auto") and not use_native_reader("s3://b/z", "auto")
     assert use_native_reader("s3://b/z", "native") and not use_native_reader("/data/zone", "datasource")

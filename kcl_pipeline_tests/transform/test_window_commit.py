@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from kcl_pipeline.kcl.model import Checkpoint, Lease
+from kcl_pipeline.kcl.core.model import Checkpoint, Lease
 from kcl_pipeline.landing.checkpoint_plan import plan_checkpoints
 from kcl_pipeline.landing.layout import parse_batch_key
 from kcl_pipeline.landing.store import open_store as open_zone

@@ -15,6 +15,7 @@ from dagster import (
     AssetSpec,
     BackfillPolicy,
     Failure,
+    FreshnessPolicy,
     MaterializeResult,
     MetadataValue,
     TableColumn,
@@ -22,12 +23,11 @@ from dagster import (
     TimeWindowPartitionsDefinition,
     asset,
 )
-from dagster import FreshnessPolicy
 from dagster._core.definitions.metadata.metadata_set import TableMetadataSet, UriMetadataSet  # not re-exported
 from dagster_aws.s3 import S3Resource
 
-from ...kcl.aws import client
-from ...kcl.lease_table import LeaseTable, LeaseTableMissing
+from ...kcl.shells.aws import client
+from ...kcl.shells.lease_table import LeaseTable, LeaseTableMissing
 from ...landing.store import ZoneStore, open_store
 from .partitions import partition_key, window_of
 from .resources import SPARK_POOL, AwsResource, KinesisConsumerResource, SparkResource
@@ -194,8 +194,8 @@ def build_assets(partitions_def: TimeWindowPartitionsDefinition, window_ms: int,
                                     "go to quarantine with the reason."))
     def transformed_records(context: AssetExecutionContext, consumer: KinesisConsumerResource, aws: AwsResource,
                             pyspark: SparkResource) -> MaterializeResult:
-        from ...transform.job import transform_window
         from ...landing.store import S3Options
+        from ...transform.job import transform_window
 
         span = window_range(context, partitions_def, window_ms)
         settings = aws.settings()
@@ -248,12 +248,12 @@ def build_assets(partitions_def: TimeWindowPartitionsDefinition, window_ms: int,
     def kinesis_checkpoints(context: AssetExecutionContext, consumer: KinesisConsumerResource, aws: AwsResource,
                             s3: S3Resource) -> MaterializeResult:
         from ...kcl.config import InitialPosition
-        from ...transform.manifest import late_batches, read_materialised
         from ...landing.checkpoint_plan import apply_plan, plan_checkpoints
         from ...landing.progress import progress_from_leases
         from ...landing.verify import list_batches
         from ...landing.window_report import earliest_landed_minute
         from ...landing.window_scan import next_frontier, plan_listing_end, plan_listing_start, window_floor
+        from ...transform.manifest import late_batches, read_materialised
 
         settings = aws.settings()
         table = LeaseTable(consumer.lease_table, client("dynamodb", settings))

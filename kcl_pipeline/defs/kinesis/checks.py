@@ -23,8 +23,7 @@ from dagster import (
 from dagster_aws.s3 import S3Resource
 
 from ...landing.audit import CheckOutcome, audit_window
-from .assets import (CHECKPOINTS, LANDED, SINGLE, TRANSFORMED, landing_store, live_leases, output_store,
-                     window_range)
+from .assets import CHECKPOINTS, LANDED, SINGLE, TRANSFORMED, landing_store, live_leases, output_store, window_range
 from .resources import AwsResource, KinesisConsumerResource
 from .streams import PipelineStream
 

@@ -14,11 +14,12 @@ from dagster_aws.s3 import S3Resource
 from dagster_pyspark import PySparkResource
 from pydantic import PrivateAttr
 
-from ...kcl.aws import AwsSettings
-from ...kcl.config import ConsumerConfig, InitialPosition, consumer_default, stream_name
+from ...kcl.config import ConsumerConfig, InitialPosition, consumer_default
+from ...kcl.core.streams import stream_name
+from ...kcl.shells.aws import AwsSettings
+from ...kcl.shells.worker import ProcessorSpec
 from ...landing.backfill import BackfillPace
 from ...landing.progress import A_SHARD_END as SHARD_END_LANDED
-from ...kcl.worker import ProcessorSpec
 from .settings import PREFIX, PipelineSettings
 
 # Text settings shown in the UI as the variable that set them (EnvVar); numbers stay values (validated at load).

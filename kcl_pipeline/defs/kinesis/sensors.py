@@ -43,21 +43,26 @@ from dagster._core.storage.dagster_run import IN_PROGRESS_RUN_STATUSES, DagsterR
 from dagster._core.storage.tags import PARTITION_NAME_TAG, WILL_RETRY_TAG
 from dagster_aws.s3 import S3Resource
 
-from ...kcl.aws import client
-from ...kcl.lease_table import LeaseTable, LeaseTableMissing
-from ...kcl.manager import CycleReport, LeaseManager
-from ...kcl.shards import StreamNotFound, list_application_shards
-from ...kcl.streams import StreamScope
+from ...kcl.core.streams import StreamScope
+from ...kcl.shells.aws import client
+from ...kcl.shells.lease_table import LeaseTable, LeaseTableMissing
+from ...kcl.shells.manager import CycleReport, LeaseManager
+from ...kcl.shells.shards import StreamNotFound, list_application_shards
 from ...landing.completeness import window_complete
+from ...landing.layout import landing_directory
 from ...landing.progress import progress_from_leases
-from ...landing.window_followup import (RunState, WindowObservation, follow_up, reopen_run_key, rerun_key,
-                                       stall_description)
+from ...landing.stream_slice import StreamSlice, current_scope, earlier_incarnations, slice_of
+from ...landing.window_followup import (
+    RunState,
+    WindowObservation,
+    follow_up,
+    reopen_run_key,
+    rerun_key,
+    stall_description,
+)
 from ...landing.window_report import earliest_landed_minute, iso, list_window
 from ...landing.window_scan import ending_shards, first_window, resume_window, scan_windows, skip_materialised
-from ...landing.layout import landing_directory
-from ...landing.stream_slice import StreamSlice, current_scope, earlier_incarnations, slice_of
-from .assets import (CHECKPOINTS, KINESIS_STREAM, LANDED, REOPENED, SINGLE, TRANSFORMED, landing_store,
-                     output_store)
+from .assets import CHECKPOINTS, KINESIS_STREAM, LANDED, REOPENED, SINGLE, TRANSFORMED, landing_store, output_store
 from .partitions import partition_key
 from .resources import SPARK_RUN_TAG, AwsResource, KinesisConsumerResource
 from .streams import PipelineStream

@@ -16,9 +16,10 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from ...kcl.aws import AwsSettings
-from ...kcl.config import ConfigError, stream_name
-from ...kcl.model import Lease
+from ...kcl.config import ConfigError
+from ...kcl.core.model import Lease
+from ...kcl.core.streams import stream_name
+from ...kcl.shells.aws import AwsSettings
 from ...landing.layout import landing_directory
 from ...landing.stream_slice import StreamSlice, current_scope, read_slice
 

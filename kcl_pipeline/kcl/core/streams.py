@@ -17,13 +17,21 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, Iterable
 
-from .config import stream_name
 from .model import Shard
 
 STREAM_ID_ATTRIBUTE = "streamName"  # Java keeps the stream identifier under this name "for legacy reasons"
 SHARD_ID_ATTRIBUTE = "shardId"
+# arn:<partition>:kinesis:<region>:<account>:stream/<name> (any partition: aws, aws-cn, aws-us-gov, ...)
+STREAM_ARN_RE = re.compile(r"arn:[a-z-]+:kinesis:[a-z0-9-]+:\d{12}:stream/(?P<name>[A-Za-z0-9_.-]{1,128})")
 _ARN_ACCOUNT_RE = re.compile(r"arn:[a-z-]+:kinesis:[a-z0-9-]+:(?P<account>\d{12}):stream/")
 _IDENTIFIER_RE = re.compile(r"(?P<account>\d{12}):(?P<name>[A-Za-z0-9_.-]{1,128}):(?P<epoch>\d+)")
+
+
+
+def stream_name(stream: str) -> str:
+    """The stream's name, for a name or an ARN (the landing layout and logs use the name)."""
+    m = STREAM_ARN_RE.fullmatch(stream)
+    return m["name"] if m else stream
 
 
 class StreamRecreated(Exception):

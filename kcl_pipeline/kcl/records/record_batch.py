@@ -18,7 +18,7 @@ from functools import lru_cache
 from itertools import accumulate, chain, count, repeat
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence, overload
 
-from .model import Checkpoint, UserRecord
+from ..core.model import Checkpoint, UserRecord
 
 if TYPE_CHECKING:
     import pyarrow as pa

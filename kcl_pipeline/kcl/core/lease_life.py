@@ -27,9 +27,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Generator, Mapping, Sequence
 
+from .lease_codec import LeaseTableError, LeaseTableMissing, LeaseTableUnavailable
 from .lease_hold import LeaseHold, LeaseTiming, Outcome
 from .lease_rules import CLAIM_ATTRIBUTE, HANDOFF_ATTRIBUTE
-from .lease_table import LeaseTableError, LeaseTableMissing, LeaseTableUnavailable
 from .model import Checkpoint, Lease, Shard
 from .planner import blocked_on_parents, child_leases_on_end
 

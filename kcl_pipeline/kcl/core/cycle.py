@@ -27,7 +27,8 @@ from .planner import (
     stuck_local_leases,
     unknown_lease_keys,
 )
-from .worker_metrics import MAX_VALUES as METRIC_VALUES, live_workers
+from .worker_metrics import MAX_VALUES as METRIC_VALUES
+from .worker_metrics import live_workers
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ leader assigns leases by load and 3.x workers renew only what they are given; a 
 leases on its own would fight that leader. This consumer therefore refuses to start in those modes and
 proceeds in the 2.x-compatible ones (docs/kcl3.md explains the choice).
 
-`decide` is the pure decision (item in, verdict out); `read_migration_state` is the thin read around it.
+`decide` is the pure decision (item in, verdict out); `shells/kcl3_tables.py` reads the item around it.
 It only ever reads: nothing here writes or strips attributes of KCL 3.x's items.
 """
 from __future__ import annotations
@@ -90,25 +90,3 @@ def decide(state: MigrationState | None, application: str) -> Verdict:
     return Verdict(False, (
         f"unknown KCL client version {version!r}{by} in {table}: refusing to start rather than guess whether a "
         f"leader assigns this application's leases"))
-
-
-class Kcl3FleetActive(RuntimeError):
-    """A KCL 3.x fleet runs this application leader-assigned; starting would fight its leader."""
-
-
-def read_migration_state(dynamodb_client, application: str) -> MigrationState | None:
-    """The migration item, or None when there is no coordinator state table or no item (strongly consistent)."""
-    try:
-        response = dynamodb_client.get_item(TableName=coordinator_state_table(application),
-                                            Key={HASH_KEY: {"S": MIGRATION_KEY}}, ConsistentRead=True)
-    except dynamodb_client.exceptions.ResourceNotFoundException:
-        return None
-    return migration_state_from_item(response.get("Item"))
-
-
-def check_coordinator_state(dynamodb_client, application: str) -> Verdict:
-    """Raise Kcl3FleetActive (or CoordinatorStateInvalid) unless this consumer may start."""
-    verdict = decide(read_migration_state(dynamodb_client, application), application)
-    if not verdict.proceed:
-        raise Kcl3FleetActive(verdict.reason)
-    return verdict

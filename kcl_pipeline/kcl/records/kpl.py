@@ -9,7 +9,7 @@ plain user record and counted in :class:`KplStats` — never raised, never dropp
 ``kpl_pb2.py`` and ``kpl_columns_pb2.py`` are generated and checked in; regenerate both from the
 repository root with::
 
-    .venv/bin/python -m grpc_tools.protoc -I. --python_out=. kcl_pipeline/kcl/kpl*.proto
+    .venv/bin/python -m grpc_tools.protoc -I. --python_out=. kcl_pipeline/kcl/records/kpl*.proto
 
 (kcl_pipeline_tests/kcl/test_kpl.py checks the checked-in modules against a fresh generation.) Generated
 code refuses a protobuf runtime older than the protoc that generated it (``# Protobuf Python Version``
@@ -18,7 +18,7 @@ in its header): pyproject's protobuf lower bound follows it (a test checks that 
 Speed: MD5 (OpenSSL) and the upb parser do the byte work. A second parse with the columnar schema
 (kpl_columns.proto) hands over every record's fields as flat lists, so no Python object is made per
 protobuf record (see ``_columns`` for when that is provably exact), and ``deaggregate_batch`` only
-extends the columns of a :class:`~kcl_pipeline.kcl.record_batch.UserRecordBatch`: no UserRecord is
+extends the columns of a :class:`~kcl_pipeline.kcl.records.record_batch.UserRecordBatch`: no UserRecord is
 built unless a consumer asks for one. benchmarks/bench_kpl.py measures it against aws-kinesis-agg.
 """
 from __future__ import annotations
@@ -35,9 +35,9 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from google.protobuf.message import DecodeError
 
-from kcl_pipeline.kcl import kpl_columns_pb2, kpl_pb2
-from kcl_pipeline.kcl.model import STARTING_SENTINELS, Checkpoint, UserRecord
-from kcl_pipeline.kcl.record_batch import UserRecordBatch, _BatchBuilder
+from ..core.model import STARTING_SENTINELS, Checkpoint, UserRecord
+from . import kpl_columns_pb2, kpl_pb2
+from .record_batch import UserRecordBatch, _BatchBuilder
 
 log = logging.getLogger(__name__)
 

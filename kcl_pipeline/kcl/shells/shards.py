@@ -10,10 +10,11 @@ import logging
 import time
 from typing import Any, Callable, Sequence
 
-from botocore.exceptions import ClientError, ConnectionError as BotoConnectionError, HTTPClientError
+from botocore.exceptions import ClientError, HTTPClientError
+from botocore.exceptions import ConnectionError as BotoConnectionError
 
-from .model import Shard
-from .streams import StreamScope, stream_identifier
+from ..core.model import Shard
+from ..core.streams import StreamScope, stream_identifier
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,6 @@ from .lease_rules import HANDOFF_ATTRIBUTE
 from .model import AT_TIMESTAMP, LATEST, TRIM_HORIZON, Checkpoint, Lease, Shard
 from .shard_graph import ShardGraph
 
-
 # -- scope: which leases are this stream's -----------------------------------------------------------
 
 def scoped_leases(leases: Sequence[Lease], shards: Sequence[Shard]) -> list[Lease]:

@@ -22,22 +22,22 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from ..config import ConsumerConfig
+from ..core import lease_life as life
+from ..core.balance import ThroughputMeter, reported_load
+from ..core.lease_hold import LeaseHold, LeaseTiming, Outcome
+from ..core.lease_life import LifeResult, LifeSettings
+from ..core.lease_rules import HANDOFF_ATTRIBUTE, check_heartbeat_attributes
+from ..core.model import Checkpoint, Lease
+from ..core.streams import StreamRecreated, scope_of
+from ..processor import InitializationInput, ProcessRecordsInput, RecordProcessor
+from ..records.kpl import KplStats
 from .aws import client
-from .balance import ThroughputMeter, reported_load
-from .config import ConsumerConfig
-from .kpl import KplStats
-from . import lease_life as life
-from .lease_hold import LeaseHold, LeaseTiming, Outcome
-from .lease_life import LeaseLost, LifeResult, LifeSettings
-from .lease_rules import HANDOFF_ATTRIBUTE, check_heartbeat_attributes
 from .lease_table import LeaseTable, encode_value
 from .metrics import Metrics
-from .model import Checkpoint, Lease
-from .processor import InitializationInput, ProcessRecordsInput, RecordProcessor
 from .reader import ShardReader
 from .shards import list_shards, stream_scope
 from .signals import stop_on_signals
-from .streams import StreamRecreated, scope_of
 
 log = logging.getLogger(__name__)
 

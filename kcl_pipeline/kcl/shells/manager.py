@@ -17,16 +17,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from . import cycle as cyc
-from . import worker_metrics
+from ..config import ConsumerConfig
+from ..core import cycle as cyc
+from ..core.lease_life import Create, ListShards, drive
+from ..core.model import Lease, Shard
+from ..core.planner import LeaseAges
+from ..core.worker_metrics import worker_metrics_table
+from . import kcl3_tables
 from .aws import client
-from .config import ConsumerConfig
-from .coordinator_state import check_coordinator_state
-from .lease_life import Create, ListShards, drive
 from .lease_table import LeaseTable
 from .metrics import Metrics
-from .model import Lease, Shard
-from .planner import LeaseAges
 from .shards import describe_stream_summary, list_application_shards
 from .worker import ProcessorSpec, WorkerResult, lease_table_client, worker_main
 
@@ -93,7 +93,7 @@ class LeaseManager:
                 describe_stream_summary(self.kinesis, stream)
         self.shards = self._list_shards()
         # Before the lease table is created or touched: a 3.x leader-assigned fleet is never joined.
-        verdict = check_coordinator_state(self.table.client, self.config.application)
+        verdict = kcl3_tables.check_coordinator_state(self.table.client, self.config.application)
         log.info("coordinator state: %s", verdict.reason)
         if self.table.ensure_table():
             log.info("created lease table %s", self.config.lease_table)
@@ -157,21 +157,21 @@ class LeaseManager:
             return None
         if isinstance(effect, cyc.ReadWorkerMetrics):
             try:
-                updates = worker_metrics.read_last_updates(self.table.client, self.config.application)
+                updates = kcl3_tables.read_last_updates(self.table.client, self.config.application)
             except Exception as exc:  # the balance keeps the peers it knew; the next period reads again
                 self.metrics.count_many({"worker_metrics_failed": 1}, None)
                 log.warning("could not read the fleet's worker metrics (%s): %s: %s",
-                            worker_metrics.worker_metrics_table(self.config.application), type(exc).__name__, exc)
+                            worker_metrics_table(self.config.application), type(exc).__name__, exc)
                 return None
             return cyc.PeerMetrics(updates, time.time())
         if isinstance(effect, cyc.PublishWorkerMetrics):
             try:
-                worker_metrics.publish(self.table.client, self.config.application, self.config.worker_id,
+                kcl3_tables.publish(self.table.client, self.config.application, self.config.worker_id,
                                        int(time.time()), effect.throughput_kbps)
             except Exception as exc:  # metrics never stop consuming; the next period writes again
                 self.metrics.count_many({"worker_metrics_failed": 1}, None)
                 log.warning("could not write this consumer's worker metrics (%s): %s: %s",
-                            worker_metrics.worker_metrics_table(self.config.application), type(exc).__name__, exc)
+                            worker_metrics_table(self.config.application), type(exc).__name__, exc)
             return None
         raise TypeError(f"the lease manager cannot handle {effect!r}")
 

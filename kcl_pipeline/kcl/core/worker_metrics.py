@@ -38,24 +38,6 @@ def metrics_update(worker_id: str, now_epoch_seconds: int, throughput_kbps: Sequ
                     ":sts": {"M": {THROUGHPUT_METRIC: {"L": [{"N": repr(float(v))} for v in values]}}}})
 
 
-def publish(dynamodb_client, application: str, worker_id: str, now_epoch_seconds: int,
-            throughput_kbps: Sequence[float]) -> None:
-    """Write this worker's item; create the table (as KCL 3.x does, PAY_PER_REQUEST) when missing."""
-    table = worker_metrics_table(application)
-    update = metrics_update(worker_id, now_epoch_seconds, throughput_kbps)
-    try:
-        dynamodb_client.update_item(TableName=table, **update)
-    except dynamodb_client.exceptions.ResourceNotFoundException:
-        try:
-            dynamodb_client.create_table(TableName=table, BillingMode="PAY_PER_REQUEST",
-                                         AttributeDefinitions=[{"AttributeName": HASH_KEY, "AttributeType": "S"}],
-                                         KeySchema=[{"AttributeName": HASH_KEY, "KeyType": "HASH"}])
-        except dynamodb_client.exceptions.ResourceInUseException:
-            pass  # another consumer created it first
-        dynamodb_client.get_waiter("table_exists").wait(TableName=table, WaiterConfig={"Delay": 1, "MaxAttempts": 60})
-        dynamodb_client.update_item(TableName=table, **update)
-
-
 def last_updates(items: Iterable[Mapping[str, Any]]) -> dict[str, float]:
     """Worker id → `lut` (epoch seconds) of each item of the worker metrics table, as DynamoDB returns
     them; an item without a string `wid` or a numeric `lut` (another tool's, or half-written) is skipped."""
@@ -75,20 +57,3 @@ def live_workers(updates: Mapping[str, float], now_epoch_seconds: float, fresh_s
     """The workers whose item was updated within `fresh_seconds` (pure; clocks of different hosts, so
     the window must be wide: see `fresh_seconds` in cycle.py)."""
     return {wid for wid, lut in updates.items() if now_epoch_seconds - lut <= fresh_seconds}
-
-
-def read_last_updates(dynamodb_client, application: str) -> dict[str, float]:
-    """Every worker's last update in `<application>-WorkerMetricStats` (no table yet: none)."""
-    table = worker_metrics_table(application)
-    items: list[dict] = []
-    request: dict[str, Any] = {"TableName": table, "ProjectionExpression": "wid, lut"}
-    try:
-        while True:
-            page = dynamodb_client.scan(**request)
-            items.extend(page.get("Items", []))
-            if "LastEvaluatedKey" not in page:
-                break
-            request["ExclusiveStartKey"] = page["LastEvaluatedKey"]
-    except dynamodb_client.exceptions.ResourceNotFoundException:
-        return {}
-    return last_updates(items)

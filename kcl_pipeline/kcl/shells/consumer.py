@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from .config import ConsumerConfig
+from ..config import ConsumerConfig
 from .manager import LeaseManager
 from .signals import stop_on_signals
 from .worker import ProcessorSpec

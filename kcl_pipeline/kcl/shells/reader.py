@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from botocore.exceptions import ClientError
 
-from .kpl import deaggregate_batch
-from .model import AT_TIMESTAMP, LATEST, TRIM_HORIZON, Checkpoint, UserRecord
+from ..core.model import AT_TIMESTAMP, LATEST, TRIM_HORIZON, Checkpoint, UserRecord
+from ..records.kpl import deaggregate_batch
 from .shards import KinesisError, error_code, http_status, is_connection_error, unavailable, where
 
 if TYPE_CHECKING:
-    from .kpl import KplStats
+    from ..records.kpl import KplStats
 
 log = logging.getLogger(__name__)
 

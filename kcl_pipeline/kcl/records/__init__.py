@@ -1,0 +1,1 @@
+"""The record formats: KPL aggregation (protobuf) and the columnar batches records travel in."""
