@@ -3,6 +3,7 @@
 #   ./run.sh demo   — emulators + demo stream + KPL producer + `dagster dev` on 127.0.0.1:3000 (Ctrl-C stops all)
 #   ./run.sh test   — the whole test suite (add pytest args, e.g. ./run.sh test -m "not slow")
 #   ./run.sh simulate --seeds N --steps M — the deterministic simulation of the consumer fleet
+#   ./run.sh lint   — ruff and mypy, as CI runs them before the tests
 # Both install what they need first (a .venv from requirements.lock; the npm emulators into the user cache,
 # from kcl_pipeline/local/npm/package-lock.json); a second run reuses them.
 set -euo pipefail
@@ -34,6 +35,11 @@ case "$cmd" in
     setup
     exec .venv/bin/kcl-pipeline demo "$@"
     ;;
+  lint)
+    setup
+    .venv/bin/ruff check .
+    exec .venv/bin/mypy
+    ;;
   simulate)
     setup
     exec .venv/bin/kcl-pipeline simulate "$@"
@@ -42,7 +48,7 @@ case "$cmd" in
     setup
     ;;
   *)
-    echo "usage: ./run.sh demo | test [pytest args] | simulate [--seeds N --steps M …] | setup" >&2
+    echo "usage: ./run.sh demo | test [pytest args] | lint | simulate [--seeds N --steps M …] | setup" >&2
     exit 2
     ;;
 esac

@@ -105,7 +105,8 @@ def world(seeds: int, seconds: float) -> None:
         since_text = f"{statistics.median(since):.0f} / {max(since):.0f}" if since else "never"
         medians[name] = statistics.median(r.max_over_mean for r in runs)
         print(f"{name:<13}{since_text:>33}{statistics.mean(r.steals for r in runs):>8.1f}"
-              f"{statistics.mean(r.handoffs for r in runs):>8.1f}{sum(r.worsening_moves for r in runs):>7}{sum(r.steady_steals for r in runs):>6}"
+              f"{statistics.mean(r.handoffs for r in runs):>8.1f}"
+              f"{sum(r.worsening_moves for r in runs):>7}{sum(r.steady_steals for r in runs):>6}"
               f"{medians[name]:>10.2f}{sum(r.within_tolerance() for r in runs):>9} of {seeds}")
         violations = [v for r in runs for v in r.violations]
         if violations:
@@ -135,7 +136,7 @@ def main() -> None:
                 assignment = fleet(args.consumers, args.shards, seed, start)
                 rounds, steals = settle(planner, assignment, random.Random(seed))
                 results.append((rounds, steals, spread(assignment)))
-            rows[name] = [statistics.median(column) for column in zip(*results)]
+            rows[name] = [statistics.median(column) for column in zip(*results, strict=True)]
             rounds, steals, ratio = rows[name]
             print(f"{start:<16}{name:<13}{rounds:>7.0f}{steals:>8.0f}{ratio:>10.2f}")
         la, cb = rows["load-aware"], rows["count-based"]

@@ -1,4 +1,5 @@
-"""KPL deaggregation throughput: kcl_pipeline.kcl.records.kpl vs aws-kinesis-agg 1.2.3, on the same aggregates, same run.
+"""KPL deaggregation throughput: kcl_pipeline.kcl.records.kpl vs aws-kinesis-agg 1.2.3, on the same aggregates,
+same run.
 
     .venv/bin/python benchmarks/bench_kpl.py [--repeat 5] [--scale 1.0] [--batch-mb 1]
 

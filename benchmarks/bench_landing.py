@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/bench_landing.py [--records 100000] [--record-bytes 1024] [--repeat 3]
 
 Replays synthetic GetRecords responses — KPL aggregates (≤ 50 KB, the KPL's default aggregation size) of
-1 KB JSON-like user records, ≤ 10 MB per response (GetRecords' limit), arrivals at 2 MB/s (Kinesis' per-shard read limit) —
+1 KB JSON-like user records, ≤ 10 MB per response (GetRecords' limit), arrivals at 2 MB/s (Kinesis' per-shard read
+limit) —
 through kpl.deaggregate_batch and a LandingProcessor with its default settings (8 MB / 30 s batches,
 zstd) writing to a local directory. No emulator in the loop. Rates are per CPU-second of the process
 (time.process_time, all threads: pyarrow's encoders included): goal ≥ 20 MB/s of user data per core.
@@ -162,7 +163,8 @@ def peak_rss(args, without_pandas: bool = False) -> None:
     finally:
         shutil.rmtree(zone)
     own = f"{hwm / 1024:.0f} MB (VmHWM), " if hwm else ""
-    print(f"worker peak RSS{' (pandas not installed)' if without_pandas else ''}, backlog of {result['records']} records ({result['bytes'] / 2**20:.0f} MB): "
+    print(f"worker peak RSS{' (pandas not installed)' if without_pandas else ''}, "
+          f"backlog of {result['records']} records ({result['bytes'] / 2**20:.0f} MB): "
           f"{own}{maxrss / 1024:.0f} MB (ru_maxrss); after imports {(baseline or 0) / 1024:.0f} MB; goal <= 150 MB")
 
 

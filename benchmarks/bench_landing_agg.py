@@ -90,7 +90,8 @@ def main() -> None:
         peer = best_of(peer_land, replay, args.repeat)
         assert ours["records"] == peer["records"] == args.records, (ours["records"], peer["records"])
         ours_rate, peer_rate = ours["records"] / ours["cpu"], peer["records"] / peer["cpu"]
-        print(f"  {record_bytes:>5} B records: ours {ours_rate:>10,.0f}/s ({ours['bytes'] / mb / ours['cpu']:6.1f} MB/s), "
+        print(f"  {record_bytes:>5} B records: ours {ours_rate:>10,.0f}/s "
+              f"({ours['bytes'] / mb / ours['cpu']:6.1f} MB/s), "
               f"peer {peer_rate:>10,.0f}/s ({peer['bytes'] / mb / peer['cpu']:6.1f} MB/s)  "
               f"-> {ours_rate / peer_rate:.2f}x")
 

@@ -94,10 +94,12 @@ def main() -> None:
         print(json.dumps(r))
     d = results[0]["writes_per_lease_minute"]
     print(f"defaults: {d} writes/lease-minute; goal <= 6.5 ({'met' if d <= 6.5 else 'MISSED'}); "
-          f"Java KCL 2.x ≈ {JAVA_KCL_WRITES_PER_LEASE_MINUTE:.0f} -> ratio {d / JAVA_KCL_WRITES_PER_LEASE_MINUTE:.2f}x; "
+          f"Java KCL 2.x ≈ {JAVA_KCL_WRITES_PER_LEASE_MINUTE:.0f} "
+          f"-> ratio {d / JAVA_KCL_WRITES_PER_LEASE_MINUTE:.2f}x; "
           f"ours with --java-compatible (3 s): {results[1]['writes_per_lease_minute']}; "
           f"like for like at Java's 3.33 s renewal: ours {results[2]['writes_per_lease_minute']} (checkpoints ride on "
-          f"renewals) vs Java {JAVA_KCL_WRITES_PER_LEASE_MINUTE:.0f} renewals + one UpdateItem per checkpoint (computed)")
+          f"renewals) vs Java {JAVA_KCL_WRITES_PER_LEASE_MINUTE:.0f} renewals + one UpdateItem per checkpoint "
+          f"(computed)")
 
 
 if __name__ == "__main__":

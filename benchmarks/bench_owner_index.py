@@ -26,6 +26,7 @@ from kcl_pipeline.kcl.shells.aws import client  # noqa: E402
 from kcl_pipeline.kcl.shells.lease_table import OWNER_INDEX_NAME, LeaseTable  # noqa: E402
 from kcl_pipeline.local.emulators import EmulatorStack  # noqa: E402
 
+SEQUENCE = "49590338271490256608559692538361571095921575989136588898"  # a realistic 56-digit sequence number
 CYCLES_PER_MINUTE = 60 / 20.0
 
 
@@ -53,11 +54,12 @@ def main() -> None:
         table = LeaseTable("bench-owner-index", ddb)
         table.ensure_table()
         for i in range(args.shards):
-            table.create(Lease(f"shardId-{i:012d}", Checkpoint("49590338271490256608559692538361571095921575989136588898"),
-                               f"consumer-{i % args.consumers:02d}#1", 17, parent_shard_ids=(f"shardId-{i + 5000:012d}",)))
+            table.create(Lease(f"shardId-{i:012d}", Checkpoint(SEQUENCE), f"consumer-{i % args.consumers:02d}#1", 17,
+                               parent_shard_ids=(f"shardId-{i + 5000:012d}",)))
         scan = units(ddb, "scan", TableName=table.table_name, ConsistentRead=True)
         query = units(ddb, "query", TableName=table.table_name, IndexName=OWNER_INDEX_NAME,
-                      KeyConditionExpression="leaseOwner = :o", ExpressionAttributeValues={":o": {"S": "consumer-00#1"}})
+                      KeyConditionExpression="leaseOwner = :o",
+                      ExpressionAttributeValues={":o": {"S": "consumer-00#1"}})
     finally:
         stack.stop()
     scan_only = scan * CYCLES_PER_MINUTE

@@ -43,7 +43,7 @@ def build_stream() -> list[Shard]:
                             starting_sequence_number="1"))
     nxt = SHARDS - 2 * parents
     for i in range(parents):  # two children per parent
-        for half in range(2):
+        for _half in range(2):
             shards.append(Shard(sid(nxt), parent_shard_id=sid(i), starting_sequence_number="3" * 56))
             nxt += 1
     assert len(shards) == SHARDS

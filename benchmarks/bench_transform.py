@@ -174,7 +174,8 @@ def main() -> None:
                                               overlap_percent=args.overlap_percent)
         size = sum(p.stat().st_size for p in zone.rglob("*.parquet"))
         payload_bytes = landed * max(args.record_bytes, 100)
-        print(f"generated {landed:,} rows ({duplicates:,} duplicates, {poison:,} poison), ~{payload_bytes / 1e9:.2f} GB "
+        print(f"generated {landed:,} rows ({duplicates:,} duplicates, {poison:,} poison), "
+              f"~{payload_bytes / 1e9:.2f} GB "
               f"of payloads, in {len(list(zone.rglob('*.parquet')))} batches, {size / 1e6:.1f} MB landed, "
               f"{time.perf_counter() - t:.1f} s")
         t = time.perf_counter()
@@ -196,7 +197,8 @@ def main() -> None:
             assert report.rows_in == report.rows_out + report.duplicates_dropped + report.quarantined
             rate = report.rows_in / wall
             best[decoder] = max(best.get(decoder, 0.0), rate) if label != "cold" else best.get(decoder, 0.0)
-            print(f"{label:<6} reader={args.landing_reader} decoder={decoder:<10} {report.rows_in:,} records in {wall:5.1f} s = {rate:9,.0f} "
+            print(f"{label:<6} reader={args.landing_reader} decoder={decoder:<10} {report.rows_in:,} records in "
+                  f"{wall:5.1f} s = {rate:9,.0f} "
                   f"records/s (out {report.rows_out:,}, duplicates {report.duplicates_dropped:,}, "
                   f"quarantined {report.quarantined:,}); {payload_bytes / wall / 1e6:.1f} MB/s of payloads; peak RSS "
                   f"JVM {peak.jvm:,} MiB, Python workers {peak.workers:,} MiB, together {peak.total:,} MiB",

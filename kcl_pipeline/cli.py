@@ -232,7 +232,8 @@ def _default(name: str):
 @click.option("--metrics-namespace", default=None, help="Publish metrics to this CloudWatch namespace.")
 @click.option("--metrics-naming", type=click.Choice(["pipeline", "kcl"]), default=_default("metrics_naming"),
               show_default=True, help="kcl: Java KCL's metric names and dimensions (its dashboards carry over).")
-@click.option("--sink", default=None, help="jsonl:DIR — one JSON line per record in DIR/<lease key>.jsonl (the shard id of a single stream).")
+@click.option("--sink", default=None,
+              help="jsonl:DIR — one JSON line per record in DIR/<lease key>.jsonl (the shard id of a single stream).")
 @click.option("--landing", default=None,
               help="Land records as Parquet in s3://bucket/prefix or a directory (exactly once; checkpoints after "
                    "each landed batch when run without Dagster).")
@@ -248,8 +249,8 @@ def _default(name: str):
 @friendly_errors
 def consume(ctx, properties_file, stream, application, table_name, initial_position, timestamp, worker_id,
             max_leases, leases_to_acquire, heartbeat_seconds, lease_expiry_seconds, java_compatible, cycle_seconds,
-            worker_metrics_period_seconds, metrics_namespace, metrics_naming, sink, landing, checkpoint_by, batch_seconds, batch_mb, region,
-            endpoint_url):
+            worker_metrics_period_seconds, metrics_namespace, metrics_naming, sink, landing, checkpoint_by,
+            batch_seconds, batch_mb, region, endpoint_url):
     """Run a headless consumer: a full peer of the fleet sharing the lease table. Stops on SIGTERM/SIGINT."""
     from .kcl.jsonl_sink import parse_sink
     from .kcl.shells.consumer import run_consumer

@@ -11,6 +11,7 @@ A browser (Debian's Chromium through Playwright) then finds the materialised par
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import random
@@ -300,7 +301,7 @@ class Chaos:
                 self.say(f"split {shard.shard_id}")
             else:
                 by_start = sorted(open_shards, key=lambda s: int(s.hash_key_range.starting_hash_key))
-                a, b = next((a, b) for a, b in zip(by_start, by_start[1:])
+                a, b = next((a, b) for a, b in itertools.pairwise(by_start)
                             if int(a.hash_key_range.ending_hash_key) + 1 == int(b.hash_key_range.starting_hash_key))
                 self.kinesis.merge_shards(StreamName=STREAM, ShardToMerge=a.shard_id, AdjacentShardToMerge=b.shard_id)
                 self.say(f"merge {a.shard_id} + {b.shard_id}")

@@ -27,6 +27,7 @@ Writer `kcl_window_output` (`df.write.format("kcl_window_output").mode("overwrit
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import uuid
 from dataclasses import dataclass
@@ -135,7 +136,7 @@ def overlapping_shards(batches: Sequence[WindowBatch]) -> set[str]:
     overlapping = set()
     for shard, keys in by_shard.items():
         keys.sort(key=lambda k: k.first.key())
-        if any(b.first.key() <= a.last.key() for a, b in zip(keys, keys[1:])):
+        if any(b.first.key() <= a.last.key() for a, b in itertools.pairwise(keys)):
             overlapping.add(shard)
     return overlapping
 

@@ -138,7 +138,8 @@ def connect_server(tmp_path_factory):
     log = logs / "connect.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [str(SPARK_HOME / "bin" / "spark-submit"), "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
+            [str(SPARK_HOME / "bin" / "spark-submit"),
+             "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
              "--master", "local[2]", "--conf", f"spark.connect.grpc.binding.port={port}",
              "--conf", "spark.connect.grpc.binding.address=127.0.0.1", "--conf", "spark.driver.host=127.0.0.1",
              "--conf", "spark.ui.enabled=false", "--conf", "spark.driver.memory=1g", "spark-internal"],

@@ -95,7 +95,7 @@ def _decode(spark, decoder, payloads):
 def test_json_decoder_in_spark(spark):
     payloads = [p for p, _ in CASES if len(p) < 1000]
     decoded = _decode(spark, json_decoder, payloads)
-    for payload, d in zip(payloads, decoded):
+    for payload, d in zip(payloads, decoded, strict=True):
         assert code(d["reason"]) == dict(CASES)[payload], payload
         assert d["payload"] == (payload.decode() if d["reason"] is None else None)
 
@@ -103,7 +103,7 @@ def test_json_decoder_in_spark(spark):
 def test_json_spark_decoder_agrees_except_where_documented(spark):
     payloads = [p for p, _ in CASES if len(p) < 1000] + list(SPARK_DIFFERS)
     expected = {**dict(CASES), **SPARK_DIFFERS}
-    for payload, d in zip(payloads, _decode(spark, json_spark_decoder, payloads)):
+    for payload, d in zip(payloads, _decode(spark, json_spark_decoder, payloads), strict=True):
         assert code(d["reason"]) == expected[payload], payload
 
 

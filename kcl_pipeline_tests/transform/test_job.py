@@ -30,7 +30,8 @@ def run(spark, zone, out, window=WINDOW, **kw):
 
 
 def keys(table) -> list[tuple[str, str, int]]:
-    return sorted(zip(*(table.column(c).to_pylist() for c in ("shard_id", "sequence_number", "sub_sequence_number"))))
+    return sorted(zip(*(table.column(c).to_pylist() for c in ("shard_id", "sequence_number", "sub_sequence_number")),
+                      strict=True))
 
 
 def good(i: int) -> bytes:
@@ -74,7 +75,8 @@ def test_transform_local_window(spark, landed, tmp_path):
     assert all(len(r["sequence_number"]) == 56 for r in rows)  # exact, as strings
     assert {r["window_start"].timestamp() * 1000 for r in rows} == {T0}
     assert rows[0]["approximate_arrival_timestamp"].timestamp() * 1000 == T0 + 1
-    assert [(c, str(t)) for c, t in zip(output.transformed.column_names, output.transformed.schema.types)][:3] == [
+    schema = output.transformed.schema
+    assert [(c, str(t)) for c, t in zip(schema.names, schema.types, strict=True)][:3] == [
         ("shard_id", "string"), ("sequence_number", "string"), ("sub_sequence_number", "int64")]
 
     poison = {r["sequence_number"]: r for r in output.quarantine.to_pylist()}
@@ -100,7 +102,8 @@ def test_rerun_replaces_the_window_never_duplicates(spark, landed, tmp_path):
     assert on_disk == set(after.manifests["transformed"]["files"]) | {"_manifest.json"}
     # Each run writes its own run directory; the switch leaves only the current one.
     assert [p.name for p in partition.iterdir() if p.is_dir()] == [after.manifests["transformed"]["run"]]
-    assert all(f.startswith(after.manifests["transformed"]["run"] + "/") for f in after.manifests["transformed"]["files"])
+    transformed = after.manifests["transformed"]
+    assert all(f.startswith(transformed["run"] + "/") for f in transformed["files"])
 
 
 def test_windows_are_separate_partitions(spark, landed, tmp_path):

@@ -74,7 +74,8 @@ def test_failed_quarantine_write_leaves_window_unmaterialised(spark, zone, tmp_p
     assert plan(zone, out).commits == {SHARD0: Checkpoint(seq(5))}
     shutil.rmtree(out / "quarantine")
     (out / "quarantine").write_bytes(b"")  # the quarantine dataset can no longer be written
-    with pytest.raises(Exception):
+    # The error is the Spark backend's own (Py4J, Spark Connect or the OS): any failure of the run will do.
+    with pytest.raises(Exception):  # noqa: B017
         run(spark, zone, out)
     assert (out / "transformed" / window_partition(T0) / "_manifest.json").exists()  # transformed was replaced
     assert not (out / commit_key(T0)).exists()
@@ -104,7 +105,8 @@ def test_batch_materialised_needs_the_batch_named():
     assert not batch_materialised({T0: frozenset({"a"})}, T0, "b")
 
 
-@pytest.mark.parametrize("raw", [b"{", b"{}", b'{"window_start_ms": 2, "window_end_ms": 1, "run_id": "r", "batches": []}'])
+@pytest.mark.parametrize("raw", [b"{", b"{}",
+                                 b'{"window_start_ms": 2, "window_end_ms": 1, "run_id": "r", "batches": []}'])
 def test_malformed_commit_is_a_clear_error(raw, tmp_path):
     (tmp_path / "_commits").mkdir()
     (tmp_path / commit_key(T0)).write_bytes(raw)
