@@ -226,7 +226,7 @@ class NetworkFaults:
     silent_loss: float = 0.2          # of lost responses, those noticed only at the read timeout (else a reset)
     partitioned: bool = False
     slow: float = 1.0                 # latency multiplier (a congested path)
-    connect_timeout: float = 5.0      # kcl/aws.py's client setting
+    connect_timeout: float = 5.0      # kcl/shells/aws.py's client setting
     healthy_since: float = 0.0        # when the last fault on this path healed (the world sets it)
     # Outcomes forced on the next attempts, in order ("ok", "throttle", "lost_request", "lost_response",
     # "timeout"): a test's or a fault's exact script, before the probabilities apply again.

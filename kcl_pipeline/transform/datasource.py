@@ -55,7 +55,7 @@ MANIFEST = "_manifest.json"
 RUN_PREFIX = "run="
 DEFAULT_MAX_PARTITION_BYTES = 64 * 1024 * 1024
 
-# The landed batch schema (declared once: kcl/record_batch.py) as Spark sees it: nullable, and the arrival
+# The landed batch schema (declared once: kcl/records/record_batch.py) as Spark sees it: nullable, and the arrival
 # timestamp in microseconds (Spark's Arrow unit; batches are written in milliseconds and cast on read).
 LANDING_ARROW_SCHEMA = pa.schema([
     pa.field(f.name, pa.timestamp("us", tz="UTC") if pa.types.is_timestamp(f.type) else f.type)
