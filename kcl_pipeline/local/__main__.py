@@ -4,12 +4,19 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kcl_pipeline.local.emulators import DEFAULT_LOG_DIR, DEFAULT_REGION, SERVICES, EmulatorError, run_stack_foreground
+from kcl_pipeline.local.emulators import (
+    DEFAULT_LOG_DIR,
+    DEFAULT_REGION,
+    SERVICES,
+    EmulatorError,
+    run_stack_foreground,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kcl_pipeline.local", description=__doc__)
-    parser.add_argument("--log-dir", default=str(DEFAULT_LOG_DIR), help="where each emulator logs (default %(default)s)")
+    parser.add_argument("--log-dir", default=str(DEFAULT_LOG_DIR),
+                        help="where each emulator logs (default %(default)s)")
     parser.add_argument("--services", default=",".join(SERVICES), help="comma-separated subset of %(default)s")
     parser.add_argument("--region", default=DEFAULT_REGION)
     parser.add_argument("--slow-resharding", action="store_true",

@@ -109,8 +109,8 @@ def start_dagster(env: dict[str, str], options: DemoOptions, log_path: Path) -> 
         cmd = [sys.executable, "-m", "dagster", "dev", *cmd[2:]]
     # Own process group: stopping it reaches the webserver, the daemon, the code server and its workers.
     # SIGINT/SIGTERM are restored to their defaults in the child (a backgrounded parent may ignore them).
-    return subprocess.Popen(cmd, cwd=options.state_dir.resolve(), env=env, stdout=open(log_path, "ab"), stderr=subprocess.STDOUT,
-                            start_new_session=True, preexec_fn=_default_signals)
+    return subprocess.Popen(cmd, cwd=options.state_dir.resolve(), env=env, stdout=open(log_path, "ab"),
+                            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_default_signals)
 
 
 def _default_signals() -> None:

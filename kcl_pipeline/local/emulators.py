@@ -266,7 +266,8 @@ class EmulatorStack:
 
     def exited(self) -> dict[str, int]:
         """Emulators that have exited, with their exit codes."""
-        return {c.name: c.popen.returncode for c in self._children if c.popen is not None and c.popen.poll() is not None}
+        return {c.name: c.popen.returncode for c in self._children
+                if c.popen is not None and c.popen.poll() is not None}
 
     def log_paths(self) -> dict[str, Path]:
         return {c.name: c.log_path for c in self._children}

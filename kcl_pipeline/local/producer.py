@@ -112,7 +112,7 @@ def failed_entries(sent: Sequence[Entry], results: Sequence[dict]) -> tuple[list
     """The entries PutRecords refused (to re-send, in order) and their error codes."""
     if len(results) != len(sent):
         raise ValueError(f"PutRecords answered {len(results)} results for {len(sent)} entries")
-    failed = [(e, r["ErrorCode"]) for e, r in zip(sent, results) if r.get("ErrorCode")]
+    failed = [(e, r["ErrorCode"]) for e, r in zip(sent, results, strict=True) if r.get("ErrorCode")]
     return [e for e, _ in failed], [code for _, code in failed]
 
 
@@ -194,7 +194,7 @@ def _put(kinesis: Any, stream: str, batch: list[Entry], report: ProduceReport, r
             sleep(backoff_seconds(attempt, rnd))
             continue
         refused, codes = failed_entries(pending, resp["Records"])
-        for entry, result in zip(pending, resp["Records"]):
+        for entry, result in zip(pending, resp["Records"], strict=True):
             if not result.get("ErrorCode"):
                 report.shards[result["ShardId"]] = report.shards.get(result["ShardId"], 0) + 1
                 report.kinesis_records += 1

@@ -238,11 +238,11 @@ def test_foreground_runner_prints_exports_and_stops_on_sigterm(tmp_path):
             lines.append(line.rstrip("\n"))
             if line.startswith("# Ctrl-C"):
                 break
-        exports = dict(l[len("export "):].split("=", 1) for l in lines if l.startswith("export "))
+        exports = dict(line[len("export "):].split("=", 1) for line in lines if line.startswith("export "))
         assert set(exports) >= {"AWS_ENDPOINT_URL_DYNAMODB", "AWS_ENDPOINT_URL_S3", "AWS_REGION"}
         assert "AWS_ENDPOINT_URL_KINESIS" not in exports
         assert exports["AWS_REGION"] == "eu-west-1"
-        assert env_file.read_text().splitlines() == [l for l in lines if l.startswith("export ")]
+        assert env_file.read_text().splitlines() == [line for line in lines if line.startswith("export ")]
         ddb = client("dynamodb", Endpoints(None, exports["AWS_ENDPOINT_URL_DYNAMODB"], None, None,
                                            region="eu-west-1").aws_settings())
         assert ddb.list_tables()["TableNames"] == []

@@ -151,7 +151,8 @@ def test_only_refused_entries_are_resent_after_a_backoff(stubbed):
     kinesis, stub = stubbed
     fake = FakeTime()
     expect_active(stub)
-    stub.add_response("put_records", {"FailedRecordCount": 2, "Records": [ok(1), refused(), ok(2), refused("InternalFailure")]},
+    stub.add_response("put_records",
+                      {"FailedRecordCount": 2, "Records": [ok(1), refused(), ok(2), refused("InternalFailure")]},
                       {"StreamName": "s1", "Records": records_param([b"r0", b"r1", b"r2", b"r3"])})
     stub.add_response("put_records", {"Records": [ok(3, "shardId-000000000001"), ok(4)]},
                       {"StreamName": "s1", "Records": records_param([b"r1", b"r3"])})
@@ -238,8 +239,9 @@ def test_rate_paces_batches(stubbed):
     kinesis, stub = stubbed
     expect_active(stub)
     for i in range(5):  # rate 10/s → 2 user records a batch, due every 0.2 s
+        payloads = [f"r{2 * i}".encode(), f"r{2 * i + 1}".encode()]
         stub.add_response("put_records", {"Records": [ok(2 * i), ok(2 * i + 1)]},
-                          {"StreamName": "s1", "Records": records_param([f"r{2 * i}".encode(), f"r{2 * i + 1}".encode()])})
+                          {"StreamName": "s1", "Records": records_param(payloads)})
     fake = FakeTime()
     report = produce(kinesis, "s1", 10, rate=10.0, payload=payload, clock=fake.clock, sleep=fake.sleep)
     assert report.user_records == 10
