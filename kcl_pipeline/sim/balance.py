@@ -78,8 +78,9 @@ def simulate_balance(seed: int, *, consumers: int = 3, shards: int = 24, hot: in
     world.run_until(lambda: bool(world.checker.violations) or world.now >= seconds)
     steals = world.steal_times
     return BalanceRun(seed, load_aware, consumers, shards, hot, world.now, len(steals),
-                      world.stats["worker handed_off"], steals[-1] if steals else None, sum(1 for t in steals if t >= seconds * 2 / 3),
-                      track["worse"], track["within"], true_shares(), tuple(world.checker.violations))
+                      world.stats["worker handed_off"], steals[-1] if steals else None,
+                      sum(1 for t in steals if t >= seconds * 2 / 3), track["worse"], track["within"], true_shares(),
+                      tuple(world.checker.violations))
 
 
 __all__ = ["BalanceRun", "simulate_balance"]

@@ -226,7 +226,8 @@ class Checker:
         for key, shard, lease in self.owned_leases():
             if shard.trimmed or lease.is_ended:
                 continue
-            if shard.closed_at is not None and self.prefix.get(key, 0) == len(shard.positions) and lease.lease_owner is None:
+            read_to_end = shard.closed_at is not None and self.prefix.get(key, 0) == len(shard.positions)
+            if read_to_end and lease.lease_owner is None:
                 continue  # read to its end; waits for its parents' or its own end
             if lease.lease_owner is None:
                 if not self._blocked(lease):

@@ -120,9 +120,10 @@ class JavaPeer:
             if not expired:
                 continue
             try:
-                taken = self._update(key, "SET leaseOwner = :me, leaseCounter = :next ADD ownerSwitchesSinceCheckpoint :one",
-                                     "leaseCounter = :c", {":me": {"S": self.worker_id}, ":c": {"N": str(lease.lease_counter)},
-                                                           ":next": {"N": str(lease.lease_counter + 1)}, ":one": {"N": "1"}})
+                taken = self._update(key, "SET leaseOwner = :me, leaseCounter = :next "
+                                          "ADD ownerSwitchesSinceCheckpoint :one", "leaseCounter = :c",
+                                     {":me": {"S": self.worker_id}, ":c": {"N": str(lease.lease_counter)},
+                                      ":next": {"N": str(lease.lease_counter + 1)}, ":one": {"N": "1"}})
             except Exception:
                 continue
             if taken:

@@ -14,6 +14,7 @@ import bisect
 import random
 from dataclasses import dataclass, field
 from datetime import datetime
+from itertools import pairwise
 from typing import Any, Callable
 
 from botocore.exceptions import ClientError
@@ -130,7 +131,7 @@ class SimStream:
     def reshard(self) -> str:
         now = self.now()
         open_shards = sorted(self.open_shards(), key=lambda s: s.lo)
-        pairs = [(a, b) for a, b in zip(open_shards, open_shards[1:]) if a.hi + 1 == b.lo]
+        pairs = [(a, b) for a, b in pairwise(open_shards) if a.hi + 1 == b.lo]
         if pairs and (len(open_shards) > 3 or self.rng.random() < 0.4):
             a, b = self.rng.choice(pairs)
             a.closed_at = b.closed_at = now

@@ -208,7 +208,7 @@ class World(Engine):
 
     def _run(self) -> Result:
         sc = self.scenario
-        for i in range(sc.consumers):
+        for _ in range(sc.consumers):
             self.add_consumer(delay=self.rng.uniform(0.0, 3.0))
         if sc.java:
             peer = JavaPeer(self, self.new_host("java-host"), "java-peer-0")
@@ -228,8 +228,8 @@ class World(Engine):
         horizon = sc.steps * MAX_SECONDS_PER_STEP
         over = lambda: violated() or self.now >= horizon  # noqa: E731
         while not over() and self.steps < sc.steps and not self.idle():
-            due = events[0].step if events else sc.steps
-            self.run_until(lambda: over() or self.steps >= min(due, sc.steps))
+            due = min(events[0].step if events else sc.steps, sc.steps)
+            self.run_until(lambda due=due: over() or self.steps >= due)  # bound: the stop of this round only
             while events and events[0].step <= self.steps and not violated():
                 self._strike(events.pop(0))
         main_steps = self.steps
