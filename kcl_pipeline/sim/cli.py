@@ -7,7 +7,7 @@ import click
 
 from .mutations import MUTATIONS
 from .runner import SeedOutcome, replay_command, run_mutation, run_seed, run_seeds
-from .world import FAULTS
+from .scenario import FAULTS
 
 
 def _faults(text: str | None) -> tuple[str, ...]:

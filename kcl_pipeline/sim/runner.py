@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
 from .mutations import MUTATIONS
-from .world import FAULTS, Result, simulate
+from .scenario import FAULTS
+from .world import Result, simulate
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """One seeded world: a stream, a lease table shared with other applications, a landing zone, hosts with
-drifting clocks, our consumers (and maybe a Java KCL 2.x peer), and faults at chosen steps.
+drifting clocks, our consumers (and maybe a Java KCL 2.x peer), and faults at chosen steps (scenario.py).
 
 A run has two phases. The main phase runs `steps` steps (events of the system under test) while records
 are produced and faults strike. Then every fault heals, production stops, and the fleet must settle:
@@ -23,13 +23,10 @@ from .engine import Engine, Host
 from .java import JavaPeer
 from .kinesis import SimStream
 from .landing import Pipeline, ZoneStore
+from .scenario import FAULTS, FaultEvent, Scenario
 
 STREAM = "simstream"
 APPLICATION = "simapp"
-
-FAULTS = ("crash", "restart-same-id", "graceful-stop", "freeze-consumer", "freeze-worker", "partition",
-          "slow-dynamodb", "slow-heartbeats", "duplicate-id", "lost-responses", "throttling", "clock-drift",
-          "java-peer", "reshard")
 
 # The main phase ends after `steps` steps or this much virtual time per step, whichever comes first.
 MAX_SECONDS_PER_STEP = 0.5
@@ -43,70 +40,6 @@ FOREIGN_ITEMS = (
      "checkpointSubSequenceNumber": {"N": "0"}},
     {"leaseKey": {"S": "Migration3.0"}, "entityType": {"S": "COORDINATOR_STATE"}, "cs": {"S": "KCL_3X_COMPATIBLE"}},
 )
-
-
-@dataclass(frozen=True, order=True)
-class FaultEvent:
-    step: int
-    kind: str
-    draw: float  # a random number of its own, so its parameters do not depend on the history
-
-
-@dataclass(frozen=True)
-class Scenario:
-    seed: int
-    steps: int
-    faults: frozenset[str]
-    consumers: int
-    java: bool
-    shards: int
-    rate: float
-    retention: float
-    drift: float
-    leases_to_acquire: int
-    flush_records: int
-    kinesis_throttle: float
-    noise: bool
-    events: tuple[FaultEvent, ...]
-    scan_page_items: int | None = None  # items per scan page (small: a scan of a big table)
-    pipeline_period: float | None = None  # the pipeline commits checkpoints every so often (None: workers do)
-    liveness_slack: float = 6.0
-    settle_seconds: float = 240.0
-    hot: int = 1  # the first shard's traffic, in multiples of the others' (load-aware balance)
-    report_throughput: bool = True  # holders write throughputKBps (False: Java KCL 2.x's count balance)
-
-    @classmethod
-    def generate(cls, seed: int, steps: int, faults: Iterable[str] = FAULTS) -> "Scenario":
-        faults = frozenset(faults)
-        unknown = faults - set(FAULTS)
-        if unknown:
-            raise ValueError(f"unknown fault kinds: {', '.join(sorted(unknown))} (known: {', '.join(FAULTS)})")
-        rng = random.Random(f"scenario-{seed}")
-        strike = [k for k in FAULTS if k in faults and k not in ("clock-drift", "java-peer", "restart-same-id")]
-        count = rng.randint(0, 6) if strike else 0
-        events = sorted(FaultEvent(rng.randint(steps // 10, max(steps // 10, steps * 6 // 10)),
-                                   rng.choice(strike), rng.random()) for _ in range(count))
-        if "reshard" in faults:
-            events = sorted(events + [FaultEvent(rng.randint(steps // 20, steps * 7 // 10), "reshard", rng.random())
-                                      for _ in range(rng.randint(0, 3))])
-        java = "java-peer" in faults and rng.random() < 0.2
-        # The landing pipeline commits checkpoints in half the worlds; never beside a Java peer, which reads
-        # shards without landing them (a pipeline waiting for those records would wait for ever).
-        pipeline_period = rng.choice([None, rng.uniform(3.0, 20.0)])
-        return cls(seed=seed, steps=steps, faults=faults, consumers=rng.randint(1, 4),
-                   java=java, shards=rng.randint(1, 6),
-                   rate=rng.uniform(0.2, 0.9), retention=rng.uniform(150.0, 300.0),
-                   drift=0.01 if "clock-drift" in faults else 0.0, leases_to_acquire=rng.choice([1, 1, 2]),
-                   flush_records=rng.choice([1, 3, 8]), kinesis_throttle=rng.choice([0.0, 0.0, 0.05]),
-                   noise="lost-responses" in faults and rng.random() < 0.5, events=tuple(events),
-                   scan_page_items=rng.choice([None, None, 1, 2]),
-                   pipeline_period=None if java else pipeline_period, hot=rng.choice([1, 1, 1, 5]))
-
-    def describe(self) -> str:
-        kinds = Counter(e.kind for e in self.events)
-        return (f"{self.consumers} consumer(s){' + a Java peer' if self.java else ''}, {self.shards} shard(s)"
-                f"{f' (one {self.hot}x hot)' if self.hot > 1 else ''}, "
-                f"faults: {', '.join(f'{k}×{n}' for k, n in sorted(kinds.items())) or 'none'}")
 
 
 @dataclass
@@ -373,4 +306,4 @@ def simulate(seed: int, steps: int, faults: Iterable[str] = FAULTS, mutation: st
     return World(Scenario.generate(seed, steps, faults), mutation).run()
 
 
-__all__ = ["FAULTS", "Result", "Scenario", "World", "simulate"]
+__all__ = ["Result", "World", "simulate"]

@@ -13,7 +13,8 @@ import pytest
 
 from kcl_pipeline.sim.mutations import MUTATIONS
 from kcl_pipeline.sim.runner import replay_command, run_mutation, run_seed, run_seeds
-from kcl_pipeline.sim.world import FAULTS, Scenario, simulate
+from kcl_pipeline.sim.scenario import FAULTS, Scenario
+from kcl_pipeline.sim.world import simulate
 
 CI_SEEDS = 500
 STEPS = 1000

@@ -1,0 +1,80 @@
+"""What a seeded world is made of: how many consumers and shards, the traffic, the clocks' drift, and the
+faults that strike at chosen steps. The seed decides it all (`Scenario.generate`), so the seed is the replay.
+"""
+from __future__ import annotations
+
+import random
+from collections import Counter
+from dataclasses import dataclass
+from typing import Iterable
+
+FAULTS = ("crash", "restart-same-id", "graceful-stop", "freeze-consumer", "freeze-worker", "partition",
+          "slow-dynamodb", "slow-heartbeats", "duplicate-id", "lost-responses", "throttling", "clock-drift",
+          "java-peer", "reshard")
+
+
+@dataclass(frozen=True, order=True)
+class FaultEvent:
+    step: int
+    kind: str
+    draw: float  # a random number of its own, so its parameters do not depend on the history
+
+
+@dataclass(frozen=True)
+class Scenario:
+    seed: int
+    steps: int
+    faults: frozenset[str]
+    consumers: int
+    java: bool
+    shards: int
+    rate: float
+    retention: float
+    drift: float
+    leases_to_acquire: int
+    flush_records: int
+    kinesis_throttle: float
+    noise: bool
+    events: tuple[FaultEvent, ...]
+    scan_page_items: int | None = None  # items per scan page (small: a scan of a big table)
+    pipeline_period: float | None = None  # the pipeline commits checkpoints every so often (None: workers do)
+    liveness_slack: float = 6.0
+    settle_seconds: float = 240.0
+    hot: int = 1  # the first shard's traffic, in multiples of the others' (load-aware balance)
+    report_throughput: bool = True  # holders write throughputKBps (False: Java KCL 2.x's count balance)
+
+    @classmethod
+    def generate(cls, seed: int, steps: int, faults: Iterable[str] = FAULTS) -> "Scenario":
+        faults = frozenset(faults)
+        unknown = faults - set(FAULTS)
+        if unknown:
+            raise ValueError(f"unknown fault kinds: {', '.join(sorted(unknown))} (known: {', '.join(FAULTS)})")
+        rng = random.Random(f"scenario-{seed}")
+        strike = [k for k in FAULTS if k in faults and k not in ("clock-drift", "java-peer", "restart-same-id")]
+        count = rng.randint(0, 6) if strike else 0
+        events = sorted(FaultEvent(rng.randint(steps // 10, max(steps // 10, steps * 6 // 10)),
+                                   rng.choice(strike), rng.random()) for _ in range(count))
+        if "reshard" in faults:
+            events = sorted(events + [FaultEvent(rng.randint(steps // 20, steps * 7 // 10), "reshard", rng.random())
+                                      for _ in range(rng.randint(0, 3))])
+        java = "java-peer" in faults and rng.random() < 0.2
+        # The landing pipeline commits checkpoints in half the worlds; never beside a Java peer, which reads
+        # shards without landing them (a pipeline waiting for those records would wait for ever).
+        pipeline_period = rng.choice([None, rng.uniform(3.0, 20.0)])
+        return cls(seed=seed, steps=steps, faults=faults, consumers=rng.randint(1, 4),
+                   java=java, shards=rng.randint(1, 6),
+                   rate=rng.uniform(0.2, 0.9), retention=rng.uniform(150.0, 300.0),
+                   drift=0.01 if "clock-drift" in faults else 0.0, leases_to_acquire=rng.choice([1, 1, 2]),
+                   flush_records=rng.choice([1, 3, 8]), kinesis_throttle=rng.choice([0.0, 0.0, 0.05]),
+                   noise="lost-responses" in faults and rng.random() < 0.5, events=tuple(events),
+                   scan_page_items=rng.choice([None, None, 1, 2]),
+                   pipeline_period=None if java else pipeline_period, hot=rng.choice([1, 1, 1, 5]))
+
+    def describe(self) -> str:
+        kinds = Counter(e.kind for e in self.events)
+        return (f"{self.consumers} consumer(s){' + a Java peer' if self.java else ''}, {self.shards} shard(s)"
+                f"{f' (one {self.hot}x hot)' if self.hot > 1 else ''}, "
+                f"faults: {', '.join(f'{k}×{n}' for k, n in sorted(kinds.items())) or 'none'}")
+
+
+__all__ = ["FAULTS", "FaultEvent", "Scenario"]
