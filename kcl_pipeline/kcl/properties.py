@@ -5,12 +5,18 @@ ConsumerConfig field it means (times in milliseconds become seconds). Keys that 
 MultiLangDaemon (the child process to run, its thread pool, its user agent) are accepted and reported as
 ignored, so the file kclpy ships works unchanged. Any other key — a typo, or a KCL 3.x setting this
 consumer does not have — is an error naming the key: a setting silently dropped is a surprise in production.
+
+The file's syntax is Java's own: `parse_properties` reads what `java.util.Properties.load` reads, with its
+escapes and continuations (through `javaproperties`), so a file the MultiLangDaemon accepts means the same here.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable
+
+import javaproperties
 
 from .config import ConfigError, InitialPosition, consumer_default
 from .core.model import AT_TIMESTAMP
@@ -73,48 +79,53 @@ IGNORED = frozenset({
 KNOWN = frozenset(MAPPED) | frozenset(_SPECIAL) | IGNORED
 # boto3's default chain (environment, profile, container and instance roles) is Java's default provider.
 _DEFAULT_PROVIDERS = {"DefaultCredentialsProvider", "DefaultAWSCredentialsProviderChain"}
+_LINE_END = re.compile(r"\r\n|\r|\n")
 
 
-def parse_properties(text: str, source: str = "properties") -> dict[str, str]:
-    """Java .properties syntax: `key = value` or `key: value`, `#`/`!` comments, `\\` line continuations.
+def parse_properties(text: str | bytes, source: str = "properties") -> dict[str, str]:
+    """Keys and values as Java's `Properties.load` reads them (the `javaproperties` package implements it).
 
-    A key given twice is an error (Java keeps the last silently; here it is most likely a mistake).
+    `key = value`, `key: value` and `key value`; `#`/`!` comments; a line ending in an odd number of
+    backslashes continues on the next (whose leading whitespace is dropped); escapes `\\uXXXX`, `\\t`,
+    `\\n`, `\\r`, `\\f`, `\\\\`, and a backslash before any other character is that character (`a\\=b`
+    is the key `a=b`); a key alone has the empty value; a value keeps its trailing whitespace. Bytes are read
+    as ISO-8859-1, as `Properties.load(InputStream)` (the MultiLangDaemon's) reads a file.
+
+    Where Java differs, it is on purpose: a key given twice is an error naming both lines (Java keeps the
+    last silently; here it is most likely a mistake), and a malformed `\\u` escape names its line.
     """
     entries: dict[str, str] = {}
-    logical = ""
-    start_line = 0
-    for number, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip() if not logical else raw.lstrip()
-        if not logical and (not line or line[0] in "#!"):
-            continue
-        if not logical:
-            start_line = number
-        if line.endswith("\\") and not line.endswith("\\\\"):
-            logical += line[:-1]
-            continue
-        logical += line
-        key, sep, value = _split(logical)
-        if not sep or not key:
-            raise ConfigError(f"{source}:{start_line}: expected `key = value`, got {logical!r}")
-        if key in entries:
-            raise ConfigError(f"{source}:{start_line}: {key} is set twice")
-        entries[key] = value
-        logical = ""
-    if logical:
-        raise ConfigError(f"{source}:{start_line}: the file ends inside a continued line")
+    first_line: dict[str, int] = {}
+    line = 1  # where the next element starts
+    try:
+        for element in javaproperties.parse(text):
+            if isinstance(element, javaproperties.KeyValue):
+                if element.key in entries:
+                    raise ConfigError(f"{source}:{line}: {element.key} is set twice "
+                                      f"(first on line {first_line[element.key]})")
+                entries[element.key] = element.value
+                first_line[element.key] = line
+            line += _lines(element.source)
+    except javaproperties.InvalidUEscapeError as exc:
+        raise ConfigError(f"{source}:{line}: malformed \\uXXXX escape {exc.escape!r} "
+                          f"(four hexadecimal digits expected)") from None
     return entries
 
 
-def _split(line: str) -> tuple[str, str, str]:
-    cut = min((i for i in (line.find("="), line.find(":")) if i >= 0), default=-1)
-    if cut < 0:
-        return line.strip(), "", ""
-    return line[:cut].strip(), line[cut], line[cut + 1:].strip()
+def _lines(source: str) -> int:
+    """How many physical lines an element spans (Java's line ends: \\n, \\r, \\r\\n)."""
+    ends = len(_LINE_END.findall(source))
+    return ends if source.endswith(("\n", "\r")) else ends + 1
 
 
 def import_properties(entries: dict[str, str]) -> PropertiesImport:
-    """The ConsumerConfig settings a kclpy/Java KCL properties file means. Unknown keys are an error."""
+    """The ConsumerConfig settings a kclpy/Java KCL properties file means. Unknown keys are an error.
+
+    Values are read trimmed: whitespace a file cannot show (Java keeps a value's trailing blanks) would
+    otherwise make a stream, application or region name that AWS refuses.
+    """
     unknown = sorted(set(entries) - KNOWN)
+    entries = {key: value.strip() for key, value in entries.items()}
     if unknown:
         raise ConfigError(
             f"unknown propert{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)}; supported: "
@@ -171,8 +182,8 @@ def _initial_position(entries: dict[str, str]) -> InitialPosition | None:
 
 def read_properties_file(path: str) -> PropertiesImport:
     try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
+        with open(path, "rb") as fh:
+            text = fh.read()  # bytes: ISO-8859-1, as Java's Properties.load(InputStream) reads them
     except OSError as exc:
         raise ConfigError(f"cannot read properties file {path}: {exc.strerror}") from None
     return import_properties(parse_properties(text, path))

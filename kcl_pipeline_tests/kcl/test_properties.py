@@ -1,5 +1,11 @@
-"""`consume --properties FILE`: a kclpy / Java KCL properties file, as kclpy ships it, configures the consumer."""
+"""`consume --properties FILE`: a kclpy / Java KCL properties file, as kclpy ships it, configures the consumer;
+its syntax is read as Java's `Properties.load` reads it."""
 from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -7,7 +13,7 @@ from click.testing import CliRunner
 from kcl_pipeline.cli import main
 from kcl_pipeline.kcl.config import ConfigError
 from kcl_pipeline.kcl.core.model import AT_TIMESTAMP, LATEST
-from kcl_pipeline.kcl.properties import IGNORED, MAPPED, import_properties, parse_properties
+from kcl_pipeline.kcl.properties import IGNORED, MAPPED, import_properties, parse_properties, read_properties_file
 
 # kclpy's samples/sample.properties: its keys and values as shipped (comments shortened), KCL 3.x keys commented.
 KCLPY_SAMPLE = """\
@@ -135,11 +141,14 @@ def test_unknown_key_is_rejected_by_name_exit_2(tmp_path, captured):
 
 
 @pytest.mark.parametrize("text, message", [
-    ("streamName = a\nstreamName = b\n", "streamName is set twice"),
-    ("streamName\n", "expected `key = value`"),
-    ("streamName = a \\\n", "ends inside a continued line"),
+    ("streamName = a\nstreamName = b\n", "f.properties:2: streamName is set twice \\(first on line 1\\)"),
+    # the line count goes by physical lines: continuations, comments and blank lines included
+    ("# c\nworkerId = a\\\n  b\n\nstreamName = a\nstreamName = b\n",
+     "f.properties:6: streamName is set twice \\(first on line 5\\)"),
+    ("a = 1\r\nstreamName: a\rstreamName b\n", "f.properties:3: streamName is set twice \\(first on line 2\\)"),
+    ("streamName = a\nworkerId = h\\u00g6\n", "f.properties:2: malformed \\\\uXXXX escape '\\\\\\\\u00g6'"),
 ])
-def test_malformed_properties_name_the_line(text, message):
+def test_a_key_set_twice_or_a_malformed_escape_names_the_line(text, message):
     with pytest.raises(ConfigError, match=message):
         parse_properties(text, "f.properties")
 
@@ -158,6 +167,141 @@ def test_bad_values_are_clear_errors(entries, message):
 
 def test_continuations_and_colons_follow_java_syntax():
     assert parse_properties("! comment\nstreamName: a\\\n  b\n") == {"streamName": "ab"}
+
+
+# Java's Properties.load on each file (checked against Java itself below, when a JDK is on PATH).
+JAVA_SYNTAX = {
+    "whitespace_separator": (b"streamName kclpysample\napplicationName\tapp\nregionName\fus-east-1\n",
+                             {"streamName": "kclpysample", "applicationName": "app", "regionName": "us-east-1"}),
+    "colon_equals_and_a_second_separator": (b"streamName:s\napplicationName   =   app\nworkerId = = w\n",
+                                            {"streamName": "s", "applicationName": "app", "workerId": "= w"}),
+    "unicode_escape": (b"workerId = h\\u00f6st-\\u0031\n", {"workerId": "h\u00f6st-1"}),
+    "surrogate_pair_escape": (b"workerId = \\ud83d\\ude00\n", {"workerId": "\U0001F600"}),
+    "escaped_backslash": (b"workerId = a\\\\b\n", {"workerId": "a\\b"}),
+    "escaped_separators_in_keys": (b"a\\=b = c\nd\\:e:f\ng\\ h i\n", {"a=b": "c", "d:e": "f", "g h": "i"}),
+    "odd_backslashes_continue_the_line": (b"workerId = a\\\\\\\n    b\nstreamName = s\n",
+                                          {"workerId": "a\\b", "streamName": "s"}),
+    "even_backslashes_end_the_line": (b"workerId = a\\\\\nstreamName = s\n",
+                                      {"workerId": "a\\", "streamName": "s"}),
+    "backslash_then_spaces_is_no_continuation": (b"workerId = a\\  \nstreamName = s\n",
+                                                 {"workerId": "a  ", "streamName": "s"}),
+    "key_alone_has_the_empty_value": (b"workerId\nstreamName=\n", {"workerId": "", "streamName": ""}),
+    "trailing_whitespace_is_kept": (b"workerId = w  \n", {"workerId": "w  "}),
+    "comment_lines_never_continue": (b"  # c \\\nstreamName = s\n! c\n", {"streamName": "s"}),
+    "continuation_at_the_end_of_the_file": (b"streamName = s\\", {"streamName": "s"}),
+    "an_empty_line_ends_a_continued_entry": (b"workerId = a\\\n\n b\n", {"workerId": "a", "b": ""}),
+    "a_continued_line_may_start_with_a_hash": (b"workerId = a\\\n  #b\n", {"workerId": "a#b"}),
+    "a_blank_line_may_be_continued": (b"  \\\n  streamName = s\n", {"streamName": "s"}),
+    "control_and_unknown_escapes": (b"workerId = a\\tb\\nc\\qd\n", {"workerId": "a\tb\ncqd"}),
+    "crlf_and_lone_cr_line_ends": (b"streamName = s\r\napplicationName = a\rworkerId = w\n",
+                                   {"streamName": "s", "applicationName": "a", "workerId": "w"}),
+    "bytes_are_iso_8859_1": (b"workerId = caf\xe9\n", {"workerId": "caf\u00e9"}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(JAVA_SYNTAX))
+def test_java_syntax_is_read_as_java_reads_it(name):
+    text, expected = JAVA_SYNTAX[name]
+    assert parse_properties(text) == expected
+
+
+# kclpy's sample as Java's Properties.load reads it.
+KCLPY_SAMPLE_ENTRIES = {
+    "executableName": "sample_kclpy_app.py", "streamArn": "arn:aws:kinesis:us-east-5:000000000000:stream/kclpysample",
+    "streamName": "kclpysample", "applicationName": "PythonKCLSample",
+    "AwsCredentialsProvider": "DefaultCredentialsProvider", "processingLanguage": "python/3.8",
+    "initialPositionInStream": "TRIM_HORIZON", "regionName": "us-east-1",
+}
+
+
+def test_the_sample_file_is_read_as_java_reads_it():
+    assert parse_properties(KCLPY_SAMPLE.encode()) == KCLPY_SAMPLE_ENTRIES
+
+
+_LOAD_PROPERTIES_JAVA = """\
+import java.io.FileInputStream;
+import java.io.InputStream;
+import java.util.Properties;
+import java.util.TreeMap;
+
+public class LoadProperties {
+    public static void main(String[] args) throws Exception {
+        for (String path : args) {
+            Properties properties = new Properties();
+            try (InputStream in = new FileInputStream(path)) { properties.load(in); }
+            StringBuilder out = new StringBuilder("{");
+            for (var entry : new TreeMap<Object, Object>(properties).entrySet()) {
+                if (out.length() > 1) out.append(", ");
+                out.append(quote((String) entry.getKey())).append(": ").append(quote((String) entry.getValue()));
+            }
+            System.out.println(out.append("}"));
+        }
+    }
+
+    static String quote(String text) {  // JSON, every UTF-16 unit escaped: nothing lost to a console encoding
+        StringBuilder out = new StringBuilder("\\"");
+        for (char c : text.toCharArray()) out.append(String.format("\\\\u%04x", (int) c));
+        return out.append("\\"").toString();
+    }
+}
+"""
+
+
+def _java_reads(files: list[bytes], where: Path) -> list[dict[str, str]]:
+    """What java.util.Properties.load(InputStream) — the MultiLangDaemon's reader — reads from each file."""
+    (where / "LoadProperties.java").write_text(_LOAD_PROPERTIES_JAVA)
+    paths = []
+    for i, data in enumerate(files):
+        (where / f"{i}.properties").write_bytes(data)
+        paths.append(str(where / f"{i}.properties"))
+    result = subprocess.run(["java", str(where / "LoadProperties.java"), *paths], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+@pytest.mark.skipif(shutil.which("java") is None, reason="no JDK on PATH (CI has Java 17)")
+def test_the_listed_cases_and_the_sample_are_what_java_itself_reads(tmp_path):
+    """The expectations above are Java's, not ours: the JDK's Properties.load reads each file."""
+    cases = {name: JAVA_SYNTAX[name] for name in sorted(JAVA_SYNTAX)}
+    cases["kclpy sample"] = (KCLPY_SAMPLE.encode(), KCLPY_SAMPLE_ENTRIES)
+    read = _java_reads([text for text, _ in cases.values()], tmp_path)
+    assert dict(zip(cases, read, strict=True)) == {name: expected for name, (_, expected) in cases.items()}
+
+
+def test_a_java_syntax_file_configures_the_consumer(tmp_path, captured):
+    text = (b"# Java's syntax throughout\n"
+            b"streamName kclpysample\n"
+            b"applicationName: Python\\u004bCL\\\n"
+            b"    Sample\n"
+            b"workerId = host\\=7\n"
+            b"regionName = us-east-1   \n"  # trailing blanks: Java keeps them, the import trims them
+            b"failoverTimeMillis 20000\n")
+    path = tmp_path / "java.properties"
+    path.write_bytes(text)
+    result = CliRunner().invoke(main, ["consume", "--properties", str(path), "--sink", f"jsonl:{tmp_path}/out"])
+    assert result.exit_code == 0, result.output
+    (config,) = captured
+    assert (config.stream, config.application, config.worker_id, config.aws.region, config.lease_expiry_seconds) == \
+        ("kclpysample", "PythonKCLSample", "host=7", "us-east-1", 20.0)
+
+
+def test_a_key_alone_is_an_empty_value_and_refused_by_name(tmp_path, captured):
+    result = _consume(tmp_path, "streamName\napplicationName = a\n")
+    assert result.exit_code == 2 and "property streamName is empty" in result.output
+    assert captured == []
+
+
+def test_a_malformed_escape_in_the_file_is_exit_2_naming_the_file_and_line(tmp_path, captured):
+    result = _consume(tmp_path, "streamName = s\napplicationName = \\u12\n")
+    assert result.exit_code == 2 and "sample.properties:2: malformed \\uXXXX escape" in result.output
+    assert captured == []
+
+
+def test_the_file_is_read_as_iso_8859_1_as_java_reads_it(tmp_path):
+    path = tmp_path / "latin1.properties"
+    path.write_bytes(b"streamName = s\nworkerId = caf\xe9\n")
+    assert read_properties_file(str(path)).settings["worker_id"] == "caf\u00e9"
 
 
 def test_missing_file_and_missing_stream_are_exit_2(tmp_path, captured):
