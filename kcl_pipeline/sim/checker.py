@@ -17,19 +17,22 @@ user record the stream holds, every delivery and every landed copy. Checked at e
 Checked once the faults stopped and the fleet settled: every record delivered and landed, every lease of
 an open shard owned and worked, and the live consumers balanced — by load within the stated tolerance
 while leases report traffic (lease granularity permitting), else within one lease.
+
+The checker is built from narrow inputs, not from the world: the stream, the landing store, the lease
+table's items, the foreign items, and a view of the fleet (fleet.py), plus the clock and the trace.
 """
 from __future__ import annotations
 
 import bisect
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable, Mapping
 
+from ..kcl.config import ConsumerConfig
 from ..kcl.core.balance import imbalance, reported_load
+from ..kcl.core.lease_codec import lease_from_item
 from ..kcl.core.model import Checkpoint
-from ..kcl.shells.lease_table import lease_from_item
-from .consumer import SimWorker
-
-if TYPE_CHECKING:
-    from .world import World
+from .fleet import FleetView
+from .kinesis import SimStream
+from .landing import ZoneStore
 
 
 def _order(cp: Checkpoint) -> tuple:
@@ -41,8 +44,18 @@ def _order(cp: Checkpoint) -> tuple:
 
 
 class Checker:
-    def __init__(self, world: "World"):
-        self.world = world
+    def __init__(self, *, stream: SimStream, store: ZoneStore, items: Mapping[str, dict], foreign: Mapping[str, dict],
+                 fleet: FleetView, config: ConsumerConfig, liveness_slack: float, now: Callable[[], float],
+                 note: Callable[[str], None]):
+        self.stream = stream
+        self.store = store
+        self.items = items          # the lease table's items, live (our leases and everyone else's)
+        self.foreign = dict(foreign)  # items of other applications: never to be changed
+        self.fleet = fleet
+        self.config = config        # the fleet's timings: expiry, cycle, leases taken per cycle
+        self.liveness_slack = liveness_slack
+        self.now = now
+        self.note = note
         self.violations: list[str] = []
         self.delivered: dict[str, set] = {}
         self.prefix: dict[str, int] = {}
@@ -52,18 +65,16 @@ class Checker:
         self.unworked_since: dict[str, tuple[float, tuple]] = {}
         self.able_before: frozenset[int] = frozenset()
         self.most_orphans = 0
-        self.foreign: dict[str, dict] = {}
         self.deliveries = 0
         self.redelivered = 0
 
     def violation(self, message: str) -> None:
         if not self.violations:
-            self.world.note(f"VIOLATION {message}")
-        self.violations.append(f"t={self.world.now:.3f}: {message}")
+            self.note(f"VIOLATION {message}")
+        self.violations.append(f"t={self.now():.3f}: {message}")
 
     # -- the lease table -----------------------------------------------------------------------------------
     def on_write(self, table: str, key: str, before: dict | None, after: dict | None, actor: Any) -> None:
-        world = self.world
         if key in self.foreign:
             self.violation(f"{actor} changed {key}, an item this consumer does not own: {before} -> {after}")
             return
@@ -72,11 +83,12 @@ class Checker:
         if new is None:
             self.holder.pop(key, None)
             return
-        shard = world.stream.shards.get(key)
+        shard = self.stream.shards.get(key)
         if shard is None:
             self.violation(f"{actor} wrote lease {key}, which is no shard of the stream")
             return
-        if (old is not None and old.is_ended and isinstance(actor, SimWorker) and new.lease_owner == actor.worker_id
+        worker = self.fleet.worker_of(actor)
+        if (old is not None and old.is_ended and worker is not None and new.lease_owner == worker.worker_id
                 and (old.lease_owner, old.lease_counter) != (new.lease_owner, new.lease_counter)):
             self.violation(f"{actor} acquired {key}, whose shard had already ended (SHARD_END)")
         if old is not None and _order(new.checkpoint) < _order(old.checkpoint):
@@ -92,18 +104,17 @@ class Checker:
             if bisect.bisect_right(shard.positions, cp.key()) > self.prefix.get(key, 0):
                 self.violation(f"{actor} checkpointed {key} at {cp}, past an undelivered record")
         if old is None or (old.lease_owner, old.lease_counter) != (new.lease_owner, new.lease_counter):
-            if isinstance(actor, SimWorker) and new.lease_owner == actor.worker_id:
-                self.holder[key] = actor
-                actor.applied_sent_true = actor.inflight_sent_true
+            if worker is not None and new.lease_owner == worker.worker_id:
+                self.holder[key] = worker
+                worker.applied_sent_true = worker.inflight_sent_true
             else:
                 # A worker writing a lease it does not own (its release, or its last write of a hand-off)
                 # leaves nobody known to hold it until the owner's own write.
-                self.holder[key] = actor if new.lease_owner is not None and not isinstance(actor, SimWorker) else None
+                self.holder[key] = actor if new.lease_owner is not None and worker is None else None
 
     # -- deliveries ----------------------------------------------------------------------------------------
     def on_deliver(self, worker: Any, shard_id: str, records, java: bool = False) -> None:
-        world = self.world
-        now = world.now
+        now = self.now()
         positions = [r.position() for r in records] if not java else list(records)
         if not java:
             holder = self.holder.get(shard_id)
@@ -122,11 +133,11 @@ class Checker:
                     self.violation(f"{worker!r} delivered {shard_id} again after worker {serials[-1]} started "
                                    f"delivering it: two workers delivered one shard at once")
                 serials.append(worker.serial)
-        shard = world.stream.shards[shard_id]
+        shard = self.stream.shards[shard_id]
         if shard_id not in self.started:
             self.started.add(shard_id)
             for parent_id in shard.parents:
-                parent = world.stream.shards[parent_id]
+                parent = self.stream.shards[parent_id]
                 missing = len(parent.positions) - self.prefix.get(parent_id, 0)
                 if parent.closed_at is None or missing:
                     self.violation(f"{worker!r} delivered the first record of {shard_id} while its parent "
@@ -145,38 +156,35 @@ class Checker:
         self.prefix[shard_id] = prefix
 
     def on_land(self, shard_id: str, positions) -> None:
-        landed = self.world.store.landed
+        landed = self.store.landed
         for p in positions:
             if landed[(shard_id, p)] > 1:
                 self.violation(f"record {shard_id} {p[1]}/{p[2]} landed twice")
                 return
 
     def on_trim(self, shard_id: str) -> None:
-        shard = self.world.stream.shards[shard_id]
+        shard = self.stream.shards[shard_id]
         missing = len(shard.positions) - self.prefix.get(shard_id, 0)
         if missing:
             self.violation(f"{shard_id} left the stream (retention) with {missing} records never delivered")
 
     # -- liveness ------------------------------------------------------------------------------------------
     def owned_leases(self):
-        items = self.world.dynamodb.tables[self.world.table_name].items
-        for key, shard in self.world.stream.shards.items():
-            item = items.get(key)
+        for key, shard in self.stream.shards.items():
+            item = self.items.get(key)
             if item is not None:
                 yield key, shard, lease_from_item(item)
 
     def worked(self, key: str, owner: str) -> bool:
-        world = self.world
-        for worker in world.workers_by_key(key):
+        for worker in self.fleet.workers_by_key(key):
             if worker.worker_id == owner and worker.working():
                 return True
-        return any(peer.works(key) for peer in world.java_peers)
+        return any(peer.works(key) for peer in self.fleet.java_peers)
 
     def audit(self) -> None:
         """Every few seconds: owned-but-unworked leases (a failover that does not happen)."""
-        world = self.world
-        now = world.now
-        able_now = frozenset(id(c) for c in world.consumers if c.able())
+        now = self.now()
+        able_now = frozenset(id(c) for c in self.fleet.consumers if c.able())
         able = bool(able_now)
         # A consumer that could take over and then could not (crashed, frozen, cut off) restarts the clock:
         # whoever takes over instead must first watch the lease unchanged for an expiry of its own.
@@ -189,9 +197,9 @@ class Checker:
         orphans = sum(1 for key, shard, lease in owned if lease.lease_owner is not None and not lease.is_ended
                       and not shard.trimmed and not self.worked(key, lease.lease_owner))
         self.most_orphans = max(self.most_orphans, orphans) if orphans else 0
-        queue = max(0, self.most_orphans - world.config.leases_to_acquire) * world.config.lease_expiry_seconds / 4
-        bound = (world.config.lease_expiry_seconds + world.config.cycle_seconds + world.scenario.liveness_slack
-                 + queue)
+        config = self.config
+        queue = max(0, self.most_orphans - config.leases_to_acquire) * config.lease_expiry_seconds / 4
+        bound = config.lease_expiry_seconds + config.cycle_seconds + self.liveness_slack + queue
         for key, shard, lease in owned:
             if lease.lease_owner is None or lease.is_ended or shard.trimmed or self.worked(key, lease.lease_owner):
                 self.unworked_since.pop(key, None)
@@ -204,23 +212,23 @@ class Checker:
                 continue
             if now - since > bound:
                 self.violation(f"lease {key} owned by {lease.lease_owner} has not been worked for {now - since:.1f}s "
-                               f"(bound: expiry + cycle + {world.scenario.liveness_slack:.0f}s"
+                               f"(bound: expiry + cycle + {self.liveness_slack:.0f}s"
                                + (f" + {queue:.1f}s for {self.most_orphans} orphaned leases)" if queue else ")"))
                 self.unworked_since[key] = (now, taker)
 
     def settled(self) -> list[str]:
         """What still keeps the fleet from having settled (empty: it has)."""
-        world = self.world
+        fleet = self.fleet
         problems: list[str] = []
-        for shard_id, shard in world.stream.shards.items():
+        for shard_id, shard in self.stream.shards.items():
             missing = len(shard.positions) - self.prefix.get(shard_id, 0)
             if missing:
                 problems.append(f"{shard_id} has {missing} of {len(shard.positions)} records never delivered")
-            if world.landing_checked():
-                unlanded = sum(1 for p in shard.positions if (shard_id, p) not in world.store.landed)
+            if fleet.landing_checked():
+                unlanded = sum(1 for p in shard.positions if (shard_id, p) not in self.store.landed)
                 if unlanded:
                     problems.append(f"{shard_id} has {unlanded} records never landed")
-        live = world.live_worker_ids()
+        live = fleet.live_worker_ids()
         counts = {worker_id: 0 for worker_id in live}
         held: dict[str, dict[str, float | None]] = {worker_id: {} for worker_id in live}
         for key, shard, lease in self.owned_leases():
@@ -238,16 +246,15 @@ class Checker:
                 held[lease.lease_owner][key] = reported_load(lease)
             if not self.worked(key, lease.lease_owner):
                 problems.append(f"lease {key} is owned by {lease.lease_owner} but nobody works it")
-        if counts and not world.java_peers:
+        if counts and not fleet.java_peers:
             problem = imbalance(held)
             if problem:
                 problems.append(problem)
         return problems
 
     def _blocked(self, lease) -> bool:
-        items = self.world.dynamodb.tables[self.world.table_name].items
         for parent in lease.parent_shard_ids:
-            item = items.get(parent)
+            item = self.items.get(parent)
             if item is not None and lease_from_item(item).checkpoint.sequence_number != "SHARD_END":
                 return True
         return False

@@ -79,21 +79,22 @@ class World(Engine):
         self.worker_metrics: dict[str, float] = {}  # the worker metrics table: worker id → last update
         self._serials = 0
         self.dynamodb = SimDynamoDB()
-        self.checker = Checker(self)
         LeaseTable(self.table_name, SimDynamoDBClient(self.dynamodb, self.child_rng())).ensure_table()
         table = self.dynamodb.tables[self.table_name]
-        for item in FOREIGN_ITEMS:
-            table.items[item["leaseKey"]["S"]] = item
-            self.checker.foreign[item["leaseKey"]["S"]] = item
-        self.dynamodb.observers.append(self.checker.on_write)
+        foreign = {item["leaseKey"]["S"]: item for item in FOREIGN_ITEMS}
+        table.items.update(foreign)
         self.reader = SimDynamoDBClient(self.dynamodb, self.child_rng())  # instant, faultless reads (the sim's)
         self.stream = SimStream(STREAM, self.child_rng(), scenario.shards, lambda: self.now, scenario.retention)
         self.store = ZoneStore(STREAM)
-        self.store.on_land = self.checker.on_land
         self.consumers: list[SimConsumer] = []
         self.java_peers: list[JavaPeer] = []
         self.workers: list[SimWorker] = []
-        self._by_key: dict[str, list[SimWorker]] = {}
+        # The checker sees the stream, the store, the table's items and this world as a fleet view (fleet.py).
+        self.checker = Checker(stream=self.stream, store=self.store, items=table.items, foreign=foreign, fleet=self,
+                               config=self.config, liveness_slack=scenario.liveness_slack, now=lambda: self.now,
+                               note=self.note)
+        self.dynamodb.observers.append(self.checker.on_write)
+        self.store.on_land = self.checker.on_land
         self.producing = True
         self.settling = False
         self._restores: list = []
@@ -122,14 +123,15 @@ class World(Engine):
         self.note(f"start {consumer!r}")
         return consumer
 
+    # -- the fleet, as the checker sees it (fleet.FleetView) -----------------------------------------------
     def workers_by_key(self, key: str) -> list[SimWorker]:
         return [w for w in self.workers if w.key == key and not w.finished]
 
+    def worker_of(self, actor: object) -> SimWorker | None:
+        return actor if isinstance(actor, SimWorker) else None
+
     def live_worker_ids(self) -> set[str]:
         return {c.worker_id for c in self.consumers if c.alive() and not c.stopping}
-
-    def takeover_possible(self) -> bool:
-        return any(c.able() for c in self.consumers)
 
     def landing_checked(self) -> bool:
         return not self.java_peers  # a Java peer's records are delivered, not landed
