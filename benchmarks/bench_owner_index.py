@@ -21,9 +21,10 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from kcl_pipeline.kcl.core.lease_codec import OWNER_INDEX_NAME  # noqa: E402
 from kcl_pipeline.kcl.core.model import Checkpoint, Lease  # noqa: E402
 from kcl_pipeline.kcl.shells.aws import client  # noqa: E402
-from kcl_pipeline.kcl.shells.lease_table import OWNER_INDEX_NAME, LeaseTable  # noqa: E402
+from kcl_pipeline.kcl.shells.lease_table import LeaseTable  # noqa: E402
 from kcl_pipeline.local.emulators import EmulatorStack  # noqa: E402
 
 SEQUENCE = "49590338271490256608559692538361571095921575989136588898"  # a realistic 56-digit sequence number

@@ -27,8 +27,8 @@ def friendly_errors(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        from .kcl.core.lease_codec import LeaseTableError
         from .kcl.shells.kcl3_tables import Kcl3FleetActive
-        from .kcl.shells.lease_table import LeaseTableError
         from .kcl.shells.shards import KinesisError
         from .landing.errors import LandingError
 
@@ -509,9 +509,10 @@ def _audit_streams(streams, zone: str, output: str, application: str, window_ms:
     import dataclasses
 
     from .defs.kinesis.streams import PipelineStream
+    from .kcl.core.lease_codec import LeaseTableMissing
     from .kcl.core.streams import stream_name
     from .kcl.shells.aws import client
-    from .kcl.shells.lease_table import LeaseTable, LeaseTableMissing
+    from .kcl.shells.lease_table import LeaseTable
     from .landing.audit import AuditReport
     from .landing.stream_slice import read_slice
 

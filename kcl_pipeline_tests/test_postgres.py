@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 from kcl_pipeline.defs.home import INSTANCE_FILES, POSTGRES_URL_ENV, prepare_dagster_home
+from kcl_pipeline.kcl.core.lease_codec import LeaseTableError
 from kcl_pipeline.kcl.shells.aws import AwsSettings, client
-from kcl_pipeline.kcl.shells.lease_table import LeaseTable, LeaseTableError
+from kcl_pipeline.kcl.shells.lease_table import LeaseTable
 from kcl_pipeline.local.emulators import free_port
 
 

@@ -15,11 +15,12 @@ from ..kcl.config import ConsumerConfig
 from ..kcl.core import cycle as cyc
 from ..kcl.core import lease_life as life
 from ..kcl.core.balance import ThroughputMeter, reported_load
+from ..kcl.core.lease_codec import encode_value
 from ..kcl.core.lease_hold import LeaseHold, LeaseTiming, Outcome
 from ..kcl.core.lease_rules import HANDOFF_ATTRIBUTE, check_heartbeat_attributes
 from ..kcl.core.model import Lease
 from ..kcl.processor import InitializationInput, ProcessRecordsInput
-from ..kcl.shells.lease_table import LeaseTable, encode_value
+from ..kcl.shells.lease_table import LeaseTable
 from ..kcl.shells.reader import ShardReader
 from ..kcl.shells.shards import list_shards
 from ..kcl.shells.worker import LEASE_TABLE_ATTEMPTS, lease_table_read_timeout

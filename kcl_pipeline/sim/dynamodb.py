@@ -3,7 +3,7 @@
 `SimDynamoDB` is the service: tables of items in DynamoDB's JSON form; every PutItem / UpdateItem /
 DeleteItem is applied only if its ConditionExpression holds (expressions.py evaluates the very strings
 `LeaseTable` builds), with DynamoDB's validation (placeholders defined and used, the key never updated,
-items under 400 KB). A wrong condition in lease_table.py therefore misbehaves here as it would on AWS.
+items under 400 KB). A wrong condition in lease_codec.py therefore misbehaves here as it would on AWS.
 
 `SimDynamoDBClient` is one process's client: the methods `LeaseTable` calls, botocore's standard retry
 mode (8 attempts, jittered exponential back-off capped at 20 s), and per-attempt faults drawn from a seeded

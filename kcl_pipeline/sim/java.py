@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from botocore.exceptions import ClientError
 
 from ..kcl.core.model import SHARD_END, TRIM_HORIZON
-from ..kcl.shells.lease_table import lease_from_item
+from ..kcl.core.lease_codec import lease_from_item
 from .dynamodb import SimDynamoDBClient
 from .engine import Host, Scope
 

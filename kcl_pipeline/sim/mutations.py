@@ -67,15 +67,11 @@ _ACQUIRE_ENDED = _Rewrite(r"leaseCounter = :observed AND checkpoint <> :SHARD_EN
                           lambda m: "leaseCounter = :observed AND :SHARD_END = :SHARD_END")
 
 
-def _write_reporting_ambiguity_as_lost(self, operation, judge, key, *, returns=False, **request):
-    """LeaseTable._write before the fix: a failed condition or a lost answer means "someone else won"."""
-    try:
-        response = getattr(self.client, operation)(**request)
-    except Exception as exc:
-        if lease_table._is_condition_failure(exc) or isinstance(exc, lease_table._AMBIGUOUS):
-            return False
-        raise self._error(operation, exc) from exc
-    return response if returns else True
+def _settle_ambiguity_as_lost(self, write, exc):
+    """LeaseTable._settle before the fix: a failed condition or a lost answer means "someone else won"."""
+    if lease_table.is_condition_failure(exc) or isinstance(exc, lease_table.AMBIGUOUS_FAILURES):
+        return lease_table.WriteResult(False)
+    raise self._error(write.operation, exc) from exc
 
 
 def _renewed_from_answer(original):
@@ -114,7 +110,7 @@ def active(name: str | None, world: Any) -> Iterator[None]:
             stack.enter_context(mock.patch.object(lease_life, "blocked_on_parents", never_blocked))
             stack.enter_context(mock.patch.object(planner, "blocked_on_parents", never_blocked))
         elif name == "ambiguous-as-lost":
-            stack.enter_context(mock.patch.object(lease_table.LeaseTable, "_write", _write_reporting_ambiguity_as_lost))
+            stack.enter_context(mock.patch.object(lease_table.LeaseTable, "_settle", _settle_ambiguity_as_lost))
         elif name == "land-without-fence":
             stack.enter_context(mock.patch.object(landing.LandingProcessor, "resume_position", lambda self: None))
             stack.enter_context(mock.patch.object(

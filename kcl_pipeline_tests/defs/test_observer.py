@@ -15,8 +15,8 @@ from dagster import AssetMaterialization
 from kcl_pipeline.defs.kinesis import sensors
 from kcl_pipeline.defs.kinesis.resources import KinesisConsumerResource
 from kcl_pipeline.defs.kinesis.sensors import Cursor
+from kcl_pipeline.kcl.core.lease_codec import LeaseTableMissing
 from kcl_pipeline.kcl.core.model import TRIM_HORIZON
-from kcl_pipeline.kcl.shells.lease_table import LeaseTableMissing
 from kcl_pipeline_tests.defs.test_sensor import INTERVAL, owners, setup, tick, wait_until  # noqa: F401
 
 pytestmark = pytest.mark.slow

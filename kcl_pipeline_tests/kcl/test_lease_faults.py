@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import pytest
 
+from kcl_pipeline.kcl.core.lease_codec import LeaseTableUnavailable
 from kcl_pipeline.kcl.core.model import SHARD_END, TRIM_HORIZON, Checkpoint, Lease
 from kcl_pipeline.kcl.shells.aws import AwsSettings, client
-from kcl_pipeline.kcl.shells.lease_table import LeaseTable, LeaseTableUnavailable
+from kcl_pipeline.kcl.shells.lease_table import LeaseTable
 from kcl_pipeline.local.fault_proxy import Fault, FaultKind, FaultProxy, Scripted
 
 KEY = "shardId-000000000001"

@@ -13,12 +13,10 @@ from botocore.awsrequest import AWSResponse
 from botocore.config import Config
 from botocore.stub import Stubber
 
+from kcl_pipeline.kcl.core import lease_codec
 from kcl_pipeline.kcl.core import lease_rules as rules
-from kcl_pipeline.kcl.core.model import AT_TIMESTAMP, LATEST, SHARD_END, TRIM_HORIZON, Checkpoint, Lease
-from kcl_pipeline.kcl.shells.aws import AwsSettings, client
-from kcl_pipeline.kcl.shells.lease_table import (
+from kcl_pipeline.kcl.core.lease_codec import (
     LeaseItemInvalid,
-    LeaseTable,
     LeaseTableError,
     LeaseTableMissing,
     LeaseTableUnavailable,
@@ -27,6 +25,9 @@ from kcl_pipeline.kcl.shells.lease_table import (
     lease_from_item,
     lease_to_item,
 )
+from kcl_pipeline.kcl.core.model import AT_TIMESTAMP, LATEST, SHARD_END, TRIM_HORIZON, Checkpoint, Lease
+from kcl_pipeline.kcl.shells.aws import AwsSettings, client
+from kcl_pipeline.kcl.shells.lease_table import LeaseTable
 
 SEQ56 = "49590338271490256608559692538361571095921575989136588898"
 SEQ56_NEXT = "49590338271490256608559692538361571095921575989136588899"
@@ -131,6 +132,24 @@ def test_value_codec_round_trips(value, attribute):
     assert encode_value(value) == attribute
     assert decode_value(attribute) == value
     assert type(decode_value(attribute)) is type(value)
+
+
+def test_every_write_is_a_request_for_any_table_with_its_judge():
+    """The codec builds the requests (no client, no table name: LeaseTable adds it); a write that returns
+    the item asks for it, and the judge of an ambiguous take knows it by owner, counter and claim."""
+    writes = [lease_codec.create_write(lease()), lease_codec.acquire_write(KEY, "w2", "w1", 7, claim="ours"),
+              lease_codec.initiate_handoff_write(KEY, "w2", "w1", 7, "ours"),
+              lease_codec.cancel_handoff_write(KEY, "w2", "w1", 7, "ours"),
+              lease_codec.finish_handoff_write(KEY, "w1", 7, Checkpoint("5")),
+              lease_codec.heartbeat_write(KEY, "w1", 7, {"x": 1}), lease_codec.checkpoint_write(KEY, Checkpoint("5")),
+              lease_codec.end_write(KEY, "w1", 7), lease_codec.release_write(KEY, "w1", 7),
+              lease_codec.delete_write(KEY, 7)]
+    assert all(w.key == KEY and "TableName" not in w.request for w in writes)
+    assert [w.returns_item for w in writes] == [False, True, True] + [False] * 7
+    taken = lease(owner="w2", counter=8, extra={rules.CLAIM_ATTRIBUTE: "ours"})
+    judge = writes[1].judge
+    assert judge(taken) and not judge(None)
+    assert not judge(replace(taken, extra={rules.CLAIM_ATTRIBUTE: "a twin"})) and not judge(replace(taken, lease_counter=9))
 
 
 # == error paths (unit: stubs, and a closed port) =======================================================

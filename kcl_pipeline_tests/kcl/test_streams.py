@@ -6,6 +6,7 @@ from datetime import datetime, timezone
 import pytest
 
 from kcl_pipeline.kcl.config import ConfigError, ConsumerConfig
+from kcl_pipeline.kcl.core.lease_codec import lease_from_item, lease_to_item
 from kcl_pipeline.kcl.core.model import Checkpoint, HashKeyRange, Shard
 from kcl_pipeline.kcl.core.planner import leases_to_create, scoped_leases
 from kcl_pipeline.kcl.core.streams import (
@@ -15,7 +16,6 @@ from kcl_pipeline.kcl.core.streams import (
     scope_of,
     stream_identifier,
 )
-from kcl_pipeline.kcl.shells.lease_table import lease_from_item, lease_to_item
 
 ORDERS = StreamScope("orders", "123456789012:orders:1700000000")
 CLICKS = StreamScope("clicks", "123456789012:clicks:1700000500")

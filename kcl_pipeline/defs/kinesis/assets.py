@@ -26,8 +26,9 @@ from dagster import (
 from dagster._core.definitions.metadata.metadata_set import TableMetadataSet, UriMetadataSet  # not re-exported
 from dagster_aws.s3 import S3Resource
 
+from ...kcl.core.lease_codec import LeaseTableMissing
 from ...kcl.shells.aws import client
-from ...kcl.shells.lease_table import LeaseTable, LeaseTableMissing
+from ...kcl.shells.lease_table import LeaseTable
 from ...landing.store import ZoneStore, open_store
 from .partitions import partition_key, window_of
 from .resources import SPARK_POOL, AwsResource, KinesisConsumerResource, SparkResource

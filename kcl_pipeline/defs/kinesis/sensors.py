@@ -43,9 +43,10 @@ from dagster._core.storage.dagster_run import IN_PROGRESS_RUN_STATUSES, DagsterR
 from dagster._core.storage.tags import PARTITION_NAME_TAG, WILL_RETRY_TAG
 from dagster_aws.s3 import S3Resource
 
+from ...kcl.core.lease_codec import LeaseTableMissing
 from ...kcl.core.streams import StreamScope
 from ...kcl.shells.aws import client
-from ...kcl.shells.lease_table import LeaseTable, LeaseTableMissing
+from ...kcl.shells.lease_table import LeaseTable
 from ...kcl.shells.manager import CycleReport, LeaseManager
 from ...kcl.shells.shards import StreamNotFound, list_application_shards
 from ...landing.completeness import window_complete

@@ -1,5 +1,5 @@
-"""The lease item codec: Lease <-> DynamoDB item, attribute values, and the conditions every write is
-fenced by — Java KCL's serializer, separate from the I/O (`shells/lease_table.py`), as Java separates its
+"""The lease item codec: Lease <-> DynamoDB item, attribute values, and every write as the request to send —
+Java KCL's serializer, separate from the I/O (`shells/lease_table.py`), as Java separates its
 DynamoDBLeaseSerializer from its refresher. Pure: no client, no clock.
 
 Item attributes (Java KCL's names and types):
@@ -9,14 +9,27 @@ Item attributes (Java KCL's names and types):
     checkpointSubSequenceNumber N              ownerSwitchesSinceCheckpoint N
     parentShardId SS (singular, as Java)       childShardIds SS
     startingHashKey S / endingHashKey S        anything else: kept in Lease.extra, never overwritten
+
+A write (`create_write`, `acquire_write`, ... `delete_write`) is a `Write`: the request with its update and
+condition expressions, and the judge that tells from a re-read item whether a write of unknown outcome
+was applied.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, TypeGuard
 
-from .model import AT_TIMESTAMP, LATEST, SHARD_END, TRIM_HORIZON, Checkpoint, Lease
+from .lease_rules import (
+    CLAIM_ATTRIBUTE,
+    HANDOFF_ATTRIBUTE,
+    JAVA_HANDOVER_ATTRIBUTES,
+    LEASE_ATTRIBUTES,
+    UNSETTLED_ATTRIBUTE,
+    check_throughput,
+)
+from .model import AT_TIMESTAMP, LATEST, SHARD_END, TRIM_HORIZON, Checkpoint, Lease, checkpoint_advances
 from .streams import multi_stream_attributes, related_lease_keys, stored_shard_ids
 
 LEASE_ENTITY_TYPE = "LEASE"
@@ -83,7 +96,7 @@ def encode_value(value: Any) -> dict | None:
         if all(isinstance(v, str) for v in value):
             return {"SS": sorted(value)}
         if all(isinstance(v, (int, float, Decimal)) and not isinstance(v, bool) for v in value):
-            return {"NS": sorted(encode_value(v)["N"] for v in value)}
+            return {"NS": sorted(_present(v)["N"] for v in value)}
         if all(isinstance(v, (bytes, bytearray)) for v in value):
             return {"BS": sorted(bytes(v) for v in value)}
         raise ValueError(f"a set must hold only strings, only numbers or only bytes: {value!r}")
@@ -92,6 +105,14 @@ def encode_value(value: Any) -> dict | None:
     if isinstance(value, Mapping):
         return {"M": {str(k): encode_value(v) or {"NULL": True} for k, v in value.items()}}
     raise ValueError(f"cannot store {type(value).__name__} {value!r} in DynamoDB")
+
+
+def _present(value: Any) -> dict:
+    """A value that cannot be absent (a number, a string), encoded."""
+    encoded = encode_value(value)
+    if encoded is None:
+        raise ValueError(f"{value!r} encodes to no attribute")
+    return encoded
 
 
 def _number(text: str) -> int | float:
@@ -209,7 +230,12 @@ def lease_from_item(item: Mapping[str, dict]) -> Lease | None:
     )
 
 
-# -- the table -----------------------------------------------------------------------------------------
+# -- the writes ------------------------------------------------------------------------------------------
+#
+# Each write is one conditional request whose condition is the rule in lease_rules.py (the pure mirror the
+# simulation uses). A function below builds it, with the judge that settles an ambiguous outcome: botocore
+# retries a write whose response was lost, the retry then fails its condition against our own applied
+# write, so the table re-reads the item and asks the judge whether it holds our write.
 
 _STARTING_SENTINEL_VALUES = {":LATEST": {"S": LATEST}, ":TRIM_HORIZON": {"S": TRIM_HORIZON},
                              ":AT_TIMESTAMP": {"S": AT_TIMESTAMP}}
@@ -248,10 +274,241 @@ def checkpoint_condition(cp: Checkpoint) -> tuple[str, dict[str, dict]]:
 _CHECKPOINT_SETS = ("checkpoint = :seq", "checkpointSubSequenceNumber = :sub", "ownerSwitchesSinceCheckpoint = :zero")
 
 
-def _checkpoint_write(cp: Checkpoint, what: str, hint: str = "") -> tuple[str, dict[str, dict]]:
+def _advancing_checkpoint(cp: Checkpoint, what: str, hint: str = "") -> tuple[str, dict[str, dict]]:
     """The forward-only condition and the values of a write that moves the checkpoint to `cp` (with
     `_CHECKPOINT_SETS`); a sentinel is refused, naming the write."""
     if cp.is_sentinel:
         raise ValueError(f"{what} takes a sequence number, not {cp.sequence_number}{hint}")
     condition, values = checkpoint_condition(cp)
     return condition, {**values, ":zero": _ZERO}
+
+
+def item_key(key: str) -> dict[str, dict]:
+    """The lease item's primary key."""
+    return {"leaseKey": {"S": key}}
+
+
+# Whether a re-read item (None: there is none) holds our write.
+Judge = Callable[[Lease | None], bool]
+
+
+@dataclass(frozen=True)
+class Write:
+    """One conditional write, ready to send: the client operation, its request (everything but the table's
+    name) and the judge of an ambiguous outcome, asked about the lease `key` as re-read."""
+
+    operation: str  # put_item | update_item | delete_item
+    key: str
+    request: Mapping[str, Any]
+    judge: Judge
+
+    @property
+    def returns_item(self) -> bool:
+        """The response carries the item as written (ReturnValues ALL_NEW)."""
+        return self.request.get("ReturnValues") == "ALL_NEW"
+
+
+def _holds(seen: Lease | None, owner: str, counter: int) -> TypeGuard[Lease]:
+    """The item shows `owner` and `counter`: what a holder's write leaves."""
+    return seen is not None and seen.lease_owner == owner and seen.lease_counter == counter
+
+
+def create_write(lease: Lease) -> Write:
+    """Put a new lease, unless one already exists for the key."""
+    item = lease_to_item(lease)
+    return Write("put_item", lease.lease_key,
+                 {"Item": item, "ConditionExpression": "attribute_not_exists(leaseKey)"},
+                 lambda seen: seen is not None and lease_to_item(seen) == item)
+
+
+def acquire_write(key: str, new_owner: str, observed_owner: str | None, observed_counter: int,
+                  claim: str | None = None) -> Write:
+    """Take the lease if it is still exactly as observed (owner, counter) and not ended; the counter moves on
+    from the observed one, and the Java hand-over state and the unsettled mark go. The item as taken is
+    returned. `claim` is judged too: an ambiguous take is ours only if this process wrote it."""
+    if not new_owner:
+        raise ValueError("acquire needs a worker id")
+    values: dict[str, dict] = {":new": {"S": new_owner}, ":one": _ONE, ":observed": {"N": str(observed_counter)},
+                               ":next": {"N": str(observed_counter + 1)}, ":SHARD_END": _SHARD_END}
+    if observed_owner is None:
+        owner_condition = _FREE
+        values[":NULL"] = {"S": "NULL"}
+    else:
+        owner_condition = "leaseOwner = :seen"
+        values[":seen"] = {"S": observed_owner}
+    removes = f" REMOVE {', '.join((*JAVA_HANDOVER_ATTRIBUTES, UNSETTLED_ATTRIBUTE))}"
+    sets = "leaseOwner = :new, leaseCounter = :next"
+    if claim is not None:
+        sets += f", {CLAIM_ATTRIBUTE} = :claim"
+        values[":claim"] = {"S": claim}
+
+    def judge(seen: Lease | None) -> bool:
+        return _holds(seen, new_owner, observed_counter + 1) and (
+            claim is None or seen.extra.get(CLAIM_ATTRIBUTE) == claim)
+
+    return Write("update_item", key, {
+        "Key": item_key(key),
+        "UpdateExpression": f"SET {sets} ADD ownerSwitchesSinceCheckpoint :one{removes}",
+        "ConditionExpression": (f"attribute_exists(leaseKey) AND leaseCounter = :observed AND checkpoint <> :SHARD_END "
+                                f"AND {owner_condition}"),
+        "ExpressionAttributeValues": values, "ReturnValues": "ALL_NEW"}, judge)
+
+
+def initiate_handoff_write(key: str, new_owner: str, holder: str, observed_counter: int, claim: str) -> Write:
+    """Name the new owner in `leaseOwner` and the live holder in `checkpointOwner`, the counter left alone;
+    only a lease exactly as observed, held by `holder`, not ended and with no hand-off in flight. The item
+    as written is returned."""
+    if not new_owner or not holder or new_owner == holder:
+        raise ValueError(f"a hand-off needs two different workers, got {holder!r} → {new_owner!r}")
+    values = {":new": {"S": new_owner}, ":holder": {"S": holder}, ":observed": {"N": str(observed_counter)},
+              ":SHARD_END": _SHARD_END, ":claim": {"S": claim}}
+
+    def judge(seen: Lease | None) -> bool:
+        return (_holds(seen, new_owner, observed_counter) and seen.extra.get(HANDOFF_ATTRIBUTE) == holder
+                and seen.extra.get(CLAIM_ATTRIBUTE) == claim)
+
+    return Write("update_item", key, {
+        "Key": item_key(key),
+        "UpdateExpression": f"SET leaseOwner = :new, {HANDOFF_ATTRIBUTE} = :holder, {CLAIM_ATTRIBUTE} = :claim",
+        "ConditionExpression": (f"leaseOwner = :holder AND leaseCounter = :observed AND checkpoint <> :SHARD_END "
+                                f"AND attribute_not_exists({HANDOFF_ATTRIBUTE})"),
+        "ExpressionAttributeValues": values, "ReturnValues": "ALL_NEW"}, judge)
+
+
+def cancel_handoff_write(key: str, new_owner: str, holder: str, counter: int, claim: str) -> Write:
+    """Give the lease back to `holder` exactly as it was (same counter), while the hand-off this process
+    asked for (its claim) is unfinished."""
+    values = {":me": {"S": new_owner}, ":holder": {"S": holder}, ":mine": {"N": str(counter)},
+              ":claim": {"S": claim}}
+    return Write("update_item", key, {
+        "Key": item_key(key),
+        "UpdateExpression": f"SET leaseOwner = :holder REMOVE {HANDOFF_ATTRIBUTE}",
+        "ConditionExpression": (f"leaseOwner = :me AND leaseCounter = :mine AND {HANDOFF_ATTRIBUTE} = :holder "
+                                f"AND {CLAIM_ATTRIBUTE} = :claim"),
+        "ExpressionAttributeValues": values},
+        lambda seen: _holds(seen, holder, counter) and HANDOFF_ATTRIBUTE not in seen.extra)
+
+
+def finish_handoff_write(key: str, holder: str, counter: int, checkpoint: Checkpoint | None) -> Write:
+    """The old holder's last write of a hand-off, fenced on its counter: the counter moved on,
+    `checkpointOwner` removed, and the checkpoint when given (under its forward-only condition too)."""
+    values: dict[str, dict] = {":holder": {"S": holder}, ":mine": {"N": str(counter)},
+                               ":next": {"N": str(counter + 1)}, ":SHARD_END": _SHARD_END}
+    sets = ["leaseCounter = :next"]
+    condition = f"{HANDOFF_ATTRIBUTE} = :holder AND leaseCounter = :mine AND checkpoint <> :SHARD_END"
+    if checkpoint is not None:
+        cp_condition, cp_values = _advancing_checkpoint(checkpoint, "a hand-off checkpoint")
+        sets += _CHECKPOINT_SETS
+        values.update(cp_values)
+        condition = f"{HANDOFF_ATTRIBUTE} = :holder AND leaseCounter = :mine AND {cp_condition}"
+
+    def judge(seen: Lease | None) -> bool:
+        return (seen is not None and seen.lease_counter == counter + 1 and HANDOFF_ATTRIBUTE not in seen.extra
+                and (checkpoint is None or not checkpoint_advances(seen.checkpoint, checkpoint)))
+
+    return Write("update_item", key, {
+        "Key": item_key(key), "UpdateExpression": "SET " + ", ".join(sets) + f" REMOVE {HANDOFF_ATTRIBUTE}",
+        "ConditionExpression": condition, "ExpressionAttributeValues": values}, judge)
+
+
+def heartbeat_write(key: str, owner: str, counter: int, extra: Mapping[str, Any] | None = None,
+                    checkpoint: Checkpoint | None = None, throughput_kbps: float | None = None) -> Write:
+    """Renew the lease held as (`owner`, `counter`): the counter becomes counter + 1; `extra` rides along
+    (None removes an attribute), and the holder's checkpoint under its own condition too, and KCL's
+    `throughputKBps`. Lease attributes are refused as extras."""
+    extra = dict(extra or {})
+    clash = sorted(LEASE_ATTRIBUTES.intersection(extra) | _MODELLED.intersection(extra))
+    if clash:
+        raise ValueError(f"heartbeat attributes must not overwrite lease attributes: {', '.join(clash)}")
+    names: dict[str, str] = {}
+    values: dict[str, dict] = {":me": {"S": owner}, ":mine": {"N": str(counter)},
+                               ":next": {"N": str(counter + 1)}, ":SHARD_END": _SHARD_END}
+    sets: list[str] = ["leaseCounter = :next"]
+    removes: list[str] = []
+    check_throughput(throughput_kbps)
+    if throughput_kbps is not None:  # KCL's attribute, read by the load-aware balance
+        sets.append("throughputKBps = :kbps")
+        values[":kbps"] = _present(float(throughput_kbps))
+    for i, (name, value) in enumerate(sorted(extra.items())):
+        names[f"#x{i}"] = name
+        encoded = encode_value(value)
+        if encoded is None:
+            removes.append(f"#x{i}")
+        else:
+            values[f":x{i}"] = encoded
+            sets.append(f"#x{i} = :x{i}")
+    condition = f"{_HELD} AND checkpoint <> :SHARD_END"
+    if checkpoint is not None:
+        cp_condition, cp_values = _advancing_checkpoint(checkpoint, "heartbeat checkpoint")
+        sets += _CHECKPOINT_SETS
+        values.update(cp_values)
+        condition = f"{_HELD} AND {cp_condition}"
+    update = "SET " + ", ".join(sets)
+    if removes:
+        update += " REMOVE " + ", ".join(removes)
+    request: dict[str, Any] = {"Key": item_key(key), "UpdateExpression": update, "ConditionExpression": condition,
+                               "ExpressionAttributeValues": values}
+    if names:
+        request["ExpressionAttributeNames"] = names
+
+    def judge(seen: Lease | None) -> bool:
+        return _holds(seen, owner, counter + 1) and (
+            checkpoint is None or not checkpoint_advances(seen.checkpoint, checkpoint))
+
+    return Write("update_item", key, request, judge)
+
+
+def checkpoint_write(key: str, cp: Checkpoint, *, unless_held_by_another: str | None = None) -> Write:
+    """The ownerless checkpoint: forward only, the counter untouched; with `unless_held_by_another`, only
+    while the lease is free or still shows that worker."""
+    condition, values = _advancing_checkpoint(cp, "checkpoint", " (use end() for SHARD_END)")
+    if unless_held_by_another is not None:
+        condition = f"{condition} AND ({_FREE} OR leaseOwner = :me)"
+        values = {**values, ":NULL": {"S": "NULL"}, ":me": {"S": unless_held_by_another}}
+    return Write("update_item", key, {
+        "Key": item_key(key), "UpdateExpression": "SET " + ", ".join(_CHECKPOINT_SETS),
+        "ConditionExpression": condition, "ExpressionAttributeValues": values},
+        lambda seen: seen is not None and seen.checkpoint == cp)
+
+
+def end_write(key: str, owner: str | None = None, counter: int | None = None) -> Write:
+    """SHARD_END, the owner removed: the holder's fenced end with `owner` and `counter` (the counter moves
+    on), else the pipeline's ownerless end of an existing lease (the counter left alone)."""
+    values: dict[str, dict] = {":SHARD_END": _SHARD_END, ":zero": _ZERO}
+    update = "SET checkpoint = :SHARD_END, ownerSwitchesSinceCheckpoint = :zero"
+    condition = "attribute_exists(leaseKey)"
+    if owner is not None and counter is not None:
+        values.update({":me": {"S": owner}, ":mine": {"N": str(counter)}, ":next": {"N": str(counter + 1)}})
+        update += ", leaseCounter = :next"
+        condition = _HELD
+    elif owner is not None or counter is not None:
+        raise ValueError("a fenced end needs both the owner and the counter")
+
+    def judge(seen: Lease | None) -> bool:
+        return seen is not None and seen.is_ended and (counter is None or seen.lease_counter == counter + 1)
+
+    return Write("update_item", key, {
+        "Key": item_key(key), "UpdateExpression": update + " REMOVE leaseOwner", "ConditionExpression": condition,
+        "ExpressionAttributeValues": values}, judge)
+
+
+def release_write(key: str, owner: str, counter: int, unsettled: bool = False) -> Write:
+    """Give the lease held as (`owner`, `counter`) up, the counter moved on; `unsettled` marks it
+    (UNSETTLED_ATTRIBUTE)."""
+    values: dict[str, dict] = {":me": {"S": owner}, ":mine": {"N": str(counter)}, ":next": {"N": str(counter + 1)}}
+    sets = "leaseCounter = :next"
+    if unsettled:
+        sets += f", {UNSETTLED_ATTRIBUTE} = :unsettled"
+        values[":unsettled"] = {"BOOL": True}
+    return Write("update_item", key, {
+        "Key": item_key(key), "UpdateExpression": f"SET {sets} REMOVE leaseOwner", "ConditionExpression": _HELD,
+        "ExpressionAttributeValues": values},
+        lambda seen: seen is not None and seen.lease_owner is None and seen.lease_counter == counter + 1)
+
+
+def delete_write(key: str, observed_counter: int) -> Write:
+    """Delete the lease if its counter is still the observed one."""
+    return Write("delete_item", key, {
+        "Key": item_key(key), "ConditionExpression": "leaseCounter = :observed",
+        "ExpressionAttributeValues": {":observed": {"N": str(observed_counter)}}},
+        lambda seen: seen is None)

@@ -1,10 +1,11 @@
 """Every write to a lease, as a pure transition: the DynamoDB condition, then the update.
 
-Each function mirrors one conditional write of lease_table.py exactly: it returns the item as DynamoDB
+Each function mirrors one conditional write of lease_codec.py exactly: it returns the item as DynamoDB
 would leave it, or None where the condition fails (ConditionalCheckFailedException). The unit tests, the
-fleet simulation and the simulated DynamoDB use them as "the table"; lease_table.py builds the same rules
-into expressions. Every update is guarded by the item existing (`attribute_exists(leaseKey)`): an
-UpdateItem on a missing key would otherwise create a half-made lease (an upsert).
+fleet simulation and the simulated DynamoDB use them as "the table"; lease_codec.py builds the same rules
+into expressions (shells/lease_table.py sends them). Every update is guarded by the item existing
+(`attribute_exists(leaseKey)`): an UpdateItem on a missing key would otherwise create a half-made lease (an
+upsert).
 
 `leaseCounter` is the fencing token (Java KCL's semantics): every write of a holder is conditioned on the
 counter it last wrote or observed and moves it on by one, so a holder that lost its lease — even to a new

@@ -125,7 +125,7 @@ class Shard:
 
 @dataclass
 class Lease:
-    """One item of the lease table, with Java KCL 2.x attribute names (see lease_table.py).
+    """One item of the lease table, with Java KCL 2.x attribute names (see lease_codec.py).
 
     `extra` holds attributes this project does not model; they are never overwritten.
     """

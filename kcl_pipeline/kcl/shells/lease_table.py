@@ -1,18 +1,21 @@
 """The lease table in DynamoDB, item for item what Java KCL 2.x reads and writes.
 
-The item codec and the write conditions are `core/lease_codec.py`; this module sends them.
+The item codec and every write's request are `core/lease_codec.py`; this module sends them: the requests,
+the scan's pages, the table's lifecycle, the mapping of botocore's errors, and the settling of writes whose
+outcome is unknown.
 
 Every write is one conditional request whose condition is the rule in lease_rules.py (the pure mirror the
 simulation uses); a failed condition is an answer (False / None), not an error. Holders' writes are fenced
 by `leaseCounter` (see lease_rules.py). A write whose outcome is unknown (its response was lost and
 botocore's retry failed the condition against our own write; a timeout) is settled by re-reading the item.
 Other failures raise a LeaseTableError subclass. Throttling is retried by botocore's standard retry mode
-(kcl/aws.py) before it surfaces here as LeaseTableUnavailable.
+(shells/aws.py) before it surfaces here as LeaseTableUnavailable.
 """
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from botocore.exceptions import (
@@ -25,13 +28,27 @@ from botocore.exceptions import (
 )
 
 from ..core.lease_codec import (
-    _CHECKPOINT_SETS, _FREE, _HELD, _MODELLED, _ONE, _SHARD_END, _ZERO, OWNER_INDEX, OWNER_INDEX_NAME,
-    LeaseItemInvalid, LeaseTableError, LeaseTableMissing, LeaseTableUnavailable, _checkpoint_write,
-    checkpoint_condition, decode_value, encode_value, lease_from_item, lease_to_item, owner_index_active,
+    OWNER_INDEX,
+    OWNER_INDEX_NAME,
+    LeaseTableError,
+    LeaseTableMissing,
+    LeaseTableUnavailable,
+    Write,
+    acquire_write,
+    cancel_handoff_write,
+    checkpoint_write,
+    create_write,
+    delete_write,
+    end_write,
+    finish_handoff_write,
+    heartbeat_write,
+    initiate_handoff_write,
+    item_key,
+    lease_from_item,
+    owner_index_active,
+    release_write,
 )
-from ..core.lease_rules import (CLAIM_ATTRIBUTE, HANDOFF_ATTRIBUTE, JAVA_HANDOVER_ATTRIBUTES, LEASE_ATTRIBUTES,
-                          UNSETTLED_ATTRIBUTE, check_throughput)
-from ..core.model import Checkpoint, Lease, checkpoint_advances
+from ..core.model import Checkpoint, Lease
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +58,17 @@ _THROTTLING_CODES = frozenset({
 })
 _UNREACHABLE = (EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError, ConnectionClosedError)
 
+# Failures after which a write may or may not have been applied.
+AMBIGUOUS_FAILURES = (ReadTimeoutError, ConnectionClosedError)
 
-def _ours_after(owner: str, counter: int):
-    """Judge of a holder's write: the item shows our owner and the counter we wrote."""
-    return lambda lease: lease is not None and lease.lease_owner == owner and lease.lease_counter == counter
+
+@dataclass(frozen=True)
+class WriteResult:
+    """What a conditional write came to: applied or not, and the lease as the table holds it after the
+    write when that is known (the item it returned, or the re-read that settled an unknown outcome)."""
+
+    applied: bool
+    lease: Lease | None = None
 
 
 class LeaseTable:
@@ -149,22 +173,17 @@ class LeaseTable:
             request["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
     def get(self, key: str) -> Lease | None:
-        item = self._call("get_item", TableName=self.table_name, Key=_key(key), ConsistentRead=True).get("Item")
+        item = self._call("get_item", TableName=self.table_name, Key=item_key(key), ConsistentRead=True).get("Item")
         return lease_from_item(item) if item else None
 
     # -- writes --------------------------------------------------------------------------------------
     #
-    # A condition failure is an answer (False / None): someone else won. But botocore retries a write whose
-    # response was lost (reset, timeout), and the retry then fails its condition against our own applied
-    # write. So after a retried condition failure, a timeout or a dropped connection, the item is re-read
-    # and the outcome judged from it: an unknown outcome is never reported as a lost race.
+    # The requests and the judges of ambiguous outcomes are the codec's (core/lease_codec.py); these send
+    # them. A condition failure is an answer (False / None): someone else won.
 
     def create(self, lease: Lease) -> bool:
         """Put a new lease; False if one already exists for the key (another consumer created it)."""
-        item = lease_to_item(lease)
-        return self._write("put_item", lambda seen: seen is not None and lease_to_item(seen) == item,
-                           lease.lease_key, TableName=self.table_name, Item=item,
-                           ConditionExpression="attribute_not_exists(leaseKey)")
+        return self._write(create_write(lease)).applied
 
     def acquire(self, key: str, new_owner: str, observed_owner: str | None, observed_counter: int,
                 claim: str | None = None) -> Lease | None:
@@ -175,42 +194,7 @@ class LeaseTable:
         an ambiguous outcome is judged ours only if this process wrote it (see CLAIM_ATTRIBUTE). Returns the
         lease as taken, or None when someone else moved it first.
         """
-        if not new_owner:
-            raise ValueError("acquire needs a worker id")
-        values: dict[str, dict] = {":new": {"S": new_owner}, ":one": _ONE, ":observed": {"N": str(observed_counter)},
-                                   ":next": {"N": str(observed_counter + 1)}, ":SHARD_END": _SHARD_END}
-        if observed_owner is None:
-            owner_condition = _FREE
-            values[":NULL"] = {"S": "NULL"}
-        else:
-            owner_condition = "leaseOwner = :seen"
-            values[":seen"] = {"S": observed_owner}
-        removes = f" REMOVE {', '.join((*JAVA_HANDOVER_ATTRIBUTES, UNSETTLED_ATTRIBUTE))}"
-        sets = "leaseOwner = :new, leaseCounter = :next"
-        if claim is not None:
-            sets += f", {CLAIM_ATTRIBUTE} = :claim"
-            values[":claim"] = {"S": claim}
-        request = dict(
-            TableName=self.table_name, Key=_key(key),
-            UpdateExpression=f"SET {sets} ADD ownerSwitchesSinceCheckpoint :one{removes}",
-            ConditionExpression=(f"attribute_exists(leaseKey) AND leaseCounter = :observed AND checkpoint <> :SHARD_END "
-                                 f"AND {owner_condition}"),
-            ExpressionAttributeValues=values, ReturnValues="ALL_NEW")
-        taken: list[Lease] = []
-
-        def judge(seen: Lease | None) -> bool:
-            if _ours_after(new_owner, observed_counter + 1)(seen) and (
-                    claim is None or seen.extra.get(CLAIM_ATTRIBUTE) == claim):
-                taken.append(seen)
-                return True
-            return False
-
-        response = self._write("update_item", judge, key, returns=True, **request)
-        if response is False:
-            return None
-        if taken:
-            return taken[0]
-        return lease_from_item(response["Attributes"])
+        return self._write(acquire_write(key, new_owner, observed_owner, observed_counter, claim)).lease
 
     def initiate_handoff(self, key: str, new_owner: str, holder: str, observed_counter: int,
                          claim: str) -> Lease | None:
@@ -221,72 +205,22 @@ class LeaseTable:
         fenced on it. Only a lease exactly as observed, held by `holder`, not ended and with no hand-off in
         flight. `claim` settles an unknown outcome as for `acquire`, and tells the new owner later whether
         the lease it sees is still the one it asked for. Returns the lease as written, or None."""
-        if not new_owner or not holder or new_owner == holder:
-            raise ValueError(f"a hand-off needs two different workers, got {holder!r} → {new_owner!r}")
-        values = {":new": {"S": new_owner}, ":holder": {"S": holder}, ":observed": {"N": str(observed_counter)},
-                  ":SHARD_END": _SHARD_END, ":claim": {"S": claim}}
-
-        asked: list[Lease] = []
-
-        def judge(seen: Lease | None) -> bool:
-            if (seen is not None and seen.lease_owner == new_owner and seen.lease_counter == observed_counter
-                    and seen.extra.get(HANDOFF_ATTRIBUTE) == holder and seen.extra.get(CLAIM_ATTRIBUTE) == claim):
-                asked.append(seen)
-                return True
-            return False
-
-        response = self._write(
-            "update_item", judge, key, returns=True, TableName=self.table_name, Key=_key(key),
-            UpdateExpression=f"SET leaseOwner = :new, {HANDOFF_ATTRIBUTE} = :holder, {CLAIM_ATTRIBUTE} = :claim",
-            ConditionExpression=(f"leaseOwner = :holder AND leaseCounter = :observed AND checkpoint <> :SHARD_END "
-                                 f"AND attribute_not_exists({HANDOFF_ATTRIBUTE})"),
-            ExpressionAttributeValues=values, ReturnValues="ALL_NEW")
-        if response is False:
-            return None
-        return asked[0] if asked else lease_from_item(response["Attributes"])
+        return self._write(initiate_handoff_write(key, new_owner, holder, observed_counter, claim)).lease
 
     def cancel_handoff(self, key: str, new_owner: str, holder: str, counter: int, claim: str) -> bool:
         """Withdraw a hand-off this process asked for and the holder has not finished: the lease is the
         holder's again exactly as it was (same counter, so its renewals go on). False when the holder
         finished meanwhile (or the lease moved on)."""
-        values = {":me": {"S": new_owner}, ":holder": {"S": holder}, ":mine": {"N": str(counter)},
-                  ":claim": {"S": claim}}
-        return self._write(
-            "update_item",
-            lambda seen: (seen is not None and seen.lease_owner == holder and seen.lease_counter == counter
-                          and HANDOFF_ATTRIBUTE not in seen.extra),
-            key, TableName=self.table_name, Key=_key(key),
-            UpdateExpression=f"SET leaseOwner = :holder REMOVE {HANDOFF_ATTRIBUTE}",
-            ConditionExpression=(f"leaseOwner = :me AND leaseCounter = :mine AND {HANDOFF_ATTRIBUTE} = :holder "
-                                 f"AND {CLAIM_ATTRIBUTE} = :claim"),
-            ExpressionAttributeValues=values)
+        return self._write(cancel_handoff_write(key, new_owner, holder, counter, claim)).applied
 
     def finish_handoff(self, key: str, holder: str, counter: int, checkpoint: Checkpoint | None = None) -> bool:
         """The old holder's last write in a hand-off: its checkpoint (when given and ahead of the table's),
         the counter moved on, `checkpointOwner` removed — the new owner may start. False when the hand-off
         is no longer ours to finish (the new owner or someone else took the lease meanwhile)."""
-        if checkpoint is not None and self._finish_handoff(key, holder, counter, checkpoint):
+        if checkpoint is not None and self._write(finish_handoff_write(key, holder, counter, checkpoint)).applied:
             return True
-        return self._finish_handoff(key, holder, counter, None)  # the checkpoint was not ahead, or we lost
-
-    def _finish_handoff(self, key: str, holder: str, counter: int, checkpoint: Checkpoint | None) -> bool:
-        values: dict[str, dict] = {":holder": {"S": holder}, ":mine": {"N": str(counter)},
-                                   ":next": {"N": str(counter + 1)}, ":SHARD_END": _SHARD_END}
-        sets = ["leaseCounter = :next"]
-        condition = f"{HANDOFF_ATTRIBUTE} = :holder AND leaseCounter = :mine AND checkpoint <> :SHARD_END"
-        if checkpoint is not None:
-            cp_condition, cp_values = _checkpoint_write(checkpoint, "a hand-off checkpoint")
-            sets += _CHECKPOINT_SETS
-            values.update(cp_values)
-            condition = f"{HANDOFF_ATTRIBUTE} = :holder AND leaseCounter = :mine AND {cp_condition}"
-
-        def judge(seen: Lease | None) -> bool:
-            return (seen is not None and seen.lease_counter == counter + 1 and HANDOFF_ATTRIBUTE not in seen.extra
-                    and (checkpoint is None or not checkpoint_advances(seen.checkpoint, checkpoint)))
-
-        return self._write("update_item", judge, key, TableName=self.table_name, Key=_key(key),
-                           UpdateExpression="SET " + ", ".join(sets) + f" REMOVE {HANDOFF_ATTRIBUTE}",
-                           ConditionExpression=condition, ExpressionAttributeValues=values)
+        # The checkpoint was not ahead, or we lost: the hand-off without it.
+        return self._write(finish_handoff_write(key, holder, counter, None)).applied
 
     def heartbeat(self, key: str, owner: str, counter: int, extra: Mapping[str, Any] | None = None,
                   checkpoint: Checkpoint | None = None, throughput_kbps: float | None = None) -> bool:
@@ -297,43 +231,7 @@ class LeaseTable:
         the checkpoint's own condition too: False then means "not holder, or the checkpoint would not
         advance" — retry without it to tell the two apart.
         """
-        extra = dict(extra or {})
-        clash = sorted(LEASE_ATTRIBUTES.intersection(extra) | _MODELLED.intersection(extra))
-        if clash:
-            raise ValueError(f"heartbeat attributes must not overwrite lease attributes: {', '.join(clash)}")
-        names: dict[str, str] = {}
-        values: dict[str, dict] = {":me": {"S": owner}, ":mine": {"N": str(counter)},
-                                   ":next": {"N": str(counter + 1)}, ":SHARD_END": _SHARD_END}
-        sets, removes = ["leaseCounter = :next"], []
-        check_throughput(throughput_kbps)
-        if throughput_kbps is not None:  # KCL's attribute, read by the load-aware balance
-            sets.append("throughputKBps = :kbps")
-            values[":kbps"] = encode_value(float(throughput_kbps))
-        for i, (name, value) in enumerate(sorted(extra.items())):
-            names[f"#x{i}"] = name
-            encoded = encode_value(value)
-            if encoded is None:
-                removes.append(f"#x{i}")
-            else:
-                values[f":x{i}"] = encoded
-                sets.append(f"#x{i} = :x{i}")
-        condition = f"{_HELD} AND checkpoint <> :SHARD_END"
-        if checkpoint is not None:
-            cp_condition, cp_values = _checkpoint_write(checkpoint, "heartbeat checkpoint")
-            sets += _CHECKPOINT_SETS
-            values.update(cp_values)
-            condition = f"{_HELD} AND {cp_condition}"
-        update = "SET " + ", ".join(sets)
-        if removes:
-            update += " REMOVE " + ", ".join(removes)
-        request: dict[str, Any] = dict(
-            TableName=self.table_name, Key=_key(key), UpdateExpression=update,
-            ConditionExpression=condition, ExpressionAttributeValues=values)
-        if names:
-            request["ExpressionAttributeNames"] = names
-        ours = _ours_after(owner, counter + 1)
-        return self._write("update_item", lambda seen: ours(seen) and (
-            checkpoint is None or not checkpoint_advances(seen.checkpoint, checkpoint)), key, **request)
+        return self._write(heartbeat_write(key, owner, counter, extra, checkpoint, throughput_kbps)).applied
 
     def checkpoint(self, key: str, cp: Checkpoint, *, unless_held_by_another: str | None = None) -> bool:
         """The ownerless checkpoint: advance if `cp` is strictly after it (never touches leaseCounter).
@@ -342,14 +240,7 @@ class LeaseTable:
         worker flushing what it processed after losing its lease. A Java KCL holder's checkpoints are
         fenced by its counter alone, not by order: moving the checkpoint under it would be undone by its
         next checkpoint (a checkpoint going back)."""
-        condition, values = _checkpoint_write(cp, "checkpoint", " (use end() for SHARD_END)")
-        if unless_held_by_another is not None:
-            condition = f"{condition} AND ({_FREE} OR leaseOwner = :me)"
-            values = {**values, ":NULL": {"S": "NULL"}, ":me": {"S": unless_held_by_another}}
-        return self._write(
-            "update_item", lambda seen: seen is not None and seen.checkpoint == cp, key,
-            TableName=self.table_name, Key=_key(key), UpdateExpression="SET " + ", ".join(_CHECKPOINT_SETS),
-            ConditionExpression=condition, ExpressionAttributeValues=values)
+        return self._write(checkpoint_write(key, cp, unless_held_by_another=unless_held_by_another)).applied
 
     def end(self, key: str, owner: str | None = None, counter: int | None = None) -> bool:
         """Mark the shard finished (SHARD_END is final) and let the lease go.
@@ -357,70 +248,53 @@ class LeaseTable:
         With `owner` and `counter`: the holder's fenced end (False if it no longer holds the lease). Without:
         the pipeline's ownerless end, which leaves the counter alone (False only if the lease is gone).
         """
-        if (owner is None) != (counter is None):
-            raise ValueError("a fenced end needs both the owner and the counter")
-        values: dict[str, dict] = {":SHARD_END": _SHARD_END, ":zero": _ZERO}
-        update = "SET checkpoint = :SHARD_END, ownerSwitchesSinceCheckpoint = :zero"
-        condition = "attribute_exists(leaseKey)"
-        if owner is not None:
-            values.update({":me": {"S": owner}, ":mine": {"N": str(counter)}, ":next": {"N": str(counter + 1)}})
-            update += ", leaseCounter = :next"
-            condition = _HELD
-
-        def judge(seen: Lease | None) -> bool:
-            return seen is not None and seen.is_ended and (owner is None or seen.lease_counter == counter + 1)
-
-        return self._write("update_item", judge, key, TableName=self.table_name, Key=_key(key),
-                           UpdateExpression=update + " REMOVE leaseOwner", ConditionExpression=condition,
-                           ExpressionAttributeValues=values)
+        return self._write(end_write(key, owner, counter)).applied
 
     def release(self, key: str, owner: str, counter: int, unsettled: bool = False) -> bool:
         """Give the lease held as (`owner`, `counter`) up; False if someone else holds it now. `unsettled`:
         the holder it was stolen from may still deliver, so its next owner waits one expiry (lease_rules)."""
-        values = {":me": {"S": owner}, ":mine": {"N": str(counter)}, ":next": {"N": str(counter + 1)}}
-        sets = "leaseCounter = :next"
-        if unsettled:
-            sets += f", {UNSETTLED_ATTRIBUTE} = :unsettled"
-            values[":unsettled"] = {"BOOL": True}
-        return self._write(
-            "update_item",
-            lambda seen: seen is not None and seen.lease_owner is None and seen.lease_counter == counter + 1, key,
-            TableName=self.table_name, Key=_key(key),
-            UpdateExpression=f"SET {sets} REMOVE leaseOwner",
-            ConditionExpression=_HELD, ExpressionAttributeValues=values)
+        return self._write(release_write(key, owner, counter, unsettled)).applied
 
     def delete(self, key: str, observed_counter: int) -> bool:
         """Delete the lease if its counter is still the observed one; False if it moved (or is gone)."""
-        return self._write("delete_item", lambda seen: seen is None, key, TableName=self.table_name,
-                           Key=_key(key), ConditionExpression="leaseCounter = :observed",
-                           ExpressionAttributeValues={":observed": {"N": str(observed_counter)}})
+        return self._write(delete_write(key, observed_counter)).applied
 
     # -- plumbing ------------------------------------------------------------------------------------
+    #
+    # botocore retries a write whose response was lost (reset, timeout), and the retry then fails its
+    # condition against our own applied write. So after a retried condition failure, a timeout or a dropped
+    # connection, the item is re-read and the outcome judged from it: an unknown outcome is never reported
+    # as a lost race.
 
-    def _write(self, operation: str, judge, key: str, *, returns: bool = False, **request):
-        """One conditional write: True (or the response with `returns`) when applied, False when another
-        writer won. An ambiguous outcome is settled by re-reading the item and asking `judge` whether it
-        holds our write; when even that read fails, the error says the outcome is unknown."""
+    def _write(self, write: Write) -> WriteResult:
+        """Send one conditional write; its outcome, settled by `_settle` when the request raised."""
         try:
-            response = getattr(self.client, operation)(**request)
+            response = getattr(self.client, write.operation)(TableName=self.table_name, **write.request)
         except Exception as exc:
-            condition_failed = _is_condition_failure(exc)
-            if condition_failed and not _retried(exc):
-                return False
-            if not condition_failed and not isinstance(exc, _AMBIGUOUS):
-                raise self._error(operation, exc) from exc
-            self.ambiguous_writes += 1
-            try:
-                seen = self.get(key)
-            except LeaseTableError as read_exc:
-                raise LeaseTableUnavailable(
-                    f"lease table {self.table_name}: {operation} on {key} has an unknown outcome ({exc}) and "
-                    f"re-reading the item failed ({read_exc})") from exc
-            applied = bool(judge(seen))
-            log.info("lease %s: %s had an ambiguous outcome (%s); re-read says %s", key, operation,
-                     type(exc).__name__, "applied" if applied else "not applied")
-            return applied
-        return response if returns else True
+            return self._settle(write, exc)
+        return WriteResult(True, lease_from_item(response["Attributes"]) if write.returns_item else None)
+
+    def _settle(self, write: Write, exc: Exception) -> WriteResult:
+        """The outcome of a write whose request raised: not applied when its condition failed at the first
+        attempt (another writer won); an error when it surely was not applied; otherwise unknown, settled by
+        re-reading the item and asking the write's judge whether it holds our write. When even that read
+        fails, the error says the outcome is unknown."""
+        condition_failed = is_condition_failure(exc)
+        if condition_failed and not _retried(exc):
+            return WriteResult(False)
+        if not condition_failed and not isinstance(exc, AMBIGUOUS_FAILURES):
+            raise self._error(write.operation, exc) from exc
+        self.ambiguous_writes += 1
+        try:
+            seen = self.get(write.key)
+        except LeaseTableError as read_exc:
+            raise LeaseTableUnavailable(
+                f"lease table {self.table_name}: {write.operation} on {write.key} has an unknown outcome ({exc}) "
+                f"and re-reading the item failed ({read_exc})") from exc
+        applied = bool(write.judge(seen))
+        log.info("lease %s: %s had an ambiguous outcome (%s); re-read says %s", write.key, write.operation,
+                 type(exc).__name__, "applied" if applied else "not applied")
+        return WriteResult(applied, seen if applied else None)
 
     def _call(self, operation: str, **request) -> dict:
         try:
@@ -435,7 +309,7 @@ class LeaseTable:
         code = _code(exc)
         if code == "ResourceNotFoundException":
             return LeaseTableMissing(f"lease table {self.table_name} does not exist ({operation})")
-        if code in _THROTTLING_CODES:
+        if code in _THROTTLING_CODES and isinstance(exc, ClientError):
             attempts = 1 + int(exc.response.get("ResponseMetadata", {}).get("RetryAttempts", 0))
             return LeaseTableUnavailable(
                 f"lease table {self.table_name}: DynamoDB still answered {code} to {operation} after "
@@ -455,10 +329,6 @@ class _ConditionFailed(Exception):
     pass
 
 
-# Failures after which a write may or may not have been applied.
-_AMBIGUOUS = (ReadTimeoutError, ConnectionClosedError)
-
-
 def _retried(exc: Exception) -> bool:
     """botocore retried the request before this answer: an earlier attempt may have been applied."""
     if isinstance(exc, ClientError):
@@ -472,9 +342,9 @@ def _code(exc: Exception) -> str | None:
     return None
 
 
-def _is_condition_failure(exc: Exception) -> bool:
+def is_condition_failure(exc: Exception) -> bool:
+    """DynamoDB refused the write: its condition does not hold (ConditionalCheckFailedException)."""
     return _code(exc) == "ConditionalCheckFailedException"
 
 
-def _key(key: str) -> dict:
-    return {"leaseKey": {"S": key}}
+__all__ = ["AMBIGUOUS_FAILURES", "LeaseTable", "WriteResult", "is_condition_failure"]

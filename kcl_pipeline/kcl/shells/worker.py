@@ -25,6 +25,7 @@ from typing import Any, Callable, Mapping
 from ..config import ConsumerConfig
 from ..core import lease_life as life
 from ..core.balance import ThroughputMeter, reported_load
+from ..core.lease_codec import encode_value
 from ..core.lease_hold import LeaseHold, LeaseTiming, Outcome
 from ..core.lease_life import LifeResult, LifeSettings
 from ..core.lease_rules import HANDOFF_ATTRIBUTE, check_heartbeat_attributes
@@ -33,7 +34,7 @@ from ..core.streams import StreamRecreated, scope_of
 from ..processor import InitializationInput, ProcessRecordsInput, RecordProcessor
 from ..records.kpl import KplStats
 from .aws import client
-from .lease_table import LeaseTable, encode_value
+from .lease_table import LeaseTable
 from .metrics import Metrics
 from .reader import ShardReader
 from .shards import list_shards, stream_scope
