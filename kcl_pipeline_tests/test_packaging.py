@@ -2,6 +2,7 @@
 
 - The core alone (no dagster, pyspark or moto) installs on every supported Python and runs a consumer.
 - The wheel's `kcl-pipeline demo` serves the Dagster UI from a directory that is not a checkout.
+- The deployment files the wheel ships (kcl_pipeline/deploy/) are the repository root's, byte for byte.
 """
 from __future__ import annotations
 
@@ -23,6 +24,48 @@ from kcl_pipeline.local.producer import produce
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PYENV = Path.home() / ".pyenv" / "versions"
 HEAVY = ("dagster", "pyspark", "moto", "flask", "dagster-webserver", "dagster-aws")
+# The top-level files a Dagster user finds at the root (the ones to edit) and their packaged copies.
+DEPLOYMENT_FILES = ("workspace.yaml", "dagster.yaml")
+
+
+def _differing_deployment_files(root: Path) -> list[str]:
+    """The deployment files whose top-level and packaged copies differ (or one of which is missing)."""
+    def content(path: Path) -> bytes | None:
+        return path.read_bytes() if path.is_file() else None
+
+    return [name for name in DEPLOYMENT_FILES
+            if content(root / name) is None or content(root / name) != content(root / "kcl_pipeline" / "deploy" / name)]
+
+
+@pytest.mark.core
+def test_the_packaged_deployment_files_are_the_top_level_ones():
+    """One source: `dagster dev` at the root reads workspace.yaml and (without DAGSTER_HOME) dagster.yaml there;
+    the demo and `local up` use the packaged copies. Edit the top-level file, then copy it over."""
+    differing = _differing_deployment_files(REPO_ROOT)
+    assert differing == [], " and ".join(f"{name} differs from kcl_pipeline/deploy/{name}: "
+                                         f"cp {name} kcl_pipeline/deploy/{name}" for name in differing)
+    from kcl_pipeline.defs.home import DAGSTER_YAML
+    from kcl_pipeline.local.demo import WORKSPACE_YAML
+
+    assert (DAGSTER_YAML, WORKSPACE_YAML) == (REPO_ROOT / "kcl_pipeline" / "deploy" / "dagster.yaml",
+                                              REPO_ROOT / "kcl_pipeline" / "deploy" / "workspace.yaml")
+
+
+@pytest.mark.core
+@pytest.mark.parametrize("changed", ["top-level", "packaged", "missing"])
+@pytest.mark.parametrize("name", DEPLOYMENT_FILES)
+def test_the_comparison_fails_when_one_copy_changes_alone(tmp_path, name, changed):
+    (tmp_path / "kcl_pipeline" / "deploy").mkdir(parents=True)
+    for each in DEPLOYMENT_FILES:
+        shutil.copyfile(REPO_ROOT / each, tmp_path / each)
+        shutil.copyfile(REPO_ROOT / each, tmp_path / "kcl_pipeline" / "deploy" / each)
+    assert _differing_deployment_files(tmp_path) == []
+    one = tmp_path / name if changed != "packaged" else tmp_path / "kcl_pipeline" / "deploy" / name
+    if changed == "missing":
+        one.unlink()
+    else:
+        one.write_bytes(one.read_bytes().replace(b"enabled: false", b"enabled: true").replace(b"# ", b"#  ", 1))
+    assert _differing_deployment_files(tmp_path) == [name]
 
 
 def _python(version: str) -> str | None:

@@ -1,6 +1,7 @@
 """DAGSTER_HOME for the local default: a directory holding the project's dagster.yaml (Dagster reads it there).
 
-The instance files ship inside the package (kcl_pipeline/deploy/), so an installed wheel has them too.
+The instance files ship inside the package (kcl_pipeline/deploy/), so an installed wheel has them too; the
+repository root's dagster.yaml is the same file, byte for byte (a test compares them).
 """
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ POSTGRES_URL_ENV = "DAGSTER_POSTGRES_URL"
 def prepare_dagster_home(home: str | Path, source: Path | None = None, *, storage: str = "sqlite") -> Path:
     """Create `home` (if needed) and copy the project's dagster.yaml into it; returns the absolute path.
 
-    Run `dagster dev -m kcl_pipeline.definitions` with DAGSTER_HOME set to it (SQLite storage lands under it)."""
+    Run `dagster dev` (at the repository root, or `-w kcl_pipeline/deploy/workspace.yaml`) with DAGSTER_HOME set
+    to it (SQLite storage lands under it)."""
     if storage not in INSTANCE_FILES:
         raise ValueError(f"Dagster storage must be one of {', '.join(INSTANCE_FILES)}, got {storage!r}")
     source = source or INSTANCE_FILES[storage]
