@@ -1,6 +1,8 @@
 """Settings from the environment, window partitions, the schedule's day, the cursor: table-driven, no I/O."""
 from __future__ import annotations
 
+import subprocess
+import sys
 from datetime import datetime, timezone
 
 import pytest
@@ -53,30 +55,75 @@ def test_the_partitions_start_is_required_outside_the_demo_and_never_moves_with_
         PipelineSettings.from_env(fixed, now=later).partitions_start == datetime(2026, 11, 20, tzinfo=timezone.utc)
 
 
+# One bad value each: the message names the variable, the value given and what was expected.
 @pytest.mark.parametrize("values,message", [
-    (env(PROFILE="prod"), "PROFILE must be one of"),
+    (env(PROFILE="prod"), "KCL_PIPELINE_PROFILE must be 'default' or 'demo', got 'prod'"),
+    (env(WINDOW_MINUTES="two"), "KCL_PIPELINE_WINDOW_MINUTES must be a whole number, got 'two'"),
+    (env(WINDOW_MINUTES="1.5"), "KCL_PIPELINE_WINDOW_MINUTES must be a whole number, got '1.5'"),
+    (env(CREATE_ZONES="maybe"),
+     "KCL_PIPELINE_CREATE_ZONES must be true or false \\(or 1/0, yes/no, on/off\\), got 'maybe'"),
+    (env(HOST_WORKERS="2"), "KCL_PIPELINE_HOST_WORKERS must be true or false .*, got '2'"),
+    (env(SENSOR_INTERVAL_SECONDS="20s"), "KCL_PIPELINE_SENSOR_INTERVAL_SECONDS must be a whole number, got '20s'"),
+    (env(HEARTBEAT_SECONDS="fast"), "KCL_PIPELINE_HEARTBEAT_SECONDS must be a number, got 'fast'"),
+    (env(LEASE_EXPIRY_SECONDS="10 s"), "KCL_PIPELINE_LEASE_EXPIRY_SECONDS must be a number, got '10 s'"),
+    (env(MAX_LEASES="all"), "KCL_PIPELINE_MAX_LEASES must be a whole number, got 'all'"),
+    (env(GRACE_SECONDS="none"), "KCL_PIPELINE_GRACE_SECONDS must be a number, got 'none'"),
+    (env(INITIAL_POSITION="EARLIEST"),
+     "KCL_PIPELINE_INITIAL_POSITION must be 'TRIM_HORIZON', 'LATEST' or 'AT_TIMESTAMP', got 'EARLIEST'"),
+    (env(METRICS_NAMING="java"), "KCL_PIPELINE_METRICS_NAMING must be 'pipeline' or 'kcl', got 'java'"),
+    (env(LANDING_READER="s3a"),
+     "KCL_PIPELINE_LANDING_READER must be 'auto', 'native' or 'datasource', got 's3a'"),
+    (env(SPARK_CONF="[1]"), "KCL_PIPELINE_SPARK_CONF must be a JSON object, got '\\[1\\]'"),
+    (env(SPARK_CONF="{"), "KCL_PIPELINE_SPARK_CONF must be a JSON object \\(not JSON: EOF while parsing .*\\), "
+                          "got '{'"),
+    (env(PARTITIONS_START="yesterday"), "KCL_PIPELINE_PARTITIONS_START 'yesterday' is not an ISO 8601"),
+    (env(STREAM="a,,b"), "KCL_PIPELINE_STREAM 'a,,b' has an empty name"),
+    # cross-field and range checks, after the types
     (env(WINDOW_MINUTES="7"), "WINDOW_MINUTES must divide an hour"),
     (env(WINDOW_MINUTES="90"), "WINDOW_MINUTES must divide an hour"),
     (env(WINDOW_MINUTES="300"), "WINDOW_MINUTES must divide an hour"),
-    (env(WINDOW_MINUTES="two"), "WINDOW_MINUTES must be an integer"),
-    (env(PARTITIONS_START="yesterday"), "PARTITIONS_START 'yesterday' is not an ISO 8601"),
     (env(PARTITIONS_START="2026-11-22T03:30:00Z"), "not on a 60-minute window boundary"),
     (env(WINDOW_MINUTES="1", PARTITIONS_START="2026-01-01"), "exceed Dagster's 100000 per asset"),
     (env(INITIAL_POSITION="AT_TIMESTAMP"), "AT_TIMESTAMP needs --timestamp"),
-    (env(INITIAL_POSITION="EARLIEST"), "initial position must be"),
-    (env(CREATE_ZONES="maybe"), "CREATE_ZONES must be true or false"),
     (env(SENSOR_INTERVAL_SECONDS="2"), "SENSOR_INTERVAL_SECONDS must be >= 5"),
     (env(HEARTBEAT_SECONDS="20"), "at least twice heartbeat_seconds"),
-    (env(HEARTBEAT_SECONDS="fast"), "HEARTBEAT_SECONDS must be a number"),
-    (env(SPARK_CONF="[1]"), "SPARK_CONF must be a JSON object"),
-    (env(SPARK_CONF="{"), "SPARK_CONF is not JSON"),
     (env(STREAM="bad name!"), "stream 'bad name!' must be"),
     (env(GRACE_SECONDS="-1"), "GRACE_SECONDS must be >= 0"),
-    (env(LANDING_READER="s3a"), "LANDING_READER must be one of auto, native, datasource, got 's3a'"),
 ])
 def test_bad_settings_say_what_is_wrong(values, message):
     with pytest.raises(ConfigError, match=message):
         PipelineSettings.from_env({**env(PARTITIONS_START="2026-11-15"), **values}, now=NOW)
+
+
+def test_every_bad_value_is_reported_at_once():
+    with pytest.raises(ConfigError) as raised:
+        PipelineSettings.from_env(env(PARTITIONS_START="2026-11-15", WINDOW_MINUTES="x", CREATE_ZONES="z"), now=NOW)
+    assert str(raised.value) == ("KCL_PIPELINE_WINDOW_MINUTES must be a whole number, got 'x'; "
+                                 "KCL_PIPELINE_CREATE_ZONES must be true or false (or 1/0, yes/no, on/off), got 'z'")
+
+
+def test_a_demo_window_that_tiles_nothing_is_refused_before_the_current_window_is_computed():
+    with pytest.raises(ConfigError, match="WINDOW_MINUTES must divide an hour .* got 0"):
+        PipelineSettings.from_env(env(PROFILE="demo", WINDOW_MINUTES="0"), now=NOW)
+
+
+def test_blank_variables_are_unset_and_values_are_read_trimmed():
+    s = PipelineSettings.from_env(env(PARTITIONS_START=" 2026-11-15 ", WINDOW_MINUTES="  ", CREATE_ZONES="",
+                                      STREAM=" orders , clicks ", MAX_LEASES=" 7 ", PROFILE=" "), now=NOW)
+    assert (s.window_minutes, s.create_zones, s.streams, s.max_leases) == (60, False, ("orders", "clicks"), 7)
+
+
+def test_choices_and_booleans_are_read_in_any_case():
+    s = PipelineSettings.from_env(env(PROFILE="Demo", INITIAL_POSITION="latest", METRICS_NAMING="KCL",
+                                      LANDING_READER="DataSource", CREATE_ZONES="Off", HOST_WORKERS="0"), now=NOW)
+    assert (s.initial_position, s.metrics_naming, s.landing_reader, s.create_zones, s.host_workers) == \
+        ("LATEST", "kcl", "datasource", False, False)
+    assert s.window_minutes == 2  # the demo's default, the other two overridden
+
+
+def test_variables_of_other_programs_with_the_prefix_are_ignored():
+    s = PipelineSettings.from_env(env(PARTITIONS_START="2026-11-15", NODE_MODULES="/x", PARENT_PID="1"), now=NOW)
+    assert s.window_minutes == 60
 
 
 @pytest.mark.parametrize("minutes,ok", [(1, True), (2, True), (7, False), (15, True), (30, True), (45, False),
@@ -143,16 +190,33 @@ def test_a_foreign_cursor_is_a_clear_error(text):
         Cursor.parse(text)
 
 
+def _run_python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+def test_without_pydantic_settings_the_variables_are_a_clear_error_and_the_module_still_loads():
+    """A core install has no pydantic-settings: the CLI's audit names the extra rather than a traceback."""
+    result = _run_python(
+        "import sys; sys.modules['pydantic_settings'] = None\n"
+        "from kcl_pipeline.defs.kinesis.settings import PipelineSettings, check_window_minutes\n"
+        "check_window_minutes(60)\n"
+        "from kcl_pipeline.kcl.config import ConfigError\n"
+        "try:\n"
+        "    PipelineSettings.from_env({}, for_partitions=False)\n"
+        "except ConfigError as exc:\n"
+        "    print(exc)\n")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == ("reading the KCL_PIPELINE_* variables needs pydantic-settings: "
+                                     "pip install 'kcl_pipeline[dagster]' (or pydantic-settings alone)")
+
+
 def test_the_deployment_settings_and_stream_names_are_readable_without_dagster_installed():
     """The CLI's audit and verify read the deployment's settings on a core install (no Dagster)."""
-    import subprocess
-    import sys
-
     code = ("import sys; sys.modules['dagster'] = None\n"
             "from kcl_pipeline.defs.kinesis.settings import PipelineSettings\n"
             "from kcl_pipeline.defs.kinesis.streams import PipelineStream\n"
             "s = PipelineSettings.from_env({'KCL_PIPELINE_STREAM': 'a,b-c'}, for_partitions=False)\n"
             "print(s.streams, PipelineStream(s.streams[1]).output_uri('s3://x/out'))\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    result = _run_python(code)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "('a', 'b-c') s3://x/out/b-c"

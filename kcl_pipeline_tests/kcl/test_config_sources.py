@@ -162,7 +162,7 @@ def test_metrics_naming_reaches_the_consumer_from_the_environment():
     settings = PipelineSettings.from_env({**START, "KCL_PIPELINE_METRICS_NAMING": "KCL"})
     resource = KinesisConsumerResource.from_settings(settings)
     assert resource.consumer_config(AwsSettings(), "w", 20.0).metrics_naming == "kcl"
-    with pytest.raises(ConfigError, match="metrics_naming"):
+    with pytest.raises(ConfigError, match="KCL_PIPELINE_METRICS_NAMING must be 'pipeline' or 'kcl', got 'java'"):
         PipelineSettings.from_env({**START, "KCL_PIPELINE_METRICS_NAMING": "java"})
 
 

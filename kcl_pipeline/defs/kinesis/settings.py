@@ -40,24 +40,31 @@ checkpoint moved past them.
 
 The consumer's defaults (timings, lease counts, initial position) are ConsumerConfig's: they are declared
 once, in kcl_pipeline.kcl.config, and read from there.
+
+The variables are read by pydantic-settings (the [dagster] extra): the prefix, a blank variable meaning unset,
+numbers, booleans (true/false, 1/0, yes/no, on/off), choices and JSON. A bad value is an error naming the
+variable, its value and what was expected. The module itself imports without it (and without Dagster): its
+checks and constants serve the CLI on a core install.
 """
 from __future__ import annotations
 
-import json
+import functools
 import os
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Mapping
+from typing import Annotated, Any, Literal, Mapping
 
 from ...kcl.config import ConfigError, ConsumerConfig, InitialPosition, consumer_default
+from ...kcl.core.model import AT_TIMESTAMP, LATEST, TRIM_HORIZON
 from .streams import check_prefixes
 
 PREFIX = "KCL_PIPELINE_"
 PROFILES = ("default", "demo")
+LANDING_READERS = ("auto", "native", "datasource")
 # Dagster's UI and daemons slow down past this many partitions of one asset.
 MAX_PARTITIONS = 100_000
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
+# What the demo profile changes (the partitions' start too: the current window, unless set).
+DEMO_DEFAULTS = {"window_minutes": 2, "create_zones": True, "host_workers": True}
 
 
 @dataclass(frozen=True)
@@ -146,18 +153,13 @@ class PipelineSettings:
         verify and backfill, which name their windows themselves) does not require the partitions' start."""
         env = os.environ if env is None else env
         now = now or datetime.now(timezone.utc)
-        profile = env.get(f"{PREFIX}PROFILE", "default").strip().lower() or "default"
-        if profile not in PROFILES:
-            raise ConfigError(f"{PREFIX}PROFILE must be one of {', '.join(PROFILES)}, got {profile!r}")
-        demo = profile == "demo"
-
-        def get(name: str, default: str | None = None) -> str | None:
-            value = env.get(PREFIX + name)
-            return value.strip() if value is not None and value.strip() != "" else default
-
-        window = _int(get("WINDOW_MINUTES"), "WINDOW_MINUTES", 2 if demo else 60)
-        start_text = get("PARTITIONS_START")
-        d = _defaults(cls)
+        values = read_variables(env)
+        demo = values.pop("profile", "default") == "demo"
+        if demo:
+            values = {**DEMO_DEFAULTS, **values}
+        window = values.get("window_minutes", cls.window_minutes)
+        check_window_minutes(window)  # before the current window is computed from it
+        start_text = values.pop("partitions_start", None)
         if start_text:
             start = _parse_start(start_text)
         elif demo or not for_partitions:
@@ -167,36 +169,12 @@ class PipelineSettings:
                 f"{PREFIX}PARTITIONS_START is required: the first window partition, fixed for the deployment's "
                 f"life (ISO 8601 UTC on a window boundary, e.g. 2026-01-31 or 2026-01-31T06:00:00Z). Choose the "
                 f"window of the oldest record you want transformed; older records are left untransformed and reported")
-        streams = _streams(get("STREAM", d["stream"]))
-        settings = cls(
-            stream=streams[0],
-            more_streams=streams[1:],
-            application=get("APPLICATION", d["application"]),
-            initial_position=get("INITIAL_POSITION", d["initial_position"]).upper(),
-            initial_timestamp=get("INITIAL_TIMESTAMP"),
-            table_name=get("TABLE_NAME", d["table_name"]),
-            window_minutes=window,
-            partitions_start=start,
-            landing_uri=get("LANDING_URI", d["landing_uri"]),
-            output_uri=get("OUTPUT_URI", d["output_uri"]),
-            create_zones=_bool(get("CREATE_ZONES"), "CREATE_ZONES", demo),
-            host_workers=_bool(get("HOST_WORKERS"), "HOST_WORKERS", demo),
-            sensor_interval_seconds=_int(get("SENSOR_INTERVAL_SECONDS"), "SENSOR_INTERVAL_SECONDS",
-                                         d["sensor_interval_seconds"]),
-            heartbeat_seconds=_float(get("HEARTBEAT_SECONDS"), "HEARTBEAT_SECONDS", d["heartbeat_seconds"]),
-            lease_expiry_seconds=_float(get("LEASE_EXPIRY_SECONDS"), "LEASE_EXPIRY_SECONDS",
-                                        d["lease_expiry_seconds"]),
-            max_leases=_int(get("MAX_LEASES"), "MAX_LEASES", d["max_leases"]),
-            grace_seconds=_float(get("GRACE_SECONDS"), "GRACE_SECONDS", d["grace_seconds"]),
-            worker_id=get("WORKER_ID"),
-            metrics_namespace=get("METRICS_NAMESPACE"),
-            metrics_naming=get("METRICS_NAMING", d["metrics_naming"]).lower(),
-            decoder=get("DECODER", d["decoder"]),
-            landing_reader=_choice(get("LANDING_READER", d["landing_reader"]), "LANDING_READER",
-                                   ("auto", "native", "datasource")),
-            spark_master=get("SPARK_MASTER", d["spark_master"]),
-            spark_conf=_json_object(get("SPARK_CONF"), "SPARK_CONF"),
-        )
+        if "stream" in values:
+            values["stream"], *more = _streams(values["stream"])
+            values["more_streams"] = tuple(more)
+        if "spark_conf" in values:
+            values["spark_conf"] = {str(k): str(v) for k, v in values["spark_conf"].items()}
+        settings = cls(partitions_start=start, **values)
         settings.check_partition_count(now)
         return settings
 
@@ -208,15 +186,102 @@ def _streams(text: str) -> tuple[str, ...]:
     return streams
 
 
-def _choice(value: str, name: str, allowed: tuple[str, ...]) -> str:
-    if value.lower() not in allowed:
-        raise ConfigError(f"{PREFIX}{name} must be one of {', '.join(allowed)}, got {value!r}")
-    return value.lower()
+def read_variables(env: Mapping[str, str]) -> dict[str, Any]:
+    """The KCL_PIPELINE_* variables that are set (blank ones are not), by field name, typed by pydantic-settings.
+
+    Every bad value is reported at once: the variable, the value given, what was expected.
+    """
+    from pydantic import ValidationError
+
+    model, source = _variables_model()
+    found = source(model, env)()
+    try:
+        typed = model.model_validate(found)
+    except ValidationError as exc:
+        raise ConfigError("; ".join(_explain(error, found) for error in exc.errors())) from None
+    return {name: getattr(typed, name) for name in typed.model_fields_set}
 
 
-def _defaults(cls) -> dict[str, object]:
-    """The dataclass's own plain defaults: from_env falls back to exactly these (no second copy)."""
-    return {f.name: f.default for f in fields(cls) if f.default is not MISSING}
+# What each kind of refusal expected, in the variable's words.
+_EXPECTED = {
+    "int_parsing": "a whole number",
+    "int_from_float": "a whole number",
+    "float_parsing": "a number",
+    "bool_parsing": "true or false (or 1/0, yes/no, on/off)",
+    "dict_type": "a JSON object",
+}
+
+
+def _explain(error: Any, found: Mapping[str, Any]) -> str:
+    name = str(error["loc"][0])
+    variable, given = PREFIX + name.upper(), found.get(name, error["input"])
+    kind = error["type"]
+    if kind == "literal_error":
+        expected = error["ctx"]["expected"]
+    elif kind == "json_invalid":
+        expected = f"a JSON object (not JSON: {error['ctx']['error']})"
+    else:
+        expected = _EXPECTED.get(kind, error["msg"])
+    return f"{variable} must be {expected}, got {given!r}"
+
+
+@functools.cache
+def _variables_model() -> tuple[Any, Any]:
+    """The variables' types and the source reading them from a mapping (built on first use: pydantic-settings
+    comes with the [dagster] extra, and the CLI imports this module on a core install too)."""
+    try:
+        from pydantic import BeforeValidator, Json
+        from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
+    except ImportError:
+        raise ConfigError(f"reading the {PREFIX}* variables needs pydantic-settings: pip install "
+                          f"'kcl_pipeline[dagster]' (or pydantic-settings alone)") from None
+
+    lower, upper = BeforeValidator(str.lower), BeforeValidator(str.upper)
+
+    class PipelineVariables(BaseSettings):
+        """One field per variable (KCL_PIPELINE_<FIELD>); unset ones stay None and PipelineSettings' defaults apply."""
+
+        model_config = SettingsConfigDict(env_prefix=PREFIX, env_ignore_empty=True, extra="ignore")
+
+        profile: Annotated[Literal[PROFILES], lower] | None = None
+        stream: str | None = None
+        application: str | None = None
+        table_name: str | None = None
+        initial_position: Annotated[Literal[TRIM_HORIZON, LATEST, AT_TIMESTAMP], upper] | None = None
+        initial_timestamp: str | None = None
+        window_minutes: int | None = None
+        partitions_start: str | None = None  # ISO 8601 with a Z: read by _parse_start
+        landing_uri: str | None = None
+        output_uri: str | None = None
+        create_zones: bool | None = None
+        host_workers: bool | None = None
+        sensor_interval_seconds: int | None = None
+        heartbeat_seconds: float | None = None
+        lease_expiry_seconds: float | None = None
+        max_leases: int | None = None
+        grace_seconds: float | None = None
+        worker_id: str | None = None
+        metrics_namespace: str | None = None
+        metrics_naming: Annotated[Literal["pipeline", "kcl"], lower] | None = None
+        decoder: str | None = None
+        landing_reader: Annotated[Literal[LANDING_READERS], lower] | None = None
+        spark_master: str | None = None
+        spark_conf: Json[dict[str, Any]] | None = None
+
+    class MappingSource(EnvSettingsSource):
+        """pydantic-settings' environment source over a given mapping (os.environ, or a test's), values
+        stripped: a variable of blanks is unset too."""
+
+        def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]):
+            self.environ = environ
+            super().__init__(settings_cls)
+
+        def _load_env_vars(self) -> Mapping[str, str | None]:
+            stripped = ((name, value.strip()) for name, value in self.environ.items())
+            return {name if self.case_sensitive else name.lower(): value for name, value in stripped
+                    if value or not self.env_ignore_empty}
+
+    return PipelineVariables, MappingSource
 
 
 def check_window_minutes(minutes: int) -> None:
@@ -239,44 +304,3 @@ def _parse_start(text: str) -> datetime:
         raise ConfigError(f"{PREFIX}PARTITIONS_START {text!r} is not an ISO 8601 date or time "
                           f"(e.g. 2026-01-31 or 2026-01-31T06:00:00Z)") from None
     return dt.replace(tzinfo=timezone.utc) if dt.tzinfo is None else dt.astimezone(timezone.utc)
-
-
-def _int(text: str | None, name: str, default: int) -> int:
-    if text is None:
-        return default
-    try:
-        return int(text)
-    except ValueError:
-        raise ConfigError(f"{PREFIX}{name} must be an integer, got {text!r}") from None
-
-
-def _float(text: str | None, name: str, default: float) -> float:
-    if text is None:
-        return default
-    try:
-        return float(text)
-    except ValueError:
-        raise ConfigError(f"{PREFIX}{name} must be a number, got {text!r}") from None
-
-
-def _bool(text: str | None, name: str, default: bool) -> bool:
-    if text is None:
-        return default
-    lowered = text.lower()
-    if lowered in _TRUE:
-        return True
-    if lowered in _FALSE:
-        return False
-    raise ConfigError(f"{PREFIX}{name} must be true or false, got {text!r}")
-
-
-def _json_object(text: str | None, name: str) -> dict[str, str]:
-    if text is None:
-        return {}
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{PREFIX}{name} is not JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise ConfigError(f"{PREFIX}{name} must be a JSON object of Spark settings, got {type(value).__name__}")
-    return {str(k): str(v) for k, v in value.items()}
