@@ -30,9 +30,9 @@ from .kinesis import SimKinesisClient
 from .landing import LandingProcessor
 
 if TYPE_CHECKING:
-    from .world import World
+    from .stage import Stage
 
-def lease_table_client(world: "World", host: Host, config: ConsumerConfig, actor: Any) -> SimDynamoDBClient:
+def lease_table_client(world: "Stage", host: Host, config: ConsumerConfig, actor: Any) -> SimDynamoDBClient:
     """The simulated twin of worker.lease_table_client: same attempts and read timeout."""
     return SimDynamoDBClient(world.dynamodb, world.child_rng(), host.faults, actor=actor,
                              max_attempts=LEASE_TABLE_ATTEMPTS, read_timeout=lease_table_read_timeout(config))
@@ -56,7 +56,7 @@ def _raise_paced(seconds: float) -> None:
 class Process:
     """What a consumer's manager and workers share: the world, the host, a way to call the table."""
 
-    world: "World"
+    world: "Stage"
     host: Host
     scope: Scope
 
@@ -423,7 +423,7 @@ class _Checkpointer:
 class SimConsumer(Process):
     """One consumer process (manager.py's shell): its manager cycles, its workers, its lifecycle."""
 
-    def __init__(self, world: "World", host: Host, worker_id: str, config: ConsumerConfig, name: str):
+    def __init__(self, world: "Stage", host: Host, worker_id: str, config: ConsumerConfig, name: str):
         self.world = world
         self.host = host
         self.worker_id = worker_id

@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING
 
 from botocore.exceptions import ClientError
 
-from ..kcl.core.model import SHARD_END, TRIM_HORIZON
 from ..kcl.core.lease_codec import lease_from_item
+from ..kcl.core.model import SHARD_END, TRIM_HORIZON
 from .dynamodb import SimDynamoDBClient
 from .engine import Host, Scope
 
 if TYPE_CHECKING:
-    from .world import World
+    from .stage import Stage
 
 EXPIRY = 10.0
 RENEW_EVERY = EXPIRY / 3
@@ -46,7 +46,7 @@ class _Held:
 class JavaPeer:
     is_java_peer = True  # its requests are its own: mutations of our code never touch them
 
-    def __init__(self, world: "World", host: Host, worker_id: str):
+    def __init__(self, world: "Stage", host: Host, worker_id: str):
         self.world = world
         self.host = host
         self.worker_id = worker_id

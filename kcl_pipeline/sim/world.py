@@ -19,11 +19,12 @@ from . import mutations
 from .checker import Checker
 from .consumer import SimConsumer, SimWorker
 from .dynamodb import NetworkFaults, SimDynamoDB, SimDynamoDBClient
-from .engine import Engine, Host
+from .engine import Host
 from .java import JavaPeer
 from .kinesis import SimStream
 from .landing import Pipeline, ZoneStore
 from .scenario import FAULTS, FaultEvent, Scenario
+from .stage import Stage
 
 STREAM = "simstream"
 APPLICATION = "simapp"
@@ -66,7 +67,7 @@ def base_config(worker_id: str, leases_to_acquire: int) -> ConsumerConfig:
                           idle_interval_seconds=2.0, max_records_per_call=10, leases_to_acquire=leases_to_acquire)
 
 
-class World(Engine):
+class World(Stage):
     def __init__(self, scenario: Scenario, mutation: str | None = None):
         super().__init__(scenario.seed)
         self.scenario = scenario
