@@ -6,10 +6,10 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Callable
 
-PARTITION_FMT = "%Y-%m-%d-%H:%M"  # the pipeline's partition keys (defs/kinesis/partitions.py)
+from ..defs.kinesis.partitions import partition_key
+
 BACKFILL_ASSETS = ("landed_records", "transformed_records")
 
 _LAUNCH = """
@@ -73,8 +73,7 @@ class DagsterApiError(RuntimeError):
 def window_keys(start_ms: int, end_ms: int, window_ms: int) -> list[str]:
     if start_ms % window_ms or end_ms % window_ms or end_ms <= start_ms:
         raise ValueError(f"[{start_ms}, {end_ms}) must be whole windows of {window_ms // 60_000} minutes")
-    return [datetime.fromtimestamp(t / 1000, tz=timezone.utc).strftime(PARTITION_FMT)
-            for t in range(start_ms, end_ms, window_ms)]
+    return [partition_key(t) for t in range(start_ms, end_ms, window_ms)]
 
 
 def graphql(url: str, query: str, variables: dict) -> dict:

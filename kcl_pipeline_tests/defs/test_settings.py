@@ -156,6 +156,25 @@ def test_partitions_are_epoch_aligned_windows(minutes):
     assert window_of(pd, keys[-1])[1] <= NOW.timestamp() * 1000  # only windows that have ended
 
 
+@pytest.mark.parametrize("minutes", [2, 60, 180])
+def test_the_backfill_names_windows_by_the_pipelines_own_partition_keys(minutes):
+    """The CLI's backfill asks the webserver for keys: a format of its own would name partitions that do not exist."""
+    from kcl_pipeline.local.dagster_client import window_keys
+
+    s = PipelineSettings.from_env(env(WINDOW_MINUTES=str(minutes), PARTITIONS_START="2026-11-21"), now=NOW)
+    keys = window_partitions(s).get_partition_keys(current_time=NOW)[3:9]
+    start, end = window_of(window_partitions(s), keys[0])[0], window_of(window_partitions(s), keys[-1])[1]
+    assert window_keys(start, end, s.window_ms) == keys
+
+
+def test_the_backfill_names_its_windows_without_dagster_installed():
+    result = _run_python("import sys; sys.modules['dagster'] = None\n"
+                         "from kcl_pipeline.local.dagster_client import window_keys\n"
+                         "print(window_keys(0, 3 * 3_600_000, 3_600_000))\n")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "['1970-01-01-00:00', '1970-01-01-01:00', '1970-01-01-02:00']"
+
+
 @pytest.mark.parametrize("scheduled,window,start,expected", [
     (datetime(2026, 11, 22, 1, 30, tzinfo=timezone.utc), 60, "2026-11-01", ("2026-11-21-00:00", "2026-11-21-23:00")),
     (datetime(2026, 11, 22, 1, 30, tzinfo=timezone.utc), 2, "2026-11-01", ("2026-11-21-00:00", "2026-11-21-23:58")),
