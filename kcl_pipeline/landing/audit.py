@@ -238,7 +238,7 @@ def audit_window(store: ZoneStore, output: ZoneStore, stream: str, t0: int, t1: 
         raise ValueError(f"unknown audit checks {sorted(unknown)}; known: {', '.join(CHECKS)}")
     batches = list_batches(store, stream, t0, t1)
     outcomes: list[CheckOutcome] = []
-    reports: dict[str, ChainReport] | None = None
+    reports: dict[str, ChainReport] = {}  # read only when a check needs them
     if "chain" in checks or "counts" in checks:
         reports = verify_batches(store, batches)
         if any(r.overlaps for r in reports.values()):

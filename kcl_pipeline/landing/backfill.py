@@ -69,7 +69,7 @@ class Cut:
     last_before: Checkpoint | None  # the last skipped record before the start (the first delivered one's predecessor)
 
 
-def cut_batch(records: list[UserRecord], start_ms: int, end_ms: int) -> Cut:
+def cut_batch(records: Sequence[UserRecord], start_ms: int, end_ms: int) -> Cut:
     """Split a polled batch at the range. Arrival timestamps do not decrease along a shard, so the first
     record at or after `end_ms` ends the read."""
     deliver: list[UserRecord] = []
@@ -180,6 +180,9 @@ class _NoCheckpoints:
     """A backfill never writes to the lease table; the pipeline-mode sink never calls these."""
 
     def checkpoint(self, sequence_number: str | None = None, sub_sequence_number: int = 0) -> bool:
+        raise RuntimeError("a backfill never checkpoints (the live lease table is not touched)")
+
+    def checkpoint_at_next_heartbeat(self, sequence_number: str | None = None, sub_sequence_number: int = 0) -> None:
         raise RuntimeError("a backfill never checkpoints (the live lease table is not touched)")
 
     def end_shard(self) -> None:

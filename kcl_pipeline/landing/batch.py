@@ -96,16 +96,17 @@ def encode_batch(stream: str, shard_id: str, records: Sequence[UserRecord], prev
     a columnar UserRecordBatch (what the reader delivers: it goes to Arrow without a Python object per
     record) or any sequence of UserRecords; `prev_key` is the key of the batch ending at `prev`, so the
     chain can be followed back directly."""
-    if not records:
-        raise ValueError("a batch needs at least one record")
     batch = records if isinstance(records, UserRecordBatch) else UserRecordBatch.from_records(shard_id, records)
+    last = batch.last
+    if last is None:
+        raise ValueError("a batch needs at least one record")
     arrivals = batch.run_arrival_ms
     minute = minute_of(arrivals[0])
     if minute_of(arrivals[-1]) != minute:
         # Cheap guard on the caller (the sink flushes at every minute change); a full scan would cost more.
         raise ValueError(f"batch spans two arrival minutes ({arrivals[0]} .. {arrivals[-1]})")
     n = len(batch)
-    first, last = batch[0].checkpoint, batch.last
+    first = batch[0].checkpoint
     key = BatchKey(stream, shard_id, minute, first, last)
     meta = {
         "batch_format": FORMAT_VERSION, "stream": stream, "shard_id": shard_id,

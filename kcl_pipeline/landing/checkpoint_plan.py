@@ -80,14 +80,8 @@ def plan_checkpoints(materialised: Iterable[tuple[int, int] | int] | Materialise
     partition's start (batches before it are stepped over and counted)."""
     if window_ms <= 0 or window_ms % 60_000:
         raise ValueError(f"window_ms must be a positive whole number of minutes, got {window_ms}")
-    done: set[int] | Materialised = set()
-    for w in ([] if isinstance(materialised, Materialised) else materialised):
-        t0, t1 = (w, w + window_ms) if isinstance(w, int) else w
-        if t1 - t0 != window_ms or t0 % window_ms:
-            raise ValueError(f"materialised window [{t0}, {t1}) is not an aligned {window_ms} ms window")
-        done.add(t0)
-    if isinstance(materialised, Materialised):  # committed manifests: per batch, not per window
-        done = materialised
+    # committed manifests count per batch, not per window
+    done = materialised if isinstance(materialised, Materialised) else _whole_windows(materialised, window_ms)
     by_key = dict(leases) if isinstance(leases, Mapping) else {lease.lease_key: lease for lease in leases}
     return CheckpointPlan({
         key: _plan_shard(lease, batches.get(key, ()), progress.get(key), done, window_ms, first_window_ms)
@@ -95,8 +89,19 @@ def plan_checkpoints(materialised: Iterable[tuple[int, int] | int] | Materialise
     })
 
 
+def _whole_windows(windows: Iterable[tuple[int, int] | int], window_ms: int) -> set[int]:
+    """The starts of windows asserted whole, each checked to be an aligned window `window_ms` long."""
+    done: set[int] = set()
+    for w in windows:
+        t0, t1 = (w, w + window_ms) if isinstance(w, int) else w
+        if t1 - t0 != window_ms or t0 % window_ms:
+            raise ValueError(f"materialised window [{t0}, {t1}) is not an aligned {window_ms} ms window")
+        done.add(t0)
+    return done
+
+
 def _plan_shard(lease: Lease, batches: Sequence[BatchKey], progress: ShardProgress | None,
-                done: set[int], window_ms: int, first_window_ms: int | None = None) -> ShardPlan:
+                done: set[int] | Materialised, window_ms: int, first_window_ms: int | None = None) -> ShardPlan:
     key = lease.lease_key
     if lease.is_ended:
         return ShardPlan(key, None, False, "already SHARD_END")
@@ -133,7 +138,7 @@ def _plan_shard(lease: Lease, batches: Sequence[BatchKey], progress: ShardProgre
     return ShardPlan(key, commit, end, reason, before_start)
 
 
-def _may_end(pending: Sequence[BatchKey], progress: ShardProgress, done: set[int], window_ms: int,
+def _may_end(pending: Sequence[BatchKey], progress: ShardProgress, done: set[int] | Materialised, window_ms: int,
              current: Checkpoint, first_window_ms: int | None = None) -> tuple[bool, str]:
     landed = progress.landed
     if landed is None or not checkpoint_advances(current, landed):

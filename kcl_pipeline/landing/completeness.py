@@ -97,7 +97,7 @@ def window_complete(window_start_ms: int, window_end_ms: int, shards: Sequence[S
             done = f"ended (last record {p.landed} landed)"
         elif p is not None and p.landed_arrival_ms is not None and p.landed_arrival_ms >= t1:
             done = f"landed {p.landed} arriving at {p.landed_arrival_ms} >= window end"
-        elif p is not None and p.caught_up_at() is not None and p.caught_up_at() >= t1 + grace_ms:
+        elif p is not None and (caught_up := p.caught_up_at()) is not None and caught_up >= t1 + grace_ms:
             done = f"caught up at {p.polled_at_ms} >= window end + grace"
         elif born_after_window(shard_id):
             done = f"born after the window: {born_after_window(shard_id)}"

@@ -18,7 +18,7 @@ a local worker, a late report of a previous owner) merges field group by field g
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, overload
 
 from ..kcl.core.model import Checkpoint, Lease
 
@@ -98,6 +98,14 @@ def progress_from_leases(leases: Iterable[Lease]) -> dict[str, ShardProgress]:
         if progress is not None:
             out[lease.lease_key] = progress
     return out
+
+
+@overload
+def merge_progress(a: ShardProgress, b: ShardProgress | None) -> ShardProgress: ...
+@overload
+def merge_progress(a: ShardProgress | None, b: ShardProgress) -> ShardProgress: ...
+@overload
+def merge_progress(a: ShardProgress | None, b: ShardProgress | None) -> ShardProgress | None: ...
 
 
 def merge_progress(a: ShardProgress | None, b: ShardProgress | None) -> ShardProgress | None:

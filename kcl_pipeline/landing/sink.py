@@ -39,7 +39,7 @@ from bisect import bisect_right
 from dataclasses import dataclass, field, replace
 from itertools import accumulate
 from operator import add
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from ..kcl.core.model import Checkpoint, UserRecord
 from ..kcl.processor import Checkpointer, InitializationInput, ProcessRecordsInput
@@ -171,8 +171,9 @@ class LandingProcessor:
         self.shard_id = init.shard_id
         if init.stream is not None:  # a multi-stream application: one directory per stream incarnation
             self.stream = stream_directory(init.stream)
-        if self.store is None:
-            self.store = open_store(self._zone, self._aws)
+        if self.store is None:  # built with a URI: this (worker) process opens its own store
+            zone = self._zone
+            self.store = zone if isinstance(zone, ZoneStore) else open_store(zone, self._aws)
         self.store.ensure_zone(create=self.settings.create_zone)
         start = init.checkpoint
         self._start_prev = None if start.is_shard_end else start
@@ -241,7 +242,7 @@ class LandingProcessor:
         if self._buffer_count:
             self._flush("shard_end")
         self._settle_poll()
-        self._progress = replace(self._progress, shard_end_landed=True)
+        self._progress = replace(self._initialised_progress(), shard_end_landed=True)
         log.info("%s: shard end landed (last record %s)", self.shard_id, self._progress.landed)
         if self.settings.checkpoint_after_flush:
             checkpointer.end_shard()  # standalone: nothing downstream decides when a shard is done
@@ -268,6 +269,18 @@ class LandingProcessor:
     def progress(self) -> ShardProgress | None:
         return self._progress
 
+    def _initialised_progress(self) -> ShardProgress:
+        """The shard's progress, which `initialize` starts: records, flushes and ends come after it."""
+        if self._progress is None:
+            raise LandingError(f"landing processor of {self.shard_id or 'no shard'}: not initialised")
+        return self._progress
+
+    def _zone_store(self) -> ZoneStore:
+        """The landing zone's store: given, or opened by `initialize`."""
+        if self.store is None:
+            raise LandingError(f"landing processor of {self.shard_id or 'no shard'}: not initialised (no store)")
+        return self.store
+
     # -- buffering --------------------------------------------------------------------------------------
 
     def _check_records(self, records) -> None:
@@ -289,7 +302,7 @@ class LandingProcessor:
         # runs out and at the record limit; each piece is a columnar slice.
         pieces: list[list] = []  # [start, stop, minute]
         start = 0
-        for ms, length in zip(records.run_arrival_ms, records.run_lengths):
+        for ms, length in zip(records.run_arrival_ms, records.run_lengths, strict=True):
             minute = ms - ms % MINUTE_MS
             if pieces and pieces[-1][2] == minute:
                 pieces[-1][1] += length
@@ -335,6 +348,8 @@ class LandingProcessor:
         if self._last_delivered is not None:
             delivered = self._last_delivered.position()
             floor = delivered if floor is None or delivered > floor else floor
+        if floor is None:  # nothing resumed from and nothing delivered yet: nothing to drop
+            return records
         lo, hi = 0, len(records)
         while lo < hi:
             mid = (lo + hi) // 2
@@ -354,13 +369,13 @@ class LandingProcessor:
         return UserRecordBatch.concat(self._segments, self.shard_id)
 
     def _set_buffer(self, records: UserRecordBatch | None) -> None:
-        self._segments = [records] if records is not None and len(records) else []
-        self._buffer_count = len(records) if records is not None else 0
-        if self._segments:
-            cum, per = _cumulative_sizes(records)
-            self._buffer_bytes = cum[-1] + per * len(records)
-        else:
-            self._buffer_bytes = 0
+        if records is None or not len(records):
+            self._segments, self._buffer_count, self._buffer_bytes = [], 0, 0
+            return
+        cum, per = _cumulative_sizes(records)
+        self._segments = [records]
+        self._buffer_count = len(records)
+        self._buffer_bytes = cum[-1] + per * len(records)
 
     def _flush_if_due(self) -> None:
         if not self._buffer_count:
@@ -423,12 +438,13 @@ class LandingProcessor:
         if landed_records:
             last = landed_records[-1]
             arrival = last.approximate_arrival_timestamp_ms
-            prior = self._progress.landed_arrival_ms
+            progress = self._initialised_progress()
+            prior = progress.landed_arrival_ms
             end = landed_end if landed_end is not None and landed_end.key() > last.position() else last.checkpoint
             self._progress = replace(
-                self._progress, landed=end,
+                progress, landed=end,
                 landed_arrival_ms=arrival if prior is None or arrival > prior else prior,
-                last_batch_key=final_key.key() if final_key else self._progress.last_batch_key)
+                last_batch_key=final_key.key() if final_key else progress.last_batch_key)
             if end.key() > last.position():
                 # Another writer landed further than we have read: drop those records when they come.
                 self._skip_key = end.key() if self._skip_key is None or end.key() > self._skip_key else self._skip_key
@@ -444,25 +460,26 @@ class LandingProcessor:
             commit = getattr(self._checkpointer, "checkpoint_at_next_heartbeat", None) or self._checkpointer.checkpoint
             commit(last.sequence_number, last.sub_sequence_number)
 
-    def _land_after(self, prev: Checkpoint | None, records: UserRecordBatch,
+    def _land_after(self, prev: Checkpoint | None, records: Sequence[UserRecord],
                     prev_key: str | None) -> tuple[BatchKey, int] | None:
         """Land the batch following `prev`, fenced by its link; (the batch that follows prev, how many of
         `records` it holds), or None when another writer claimed a longer batch that is not written yet."""
+        store = self._zone_store()
         encoded = encode_batch(self.stream, self.shard_id, records, prev, self.settings.compression, prev_key)
         link = link_key(self.stream, encoded.key.minute_ms, self.shard_id, prev)
-        if self.store.put_if_absent(link, encoded.key.key().encode()):
+        if store.put_if_absent(link, encoded.key.key().encode()):
             return self._put_batch(encoded), len(records)
-        owner_text = self.store.get(link).decode("utf-8", "replace")
+        owner_text = store.get(link).decode("utf-8", "replace")
         owner = parse_batch_key(owner_text)
         if owner is None or owner.shard_id != self.shard_id or owner.first != records[0].checkpoint:
             raise CorruptBatchError(
-                f"landing zone {self.store.uri}: link {link} names {owner_text!r}, not a batch of {self.shard_id} "
+                f"landing zone {store.uri}: link {link} names {owner_text!r}, not a batch of {self.shard_id} "
                 f"starting at {records[0].checkpoint}; move it away to resume landing")
         if owner == encoded.key:
             return self._put_batch(encoded), len(records)  # our own claim (a retry), or the same range
         held = sum(1 for r in records if r.position() <= owner.last.key())
         self.stats.links_lost += 1
-        if self.store.exists(owner.key()):
+        if store.exists(owner.key()):
             self._validate(owner)  # never drop records on the word of an unreadable object
             self.stats.records_already_landed += held
             log.info("%s: the batch after %s is %s (another writer's): %d records dropped",
@@ -473,12 +490,13 @@ class LandingProcessor:
         # The claimer died between link and batch: land exactly its range (same records, same key).
         mine = encode_batch(self.stream, self.shard_id, records[:held], prev, self.settings.compression, prev_key)
         if mine.key != owner:
-            raise CorruptBatchError(f"landing zone {self.store.uri}: link {link} names {owner.key()}, "
+            raise CorruptBatchError(f"landing zone {store.uri}: link {link} names {owner.key()}, "
                                     f"but the records after {prev} make {mine.key.key()}")
         return self._put_batch(mine), held
 
     def _put_batch(self, encoded) -> BatchKey:
-        if self.store.put_if_absent(encoded.key.key(), encoded.body):
+        store = self._zone_store()
+        if store.put_if_absent(encoded.key.key(), encoded.body):
             self.stats.batches_written += 1
             self.stats.rows_written += encoded.rows
             self.stats.bytes_written += len(encoded.body)
@@ -487,24 +505,25 @@ class LandingProcessor:
             info = self._validate(encoded.key)
             if info.rows != encoded.rows:
                 raise CorruptBatchError(
-                    f"landing zone {self.store.uri}: object {encoded.key.key()} holds {info.rows} rows, "
+                    f"landing zone {store.uri}: object {encoded.key.key()} holds {info.rows} rows, "
                     f"but {encoded.rows} records have that range")
             self.stats.batches_already_landed += 1
         return encoded.key
 
     def _validate(self, key: BatchKey) -> BatchInfo:
-        info = read_batch_info(self.store, key)
+        info = read_batch_info(self._zone_store(), key)
         self._validated.add(key.key())
         return info
 
     def _list_minute(self, minute_ms: int) -> list[BatchKey]:
+        store = self._zone_store()
         prefix = f"{minute_prefix(self.stream, minute_ms)}{self.shard_id}/"
-        listing = split_batch_keys(self.store.list_keys(prefix))
+        listing = split_batch_keys(store.list_keys(prefix))
         foreign = listing.malformed + [k.key() for k in listing.batches
                                        if k.shard_id != self.shard_id or k.minute_ms != minute_ms]
         if foreign:
             raise CorruptBatchError(
-                f"landing zone {self.store.uri}: object {foreign[0]} under the shard's prefix is not a batch key "
+                f"landing zone {store.uri}: object {foreign[0]} under the shard's prefix is not a batch key "
                 f"(<first>_<sub>-<last>_<sub>.parquet with first <= last); move it away to resume landing")
         return listing.batches
 
@@ -518,8 +537,8 @@ class LandingProcessor:
             found = self._walk(from_minute, now_minute)
             if found is None or found.last.key() < hint.landed.key():
                 log.warning("%s: the lease says %s was landed (batch %s) but the zone %s does not hold it; "
-                            "looking for landed batches of the last %d minutes instead", self.shard_id,
-                            hint.landed, hint.last_batch_key, self.store.uri, self.settings.resume_lookback_minutes)
+                            "looking for landed batches of the last %d minutes instead", self.shard_id, hint.landed,
+                            hint.last_batch_key, self._zone_store().uri, self.settings.resume_lookback_minutes)
                 found = None
         if found is None:
             found = self._walk(now_minute - self.settings.resume_lookback_minutes * MINUTE_MS, now_minute)
@@ -539,7 +558,7 @@ class LandingProcessor:
         # exclusion); following one chain never lands beyond it (a backfill's batches are another chain).
         while minute <= now_minute + MINUTE_MS and empty < RESUME_EMPTY_MINUTES:
             link = link_key(self.stream, minute, self.shard_id, cur.last)
-            names = set(self.store.list_keys(f"{minute_prefix(self.stream, minute)}{self.shard_id}/"))
+            names = set(self._zone_store().list_keys(f"{minute_prefix(self.stream, minute)}{self.shard_id}/"))
             nxt = self._linked(link) if link in names else None
             if nxt is None:
                 minute += MINUTE_MS
@@ -550,17 +569,18 @@ class LandingProcessor:
 
     def _linked(self, link: str) -> BatchKey | None:
         """The batch a link names, if that batch is landed (a claimed but unwritten one ends the chain)."""
+        store = self._zone_store()
         try:
-            text = self.store.get(link).decode("utf-8", "replace")
+            text = store.get(link).decode("utf-8", "replace")
         except LandingError:
-            if self.store.exists(link):
+            if store.exists(link):
                 raise
             return None
         key = parse_batch_key(text)
         if key is None or key.shard_id != self.shard_id:
-            raise CorruptBatchError(f"landing zone {self.store.uri}: link {link} names {text!r}, not a batch of "
+            raise CorruptBatchError(f"landing zone {store.uri}: link {link} names {text!r}, not a batch of "
                                     f"{self.shard_id}; move it away to resume landing")
-        return key if self.store.exists(key.key()) else None
+        return key if store.exists(key.key()) else None
 
     def _walk(self, start_minute: int, now_minute: int) -> BatchKey | None:
         """The furthest batch of the shard from `start_minute` on (see the module docstring)."""

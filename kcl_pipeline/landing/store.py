@@ -26,7 +26,7 @@ import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 from botocore.exceptions import (
     BotoCoreError,
@@ -598,7 +598,7 @@ class S3ZoneStore(ZoneStore):
         except Exception as exc:
             raise self._error(exc, f"find bucket {self.bucket!r}") from exc
         region = self.client.meta.region_name
-        request = {"Bucket": self.bucket}
+        request: dict[str, Any] = {"Bucket": self.bucket}  # a CreateBucket request
         if region and region != "us-east-1":
             request["CreateBucketConfiguration"] = {"LocationConstraint": region}
         try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from itertools import pairwise
 from typing import Callable, Iterable, Mapping, Sequence
 
 import pyarrow as pa
@@ -76,7 +77,8 @@ class ZoneReport:
 
     @property
     def ok(self) -> bool:
-        return not self.bad_keys and not self.lease_problems and all(r.ok for shards in self.streams.values() for r in shards.values())
+        return not self.bad_keys and not self.lease_problems and all(
+            r.ok for shards in self.streams.values() for r in shards.values())
 
     @property
     def rows(self) -> int:
@@ -116,7 +118,7 @@ def scan_batches(store: ZoneStore, stream: str, t0: int | None = None, t1: int |
     """The batches of `stream` whose arrival minute is in [t0, t1) (everything when no window)."""
     if (t0 is None) != (t1 is None):
         raise ValueError("give both ends of the window, or neither")
-    if t0 is None:
+    if t0 is None or t1 is None:  # neither (checked above)
         prefixes = [f"{stream}/"]
     else:
         _check_window(t0, t1)
@@ -149,7 +151,7 @@ def read_batches(store: ZoneStore, stream: str, t0: int | None = None, t1: int |
 
 # -- the chain --------------------------------------------------------------------------------------------
 
-def verify_chain(infos: Sequence[BatchInfo], corrupt: dict[str, BatchKey | str] | None = None) -> dict[str, ChainReport]:
+def verify_chain(infos: Sequence[BatchInfo], corrupt: Mapping[str, str] | None = None) -> dict[str, ChainReport]:
     """Pure: per-shard chain status from batch footers (and keys that could not be read, key -> reason)."""
     reports: dict[str, ChainReport] = {}
     unreadable: dict[str, list[tuple[BatchKey, str]]] = {}
@@ -158,8 +160,8 @@ def verify_chain(infos: Sequence[BatchInfo], corrupt: dict[str, BatchKey | str] 
         if key is not None:
             unreadable.setdefault(key.shard_id, []).append((key, str(why)))
     by_shard: dict[str, list[BatchInfo]] = {}
-    for info in infos:
-        by_shard.setdefault(info.key.shard_id, []).append(info)
+    for read in infos:
+        by_shard.setdefault(read.key.shard_id, []).append(read)
     for shard_id in sorted(set(by_shard) | set(unreadable)):
         report = reports[shard_id] = ChainReport(shard_id)
         # Unreadable batches keep their place in the chain (their key gives the range) but vouch for nothing.
@@ -205,10 +207,10 @@ def _deep_check(table: pa.Table, info: BatchInfo) -> list[str]:
     if table.num_rows:
         seqs = table.column("sequence_number").to_pylist()
         subs = table.column("sub_sequence_number").to_pylist()
-        positions = [(len(s), s, n) for s, n in zip(seqs, subs)]
+        positions = [(len(s), s, n) for s, n in zip(seqs, subs, strict=True)]
         if positions[0] != key.first.key() or positions[-1] != key.last.key():
             problems.append(f"{key.key()}: rows run {seqs[0]}/{subs[0]}..{seqs[-1]}/{subs[-1]}")
-        if any(a >= b for a, b in zip(positions, positions[1:])):
+        if any(a >= b for a, b in pairwise(positions)):
             problems.append(f"{key.key()}: positions are not strictly increasing")
         if set(table.column("shard_id").to_pylist()) != {key.shard_id} or \
                 set(table.column("stream").to_pylist()) != {key.stream}:
@@ -239,7 +241,7 @@ def verify_batches(store: ZoneStore, batches: Iterable[BatchKey], *, deep: bool 
             for table, info in items:
                 report.row_errors += _deep_check(table, info)
                 for s, n in zip(table.column("sequence_number").to_pylist(),
-                                table.column("sub_sequence_number").to_pylist()):
+                                table.column("sub_sequence_number").to_pylist(), strict=True):
                     if (s, n) in seen:
                         dups += 1
                     seen.add((s, n))
@@ -299,7 +301,8 @@ def verify_zone(uri: str, window: tuple[int, int] | str | None = None, *, stream
     span = parse_window(window) if isinstance(window, str) else window
     streams = [stream] if stream else store.list_dirs("")
     report = ZoneReport(store.uri, span, {})
-    listings = {name: scan_batches(store, name, *(span or (None, None)), shard=shard) for name in streams}
+    t0, t1 = span or (None, None)
+    listings = {name: scan_batches(store, name, t0, t1, shard=shard) for name in streams}
     total = sum(len(listing.batches) for listing in listings.values())
     done = 0
 
