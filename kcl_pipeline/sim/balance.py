@@ -52,8 +52,8 @@ def simulate_balance(seed: int, *, consumers: int = 3, shards: int = 24, hot: in
     world = World(scenario)
     for _ in range(consumers):
         world.add_consumer(delay=world.rng.uniform(0.0, 3.0))
-    world._every(1.0, world._produce)
-    world._every(2.0, world.checker.audit)
+    world.every(1.0, world.produce)
+    world.every(2.0, world.checker.audit)
     hottest = min(world.stream.open_shards(), key=lambda s: s.lo).shard_id
     tolerance = 1 + BalanceSettings().tolerance
     track = {"spread": None, "worse": 0, "within": None}
@@ -75,7 +75,7 @@ def simulate_balance(seed: int, *, consumers: int = 3, shards: int = 24, hot: in
         track["spread"] = spread
         within = max(shares.values()) <= tolerance * sum(shares.values()) / len(shares)
         track["within"] = (track["within"] or world.now) if within else None
-    world._every(1.0, look)
+    world.every(1.0, look)
     world.run_until(lambda: bool(world.checker.violations) or world.now >= seconds)
     steals = world.steal_times
     return BalanceRun(seed, load_aware, consumers, shards, hot, world.now, len(steals),

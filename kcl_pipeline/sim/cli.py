@@ -6,7 +6,7 @@ import sys
 import click
 
 from .mutations import MUTATIONS
-from .runner import SeedOutcome, replay_command, run_mutation, run_seed, run_seeds
+from .runner import SeedOutcome, quiet, replay_command, run_mutation, run_seed, run_seeds
 from .scenario import FAULTS
 
 
@@ -60,8 +60,7 @@ def simulate(seeds, first_seed, seed, steps, faults, mutation, all_mutations, jo
         click.echo(f"mutations: {len(MUTATIONS) - missed} of {len(MUTATIONS)} caught within their limits")
         sys.exit(1 if missed else 0)
     if seed is not None:
-        from .runner import _quiet
-        _quiet()
+        quiet()
         outcome = run_seed(seed, steps, fault_kinds, mutation)
         if outcome.violation:
             _report(outcome, steps, fault_kinds, mutation)

@@ -62,7 +62,7 @@ def run_seed(seed: int, steps: int, faults: Sequence[str] = FAULTS, mutation: st
                        tuple(result.trace[-25:]) if violation else (), result.scenario.describe())
 
 
-def _quiet() -> None:
+def quiet() -> None:
     logging.disable(logging.CRITICAL)  # the shipped code logs every lost lease: millions of lines
 
 
@@ -79,13 +79,13 @@ def run_seeds(seeds: Iterable[int], steps: int, faults: Sequence[str] = FAULTS, 
     started = time.perf_counter()
     work = [(seed, steps, tuple(faults), mutation) for seed in seeds]
     if jobs == 1 or len(seeds) < 4:
-        _quiet()
+        quiet()
         outcomes: Iterable[SeedOutcome] = map(_run_one, work)
         pool = None
     else:
         # spawn, not fork: a caller with threads (a test runner, a JVM gateway) can hold a lock at fork time
         # and leave the forked workers hung. Each seed is independent and deterministic.
-        pool = multiprocessing.get_context("spawn").Pool(jobs, initializer=_quiet)
+        pool = multiprocessing.get_context("spawn").Pool(jobs, initializer=quiet)
         outcomes = pool.imap(_run_one, work, chunksize=max(1, min(16, len(seeds) // (jobs * 8) or 1)))
     ran = 0
     try:
@@ -127,4 +127,5 @@ def run_mutation(name: str, steps: int = 1000, jobs: int | None = None) -> Mutat
     return MutationOutcome(name, mutation.within, first.seed if first else None, first.violation if first else None)
 
 
-__all__ = ["MutationOutcome", "RunSummary", "SeedOutcome", "replay_command", "run_mutation", "run_seed", "run_seeds"]
+__all__ = ["MutationOutcome", "RunSummary", "SeedOutcome", "quiet", "replay_command", "run_mutation", "run_seed",
+           "run_seeds"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 from dataclasses import dataclass, replace
-from typing import Iterable
+from typing import Callable, Iterable
 
 from ..kcl.config import ConsumerConfig
 from ..kcl.shells.lease_table import LeaseTable
@@ -150,13 +150,13 @@ class World(Stage):
             peer = JavaPeer(self, self.new_host("java-host"), "java-peer-0")
             self.java_peers.append(peer)
             peer.start(self.rng.uniform(0.0, 5.0))
-        self._every(1.0, self._produce)
-        self._every(5.0, self._trim)
-        self._every(2.0, self.checker.audit)
+        self.every(1.0, self.produce)
+        self.every(5.0, self._trim)
+        self.every(2.0, self.checker.audit)
         if sc.pipeline_period is not None:
             pipeline = Pipeline(self.store, LeaseTable(self.table_name, SimDynamoDBClient(
                 self.dynamodb, self.child_rng(), actor="pipeline")), self.stream)
-            self._every(sc.pipeline_period, pipeline.commit)
+            self.every(sc.pipeline_period, pipeline.commit)
         events = list(sc.events)
         violated = lambda: bool(self.checker.violations)  # noqa: E731
         # Steps count the system's own events; when it has none left to run (every consumer stopped for
@@ -174,13 +174,15 @@ class World(Stage):
         return Result(sc, main_steps, self.steps - main_steps, self.now, list(self.checker.violations), self.stats,
                       list(self.trace), self.stream.user_records, self.checker.deliveries)
 
-    def _every(self, period: float, action) -> None:
+    def every(self, period: float, action: Callable[[], None]) -> None:
+        """Run `action` every `period` virtual seconds from now on (a tick of the world, not of a process)."""
         def tick():
             action()
             self.at(self.now + period, tick)
         self.at(self.now + period, tick)
 
-    def _produce(self) -> None:
+    def produce(self) -> None:
+        """One second of the stream's traffic, while the main phase lasts."""
         if self.producing:
             self.stream.produce(self.scenario.rate, self.scenario.hot)
 
