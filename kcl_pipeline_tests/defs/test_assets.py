@@ -103,7 +103,8 @@ def test_backfill_transform_checkpoint_and_audit(spark, pipeline, aws_settings):
     assert materialization(again, "landed_records")["records_already_landed"].value == 120
     store = open_store(p["consumer"].landing_uri, aws_settings)
     table = read_batches(store, p["stream"], p["first"], p["last"] + W)
-    positions = list(zip(table.column("sequence_number").to_pylist(), table.column("sub_sequence_number").to_pylist()))
+    positions = list(zip(table.column("sequence_number").to_pylist(), table.column("sub_sequence_number").to_pylist(),
+                         strict=True))
     assert len(positions) == len(set(positions)) == 120
 
     # The live consumer's lease table: every shard landed its last record (progress from its heartbeats).
@@ -111,8 +112,8 @@ def test_backfill_transform_checkpoint_and_audit(spark, pipeline, aws_settings):
     table_client.ensure_table()
     last_of = {}
     for shard_id in ("shardId-000000000000", "shardId-000000000001"):
-        mine = sorted((b for b in list_batches(store, p["stream"], p["first"], p["last"] + W) if b.shard_id == shard_id),
-                      key=lambda b: b.last.key())
+        listed = list_batches(store, p["stream"], p["first"], p["last"] + W)
+        mine = sorted((b for b in listed if b.shard_id == shard_id), key=lambda b: b.last.key())
         last_of[shard_id] = mine[-1].last
         progress = ShardProgress(shard_id, mine[-1].last, p["last"] + 1, last_batch_key=mine[-1].key())
         attrs = {k: v for k, v in progress.to_attributes().items() if v is not None}

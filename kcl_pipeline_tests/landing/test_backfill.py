@@ -116,7 +116,8 @@ def stream_with_records(emulators, aws_settings, unique_name):
 
 def zone_rows(store, stream, start, end):
     table = read_batches(store, stream, start, end)
-    return sorted(zip(table.column("sequence_number").to_pylist(), table.column("sub_sequence_number").to_pylist()))
+    return sorted(zip(table.column("sequence_number").to_pylist(), table.column("sub_sequence_number").to_pylist(),
+                      strict=True))
 
 
 @pytest.mark.slow

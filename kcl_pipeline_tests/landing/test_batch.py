@@ -106,7 +106,7 @@ def test_corrupt_objects_are_named(local_zone):
         "truncated": good.body[: len(good.body) // 2],
         "empty": b"",
     }
-    for i, (name, body) in enumerate(cases.items()):
+    for i, body in enumerate(cases.values()):
         key = BatchKey(STREAM, f"shardId-{i:012d}", T0, records[0].checkpoint, records[-1].checkpoint)
         _put(store, key, body)
         with pytest.raises(CorruptBatchError, match=f"landing zone {uri}: object {key.key()}"):

@@ -100,7 +100,7 @@ def test_window_complete(shards, leases, progress, waiting):
     assert status.complete == (not waiting)
     assert set(status.reasons) == {s.shard_id for s in shards}  # every listed shard is explained
     # the same answer with leases given as a mapping
-    again = window_complete(T0, T1, shards, progress, {l.lease_key: l for l in leases}, GRACE)
+    again = window_complete(T0, T1, shards, progress, {lease.lease_key: lease for lease in leases}, GRACE)
     assert again.waiting_on == status.waiting_on
 
 

@@ -6,6 +6,8 @@ writes: the race the range-named keys alone could not settle.
 """
 from __future__ import annotations
 
+from itertools import pairwise
+
 from kcl_pipeline.landing.sink import LandingProcessor
 from kcl_pipeline.landing.store import ZoneStore
 from kcl_pipeline.landing.verify import list_batches, read_batches, verify_zone
@@ -28,7 +30,7 @@ class RaceBeforeFirstWrite(ForwardingStore):
 
 def _rows(store):
     t = read_batches(store, STREAM)
-    return list(zip(t.column("sequence_number").to_pylist(), t.column("sub_sequence_number").to_pylist()))
+    return list(zip(t.column("sequence_number").to_pylist(), t.column("sub_sequence_number").to_pylist(), strict=True))
 
 
 def test_old_and_new_holder_landing_overlapping_ranges_never_overlap(s3_zone):
@@ -52,7 +54,7 @@ def test_old_and_new_holder_landing_overlapping_ranges_never_overlap(s3_zone):
     (chain,) = report.streams[STREAM].values()
     assert chain.rows == 40 and chain.duplicate_rows == 0 and not chain.overlaps and not chain.gaps
     keys = list_batches(store, STREAM)
-    assert all(a.last.key() < b.first.key() for a, b in zip(keys, keys[1:]))
+    assert all(a.last.key() < b.first.key() for a, b in pairwise(keys))
     assert old.stats.records_already_landed >= 20  # the loser dropped what the winner had landed
 
 

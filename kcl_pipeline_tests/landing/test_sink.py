@@ -40,7 +40,7 @@ def sink(zone, clock: Clock, **kwargs) -> LandingProcessor:
 def landed_rows(store) -> list[tuple]:
     t = read_batches(store, STREAM)
     return list(zip(t.column("sequence_number").to_pylist(), t.column("sub_sequence_number").to_pylist(),
-                    t.column("data").to_pylist()))
+                    t.column("data").to_pylist(), strict=True))
 
 
 def expected_rows(records) -> list[tuple]:

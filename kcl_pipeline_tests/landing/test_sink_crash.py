@@ -85,7 +85,7 @@ def assert_exactly_once(zone, records) -> None:
     store = zone if isinstance(zone, ZoneStore) else zone.reopen()
     t = read_batches(store, STREAM)
     got = list(zip(t.column("sequence_number").to_pylist(), t.column("sub_sequence_number").to_pylist(),
-                   t.column("data").to_pylist()))
+                   t.column("data").to_pylist(), strict=True))
     assert got == [(r.sequence_number, r.sub_sequence_number, r.data) for r in records]
     report = verify_zone(store.uri, stream=STREAM, store=store, deep=True)
     assert report.ok, "\n".join(report.lines())
