@@ -32,7 +32,7 @@ from ..kcl.core.lease_codec import lease_from_item
 from ..kcl.core.model import Checkpoint
 from .fleet import FleetView
 from .kinesis import SimStream
-from .landing import ZoneStore
+from .landing import SimZoneStore
 
 
 def _order(cp: Checkpoint) -> tuple:
@@ -44,9 +44,9 @@ def _order(cp: Checkpoint) -> tuple:
 
 
 class Checker:
-    def __init__(self, *, stream: SimStream, store: ZoneStore, items: Mapping[str, dict], foreign: Mapping[str, dict],
-                 fleet: FleetView, config: ConsumerConfig, liveness_slack: float, now: Callable[[], float],
-                 note: Callable[[str], None]):
+    def __init__(self, *, stream: SimStream, store: SimZoneStore, items: Mapping[str, dict],
+                 foreign: Mapping[str, dict], fleet: FleetView, config: ConsumerConfig, liveness_slack: float,
+                 now: Callable[[], float], note: Callable[[str], None]):
         self.stream = stream
         self.store = store
         self.items = items          # the lease table's items, live (our leases and everyone else's)

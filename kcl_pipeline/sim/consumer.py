@@ -27,7 +27,7 @@ from ..kcl.shells.worker import LEASE_TABLE_ATTEMPTS, lease_table_read_timeout
 from .dynamodb import SimDynamoDBClient, retry_budget
 from .engine import Host, Later, Lock, Scope, Task
 from .kinesis import SimKinesisClient
-from .landing import LandingProcessor
+from .landing import SimLandingProcessor
 
 if TYPE_CHECKING:
     from .stage import Stage
@@ -111,8 +111,8 @@ class SimWorker(Process):
         self.client = lease_table_client(world, self.host, self.config, self)
         self.table = LeaseTable(self.config.lease_table, self.client)
         self.kinesis = SimKinesisClient(world.stream, world.child_rng(), world.scenario.kinesis_throttle)
-        self.processor = LandingProcessor(world.store, flush_records=world.scenario.flush_records,
-                                          pipeline_commits=world.scenario.pipeline_period is not None)
+        self.processor = SimLandingProcessor(world.store, flush_records=world.scenario.flush_records,
+                                             pipeline_commits=world.scenario.pipeline_period is not None)
         self.hold: LeaseHold | None = None
         self.lock = Lock()
         self.reader: ShardReader | None = None

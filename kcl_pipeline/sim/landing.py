@@ -1,5 +1,9 @@
 """The landing zone in the simulation: a put-if-absent object store and a record processor that lands into it.
 
+These are the simulation's stand-ins, named apart from what they stand in for: `SimZoneStore` for the zone
+(landing/store.py's `ZoneStore`), `SimLandingProcessor` for the landing sink (landing/sink.py's
+`LandingProcessor`), `SimPipeline` for the pipeline's checkpoint commit (the `kinesis_checkpoints` asset).
+
 The processor does what the landing sink does, on the same rules and with the same pure exclusion
 (`kcl_pipeline.landing.exclusion.exclude_landed`): buffer delivered records, and at a flush list the
 shard's landed batches, drop what they already hold, and write each remaining run under its deterministic
@@ -27,7 +31,9 @@ class StoredBatch:
     positions: tuple[tuple[int, str, int], ...]
 
 
-class ZoneStore:
+class SimZoneStore:
+    """The zone: batches by key, listed per shard; a put succeeds only if the key is new."""
+
     def __init__(self, stream: str):
         self.stream = stream
         self.objects: dict[str, StoredBatch] = {}
@@ -62,10 +68,10 @@ class ZoneStore:
         return max(keys, key=lambda k: k.last.key()).last
 
 
-class LandingProcessor:
-    """A RecordProcessor landing one shard into a ZoneStore (see the module docstring)."""
+class SimLandingProcessor:
+    """A RecordProcessor landing one shard into a SimZoneStore (see the module docstring)."""
 
-    def __init__(self, store: ZoneStore, flush_records: int = 6, pipeline_commits: bool = False):
+    def __init__(self, store: SimZoneStore, flush_records: int = 6, pipeline_commits: bool = False):
         self.store = store
         self.flush_records = flush_records
         # The Dagster pipeline's mode: checkpoints and SHARD_END are committed by the pipeline (ownerless,
@@ -141,12 +147,12 @@ class LandingProcessor:
                                                            records[-1].sub_sequence_number)
 
 
-class Pipeline:
+class SimPipeline:
     """The pipeline's checkpoint commit (the `kinesis_checkpoints` asset): every `period` seconds, an
     ownerless forward-only checkpoint at each shard's last landed record, and SHARD_END once a closed
     shard's every record has landed. It owns no lease and never touches a counter."""
 
-    def __init__(self, store: ZoneStore, table, stream) -> None:
+    def __init__(self, store: SimZoneStore, table, stream) -> None:
         self.store = store
         self.table = table    # a LeaseTable
         self.stream = stream  # the simulated stream (which shards are closed, and their records)
@@ -165,4 +171,4 @@ class Pipeline:
                 self.table.checkpoint(shard_id, last)
 
 
-__all__ = ["LandingProcessor", "Pipeline", "StoredBatch", "ZoneStore"]
+__all__ = ["SimLandingProcessor", "SimPipeline", "SimZoneStore", "StoredBatch"]

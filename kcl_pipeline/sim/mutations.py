@@ -112,7 +112,7 @@ def active(name: str | None, world: Any) -> Iterator[None]:
         elif name == "ambiguous-as-lost":
             stack.enter_context(mock.patch.object(lease_table.LeaseTable, "_settle", _settle_ambiguity_as_lost))
         elif name == "land-without-fence":
-            stack.enter_context(mock.patch.object(landing.LandingProcessor, "resume_position", lambda self: None))
+            stack.enter_context(mock.patch.object(landing.SimLandingProcessor, "resume_position", lambda self: None))
             stack.enter_context(mock.patch.object(
                 exclusion, "exclude_landed",
                 lambda records, prev, landed: exclusion.Exclusion([exclusion.Run(prev, records)] if records else [],

@@ -12,7 +12,7 @@ from .checker import Checker
 from .dynamodb import SimDynamoDB, SimDynamoDBClient
 from .engine import Engine
 from .kinesis import SimStream
-from .landing import ZoneStore
+from .landing import SimZoneStore
 from .scenario import Scenario
 
 
@@ -22,7 +22,7 @@ class Stage(Engine):
     dynamodb: SimDynamoDB
     reader: SimDynamoDBClient       # instant, faultless reads (the simulation's own, not a process's)
     stream: SimStream
-    store: ZoneStore
+    store: SimZoneStore
     checker: Checker                # deliveries and unsound answers are reported to it as they happen
     stats: Counter
     workers: list[Any]              # every worker process ever spawned (consumer.SimWorker), in spawn order

@@ -22,7 +22,7 @@ from .dynamodb import NetworkFaults, SimDynamoDB, SimDynamoDBClient
 from .engine import Host
 from .java import JavaPeer
 from .kinesis import SimStream
-from .landing import Pipeline, ZoneStore
+from .landing import SimPipeline, SimZoneStore
 from .scenario import FAULTS, FaultEvent, Scenario
 from .stage import Stage
 
@@ -86,7 +86,7 @@ class World(Stage):
         table.items.update(foreign)
         self.reader = SimDynamoDBClient(self.dynamodb, self.child_rng())  # instant, faultless reads (the sim's)
         self.stream = SimStream(STREAM, self.child_rng(), scenario.shards, lambda: self.now, scenario.retention)
-        self.store = ZoneStore(STREAM)
+        self.store = SimZoneStore(STREAM)
         self.consumers: list[SimConsumer] = []
         self.java_peers: list[JavaPeer] = []
         self.workers: list[SimWorker] = []
@@ -154,7 +154,7 @@ class World(Stage):
         self.every(5.0, self._trim)
         self.every(2.0, self.checker.audit)
         if sc.pipeline_period is not None:
-            pipeline = Pipeline(self.store, LeaseTable(self.table_name, SimDynamoDBClient(
+            pipeline = SimPipeline(self.store, LeaseTable(self.table_name, SimDynamoDBClient(
                 self.dynamodb, self.child_rng(), actor="pipeline")), self.stream)
             self.every(sc.pipeline_period, pipeline.commit)
         events = list(sc.events)
