@@ -28,8 +28,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from kcl_pipeline.kcl.shells.aws import client  # noqa: E402
 from kcl_pipeline.kcl.shells.shards import wait_stream_active  # noqa: E402
 from kcl_pipeline.local.emulators import EmulatorStack  # noqa: E402
-from kcl_pipeline.local.fault_proxy import FaultProxy  # noqa: E402
 from kcl_pipeline.local.producer import produce  # noqa: E402
+from kcl_pipeline_tests.fault_proxy import FaultProxy  # noqa: E402
 
 WRITES = {"PutItem", "UpdateItem", "DeleteItem", "BatchWriteItem", "TransactWriteItems"}
 JAVA_KCL_WRITES_PER_LEASE_MINUTE = 60 / (10 / 3)  # renewals alone at Java's defaults (failover 10 s)

@@ -23,8 +23,8 @@ import pytest
 
 from kcl_pipeline.kcl.shells.lease_table import LeaseTable
 from kcl_pipeline.kcl.shells.shards import wait_stream_active
-from kcl_pipeline.local.fault_proxy import FaultProxy, drop_responses
 from kcl_pipeline.local.producer import produce
+from kcl_pipeline_tests.fault_proxy import FaultProxy, drop_responses
 
 from .fleet_support import TablePoller, consume_process, stop_processes
 from .test_consumer_fleet import _delivered, _ids, _wait

@@ -13,7 +13,7 @@ from kcl_pipeline.kcl.core.lease_codec import LeaseTableUnavailable
 from kcl_pipeline.kcl.core.model import SHARD_END, TRIM_HORIZON, Checkpoint, Lease
 from kcl_pipeline.kcl.shells.aws import AwsSettings, client
 from kcl_pipeline.kcl.shells.lease_table import LeaseTable
-from kcl_pipeline.local.fault_proxy import Fault, FaultKind, FaultProxy, Scripted
+from kcl_pipeline_tests.fault_proxy import Fault, FaultKind, FaultProxy, Scripted
 
 KEY = "shardId-000000000001"
 LOST = Fault(FaultKind.DROP_RESPONSE)
