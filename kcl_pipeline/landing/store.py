@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import errno
 import os
+import random
 import shutil
 import time
 import uuid
@@ -47,8 +48,11 @@ _ACCESS_CODES = frozenset({"AccessDenied", "403", "AllAccessDisabled", "InvalidA
 _MISSING_BUCKET_CODES = frozenset({"NoSuchBucket", "404", "NotFound"})
 _MISSING_KEY_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
 _UNREACHABLE = (EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError, ConnectionClosedError)
-# S3 answers 409 ConditionalRequestConflict while another conditional write of the key is in flight.
+# S3 answers 409 ConditionalRequestConflict while another conditional write of the key is in flight: retried
+# after a full-jitter back-off (a random pause up to 50 ms, doubling), so two writers that conflicted do not
+# retry in lockstep and conflict again.
 _CONFLICT_RETRIES = 5
+_CONFLICT_BACKOFF_SECONDS = 0.05
 # Multipart parts: S3's minimum is 5 MiB (except the last); 8 MiB keeps a writer's buffer small.
 UPLOAD_PART_BYTES = 8 * 1024 * 1024
 _MIN_PART_BYTES = 5 * 1024 * 1024
@@ -645,7 +649,7 @@ class S3ZoneStore(ZoneStore):
                 if code == "PreconditionFailed" or status == 412:
                     return False  # already landed under this key
                 if (code == "ConditionalRequestConflict" or status == 409) and attempt < _CONFLICT_RETRIES:
-                    time.sleep(0.05 * 2 ** attempt)  # another conditional write of the key is in flight
+                    time.sleep(random.uniform(0, _CONFLICT_BACKOFF_SECONDS * 2 ** attempt))
                     continue
                 raise self._error(exc, f"write {key}") from exc
             except Exception as exc:

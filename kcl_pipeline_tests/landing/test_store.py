@@ -257,6 +257,24 @@ def test_s3_conditional_conflict_is_retried_then_answered(monkeypatch):
         store.put_if_absent("s/k", b"x")
 
 
+def test_two_writers_that_conflicted_do_not_retry_in_lockstep(monkeypatch):
+    """Two writers of one key answered 409 together would, after equal pauses, conflict again: the pauses are
+    drawn at random (full jitter), each below its doubling ceiling."""
+    pauses: list[float] = []
+    monkeypatch.setattr("kcl_pipeline.landing.store.time.sleep", pauses.append)
+    writers = [_stubbed("put_object", "ConditionalRequestConflict", 409, times=3, then_ok=True) for _ in range(2)]
+    schedules = []
+    for store, stub in writers:
+        pauses.clear()
+        assert store.put_if_absent("s/k", b"x") is True
+        stub.assert_no_pending_responses()
+        schedules.append(list(pauses))
+    assert schedules[0] != schedules[1]
+    for schedule in schedules:
+        assert len(schedule) == 3
+        assert all(0 <= pause <= 0.05 * 2 ** attempt for attempt, pause in enumerate(schedule))
+
+
 def test_s3_other_errors_name_the_zone():
     store, _ = _stubbed("get_object", "InternalError", 500)
     with pytest.raises(LandingError, match="landing zone s3://b/p: read s/k failed: InternalError"):
