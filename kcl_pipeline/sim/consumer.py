@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..kcl.config import ConsumerConfig
 from ..kcl.core import cycle as cyc
+from ..kcl.core import effects as fx
 from ..kcl.core import lease_life as life
 from ..kcl.core.balance import ThroughputMeter, reported_load
 from ..kcl.core.lease_codec import encode_value
@@ -165,7 +166,7 @@ class SimWorker(Process):
 
     # -- the effects (worker.py's handlers, in virtual time) ---------------------------------------------
     def handle(self, task: Task, effect: Any) -> Any:
-        return self._handlers[type(effect)](self, effect)
+        return self.HANDLERS[type(effect)](self, effect)
 
     def _acquire(self, effect):
         sent, observed = self.local(), effect.observed or self.observed
@@ -211,8 +212,11 @@ class SimWorker(Process):
         counter = effect.lease.lease_counter
         return self.io(self.client, lambda: self.table.release(self.key, self.worker_id, counter), "release", self)
 
-    def _clock(self, effect):
-        return self.local(), self.stopping()
+    def _now(self, effect):
+        return self.local()
+
+    def _stopping(self, effect):
+        return self.stopping()
 
     def _read_leases(self, effect):
         return self.io(self.client, lambda: {k: self.table.get(k) for k in effect.keys}, "get", self)
@@ -223,7 +227,7 @@ class SimWorker(Process):
     def _check(self, effect):
         now = self.local()
         self.hold = self.hold.held(now)
-        return life.Status(now, self.hold, self.stopping())
+        return fx.Status(now, self.hold, self.stopping())
 
     def _wait(self, effect):
         return Later(self.host.true_delay(effect.seconds), lambda: None)
@@ -285,7 +289,7 @@ class SimWorker(Process):
         return self.end_requested
 
     def _notify(self, effect):
-        if effect.event == "lease_lost":
+        if effect.event is fx.Notification.LEASE_LOST:
             self.processor.lease_lost()
         else:
             self.processor.shutdown_requested(self.checkpointer)
@@ -370,12 +374,18 @@ class SimWorker(Process):
         return self.io(self.kinesis, lambda: list_shards(self.kinesis, self.config.stream), "list", self)
 
     def _scan(self, effect):
-        return self.io(self.client, self.table.scan, "scan", self)
+        sent = self.local()
+
+        def finish(leases, error):
+            if error is not None:
+                raise error
+            return fx.Scanned(leases, sent, self.local())
+        return self.io(self.client, self.table.scan, "scan", self, finish)
 
     def _create(self, effect):
         return self.io(self.client, lambda: self.table.create(effect.lease), "create", self)
 
-    _handlers: dict[type, Callable] = {}
+    HANDLERS: dict[type, Callable] = {}  # every LifeEffect but Locked, which the engine's Task runs itself
 
 
 def _counter(name: str):
@@ -384,20 +394,20 @@ def _counter(name: str):
     return handler
 
 
-SimWorker._handlers = {
-    life.Acquire: SimWorker._acquire, life.ReadLeases: SimWorker._read_leases, life.GetLease: SimWorker._get_lease,
-    life.Check: SimWorker._check, life.Wait: SimWorker._wait, life.WaitForChange: SimWorker._wait_for_change,
-    life.StartHeartbeats: SimWorker._start_heartbeats, life.Begin: SimWorker._begin, life.Poll: SimWorker._poll,
-    life.Deliver: SimWorker._deliver, life.ShardEnded: SimWorker._shard_ended, life.Notify: SimWorker._notify,
-    life.Renew: SimWorker._renew, life.End: SimWorker._end, life.Release: SimWorker._release,
-    life.Reinstate: SimWorker._reinstate, life.MarkEnded: SimWorker._mark_ended,
-    life.OwnerlessCheckpoint: SimWorker._ownerless, life.Checkpointed: SimWorker._checkpointed,
-    life.TakePending: SimWorker._take_pending, life.RestorePending: SimWorker._restore_pending,
-    life.Attributes: SimWorker._attributes, life.AttributesRejected: _counter("heartbeat attributes rejected"),
-    life.HeartbeatFailed: _counter("heartbeat errors"), life.ListShards: SimWorker._list_shards,
-    life.Scan: SimWorker._scan, life.Create: SimWorker._create, life.InitiateHandoff: SimWorker._initiate_handoff,
-    life.FinishHandoff: SimWorker._finish_handoff, life.Clock: SimWorker._clock,
-    life.CancelHandoff: SimWorker._cancel_handoff, life.ReleaseObserved: SimWorker._release_observed,
+SimWorker.HANDLERS = {
+    fx.Acquire: SimWorker._acquire, fx.ReadLeases: SimWorker._read_leases, fx.GetLease: SimWorker._get_lease,
+    fx.Check: SimWorker._check, fx.Wait: SimWorker._wait, fx.WaitForChange: SimWorker._wait_for_change,
+    fx.StartHeartbeats: SimWorker._start_heartbeats, fx.Begin: SimWorker._begin, fx.Poll: SimWorker._poll,
+    fx.Deliver: SimWorker._deliver, fx.ShardEnded: SimWorker._shard_ended, fx.Notify: SimWorker._notify,
+    fx.Renew: SimWorker._renew, fx.End: SimWorker._end, fx.Release: SimWorker._release,
+    fx.Reinstate: SimWorker._reinstate, fx.MarkEnded: SimWorker._mark_ended,
+    fx.OwnerlessCheckpoint: SimWorker._ownerless, fx.Checkpointed: SimWorker._checkpointed,
+    fx.TakePending: SimWorker._take_pending, fx.RestorePending: SimWorker._restore_pending,
+    fx.Attributes: SimWorker._attributes, fx.AttributesRejected: _counter("heartbeat attributes rejected"),
+    fx.HeartbeatFailed: _counter("heartbeat errors"), fx.ListShards: SimWorker._list_shards,
+    fx.ScanTable: SimWorker._scan, fx.Create: SimWorker._create, fx.InitiateHandoff: SimWorker._initiate_handoff,
+    fx.FinishHandoff: SimWorker._finish_handoff, fx.Now: SimWorker._now, fx.Stopping: SimWorker._stopping,
+    fx.CancelHandoff: SimWorker._cancel_handoff, fx.ReleaseObserved: SimWorker._release_observed,
 }
 
 
@@ -543,48 +553,62 @@ class SimConsumer(Process):
         """SIGKILL of the process group, or of the manager alone (its workers notice and stop gracefully)."""
         (self.group if whole_group else self.manager_scope).dead = True
 
-    # -- the manager's effects (manager.py's _handle) ----------------------------------------------------------
+    # -- the manager's effects (manager.py's handlers) ----------------------------------------------------------
     def handle(self, task: Task, effect: Any) -> Any:
-        kind = type(effect)
-        if kind is cyc.Now:
-            self.cycle_now = self.host.monotonic()
-            return self.cycle_now
-        if kind is cyc.ScanTable:
-            sent = self.host.monotonic()
-            return self.io(self.client, self.table.scan, "scan", self,
-                           lambda leases, error: self._scanned(leases, error, sent))
-        if kind is life.ListShards:
-            return self.io(self.kinesis, lambda: list_shards(self.kinesis, self.config.stream), "list", self)
-        if kind is cyc.Delete:
-            lease = effect.lease
-            return self.io(self.client, lambda: self.table.delete(lease.lease_key, lease.lease_counter), "delete", self)
-        if kind is life.Create:
-            return self.io(self.client, lambda: self.table.create(effect.lease), "create", self)
-        if kind is cyc.Spawn:
-            self._spawn(effect.lease, effect.stolen, effect.handoff)
+        handler = self.HANDLERS.get(type(effect))
+        if handler is None:
+            raise TypeError(f"the simulated manager cannot handle {effect!r}")
+        return handler(self, effect)
+
+    def _now(self, effect):
+        self.cycle_now = self.host.monotonic()
+        return self.cycle_now
+
+    def _scan(self, effect):
+        sent = self.host.monotonic()
+        return self.io(self.client, self.table.scan, "scan", self,
+                       lambda leases, error: self._scanned(leases, error, sent))
+
+    def _list_shards(self, effect):
+        return self.io(self.kinesis, lambda: list_shards(self.kinesis, self.config.stream), "list", self)
+
+    def _delete(self, effect):
+        lease = effect.lease
+        return self.io(self.client, lambda: self.table.delete(lease.lease_key, lease.lease_counter), "delete", self)
+
+    def _create(self, effect):
+        return self.io(self.client, lambda: self.table.create(effect.lease), "create", self)
+
+    def _spawn_effect(self, effect):
+        self._spawn(effect.lease, effect.stolen, effect.handoff)
+
+    def _duplicate_worker_id(self, effect):
+        self.world.stats["duplicate worker id detected"] += 1
+
+    def _abandon(self, effect):
+        worker = self.workers.pop(effect.lease.lease_key, None)
+        if worker is not None:
+            worker.kill()
+            self.world.stats["stuck workers killed"] += 1
+            self.world.note(f"{self!r}: killed {worker!r}: its lease was not renewed within the expiry")
+
+    # The worker metrics table, as the world's dict (worker id → last update, on the true clock: hosts'
+    # wall clocks are NTP-synced; their drift is the monotonic one). A partitioned host reaches neither.
+    def _publish_worker_metrics(self, effect):
+        if not self.host.faults.partitioned:
+            self.world.worker_metrics[self.worker_id] = self.world.now
+            self.world.stats["worker metrics published"] += 1
+
+    def _read_worker_metrics(self, effect):
+        if self.host.faults.partitioned:
             return None
-        if kind is cyc.DuplicateWorkerId:
-            self.world.stats["duplicate worker id detected"] += 1
-            return None
-        if kind is cyc.Abandon:
-            worker = self.workers.pop(effect.lease.lease_key, None)
-            if worker is not None:
-                worker.kill()
-                self.world.stats["stuck workers killed"] += 1
-                self.world.note(f"{self!r}: killed {worker!r}: its lease was not renewed within the expiry")
-            return None
-        # The worker metrics table, as the world's dict (worker id → last update, on the true clock: hosts'
-        # wall clocks are NTP-synced; their drift is the monotonic one). A partitioned host reaches neither.
-        if kind is cyc.PublishWorkerMetrics:
-            if not self.host.faults.partitioned:
-                self.world.worker_metrics[self.worker_id] = self.world.now
-                self.world.stats["worker metrics published"] += 1
-            return None
-        if kind is cyc.ReadWorkerMetrics:
-            if self.host.faults.partitioned:
-                return None
-            return cyc.PeerMetrics(dict(self.world.worker_metrics), self.world.now)
-        raise TypeError(f"the simulated manager cannot handle {effect!r}")
+        return fx.PeerMetrics(dict(self.world.worker_metrics), self.world.now)
+
+    HANDLERS: dict[type, Callable] = {
+        fx.Now: _now, fx.ScanTable: _scan, fx.ListShards: _list_shards, fx.Delete: _delete, fx.Create: _create,
+        fx.Spawn: _spawn_effect, fx.DuplicateWorkerId: _duplicate_worker_id, fx.Abandon: _abandon,
+        fx.PublishWorkerMetrics: _publish_worker_metrics, fx.ReadWorkerMetrics: _read_worker_metrics,
+    }
 
     def _scanned(self, leases, error, sent):
         if error is not None:
@@ -594,8 +618,8 @@ class SimConsumer(Process):
             # returns: half the time the sim linearises it there instead of at its first page.
             leases = LeaseTable(self.table.table_name, self.world.reader, scan_page_size=None).scan()
         if self.world.ages_stamped_at_cycle_start:  # a mutation: the defect the manager once had
-            return cyc.Scanned(leases, sent, self.cycle_now if self.cycling else sent)
-        return cyc.Scanned(leases, sent, self.host.monotonic())
+            return fx.Scanned(leases, sent, self.cycle_now if self.cycling else sent)
+        return fx.Scanned(leases, sent, self.host.monotonic())
 
     def _spawn(self, lease: Lease, stolen: bool, handoff: bool = False) -> None:
         worker = SimWorker(self, lease, stolen, handoff)

@@ -12,7 +12,7 @@ import random
 from collections import deque
 from typing import Any, Callable, Generator
 
-from ..kcl.core.lease_life import Locked
+from ..kcl.core.effects import Locked
 
 
 class Violation(AssertionError):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 from unittest import mock
 
-from ..kcl.core import cycle, lease_life, planner
+from ..kcl.core import cycle, effects, lease_life, planner
 from ..kcl.shells import lease_table
 from ..landing import exclusion
 from . import landing
@@ -82,9 +82,9 @@ def _renewed_from_answer(original):
 
 def _handoff_without_wait(me, settings):
     """lease_life._await_handoff without the wait: asked, and taken as if the holder had stepped aside."""
-    if (yield lease_life.InitiateHandoff()) is None:
+    if (yield effects.InitiateHandoff()) is None:
         return None
-    current = yield lease_life.GetLease()
+    current = yield effects.GetLease()
     if current is None or current.lease_owner != me:
         return None
     return current, False

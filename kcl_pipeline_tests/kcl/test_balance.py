@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from kcl_pipeline.kcl.core import effects as fx
 from kcl_pipeline.kcl.core.balance import BalanceSettings, effective_loads, plan_steal
 
 VECTORS = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "balance_vectors.json").read_text())
@@ -236,23 +237,22 @@ def _cycle(state, settings, leases, now):
     from dataclasses import replace
 
     from kcl_pipeline.kcl.core import cycle as cyc
-    from kcl_pipeline.kcl.core import lease_life as life
     spawned = []
 
     # Live holders heartbeat between cycles: every counter moves.
     leases = [replace(lease, lease_counter=int(now)) for lease in leases]
 
     def handle(effect):
-        if isinstance(effect, cyc.Now):
+        if isinstance(effect, fx.Now):
             return now
-        if isinstance(effect, cyc.ScanTable):
-            return cyc.Scanned(leases, now, now)
-        if isinstance(effect, life.ListShards):
+        if isinstance(effect, fx.ScanTable):
+            return fx.Scanned(leases, now, now)
+        if isinstance(effect, fx.ListShards):
             return state.shards
-        if isinstance(effect, cyc.Spawn):
+        if isinstance(effect, fx.Spawn):
             spawned.append((effect.lease.lease_key, effect.stolen))
         return None
-    life.drive(cyc.manager_cycle(state, settings, {"m1"}, random.Random(0)), handle)
+    fx.drive(cyc.manager_cycle(state, settings, {"m1"}, random.Random(0)), handle)
     return spawned
 
 

@@ -11,8 +11,10 @@ import random
 import pytest
 
 from kcl_pipeline.kcl.core import cycle as cyc
+from kcl_pipeline.kcl.core import effects as fx
 from kcl_pipeline.kcl.core import lease_life as life
 from kcl_pipeline.kcl.core.lease_hold import LeaseHold, LeaseTiming, Outcome
+from kcl_pipeline.kcl.core.lease_life import LifeOutcome
 from kcl_pipeline.kcl.core.model import TRIM_HORIZON, Checkpoint, Lease, Shard
 from kcl_pipeline.kcl.shells.lease_table import LeaseTable
 
@@ -40,33 +42,35 @@ class Taker:
         self.delivered_at: float | None = None
 
     def __call__(self, effect):
-        if isinstance(effect, life.InitiateHandoff):
+        if isinstance(effect, fx.InitiateHandoff):
             if not self.asked:
                 return None
             self.lease = Lease("s-0", Checkpoint("100"), "me", 7, extra={"checkpointOwner": "holder", **MINE})
             return self.lease
-        if isinstance(effect, life.Clock):
-            return self.now, False
-        if isinstance(effect, life.GetLease):
+        if isinstance(effect, fx.Now):
+            return self.now
+        if isinstance(effect, fx.Stopping):
+            return False
+        if isinstance(effect, fx.GetLease):
             if self.overtaken:
                 return self.overtaken
             if self.steps_aside_after is not None and self.now >= self.steps_aside_after:
                 self.lease = Lease("s-0", Checkpoint("150"), "me", 8, extra=MINE)  # checkpoint written, counter moved
             return self.lease
-        if isinstance(effect, life.Wait):
+        if isinstance(effect, fx.Wait):
             self.now += effect.seconds
             if self.hold is not None:  # heartbeats meanwhile
                 self.hold = self.hold.after_renew(Outcome.APPLIED, self.now, TIMING, self.now)
             return None
-        if isinstance(effect, life.Acquire):
+        if isinstance(effect, fx.Acquire):
             self.acquired_from = effect.observed
             taken = Lease("s-0", effect.observed.checkpoint, "me", effect.observed.lease_counter + 1)
             self.hold = LeaseHold.acquired(taken, self.now, TIMING)
             return taken
-        if isinstance(effect, life.Check):
+        if isinstance(effect, fx.Check):
             self.hold = self.hold.held(self.now)
-            return life.Status(self.now, self.hold, False)
-        if isinstance(effect, life.Begin):
+            return fx.Status(self.now, self.hold, False)
+        if isinstance(effect, fx.Begin):
             self.delivered_at = self.now
             raise StopAsking()
         return None
@@ -77,8 +81,8 @@ class StopAsking(Exception):
 
 
 def _run(script, settings=None):
-    return life.drive(life.lease_life(Lease("s-0", Checkpoint("100"), "holder", 7), settings or _settings(), "me"),
-                      script)
+    return fx.drive(life.lease_life(Lease("s-0", Checkpoint("100"), "holder", 7), settings or _settings(), "me"),
+                    script)
 
 
 def test_a_holder_that_steps_aside_lets_the_new_owner_start_at_once_from_its_checkpoint():
@@ -86,7 +90,7 @@ def test_a_holder_that_steps_aside_lets_the_new_owner_start_at_once_from_its_che
     checkpoint the holder happened to write."""
     script = Taker(steps_aside_after=2.0)
     result = _run(script)
-    assert result.outcome == "failed"  # StopAsking, thrown at the first delivery
+    assert result.outcome is LifeOutcome.FAILED  # StopAsking, thrown at the first delivery
     assert script.acquired_from.lease_owner == "me" and script.acquired_from.lease_counter == 8
     assert script.acquired_from.checkpoint == Checkpoint("150")  # the holder's final checkpoint
     assert script.delivered_at < TIMING.expiry_seconds / 2  # no expiry-long wait
@@ -107,14 +111,14 @@ def test_a_holder_that_does_not_answer_is_taken_from_cold_after_half_an_expiry()
     Lease("s-0", Checkpoint("150"), "me", 10, extra=MINE),  # moved on more than the holder's last write
 ])
 def test_a_refused_ask_or_an_overtaken_hand_off_takes_nothing(overtaken):
-    assert _run(Taker(steps_aside_after=0.0, asked=False)).outcome == "not_acquired"
-    assert _run(Taker(steps_aside_after=None, overtaken=overtaken)).outcome == "not_acquired"
+    assert _run(Taker(steps_aside_after=0.0, asked=False)).outcome is LifeOutcome.NOT_ACQUIRED
+    assert _run(Taker(steps_aside_after=None, overtaken=overtaken)).outcome is LifeOutcome.NOT_ACQUIRED
 
 
 def test_a_hand_off_needs_the_worker_id():
-    result = life.drive(life.lease_life(Lease("s-0", Checkpoint("100"), "holder", 7), _settings()),
-                        Taker(steps_aside_after=0.0))
-    assert result.outcome == "failed" and "worker id" in result.detail
+    result = fx.drive(life.lease_life(Lease("s-0", Checkpoint("100"), "holder", 7), _settings()),
+                      Taker(steps_aside_after=0.0))
+    assert result.outcome is LifeOutcome.FAILED and "worker id" in result.detail
 
 
 class StoppedTaker(Taker):
@@ -127,13 +131,13 @@ class StoppedTaker(Taker):
 
     def __call__(self, effect):
         self.calls.append(type(effect).__name__)
-        if isinstance(effect, life.Clock):
-            return self.now, True
-        if isinstance(effect, life.CancelHandoff):
+        if isinstance(effect, fx.Stopping):
+            return True
+        if isinstance(effect, fx.CancelHandoff):
             return not self.finished
-        if isinstance(effect, life.GetLease) and self.finished:
+        if isinstance(effect, fx.GetLease) and self.finished:
             return Lease("s-0", Checkpoint("150"), "me", 8, extra=MINE)
-        if isinstance(effect, life.ReleaseObserved):
+        if isinstance(effect, fx.ReleaseObserved):
             return True
         return super().__call__(effect)
 
@@ -144,17 +148,17 @@ def test_a_taker_stopped_while_waiting_gives_the_lease_back(finished, expected):
     """Before: SIGTERM during a hand-off left the lease owned by a worker that was gone (found by the
     fleet test: a lease still owned after every consumer stopped)."""
     script = StoppedTaker(finished)
-    assert _run(script).outcome == "not_acquired"
-    assert script.calls[script.calls.index("Clock") + 1:] == expected
+    assert _run(script).outcome is LifeOutcome.NOT_ACQUIRED
+    assert script.calls[script.calls.index("Stopping") + 1:] == expected
 
 
 def test_a_holder_stopping_while_asked_finishes_the_hand_off_instead_of_leaving_it():
     asked = Lease("s-0", Checkpoint("100"), "taker", 12, extra={"checkpointOwner": "holder"})
     script = Holder(asked)
     script.release_ok = False
-    result = life.drive(life._shutdown("s-0", life.Status(100.0, HOLD_LOST, True)), script)
-    assert (result.outcome, result.detail) == ("shutdown", "handed_off")
-    assert [e.checkpoint for e in script.effects if isinstance(e, life.FinishHandoff)] == [None]
+    result = fx.drive(life._shutdown("s-0", fx.Status(100.0, HOLD_LOST, True)), script)
+    assert (result.outcome, result.detail) == (LifeOutcome.SHUTDOWN, "handed_off")
+    assert [e.checkpoint for e in script.effects if isinstance(e, fx.FinishHandoff)] == [None]
 
 
 class Holder:
@@ -168,21 +172,21 @@ class Holder:
 
     def __call__(self, effect):
         self.effects.append(effect)
-        if isinstance(effect, life.GetLease):
+        if isinstance(effect, fx.GetLease):
             return self.table_lease
-        if isinstance(effect, life.TakePending):
+        if isinstance(effect, fx.TakePending):
             cp, self.pending = self.pending, None
             return cp
-        if isinstance(effect, life.RestorePending):
+        if isinstance(effect, fx.RestorePending):
             self.pending = self.pending or effect.checkpoint
             return None
-        if isinstance(effect, life.FinishHandoff):
+        if isinstance(effect, fx.FinishHandoff):
             return self.finish_ok
-        if isinstance(effect, life.Check):
-            return life.Status(100.0, HOLD_LOST, False)
-        if isinstance(effect, life.OwnerlessCheckpoint):
+        if isinstance(effect, fx.Check):
+            return fx.Status(100.0, HOLD_LOST, False)
+        if isinstance(effect, fx.OwnerlessCheckpoint):
             return True
-        if isinstance(effect, life.Release):
+        if isinstance(effect, fx.Release):
             return getattr(self, "release_ok", True)
         return None
 
@@ -195,20 +199,20 @@ def test_a_holder_asked_to_hand_off_lands_its_work_checkpoints_and_steps_aside()
     checkpoint of its own), and the new owner re-read what it had delivered."""
     asked = Lease("s-0", Checkpoint("100"), "taker", 12, extra={"checkpointOwner": "holder"})
     script = Holder(asked)
-    result = life.drive(life._lost("s-0", HOLD_LOST), script)
-    assert result.outcome == "handed_off" and "taker" in result.detail
+    result = fx.drive(life._lost("s-0", HOLD_LOST), script)
+    assert result.outcome is LifeOutcome.HANDED_OFF and "taker" in result.detail
     kinds = [type(e).__name__ for e in script.effects]
     assert kinds.index("Notify") < kinds.index("FinishHandoff")
-    assert [e.event for e in script.effects if isinstance(e, life.Notify)] == ["shutdown_requested"]
-    assert [e.checkpoint for e in script.effects if isinstance(e, life.FinishHandoff)] == [Checkpoint("140")]
+    assert [e.event for e in script.effects if isinstance(e, fx.Notify)] == [fx.Notification.SHUTDOWN_REQUESTED]
+    assert [e.checkpoint for e in script.effects if isinstance(e, fx.FinishHandoff)] == [Checkpoint("140")]
 
 
 def test_a_hand_off_taken_over_before_it_finished_falls_back_to_the_ownerless_checkpoint():
     asked = Lease("s-0", Checkpoint("100"), "taker", 12, extra={"checkpointOwner": "holder"})
     script = Holder(asked, finish_ok=False)
-    result = life.drive(life._lost("s-0", HOLD_LOST), script)
-    assert result.outcome == "lease_lost"
-    assert any(isinstance(e, life.OwnerlessCheckpoint) for e in script.effects)
+    result = fx.drive(life._lost("s-0", HOLD_LOST), script)
+    assert result.outcome is LifeOutcome.LEASE_LOST
+    assert any(isinstance(e, fx.OwnerlessCheckpoint) for e in script.effects)
 
 
 @pytest.mark.parametrize("table_lease", [
@@ -219,8 +223,8 @@ def test_a_hand_off_taken_over_before_it_finished_falls_back_to_the_ownerless_ch
 ])
 def test_only_a_hand_off_still_ours_to_finish_is_finished(table_lease):
     assert not life.asked_to_hand_off(HOLD_LOST, table_lease)
-    result = life.drive(life._lost("s-0", HOLD_LOST), Holder(table_lease))
-    assert result.outcome == "lease_lost"
+    result = fx.drive(life._lost("s-0", HOLD_LOST), Holder(table_lease))
+    assert result.outcome is LifeOutcome.LEASE_LOST
 
 
 # -- the manager asks only holders that run this protocol ------------------------------------------------------
@@ -236,16 +240,16 @@ def test_the_manager_asks_for_a_hand_off_only_from_a_holder_with_fresh_worker_me
         spawns = []
 
         def handle(effect):
-            if isinstance(effect, cyc.Now):
+            if isinstance(effect, fx.Now):
                 return 100.0
-            if isinstance(effect, cyc.ScanTable):
-                return cyc.Scanned(leases, 100.0, 100.0)
-            if isinstance(effect, life.ListShards):
+            if isinstance(effect, fx.ScanTable):
+                return fx.Scanned(leases, 100.0, 100.0)
+            if isinstance(effect, fx.ListShards):
                 return shards
-            if isinstance(effect, cyc.Spawn):
+            if isinstance(effect, fx.Spawn):
                 spawns.append((effect.stolen, effect.handoff))
             return None
-        life.drive(cyc.manager_cycle(state, settings, (), random.Random(0)), handle)
+        fx.drive(cyc.manager_cycle(state, settings, (), random.Random(0)), handle)
         return spawns
 
     assert spawned_with({"peer"}) == [(True, True)]
@@ -320,13 +324,13 @@ def test_a_lease_given_back_by_a_withdrawn_hand_off_is_released_not_left_owned()
     delivering; the holder exited and the lease stayed owned by a worker that was gone."""
     given_back = Lease("s-0", Checkpoint("100"), "holder", 12)
     script = Holder(given_back)
-    assert life.drive(life._lost("s-0", HOLD_LOST), script).outcome == "lease_lost"
-    assert [e.lease for e in script.effects if isinstance(e, life.ReleaseObserved)] == [given_back]
+    assert fx.drive(life._lost("s-0", HOLD_LOST), script).outcome is LifeOutcome.LEASE_LOST
+    assert [e.lease for e in script.effects if isinstance(e, fx.ReleaseObserved)] == [given_back]
     stopping = Holder(given_back)
     stopping.release_ok = False  # its own release ran while the asker still owned the lease
-    result = life.drive(life._shutdown("s-0", life.Status(100.0, HOLD_LOST, True)), stopping)
-    assert result.outcome == "shutdown"
-    assert [e.lease for e in stopping.effects if isinstance(e, life.ReleaseObserved)] == [given_back]
+    result = fx.drive(life._shutdown("s-0", fx.Status(100.0, HOLD_LOST, True)), stopping)
+    assert result.outcome is LifeOutcome.SHUTDOWN
+    assert [e.lease for e in stopping.effects if isinstance(e, fx.ReleaseObserved)] == [given_back]
 
 
 def test_a_stopping_holder_whose_hand_off_finish_lost_to_the_askers_withdrawal_releases_the_lease():
@@ -341,11 +345,11 @@ def test_a_stopping_holder_whose_hand_off_finish_lost_to_the_askers_withdrawal_r
     original = script.__call__
 
     def answer(effect):
-        if isinstance(effect, life.GetLease):
+        if isinstance(effect, fx.GetLease):
             script.effects.append(effect)
             return next(reads)
         return original(effect)
 
-    result = life.drive(life._shutdown("s-0", life.Status(100.0, HOLD_LOST, True)), answer)
-    assert result.outcome == "shutdown"
-    assert [e.lease for e in script.effects if isinstance(e, life.ReleaseObserved)] == [given_back]
+    result = fx.drive(life._shutdown("s-0", fx.Status(100.0, HOLD_LOST, True)), answer)
+    assert result.outcome is LifeOutcome.SHUTDOWN
+    assert [e.lease for e in script.effects if isinstance(e, fx.ReleaseObserved)] == [given_back]

@@ -9,8 +9,10 @@ import random
 from dataclasses import dataclass
 
 from kcl_pipeline.kcl.core import cycle as cyc
+from kcl_pipeline.kcl.core import effects as fx
 from kcl_pipeline.kcl.core import lease_life as life
 from kcl_pipeline.kcl.core.lease_hold import LeaseHold, LeaseTiming, Outcome
+from kcl_pipeline.kcl.core.lease_life import LifeOutcome
 from kcl_pipeline.kcl.core.model import SHARD_END, TRIM_HORIZON, Checkpoint, HashKeyRange, Lease, Shard
 
 TIMING = LeaseTiming(10.0, 1.0)
@@ -42,65 +44,65 @@ class Script:
 
     def __call__(self, effect):
         self.effects.append(type(effect).__name__)
-        if isinstance(effect, life.Acquire):
+        if isinstance(effect, fx.Acquire):
             self.lease = Lease(self.lease.lease_key, self.lease.checkpoint, "me", self.lease.lease_counter + 1,
                                parent_shard_ids=self.lease.parent_shard_ids)
             self.hold = LeaseHold.acquired(self.lease, self.now, TIMING)
             return self.lease
-        if isinstance(effect, life.ReadLeases):
+        if isinstance(effect, fx.ReadLeases):
             return {k: self.parents.get(k) for k in effect.keys}
-        if isinstance(effect, life.Check):
+        if isinstance(effect, fx.Check):
             self.hold = self.hold.held(self.now)
-            return life.Status(self.now, self.hold, self.stop_at is not None and self.now >= self.stop_at)
-        if isinstance(effect, life.Wait):
+            return fx.Status(self.now, self.hold, self.stop_at is not None and self.now >= self.stop_at)
+        if isinstance(effect, fx.Wait):
             self.now += effect.seconds
             self.hold = self.hold.after_renew(Outcome.APPLIED, self.now, TIMING, self.now)  # heartbeats meanwhile
             return None
-        if isinstance(effect, life.Poll):
+        if isinstance(effect, fx.Poll):
             self.now += 0.5
             return self.batches.pop(0)
-        if isinstance(effect, life.ShardEnded):
+        if isinstance(effect, fx.ShardEnded):
             return True
-        if isinstance(effect, life.End):
+        if isinstance(effect, fx.End):
             self.hold = life.finished_end(self.hold, self.end_outcome)
             return self.end_outcome
-        if isinstance(effect, life.Release):
+        if isinstance(effect, fx.Release):
             self.released = True
             self.released_at = self.now
             self.unsettled_releases.append(effect.unsettled)
             self.hold = life.finished_release(self.hold, Outcome.APPLIED)
             return True
-        if isinstance(effect, life.ListShards):
+        if isinstance(effect, fx.ListShards):
             return [Shard("s-0", hash_key_range=HashKeyRange("0", "9"), ending_sequence_number="5"),
                     Shard("s-1", parent_shard_id="s-0", hash_key_range=HashKeyRange("0", "9"))]
-        if isinstance(effect, life.Scan):
-            return [self.lease]
-        if isinstance(effect, life.Create):
+        if isinstance(effect, fx.ScanTable):
+            return fx.Scanned([self.lease], self.now, self.now)
+        if isinstance(effect, fx.Create):
             return True
-        if isinstance(effect, life.Locked):
-            return life.drive(effect.body, self)
+        if isinstance(effect, fx.Locked):
+            return fx.drive(effect.body, self)
         return None  # StartHeartbeats, Begin, Deliver, Notify, TakePending, ...
 
 
 def test_a_lease_read_to_its_end_is_ended_and_its_children_created():
     script = Script(Lease("s-0", Checkpoint(TRIM_HORIZON), None, 4))
-    result = life.drive(life.lease_life(script.lease, SETTINGS), script)
-    assert result == life.LifeResult("s-0", "shard_ended", children_created=("s-1",))
+    result = fx.drive(life.lease_life(script.lease, SETTINGS), script)
+    assert result == life.LifeResult("s-0", LifeOutcome.SHARD_ENDED, children_created=("s-1",))
     assert script.effects.index("End") < script.effects.index("Create")
 
 
 def test_a_refused_shard_end_is_a_lost_lease_not_a_failure():
     script = Script(Lease("s-0", Checkpoint(TRIM_HORIZON), None, 4), end_outcome=Outcome.REFUSED)
-    result = life.drive(life.lease_life(script.lease, SETTINGS), script)
-    assert result.outcome == "lease_lost" and "SHARD_END refused" in result.detail
+    result = fx.drive(life.lease_life(script.lease, SETTINGS), script)
+    assert result.outcome is LifeOutcome.LEASE_LOST and "SHARD_END refused" in result.detail
     assert "Create" not in script.effects
 
 
 def test_a_child_whose_parent_is_in_progress_is_given_back_before_any_read():
     child = Lease("s-2", Checkpoint(TRIM_HORIZON), None, 0, parent_shard_ids=("s-0", "s-1"))
     script = Script(child, parents={"s-0": Lease("s-0", Checkpoint(SHARD_END)), "s-1": Lease("s-1", Checkpoint("7"), "peer", 3)})
-    result = life.drive(life.lease_life(child, SETTINGS), script)
-    assert (result.outcome, result.detail) == ("blocked_on_parents", "s-1")
+    result = fx.drive(life.lease_life(child, SETTINGS), script)
+    assert (result.outcome, result.detail) == (LifeOutcome.BLOCKED_ON_PARENTS, "s-1")
     assert script.released and "Begin" not in script.effects and "Poll" not in script.effects
 
 
@@ -111,11 +113,11 @@ def test_a_stolen_lease_delivers_nothing_for_one_expiry_after_its_acquire():
     original = script.__call__
 
     def watch(effect):
-        if isinstance(effect, life.Begin):
+        if isinstance(effect, fx.Begin):
             begun_at.append(script.now)
         return original(effect)
 
-    life.drive(life.lease_life(script.lease, STOLEN), watch)
+    fx.drive(life.lease_life(script.lease, STOLEN), watch)
     assert begun_at == [TIMING.expiry_seconds]
 
 
@@ -125,8 +127,8 @@ def test_a_stolen_lease_asked_to_stop_during_its_wait_is_released_marked_unsettl
     owner waits one expiry first (cycle.py spawns it as stolen)."""
     script = Script(Lease("s-0", Checkpoint(TRIM_HORIZON), "peer", 9))
     script.stop_at = 2.0
-    result = life.drive(life.lease_life(script.lease, STOLEN), script)
-    assert (result.outcome, result.detail) == ("shutdown", "released=True") and script.unsettled_releases == [True]
+    result = fx.drive(life.lease_life(script.lease, STOLEN), script)
+    assert (result.outcome, result.detail) == (LifeOutcome.SHUTDOWN, "released=True") and script.unsettled_releases == [True]
     assert script.released_at is not None and script.released_at < TIMING.expiry_seconds  # no slower stop
     assert "Begin" not in script.effects and "Poll" not in script.effects
 
@@ -136,7 +138,7 @@ def test_a_lease_stopped_after_its_wait_or_never_stolen_is_released_plainly():
         script = Script(Lease("s-0", Checkpoint(TRIM_HORIZON), "peer" if stolen else None, 9))
         script.stop_at = stop_at
         script.batches = [Batch()] * 20
-        life.drive(life.lease_life(script.lease, STOLEN if stolen else SETTINGS), script)
+        fx.drive(life.lease_life(script.lease, STOLEN if stolen else SETTINGS), script)
         assert script.unsettled_releases == [False]
 
 
@@ -146,14 +148,14 @@ def test_an_invalid_hold_never_delivers_what_it_polled():
     original = script.__call__
 
     def freeze_during_poll(effect):
-        if isinstance(effect, life.Poll):
+        if isinstance(effect, fx.Poll):
             script.now += 60.0  # frozen past the validity between the poll and the delivery
-        if isinstance(effect, life.Deliver):
+        if isinstance(effect, fx.Deliver):
             delivered.append(effect.batch)
         return original(effect)
 
-    result = life.drive(life.lease_life(script.lease, SETTINGS), freeze_during_poll)
-    assert result.outcome == "lease_lost" and delivered == []
+    result = fx.drive(life.lease_life(script.lease, SETTINGS), freeze_during_poll)
+    assert result.outcome is LifeOutcome.LEASE_LOST and delivered == []
 
 
 def test_an_io_failure_fails_the_life_and_gives_the_lease_back():
@@ -161,12 +163,12 @@ def test_an_io_failure_fails_the_life_and_gives_the_lease_back():
     original = script.__call__
 
     def broken_reader(effect):
-        if isinstance(effect, life.Poll):
+        if isinstance(effect, fx.Poll):
             raise ConnectionError("kinesis unreachable")
         return original(effect)
 
-    result = life.drive(life.lease_life(script.lease, SETTINGS), broken_reader)
-    assert result.outcome == "failed" and "kinesis unreachable" in result.detail and script.released
+    result = fx.drive(life.lease_life(script.lease, SETTINGS), broken_reader)
+    assert result.outcome is LifeOutcome.FAILED and "kinesis unreachable" in result.detail and script.released
 
 
 def test_the_manager_cycle_stamps_lease_ages_when_the_scan_returns():
@@ -175,16 +177,16 @@ def test_the_manager_cycle_stamps_lease_ages_when_the_scan_returns():
     peer = Lease("s-0", Checkpoint("5"), "peer", 3)
 
     def handle(effect):
-        if isinstance(effect, cyc.Now):
+        if isinstance(effect, fx.Now):
             return 100.0 if not hasattr(handle, "started") else 112.0
-        if isinstance(effect, cyc.ScanTable):
+        if isinstance(effect, fx.ScanTable):
             handle.started = True
-            return cyc.Scanned([peer], sent_at=100.0, returned_at=111.0)  # a 11 s throttled scan
-        if isinstance(effect, life.ListShards):
+            return fx.Scanned([peer], sent_at=100.0, returned_at=111.0)  # a 11 s throttled scan
+        if isinstance(effect, fx.ListShards):
             return [Shard("s-0")]
         return None
 
-    result = life.drive(cyc.manager_cycle(state, settings, (), random.Random(0)), handle)
+    result = fx.drive(cyc.manager_cycle(state, settings, (), random.Random(0)), handle)
     assert state.ages.age("s-0", 112.0) == 1.0
     assert result.spawned == [] and result.stolen is None  # a live peer's lease is not expired
 
@@ -196,17 +198,17 @@ def test_the_manager_notices_a_second_process_under_its_worker_id():
     told = []
 
     def handle(effect):
-        if isinstance(effect, cyc.ScanTable):
-            return cyc.Scanned(list(seen), 0.0, 0.0)
-        if isinstance(effect, cyc.DuplicateWorkerId):
+        if isinstance(effect, fx.ScanTable):
+            return fx.Scanned(list(seen), 0.0, 0.0)
+        if isinstance(effect, fx.DuplicateWorkerId):
             told.append(effect.lease_keys)
-        if isinstance(effect, life.ListShards):
+        if isinstance(effect, fx.ListShards):
             return [Shard("s-0")]
-        return 0.0 if isinstance(effect, cyc.Now) else None
+        return 0.0 if isinstance(effect, fx.Now) else None
 
-    life.drive(cyc.manager_cycle(state, settings, (), random.Random(0)), handle)
+    fx.drive(cyc.manager_cycle(state, settings, (), random.Random(0)), handle)
     seen[0] = Lease("s-0", Checkpoint("5"), "me", 4)
-    life.drive(cyc.manager_cycle(state, settings, (), random.Random(0)), handle)
+    fx.drive(cyc.manager_cycle(state, settings, (), random.Random(0)), handle)
     assert told == [("s-0",)] and state.duplicate_worker_id_sightings == 1
 
 
@@ -239,17 +241,17 @@ def test_a_free_lease_released_unsettled_is_spawned_to_wait_one_expiry_before_de
         spawned = []
 
         def handle(effect, free=free, spawned=spawned):
-            if isinstance(effect, cyc.Now):
+            if isinstance(effect, fx.Now):
                 return 0.0
-            if isinstance(effect, cyc.ScanTable):
-                return cyc.Scanned([free], 0.0, 0.0)
-            if isinstance(effect, life.ListShards):
+            if isinstance(effect, fx.ScanTable):
+                return fx.Scanned([free], 0.0, 0.0)
+            if isinstance(effect, fx.ListShards):
                 return [Shard("s-0")]
-            if isinstance(effect, cyc.Spawn):
+            if isinstance(effect, fx.Spawn):
                 spawned.append(effect.stolen)
             return None
 
-        life.drive(cyc.manager_cycle(state, settings, (), random.Random(0)), handle)
+        fx.drive(cyc.manager_cycle(state, settings, (), random.Random(0)), handle)
         assert spawned == [stolen]
 
 
@@ -259,9 +261,9 @@ def test_a_stolen_lease_given_back_on_a_failure_before_its_wait_ended_is_marked_
     original = script.__call__
 
     def failing(effect):
-        if isinstance(effect, life.ReadLeases):
+        if isinstance(effect, fx.ReadLeases):
             raise ConnectionError("dynamodb unreachable")
         return original(effect)
 
-    result = life.drive(life.lease_life(child, STOLEN), failing)
-    assert result.outcome == "failed" and script.unsettled_releases == [True]
+    result = fx.drive(life.lease_life(child, STOLEN), failing)
+    assert result.outcome is LifeOutcome.FAILED and script.unsettled_releases == [True]

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from kcl_pipeline.kcl.config import ConsumerConfig
+from kcl_pipeline.kcl.core.lease_life import LifeOutcome
 from kcl_pipeline.kcl.core.model import TRIM_HORIZON, Checkpoint, Lease
 from kcl_pipeline.kcl.shells.aws import client
 from kcl_pipeline.kcl.shells.lease_table import LeaseTable
@@ -106,7 +107,7 @@ def test_delivers_checkpoints_and_releases_on_shutdown(setup):
     _wait(lambda: getattr(proc, "polls", 0) > 1)  # empty (idle) polls reach the processor too
     worker.stop.set()
     t.join(10)
-    assert out[0].outcome == "shutdown"
+    assert out[0].outcome is LifeOutcome.SHUTDOWN
     assert [r.data for r in proc.records] == [f"r{i}".encode() for i in range(30)]
     lease = table.get(shard)
     assert lease.lease_owner is None and lease.lease_counter > 1  # released: the counter moved on, never reset
@@ -119,7 +120,7 @@ def test_not_acquired_when_someone_else_holds_it(setup):
     observed = table.get(shard)
     assert table.acquire(shard, "other", None, 0)
     result = LeaseWorker(config, observed, Recorder()).run()
-    assert result.outcome == "not_acquired"
+    assert result.outcome is LifeOutcome.NOT_ACQUIRED
     assert table.get(shard).lease_owner == "other"
 
 
@@ -131,7 +132,7 @@ def test_stolen_lease_stops_delivery_and_tells_the_processor(setup, kinesis_clie
     _wait(lambda: len(proc.records) == 5)
     take(table, shard, "thief")
     t.join(10)
-    assert out[0].outcome == "lease_lost"
+    assert out[0].outcome is LifeOutcome.LEASE_LOST
     assert ("lease_lost",) in proc.calls
     kinesis_client.put_records(StreamName=config.stream, Records=[{"Data": b"late", "PartitionKey": "x"}])
     time.sleep(0.5)
@@ -150,7 +151,7 @@ def test_heartbeat_errors_past_the_expiry_lose_the_lease(setup):
     worker.table.heartbeat = broken
     t, out = _start(worker)
     t.join(15)
-    assert out and out[0].outcome == "lease_lost"
+    assert out and out[0].outcome is LifeOutcome.LEASE_LOST
     assert "expiry" in out[0].detail
 
 
@@ -160,7 +161,7 @@ def test_stops_itself_when_the_keepalive_goes_stale(setup):
     stale = time.time() - 100
     worker = LeaseWorker(config, table.get(shard), proc, keepalive=lambda: stale, keepalive_timeout=5)
     result = worker.run()
-    assert result.outcome == "shutdown"
+    assert result.outcome is LifeOutcome.SHUTDOWN
     assert table.get(shard).lease_owner is None
 
 
@@ -170,7 +171,7 @@ def test_shard_end_ends_the_lease_and_creates_children(setup, kinesis_client):
     wait_stream_active(kinesis_client, config.stream)
     proc = Recorder()
     result = LeaseWorker(config, table.get(shard), proc).run()
-    assert result.outcome == "shard_ended"
+    assert result.outcome is LifeOutcome.SHARD_ENDED
     assert len(proc.records) == 10
     assert table.get(shard).is_ended
     children = {s.shard_id for s in list_shards(kinesis_client, config.stream) if s.parent_shard_id == shard}
@@ -192,7 +193,7 @@ def test_shard_end_left_to_someone_else_waits_for_it(setup, kinesis_client):
     assert not out and table.get(shard).lease_owner == "me"
     assert table.end(shard)  # the pipeline's checkpoint step ends it
     t.join(10)
-    assert out[0].outcome == "shard_ended" and len(out[0].children_created) == 2
+    assert out[0].outcome is LifeOutcome.SHARD_ENDED and len(out[0].children_created) == 2
 
 
 @pytest.fixture
@@ -218,7 +219,7 @@ def test_worker_main_reports_a_processor_that_cannot_be_built(setup, in_process_
     results = Q()
     in_process_worker_main(config, Lease(shard, Checkpoint(TRIM_HORIZON)),
                            ProcessorSpec("kcl_pipeline.no_such_module:Nope"), results)
-    assert results[0].outcome == "failed" and "no_such_module" in results[0].detail
+    assert results[0].outcome is LifeOutcome.FAILED and "no_such_module" in results[0].detail
 
 
 def test_processor_spec_rejects_a_target_without_attribute():
@@ -234,7 +235,7 @@ def test_processor_failure_is_reported_not_raised(setup):
             raise ValueError("poison")
 
     result = LeaseWorker(config, table.get(shard), Boom()).run()
-    assert result.outcome == "failed" and "poison" in result.detail
+    assert result.outcome is LifeOutcome.FAILED and "poison" in result.detail
 
 
 def test_clients_honour_settings(emulators):
@@ -260,7 +261,7 @@ def test_checkpoint_rides_on_the_next_heartbeat(setup):
     assert table.get(shard).lease_owner == "me"
     worker.stop.set()
     t.join(10)
-    assert out[0].outcome == "shutdown" and worker.checkpointed == proc.records[-1].checkpoint
+    assert out[0].outcome is LifeOutcome.SHUTDOWN and worker.checkpointed == proc.records[-1].checkpoint
 
 
 @pytest.mark.parametrize("thief_keeps_it", [False, True])
@@ -279,7 +280,7 @@ def test_pending_checkpoint_is_flushed_after_a_loss_only_while_nobody_else_holds
     if not thief_keeps_it:
         assert table.release(shard, "thief", taken.lease_counter)
     t.join(20)
-    assert out[0].outcome == "lease_lost"
+    assert out[0].outcome is LifeOutcome.LEASE_LOST
     assert table.get(shard).checkpoint == (before if thief_keeps_it else proc.records[-1].checkpoint)
 
 
@@ -311,7 +312,7 @@ def test_zombie_with_the_same_worker_id_delivers_nothing_after_a_new_incarnation
     clock[0] += config.lease_expiry_seconds * 2.5  # the freeze lasted 2.5 expiries
     thaw.set()
     t.join(15)
-    assert out[0].outcome == "lease_lost"
+    assert out[0].outcome is LifeOutcome.LEASE_LOST
     assert [r.data for r in proc.records] == [f"r{i}".encode() for i in range(5)]
     assert table.release(shard, "me", worker.lease.hold.counter) is False
     after = table.get(shard)
@@ -329,7 +330,7 @@ def test_zombie_heartbeat_with_the_same_worker_id_is_fenced_out(setup):
     worker._heartbeat_once()
     assert worker.lease.hold.lost is not None
     t.join(10)
-    assert out[0].outcome == "lease_lost"
+    assert out[0].outcome is LifeOutcome.LEASE_LOST
     assert table.get(shard).lease_owner == "me"
 
 
@@ -346,7 +347,7 @@ def test_frozen_worker_stops_delivering_when_its_validity_passes(setup):
     _wait(lambda: len(proc.records) == 3)
     now[0] += 300.0 - 10.0  # exactly send + expiry - margin: no longer valid
     t.join(10)
-    assert out[0].outcome == "lease_lost" and "expiry" in out[0].detail
+    assert out[0].outcome is LifeOutcome.LEASE_LOST and "expiry" in out[0].detail
 
 
 def test_ended_lease_observed_free_is_not_acquired(setup):
@@ -354,7 +355,7 @@ def test_ended_lease_observed_free_is_not_acquired(setup):
     observed = table.get(shard)
     assert table.end(shard)  # ended between the manager's scan and the worker's acquire
     result = LeaseWorker(config, observed, Recorder()).run()
-    assert result.outcome == "not_acquired"
+    assert result.outcome is LifeOutcome.NOT_ACQUIRED
     assert table.get(shard).lease_owner is None
 
 
@@ -368,7 +369,7 @@ def test_child_is_not_read_while_a_parent_is_in_progress(setup, kinesis_client):
     table.create(Lease(child.shard_id, Checkpoint(TRIM_HORIZON), parent_shard_ids=child.parent_ids))
     proc = Recorder()
     result = LeaseWorker(config, table.get(child.shard_id), proc).run()
-    assert result.outcome == "blocked_on_parents" and shards[1] in result.detail
+    assert result.outcome is LifeOutcome.BLOCKED_ON_PARENTS and shards[1] in result.detail
     assert proc.calls == []  # never initialised, never read
     assert table.get(child.shard_id).lease_owner is None  # given back at once
 
@@ -458,5 +459,5 @@ def test_a_lease_of_a_deleted_and_recreated_stream_is_not_read_from_the_new_stre
         worker.stop.set()
         t.join(10)
     result = out[0]
-    assert result.outcome == "failed" and "re-created" in result.detail, result
+    assert result.outcome is LifeOutcome.FAILED and "re-created" in result.detail, result
     assert proc.records == [] and table.get(key).lease_owner is None  # nothing read, the lease released

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from kcl_pipeline.kcl.core import effects as fx
 from kcl_pipeline.kcl.core.worker_metrics import metrics_update, worker_metrics_table
 from kcl_pipeline.kcl.shells.kcl3_tables import publish
 
@@ -74,7 +75,6 @@ def test_the_cycle_publishes_on_its_period_and_keeps_the_recent_values():
     import random
 
     from kcl_pipeline.kcl.core import cycle as cyc
-    from kcl_pipeline.kcl.core import lease_life as life
     from kcl_pipeline.kcl.core.model import TRIM_HORIZON, Checkpoint, Shard
 
     state = cyc.ManagerState(shards=[Shard("s-0")], list_next=False)
@@ -83,19 +83,19 @@ def test_the_cycle_publishes_on_its_period_and_keeps_the_recent_values():
     published = []
 
     def handle(effect):
-        if isinstance(effect, cyc.Now):
+        if isinstance(effect, fx.Now):
             return now[0]
-        if isinstance(effect, cyc.ScanTable):
-            return cyc.Scanned([], now[0], now[0])
-        if isinstance(effect, life.ListShards):
+        if isinstance(effect, fx.ScanTable):
+            return fx.Scanned([], now[0], now[0])
+        if isinstance(effect, fx.ListShards):
             return [Shard("s-0")]
-        if isinstance(effect, cyc.PublishWorkerMetrics):
+        if isinstance(effect, fx.PublishWorkerMetrics):
             published.append((now[0], effect.throughput_kbps))
         return None
 
     for t in range(0, 400, 20):
         now[0] = float(t)
-        life.drive(cyc.manager_cycle(state, settings, (), random.Random(0)), handle)
+        fx.drive(cyc.manager_cycle(state, settings, (), random.Random(0)), handle)
     assert [t for t, _ in published] == [0.0, 40.0, 80.0, 120.0, 160.0, 200.0, 240.0, 280.0, 320.0, 360.0]
     assert len(published[-1][1]) == 10  # KCL's item keeps the 10 most recent values
 
@@ -134,7 +134,6 @@ def test_the_cycle_counts_idle_peers_from_their_worker_metrics_in_the_balance():
     from dataclasses import replace
 
     from kcl_pipeline.kcl.core import cycle as cyc
-    from kcl_pipeline.kcl.core import lease_life as life
     from kcl_pipeline.kcl.core.model import TRIM_HORIZON, Checkpoint, Lease, Shard
 
     def lease(key, owner, kbps):
@@ -149,18 +148,18 @@ def test_the_cycle_counts_idle_peers_from_their_worker_metrics_in_the_balance():
         spawned = []
 
         def handle(effect):
-            if isinstance(effect, cyc.Now):
+            if isinstance(effect, fx.Now):
                 return 100.0
-            if isinstance(effect, cyc.ScanTable):
-                return cyc.Scanned([replace(x, lease_counter=7) for x in leases], 100.0, 100.0)
-            if isinstance(effect, life.ListShards):
+            if isinstance(effect, fx.ScanTable):
+                return fx.Scanned([replace(x, lease_counter=7) for x in leases], 100.0, 100.0)
+            if isinstance(effect, fx.ListShards):
                 return shards
-            if isinstance(effect, cyc.ReadWorkerMetrics):
-                return None if peer_items is None else cyc.PeerMetrics(peer_items, 1_700_000_000.0)
-            if isinstance(effect, cyc.Spawn):
+            if isinstance(effect, fx.ReadWorkerMetrics):
+                return None if peer_items is None else fx.PeerMetrics(peer_items, 1_700_000_000.0)
+            if isinstance(effect, fx.Spawn):
                 spawned.append(effect.lease.lease_key)
             return None
-        life.drive(cyc.manager_cycle(state, settings, (), random.Random(0)), handle)
+        fx.drive(cyc.manager_cycle(state, settings, (), random.Random(0)), handle)
         return spawned
 
     now = 1_700_000_000.0

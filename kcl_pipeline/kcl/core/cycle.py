@@ -1,10 +1,10 @@
 """One lease-manager cycle, as a sans-I/O coroutine: scan → list shards → delete → create → decide → spawn.
 
 The manager (manager.py) and the deterministic simulation (kcl_pipeline.sim) drive the same generator,
-the same way as a lease's life (see lease_life.py): it yields effects, its driver answers them. The
-decisions themselves are planner.py's pure functions; this module fixes their order and what each one
-is fed — which is where the subtle bugs live (a scan's observations stamped when the scan *returned*,
-shards listed *after* the scan, one re-scan after deletions and creations).
+the same way as a lease's life (see lease_life.py): it yields effects (effects.py), its driver answers
+them. The decisions themselves are planner.py's pure functions; this module fixes their order and what
+each one is fed — which is where the subtle bugs live (a scan's observations stamped when the scan
+*returned*, shards listed *after* the scan, one re-scan after deletions and creations).
 
 `ManagerState` is what a manager remembers between cycles; a restarted process starts from a new one.
 """
@@ -15,7 +15,21 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Generator, Iterable, Sequence
 
 from .balance import confirmed_overloaded, reported_load, still_overloaded
-from .lease_life import Create, ListShards
+from .effects import (
+    Abandon,
+    Create,
+    CycleEffect,
+    Delete,
+    DuplicateWorkerId,
+    ListShards,
+    Now,
+    PublishWorkerMetrics,
+    ReadWorkerMetrics,
+    Scanned,
+    ScanTable,
+    Spawn,
+)
+from .lease_life import LifeOutcome
 from .lease_rules import UNSETTLED_ATTRIBUTE
 from .model import Checkpoint, Lease, Shard
 from .planner import (
@@ -82,72 +96,7 @@ class CycleResult:
     started_at: float = 0.0
 
 
-# -- effects (the answer each expects is in its docstring) --------------------------------------------
-
-@dataclass(frozen=True)
-class Now:
-    """The manager's clock. → float"""
-
-
-@dataclass(frozen=True)
-class Scanned:
-    leases: list[Lease]
-    sent_at: float      # the manager's clock when the scan was sent
-    returned_at: float  # ... and when its last page returned
-
-
-@dataclass(frozen=True)
-class ScanTable:
-    """Every lease of the table (all pages). → Scanned"""
-
-
-@dataclass(frozen=True)
-class Delete:
-    """DeleteItem conditioned on the observed counter. → bool"""
-    lease: Lease
-
-
-@dataclass(frozen=True)
-class Spawn:
-    """Start a worker for this lease (it acquires it itself, conditioned on what was observed). → None"""
-    lease: Lease
-    stolen: bool = False
-    handoff: bool = False  # ask the holder for a graceful hand-off first (it runs our protocol)
-
-
-@dataclass(frozen=True)
-class Abandon:
-    """Stop, for good, the local worker of a lease whose heartbeats stopped longer than the expiry ago (a
-    frozen or stuck process): until it exits nobody works the lease. → None"""
-    lease: Lease
-
-
-@dataclass(frozen=True)
-class DuplicateWorkerId:
-    """Another live process writes under our worker id: log it as an error and count it. → None"""
-    lease_keys: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class PeerMetrics:
-    last_updates: dict[str, float]  # worker id → its item's `lut` (epoch seconds)
-    now_epoch_seconds: float        # this host's wall clock when the read returned
-
-
-@dataclass(frozen=True)
-class ReadWorkerMetrics:
-    """Every worker's last update in the worker metrics table. → PeerMetrics, or None when the read failed
-    (logged; the last known peers stay in use)"""
-
-
-@dataclass(frozen=True)
-class PublishWorkerMetrics:
-    """Write this consumer's item in the worker metrics table (KCL 3.x's format; worker_metrics.py): its
-    recent throughput in KB/s, most recent last. A failed write is logged, never fails the cycle. → None"""
-    throughput_kbps: tuple[float, ...]
-
-
-Cycle = Generator[Any, Any, CycleResult]
+Cycle = Generator[CycleEffect, Any, CycleResult]
 
 
 def worker_throughput_kbps(worker_id: str, leases: Sequence[Lease]) -> float:
@@ -187,7 +136,7 @@ def manager_cycle(state: ManagerState, settings: CycleSettings, locally_worked: 
                   rng: random.Random, predecessor: Callable[[str], bool] | None = None) -> Cycle:
     result = CycleResult()
     result.started_at = yield Now()
-    scanned = yield ScanTable()
+    scanned: Scanned = yield ScanTable()
     leases = scanned.leases
     # Stamp what a scan saw when it returned, never earlier: a slow, throttled scan must not make live
     # peers' leases look older than they are.
@@ -280,12 +229,12 @@ def watch_our_id(state: ManagerState, worker_id: str, leases: Sequence[Lease],
 
 
 def watch_for_expiry(state: ManagerState, settings: CycleSettings,
-                     locally_worked: Collection[str]) -> Generator[Any, Any, bool]:
+                     locally_worked: Collection[str]) -> Generator[CycleEffect, Any, bool]:
     """A scan between cycles (reads only): True when a peer's lease has expired, so the next cycle runs
     at once. Lease ages count from when this consumer saw a counter change, so without these scans a
     dead peer's lease would be noticed up to a whole cycle late."""
     try:
-        scanned = yield ScanTable()
+        scanned: Scanned = yield ScanTable()
     except Exception:  # the next cycle retries; a failed look changes nothing
         return False
     state.ages.observe(scanned.leases, scanned.returned_at)
@@ -302,22 +251,21 @@ def watch_interval(settings: CycleSettings) -> float:
     return settings.expiry_seconds / 4
 
 
-def wakes_manager(outcome: str) -> bool:
+def wakes_manager(outcome: LifeOutcome) -> bool:
     """Whether a worker's outcome makes the next cycle run at once: a local worker ended a shard, so its
     children are ready, and this consumer (which read their parent) is their natural reader."""
-    return outcome == "shard_ended"
+    return outcome is LifeOutcome.SHARD_ENDED
 
 
-def note_results(state: ManagerState, outcomes: Iterable[tuple[str, str]]) -> None:
+def note_results(state: ManagerState, outcomes: Iterable[tuple[str, LifeOutcome]]) -> None:
     """Fold finished workers' (lease key, outcome) into the state."""
     for key, outcome in outcomes:
-        if outcome == "shard_ended":
+        if outcome is LifeOutcome.SHARD_ENDED:
             state.recently_ended.add(key)
             state.list_next = True
 
 
 __all__ = [
-    "Abandon", "CycleResult", "CycleSettings", "Delete", "DuplicateWorkerId", "ManagerState", "Now", "PeerMetrics",
-    "PublishWorkerMetrics", "ReadWorkerMetrics", "ScanTable", "Scanned",
-    "Spawn", "manager_cycle", "note_results", "wakes_manager", "watch_for_expiry", "watch_interval", "watch_our_id",
+    "Cycle", "CycleResult", "CycleSettings", "ManagerState", "manager_cycle", "note_results", "wakes_manager",
+    "watch_for_expiry", "watch_interval", "watch_our_id",
 ]

@@ -1,11 +1,21 @@
-"""One lease's life in a worker, as sans-I/O coroutines: acquire → parent gate → deliver → heartbeat /
-checkpoint → end / lose / release.
+"""One lease's life in a worker, as sans-I/O coroutines. Its states and transitions (as Java KCL's
+ConsumerStates documents its own), and the outcome each ending reports:
+
+    ASKING (a hand-off: wait for the holder to step aside) ── overtaken ───────────────▶ NOT_ACQUIRED
+    ACQUIRING ── the lease moved since it was observed ─────────────────────────────────▶ NOT_ACQUIRED
+    WAITING_ON_PARENTS ── a parent unfinished: release ─────────────────────────────────▶ BLOCKED_ON_PARENTS
+    SETTLING (stolen: deliver nothing for one expiry) ─┐
+    PROCESSING (poll → deliver; heartbeats renew) ─────┼─ asked to stop ─▶ SHUTTING_DOWN ▶ SHUTDOWN
+                                                       ├─ hold lost ─▶ LOST ──────────────▶ LEASE_LOST
+                                                       │      └─ asked to hand off ───────▶ HANDED_OFF
+                                                       ├─ an error: release ─────────────▶ FAILED
+                                                       └─ last record ─▶ SHARD_ENDING (end, children) ▶ SHARD_ENDED
 
 The worker (worker.py) and the deterministic simulation (kcl_pipeline.sim) run these same generators. A
-generator never touches a clock, a thread, a network or a processor: it yields an *effect* (a small
-dataclass saying what it needs done) and its driver sends back the answer, or throws the exception the
-I/O raised into it. So every decision — when to check validity, what a refused write means, when to give
-the lease back, what to flush — is made here once, and the two drivers only do I/O:
+generator never touches a clock, a thread, a network or a processor: it yields an *effect* (effects.py: a
+small dataclass saying what it needs done) and its driver sends back the answer, or throws the exception
+the I/O raised into it. So every decision — when to check validity, what a refused write means, when to
+give the lease back, what to flush — is made here once, and the two drivers only do I/O:
 
     life = lease_life(observed, settings)
     answer = None
@@ -24,9 +34,50 @@ the current one (both coroutines read it) and updates it only through `renewed`,
 """
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Generator, Mapping, Sequence
+from typing import Any, Generator, Sequence
 
+from .effects import (
+    Acquire,
+    Attributes,
+    AttributesRejected,
+    Begin,
+    CancelHandoff,
+    Check,
+    Checkpointed,
+    Create,
+    Deliver,
+    End,
+    FinishHandoff,
+    GetLease,
+    HeartbeatFailed,
+    InitiateHandoff,
+    LifeEffect,
+    ListShards,
+    Locked,
+    MarkEnded,
+    Notification,
+    Notify,
+    Now,
+    OwnerlessCheckpoint,
+    Poll,
+    ReadLeases,
+    Reinstate,
+    Release,
+    ReleaseObserved,
+    Renew,
+    RestorePending,
+    Scanned,
+    ScanTable,
+    ShardEnded,
+    StartHeartbeats,
+    Status,
+    Stopping,
+    TakePending,
+    Wait,
+    WaitForChange,
+)
 from .lease_codec import LeaseTableError, LeaseTableMissing, LeaseTableUnavailable
 from .lease_hold import LeaseHold, LeaseTiming, Outcome
 from .lease_rules import CLAIM_ATTRIBUTE, HANDOFF_ATTRIBUTE
@@ -53,249 +104,34 @@ class LifeSettings:
     handoff_from: str | None = None
 
 
+class LifeOutcome(enum.StrEnum):
+    """How a lease's life in a worker ended. Its value is what logs, the manager's cycle summary and the
+    simulation's statistics print."""
+
+    NOT_ACQUIRED = "not_acquired"
+    BLOCKED_ON_PARENTS = "blocked_on_parents"
+    SHARD_ENDED = "shard_ended"
+    LEASE_LOST = "lease_lost"
+    HANDED_OFF = "handed_off"
+    SHUTDOWN = "shutdown"
+    FAILED = "failed"
+
+
 @dataclass(frozen=True)
 class LifeResult:
     """How a lease's life in a worker ended (the worker reports it to its manager)."""
 
     lease_key: str
-    outcome: str  # not_acquired | blocked_on_parents | shard_ended | lease_lost | handed_off | shutdown | failed
+    outcome: LifeOutcome
     detail: str = ""
     children_created: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Status:
-    """The driver's answer to `Check`: its clock, the current hold, and whether it was asked to stop."""
-
-    now: float
-    hold: LeaseHold
-    stop: bool
 
 
 class LeaseLost(Exception):
     """A fenced write was refused: this worker no longer holds its lease."""
 
 
-# -- effects: what a coroutine asks its driver to do (the answer each expects is in its docstring) ------
-
-class Effect:
-    __slots__ = ()
-
-
-@dataclass(frozen=True)
-class Acquire(Effect):
-    """Conditional take of the lease as observed (by the manager's scan, or `observed` when given); note
-    the send time and install the hold. → Lease | None"""
-    observed: Lease | None = None
-
-
-@dataclass(frozen=True)
-class InitiateHandoff(Effect):
-    """Ask the observed holder to hand the lease over (`LeaseTable.initiate_handoff`, conditioned on the
-    observed owner and counter). → Lease (as written, with this worker's claim) | None"""
-
-
-@dataclass(frozen=True)
-class FinishHandoff(Effect):
-    """The old holder's last write of a hand-off (`LeaseTable.finish_handoff`, fenced on the hold's
-    counter): the checkpoint, the counter moved on, `checkpointOwner` removed. → bool"""
-    checkpoint: Checkpoint | None
-
-
-@dataclass(frozen=True)
-class CancelHandoff(Effect):
-    """Withdraw this worker's unfinished hand-off request (`LeaseTable.cancel_handoff`, fenced on the
-    asked lease's owner, counter and claim). → bool"""
-    asked: Lease
-
-
-@dataclass(frozen=True)
-class ReleaseObserved(Effect):
-    """Release a lease this worker owns but never acquired a hold on (a finished hand-off it no longer
-    wants), fenced on the counter it read. → bool"""
-    lease: Lease
-
-
-@dataclass(frozen=True)
-class Clock(Effect):
-    """The worker's clock and whether it was asked to stop, before it holds anything. → (float, bool)"""
-
-
-@dataclass(frozen=True)
-class ReadLeases(Effect):
-    """Consistent reads of these leases. → Mapping[key, Lease | None]"""
-    keys: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class GetLease(Effect):
-    """A consistent read of our own lease. → Lease | None"""
-
-
-@dataclass(frozen=True)
-class Check(Effect):
-    """→ Status (the hold as of now: `LeaseHold.held(now)`)."""
-
-
-@dataclass(frozen=True)
-class Wait(Effect):
-    """Sleep, waking early when asked to stop. → None"""
-    seconds: float
-
-
-@dataclass(frozen=True)
-class WaitForChange(Effect):
-    """Wait until the hold is lost or the timeout passes. → bool (lost)"""
-    seconds: float
-
-
-@dataclass(frozen=True)
-class StartHeartbeats(Effect):
-    """Start the heartbeat timer (one `heartbeat_once` per period while `heartbeats_continue`). → None"""
-
-
-@dataclass(frozen=True)
-class Begin(Effect):
-    """processor.initialize(...) with this lease; open the reader at the start position. → None"""
-    lease: Lease
-
-
-@dataclass(frozen=True)
-class Poll(Effect):
-    """One paced GetRecords. → a batch with `.shard_ended` (the driver's own type, handed back in Deliver)"""
-
-
-@dataclass(frozen=True)
-class Deliver(Effect):
-    """processor.process_records(batch) — empty polls too. → None"""
-    batch: Any
-
-
-@dataclass(frozen=True)
-class ShardEnded(Effect):
-    """processor.shard_ended(checkpointer). → bool: the processor called end_shard()"""
-
-
-@dataclass(frozen=True)
-class Notify(Effect):
-    """processor.lease_lost() or processor.shutdown_requested(checkpointer). → None"""
-    event: str  # "lease_lost" | "shutdown_requested"
-
-
-@dataclass(frozen=True)
-class Renew(Effect):
-    """A fenced, counter-moving write (heartbeat; the holder's checkpoint rides along) through the hold,
-    skipped as refused when the hold is already lost or ended (`may_write`). → Outcome"""
-    attributes: Mapping[str, Any] | None
-    checkpoint: Checkpoint | None = None
-
-
-@dataclass(frozen=True)
-class End(Effect):
-    """The holder's fenced SHARD_END through the hold (`finished_end`). → Outcome"""
-
-
-@dataclass(frozen=True)
-class Release(Effect):
-    """The fenced release through the hold (`finished_release`); a failure reads as not released. → bool
-    `unsettled`: the lease was stolen less than an expiry ago (lease_rules.UNSETTLED_ATTRIBUTE)."""
-    unsettled: bool = False
-
-
-@dataclass(frozen=True)
-class Reinstate(Effect):
-    """A write carrying a checkpoint was refused; `reinstated(hold, current)` tells whether the lease is
-    still ours (the checkpoint's own condition refused it). → bool"""
-    current: Lease | None
-
-
-@dataclass(frozen=True)
-class MarkEnded(Effect):
-    """The pipeline's ownerless commit wrote SHARD_END: `hold.ended_by_pipeline()`. → None"""
-
-
-@dataclass(frozen=True)
-class OwnerlessCheckpoint(Effect):
-    """The forward-only checkpoint that needs no lease, written only while nobody else holds the lease
-    (`LeaseTable.checkpoint(..., unless_held_by_another=me)`). → bool"""
-    checkpoint: Checkpoint
-
-
-@dataclass(frozen=True)
-class Checkpointed(Effect):
-    """Note a checkpoint the table now holds. → None"""
-    checkpoint: Checkpoint
-
-
-@dataclass(frozen=True)
-class TakePending(Effect):
-    """Take the checkpoint waiting for the next heartbeat (None when there is none). → Checkpoint | None"""
-
-
-@dataclass(frozen=True)
-class RestorePending(Effect):
-    """Put a checkpoint back for the next heartbeat, unless a newer one is waiting. → None"""
-    checkpoint: Checkpoint | None
-
-
-@dataclass(frozen=True)
-class Attributes(Effect):
-    """The processor's progress attributes for the next heartbeat, checked (None on any failure, which
-    the driver logs and counts). → Mapping | None"""
-
-
-@dataclass(frozen=True)
-class AttributesRejected(Effect):
-    """The table rejected the attributes (say, an item over 400 KB): log and count. → None"""
-    error: Exception
-
-
-@dataclass(frozen=True)
-class HeartbeatFailed(Effect):
-    """A heartbeat did not reach a verdict (unreachable, throttled): log; the hold stays valid until its
-    validity passes. → None"""
-    error: Exception
-
-
-@dataclass(frozen=True)
-class ListShards(Effect):
-    """→ list[Shard]"""
-
-
-@dataclass(frozen=True)
-class Scan(Effect):
-    """→ list[Lease]"""
-
-
-@dataclass(frozen=True)
-class Create(Effect):
-    """Conditional put of a new lease. → bool"""
-    lease: Lease
-
-
-@dataclass(frozen=True)
-class Locked(Effect):
-    """Run this sub-coroutine under the lease's write lock, with these same effects. → its return value"""
-    body: Generator
-
-
-Life = Generator[Effect, Any, LifeResult]
-
-
-def drive(coroutine: Generator, handle: Callable[[Any], Any]) -> Any:
-    """Run a coroutine to its end synchronously: `handle(effect)` answers each effect; an exception it
-    raises is thrown into the coroutine (which decides what it means). Returns the coroutine's value."""
-    answer: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            effect = coroutine.throw(error) if error is not None else coroutine.send(answer)
-        except StopIteration as stop:
-            return stop.value
-        try:
-            answer, error = handle(effect), None
-        except Exception as exc:
-            answer, error = None, exc
+Life = Generator[LifeEffect, Any, LifeResult]
 
 
 # -- the hold's transitions the drivers apply (pure) ----------------------------------------------------
@@ -355,7 +191,7 @@ def handoff_timeout(settings: LifeSettings) -> float:
     return settings.timing.expiry_seconds / 2
 
 
-def _await_handoff(me: str, settings: LifeSettings) -> Generator[Effect, Any, tuple[Lease, bool] | None]:
+def _await_handoff(me: str, settings: LifeSettings) -> Generator[LifeEffect, Any, tuple[Lease, bool] | None]:
     """Initiate a hand-off and wait for it: (the lease to acquire, whether the holder may still deliver),
     or None when the lease went elsewhere (or the worker was asked to stop).
 
@@ -365,7 +201,8 @@ def _await_handoff(me: str, settings: LifeSettings) -> Generator[Effect, Any, tu
     if asked is None:
         return None
     claim = asked.extra.get(CLAIM_ATTRIBUTE)
-    now, stop = yield Clock()
+    now = yield Now()
+    stop = yield Stopping()
     deadline = now + handoff_timeout(settings)
     while not stop:
         current = yield GetLease()
@@ -381,12 +218,13 @@ def _await_handoff(me: str, settings: LifeSettings) -> Generator[Effect, Any, tu
         if now >= deadline:
             return current, True  # no answer: take it from cold, which fences the holder
         yield Wait(min(wait_between_polls_for_end(settings), deadline - now))
-        now, stop = yield Clock()
+        now = yield Now()
+        stop = yield Stopping()
     yield from _withdraw_handoff(me, asked)
     return None
 
 
-def _withdraw_handoff(me: str, asked: Lease) -> Generator[Effect, Any, None]:
+def _withdraw_handoff(me: str, asked: Lease) -> Generator[LifeEffect, Any, None]:
     """Asked to stop while waiting: give the holder its lease back, or release it once handed over (the
     holder stepped aside: nobody else delivers). A lease SIGTERM leaves owned waits out an expiry."""
     claim = asked.extra.get(CLAIM_ATTRIBUTE)
@@ -415,12 +253,12 @@ def lease_life(observed: Lease, settings: LifeSettings, me: str | None = None) -
                 raise ValueError("a hand-off needs the worker id")
             handed = yield from _await_handoff(me, settings)
             if handed is None:
-                return LifeResult(key, "not_acquired", "the hand-off was overtaken (the lease moved on, or the "
-                                                       "worker was asked to stop)")
+                return LifeResult(key, LifeOutcome.NOT_ACQUIRED,
+                                  "the hand-off was overtaken (the lease moved on, or the worker was asked to stop)")
             target, stolen = handed
         lease = yield Acquire(target)
         if lease is None:
-            return LifeResult(key, "not_acquired",
+            return LifeResult(key, LifeOutcome.NOT_ACQUIRED,
                               "the lease changed since it was observed (another consumer moved it first, or it ended)")
         acquired = True
         unsettled = stolen
@@ -432,7 +270,7 @@ def lease_life(observed: Lease, settings: LifeSettings, me: str | None = None) -
             waiting = blocked_on_parents(lease, parents, settings.drained_attribute)
             if waiting:
                 yield Release(unsettled)
-                return LifeResult(key, "blocked_on_parents", ",".join(waiting))
+                return LifeResult(key, LifeOutcome.BLOCKED_ON_PARENTS, ",".join(waiting))
         yield StartHeartbeats()
         if stolen:
             # The holder it was taken from may deliver until its validity passes: deliver nothing for one
@@ -471,12 +309,12 @@ def lease_life(observed: Lease, settings: LifeSettings, me: str | None = None) -
                 end_requested = yield ShardEnded()
                 return (yield from _finish_ended(key, end_requested, settings))
     except LeaseLost as exc:
-        return LifeResult(key, "lease_lost", str(exc))
+        return LifeResult(key, LifeOutcome.LEASE_LOST, str(exc))
     except Exception as exc:  # the manager retries the lease on a later cycle; the driver logs why
         released = False
         if acquired:
             released = yield Release(unsettled)
-        return LifeResult(key, "failed", f"{type(exc).__name__}: {exc}" + ("" if released or not acquired
+        return LifeResult(key, LifeOutcome.FAILED, f"{type(exc).__name__}: {exc}" + ("" if released or not acquired
                                                                             else " (lease not released)"))
 
 
@@ -506,24 +344,25 @@ def _finish_ended(key: str, end_requested: bool, settings: LifeSettings) -> Life
                 status = yield Check()
                 return (yield from _lost(key, status.hold))
     shards: Sequence[Shard] = yield ListShards()
-    leases: Sequence[Lease] = yield Scan()
+    scanned: Scanned = yield ScanTable()
+    leases: Sequence[Lease] = scanned.leases
     created = []
     for child in child_leases_on_end(key, shards, leases, settings.initial, settings.drained_attribute):
         if (yield Create(child)):
             created.append(child.lease_key)
-    return LifeResult(key, "shard_ended", children_created=tuple(created))
+    return LifeResult(key, LifeOutcome.SHARD_ENDED, children_created=tuple(created))
 
 
 def _shutdown(key: str, status: Status, unsettled: bool = False) -> Life:
-    yield Notify("shutdown_requested" if status.hold.may_deliver(status.now) else "lease_lost")
+    yield Notify(Notification.SHUTDOWN_REQUESTED if status.hold.may_deliver(status.now) else Notification.LEASE_LOST)
     yield from flush_pending()
     released = yield Release(unsettled)
     if not released and (yield from _hand_off_on_shutdown(status.hold)):
-        return LifeResult(key, "shutdown", "handed_off")
-    return LifeResult(key, "shutdown", f"released={released}")
+        return LifeResult(key, LifeOutcome.SHUTDOWN, "handed_off")
+    return LifeResult(key, LifeOutcome.SHUTDOWN, f"released={released}")
 
 
-def _hand_off_on_shutdown(hold: LeaseHold) -> Generator[Effect, Any, bool]:
+def _hand_off_on_shutdown(hold: LeaseHold) -> Generator[LifeEffect, Any, bool]:
     """Stopping while a hand-off of our lease was asked for: finish it rather than leave it hanging (the
     release was refused: the table names the asker as owner). If the asker withdrew meanwhile (before our
     read, or racing our finish), the lease is ours again: release it."""
@@ -539,7 +378,7 @@ def _hand_off_on_shutdown(hold: LeaseHold) -> Generator[Effect, Any, bool]:
         return False
 
 
-def _release_if_given_back(hold: LeaseHold, current: Lease | None) -> Generator[Effect, Any, None]:
+def _release_if_given_back(hold: LeaseHold, current: Lease | None) -> Generator[LifeEffect, Any, None]:
     """The table shows the lease ours at our own counter after this worker stopped delivering (a withdrawn
     hand-off gave it back, or the validity passed with nobody taking it): release it, or it would stay
     owned by a worker that is gone until it expires."""
@@ -563,7 +402,7 @@ def _lost(key: str, hold: LeaseHold) -> Life:
     if asked_to_hand_off(hold, current):
         # A graceful hand-off (KCL 3.x's checkpointOwner): delivery has stopped; the processor lands and
         # checkpoints what it delivered, the last write hands the lease over and the new owner starts.
-        yield Notify("shutdown_requested")
+        yield Notify(Notification.SHUTDOWN_REQUESTED)
         cp = yield TakePending()
         try:
             handed = yield FinishHandoff(cp)
@@ -572,24 +411,24 @@ def _lost(key: str, hold: LeaseHold) -> Life:
         if handed:
             if cp is not None:
                 yield Checkpointed(cp)
-            return LifeResult(key, "handed_off", f"to {current.lease_owner}")
+            return LifeResult(key, LifeOutcome.HANDED_OFF, f"to {current.lease_owner}")
         yield RestorePending(cp)
         yield from flush_pending()
         try:
             yield from _release_if_given_back(hold, (yield GetLease()))
         except Exception:  # unreachable: the lease expires
             pass
-        return LifeResult(key, "lease_lost", "the hand-off was taken over before it finished")
-    yield Notify("lease_lost")
+        return LifeResult(key, LifeOutcome.LEASE_LOST, "the hand-off was taken over before it finished")
+    yield Notify(Notification.LEASE_LOST)
     yield from flush_pending()
     try:
         yield from _release_if_given_back(hold, current)
     except Exception:  # unreachable: the lease expires
         pass
-    return LifeResult(key, "lease_lost", hold.lost or "no longer valid")
+    return LifeResult(key, LifeOutcome.LEASE_LOST, hold.lost or "no longer valid")
 
 
-def flush_pending() -> Generator[Effect, Any, None]:
+def flush_pending() -> Generator[LifeEffect, Any, None]:
     """Write a checkpoint still waiting for a heartbeat: fenced while held, else the ownerless forward-only
     write while the lease is free (the records were processed; a new holder re-reads them otherwise)."""
     cp = yield TakePending()
@@ -606,7 +445,7 @@ def flush_pending() -> Generator[Effect, Any, None]:
         yield Checkpointed(cp)
 
 
-def write_checkpoint(cp: Checkpoint) -> Generator[Effect, Any, bool]:
+def write_checkpoint(cp: Checkpoint) -> Generator[LifeEffect, Any, bool]:
     """The holder's synchronous checkpoint, run under the write lock: a fenced heartbeat carrying it. True
     when written, False when it would not advance; LeaseLost when the lease is no longer ours."""
     attributes = yield Attributes()
@@ -623,7 +462,7 @@ def write_checkpoint(cp: Checkpoint) -> Generator[Effect, Any, bool]:
 
 # -- the heartbeat coroutine ----------------------------------------------------------------------------
 
-def heartbeat_once() -> Generator[Effect, Any, None]:
+def heartbeat_once() -> Generator[LifeEffect, Any, None]:
     """One heartbeat: progress and a pending checkpoint ride along. An attribute the table rejects falls
     back to a plain heartbeat, so the lease never lapses over it; an error without a verdict keeps the
     hold until its validity passes."""
@@ -635,7 +474,7 @@ def heartbeat_once() -> Generator[Effect, Any, None]:
         yield HeartbeatFailed(exc)
 
 
-def _heartbeat_locked(pending: Checkpoint | None) -> Generator[Effect, Any, None]:
+def _heartbeat_locked(pending: Checkpoint | None) -> Generator[LifeEffect, Any, None]:
     attributes = yield Attributes()
     try:
         outcome = yield Renew(attributes, pending)
@@ -656,11 +495,7 @@ def _heartbeat_locked(pending: Checkpoint | None) -> Generator[Effect, Any, None
 
 
 __all__ = [
-    "Acquire", "Attributes", "AttributesRejected", "Begin", "Check", "Checkpointed", "Clock", "Create", "Deliver",
-    "CancelHandoff", "FinishHandoff", "InitiateHandoff", "ReleaseObserved", "asked_to_hand_off", "handoff_timeout",
-    "Effect", "End", "GetLease", "HeartbeatFailed", "LeaseLost", "LifeResult", "LifeSettings", "ListShards",
-    "Locked", "MarkEnded", "Notify", "OwnerlessCheckpoint", "Poll", "ReadLeases", "Reinstate", "Release",
-    "Renew", "RestorePending", "Scan", "ShardEnded", "StartHeartbeats", "Status", "TakePending", "Wait",
-    "WaitForChange", "drive", "finished_end", "finished_release", "flush_pending", "heartbeat_once", "heartbeats_continue",
-    "lease_life", "may_write", "reinstated", "renewed", "start_position", "write_checkpoint",
+    "LeaseLost", "Life", "LifeOutcome", "LifeResult", "LifeSettings", "asked_to_hand_off", "finished_end",
+    "finished_release", "flush_pending", "handoff_timeout", "heartbeat_once", "heartbeats_continue", "lease_life",
+    "may_write", "reinstated", "renewed", "start_position", "wait_between_polls_for_end", "write_checkpoint",
 ]

@@ -15,11 +15,12 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable, ClassVar, Mapping
 
 from ..config import ConsumerConfig
 from ..core import cycle as cyc
-from ..core.lease_life import Create, ListShards, drive
+from ..core import effects as fx
+from ..core.lease_life import LifeOutcome
 from ..core.model import Lease, Shard
 from ..core.planner import LeaseAges
 from ..core.worker_metrics import worker_metrics_table
@@ -123,57 +124,74 @@ class LeaseManager:
     def duplicate_worker_id_sightings(self) -> int:
         return self.state.duplicate_worker_id_sightings
 
-    def _handle(self, effect):
-        if isinstance(effect, cyc.Now):
-            return self.clock()
-        if isinstance(effect, cyc.ScanTable):
-            sent_at = self.clock()
-            leases = self.table.scan()
-            return cyc.Scanned(leases, sent_at, self.clock())
-        if isinstance(effect, ListShards):
-            return self._list_shards()
-        if isinstance(effect, cyc.Delete):
-            return self.table.delete(effect.lease.lease_key, effect.lease.lease_counter)
-        if isinstance(effect, Create):
-            return self.table.create(effect.lease)
-        if isinstance(effect, cyc.Spawn):
-            self._spawn(effect.lease, stolen=effect.stolen, handoff=effect.handoff)
+    def _handle(self, effect: fx.CycleEffect) -> Any:
+        handler = self.HANDLERS.get(type(effect))
+        if handler is None:
+            raise TypeError(f"the lease manager cannot handle {effect!r}")
+        return handler(self, effect)
+
+    def _now(self, _effect: fx.Now) -> float:
+        return self.clock()
+
+    def _scan(self, _effect: fx.ScanTable) -> fx.Scanned:
+        sent_at = self.clock()
+        leases = self.table.scan()
+        return fx.Scanned(leases, sent_at, self.clock())
+
+    def _list_shards_effect(self, _effect: fx.ListShards) -> list[Shard]:
+        return self._list_shards()
+
+    def _delete(self, effect: fx.Delete) -> bool:
+        return self.table.delete(effect.lease.lease_key, effect.lease.lease_counter)
+
+    def _create(self, effect: fx.Create) -> bool:
+        return self.table.create(effect.lease)
+
+    def _spawn_effect(self, effect: fx.Spawn) -> None:
+        self._spawn(effect.lease, stolen=effect.stolen, handoff=effect.handoff)
+
+    def _abandon(self, effect: fx.Abandon) -> None:
+        key = effect.lease.lease_key
+        proc = self.workers.pop(key, None)
+        if proc is not None:
+            proc.kill()  # SIGKILL: a stopped (SIGSTOP) process ignores SIGTERM until it is continued
+            proc.join(timeout=5)
+            self.metrics.count_many({"stuck_workers_killed": 1}, None)
+            log.error("killed the worker of lease %s (pid %s): its lease was not renewed for longer than the "
+                      "expiry (%.0fs); the lease is taken again", key, proc.pid, self.config.lease_expiry_seconds)
+
+    def _duplicate_worker_id(self, effect: fx.DuplicateWorkerId) -> None:
+        self.metrics.count_many({"duplicate_worker_id": 1}, None)
+        log.error("another live process is writing under this consumer's worker id %s (leases %s); worker ids "
+                  "must be unique per process: this consumer will not touch those leases",
+                  self.config.worker_id, ", ".join(effect.lease_keys))
+
+    def _read_worker_metrics(self, _effect: fx.ReadWorkerMetrics) -> fx.PeerMetrics | None:
+        try:
+            updates = kcl3_tables.read_last_updates(self.table.client, self.config.application)
+        except Exception as exc:  # the balance keeps the peers it knew; the next period reads again
+            self.metrics.count_many({"worker_metrics_failed": 1}, None)
+            log.warning("could not read the fleet's worker metrics (%s): %s: %s",
+                        worker_metrics_table(self.config.application), type(exc).__name__, exc)
             return None
-        if isinstance(effect, cyc.Abandon):
-            key = effect.lease.lease_key
-            proc = self.workers.pop(key, None)
-            if proc is not None:
-                proc.kill()  # SIGKILL: a stopped (SIGSTOP) process ignores SIGTERM until it is continued
-                proc.join(timeout=5)
-                self.metrics.count_many({"stuck_workers_killed": 1}, None)
-                log.error("killed the worker of lease %s (pid %s): its lease was not renewed for longer than the "
-                          "expiry (%.0fs); the lease is taken again", key, proc.pid, self.config.lease_expiry_seconds)
-            return None
-        if isinstance(effect, cyc.DuplicateWorkerId):
-            self.metrics.count_many({"duplicate_worker_id": 1}, None)
-            log.error("another live process is writing under this consumer's worker id %s (leases %s); worker ids "
-                      "must be unique per process: this consumer will not touch those leases",
-                      self.config.worker_id, ", ".join(effect.lease_keys))
-            return None
-        if isinstance(effect, cyc.ReadWorkerMetrics):
-            try:
-                updates = kcl3_tables.read_last_updates(self.table.client, self.config.application)
-            except Exception as exc:  # the balance keeps the peers it knew; the next period reads again
-                self.metrics.count_many({"worker_metrics_failed": 1}, None)
-                log.warning("could not read the fleet's worker metrics (%s): %s: %s",
-                            worker_metrics_table(self.config.application), type(exc).__name__, exc)
-                return None
-            return cyc.PeerMetrics(updates, time.time())
-        if isinstance(effect, cyc.PublishWorkerMetrics):
-            try:
-                kcl3_tables.publish(self.table.client, self.config.application, self.config.worker_id,
-                                       int(time.time()), effect.throughput_kbps)
-            except Exception as exc:  # metrics never stop consuming; the next period writes again
-                self.metrics.count_many({"worker_metrics_failed": 1}, None)
-                log.warning("could not write this consumer's worker metrics (%s): %s: %s",
-                            worker_metrics_table(self.config.application), type(exc).__name__, exc)
-            return None
-        raise TypeError(f"the lease manager cannot handle {effect!r}")
+        return fx.PeerMetrics(updates, time.time())
+
+    def _publish_worker_metrics(self, effect: fx.PublishWorkerMetrics) -> None:
+        try:
+            kcl3_tables.publish(self.table.client, self.config.application, self.config.worker_id,
+                                int(time.time()), effect.throughput_kbps)
+        except Exception as exc:  # metrics never stop consuming; the next period writes again
+            self.metrics.count_many({"worker_metrics_failed": 1}, None)
+            log.warning("could not write this consumer's worker metrics (%s): %s: %s",
+                        worker_metrics_table(self.config.application), type(exc).__name__, exc)
+
+    # Every effect a manager's cycle may yield, and the method that answers it (a test checks this covers
+    # every CycleEffect).
+    HANDLERS: ClassVar[Mapping[type[fx.CycleEffect], Callable[[Any, Any], Any]]] = {
+        fx.Now: _now, fx.ScanTable: _scan, fx.ListShards: _list_shards_effect, fx.Delete: _delete,
+        fx.Create: _create, fx.Spawn: _spawn_effect, fx.Abandon: _abandon, fx.DuplicateWorkerId: _duplicate_worker_id,
+        fx.ReadWorkerMetrics: _read_worker_metrics, fx.PublishWorkerMetrics: _publish_worker_metrics,
+    }
 
     def _list_shards(self) -> list[Shard]:
         return list_application_shards(self.kinesis, self.config.streams, self.config.multi_stream)
@@ -181,7 +199,7 @@ class LeaseManager:
     def run_cycle(self) -> CycleReport:
         self._keepalive.value = time.time()
         report = CycleReport(finished=self._reap())
-        result = drive(cyc.manager_cycle(self.state, self.settings, frozenset(self.workers), self.rng,
+        result = fx.drive(cyc.manager_cycle(self.state, self.settings, frozenset(self.workers), self.rng,
                                          self.predecessor), self._handle)
         report.total_shards = result.total_shards
         report.deleted, report.created, report.spawned = result.deleted, result.created, result.spawned
@@ -231,7 +249,7 @@ class LeaseManager:
                     return
 
     def _peer_lease_expired(self) -> bool:
-        return drive(cyc.watch_for_expiry(self.state, self.settings, frozenset(self.workers)), self._handle)
+        return fx.drive(cyc.watch_for_expiry(self.state, self.settings, frozenset(self.workers)), self._handle)
 
     def shutdown(self, timeout: float = 30.0) -> list[WorkerResult]:
         """Ask every worker to stop gracefully (SIGTERM: checkpoint, release), then wait for them."""
@@ -272,7 +290,7 @@ class LeaseManager:
                 break
         cyc.note_results(self.state, [(result.lease_key, result.outcome) for result in finished])
         for result in finished:
-            if result.outcome == "failed":
+            if result.outcome is LifeOutcome.FAILED:
                 # The worker released its lease itself (fenced), so the fleet retries it next cycle.
                 log.error("worker for %s failed: %s", result.lease_key, result.detail)
         for key, proc in list(self.workers.items()):

@@ -20,14 +20,15 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, ClassVar, Mapping
 
 from ..config import ConsumerConfig
+from ..core import effects as fx
 from ..core import lease_life as life
 from ..core.balance import ThroughputMeter, reported_load
 from ..core.lease_codec import encode_value
 from ..core.lease_hold import LeaseHold, LeaseTiming, Outcome
-from ..core.lease_life import LifeResult, LifeSettings
+from ..core.lease_life import LifeOutcome, LifeResult, LifeSettings
 from ..core.lease_rules import HANDOFF_ATTRIBUTE, check_heartbeat_attributes
 from ..core.model import Checkpoint, Lease
 from ..core.streams import StreamRecreated, scope_of
@@ -75,8 +76,7 @@ def lease_table_client(config: ConsumerConfig):
                   read_timeout=lease_table_read_timeout(config))
 
 
-# What a worker tells its manager when it stops (outcome: not_acquired | blocked_on_parents | shard_ended |
-# lease_lost | shutdown | failed).
+# What a worker tells its manager when it stops (its outcome: a LifeOutcome).
 WorkerResult = LifeResult
 
 
@@ -253,32 +253,6 @@ class LeaseWorker:
         self._heartbeat_thread: threading.Thread | None = None
         self._checkpointer = _Checkpointer(self)
         self._parent_pid = os.getppid()
-        self._handlers: dict[type, Callable[[Any], Any]] = {
-            life.Acquire: self._acquire, life.ReadLeases: self._read_leases, life.GetLease: self._get_lease,
-            life.InitiateHandoff: self._initiate_handoff, life.FinishHandoff: self._finish_handoff,
-            life.CancelHandoff: lambda e: self.table.cancel_handoff(
-                self.lease_key, self.config.worker_id, e.asked.extra.get(HANDOFF_ATTRIBUTE), e.asked.lease_counter,
-                self.claim),
-            life.ReleaseObserved: lambda e: self.table.release(self.lease_key, self.config.worker_id,
-                                                               e.lease.lease_counter),
-            life.Clock: lambda e: (self.monotonic(), self._should_stop()),
-            life.Check: self._check, life.Wait: lambda e: self.stop.wait(e.seconds),
-            life.WaitForChange: lambda e: self.lease.wait_lost(e.seconds),
-            life.StartHeartbeats: self._start_heartbeats, life.Begin: self._begin, life.Poll: self._poll,
-            life.Deliver: self._deliver, life.ShardEnded: self._shard_ended, life.Notify: self._notify,
-            life.Renew: self._renew, life.End: self._end, life.Release: lambda e: self._release_quietly(e.unsettled),
-            life.Reinstate: lambda e: self.lease.reinstate(e.current), life.MarkEnded: lambda e: self.lease.mark_ended(),
-            life.OwnerlessCheckpoint: lambda e: self.table.checkpoint(
-                self.lease_key, e.checkpoint, unless_held_by_another=self.config.worker_id),
-            life.Checkpointed: self._checkpointed, life.TakePending: self._take_pending,
-            life.RestorePending: lambda e: self._restore_pending(e.checkpoint),
-            life.Attributes: lambda e: self._heartbeat_attributes(),
-            life.AttributesRejected: lambda e: self._attribute_error(e.error),
-            life.HeartbeatFailed: self._heartbeat_failed,
-            life.ListShards: lambda e: self.scope.shards(list_shards(self.kinesis, self.scope.stream)),
-            life.Scan: lambda e: self.table.scan(), life.Create: lambda e: self.table.create(e.lease),
-            life.Locked: self._locked,
-        }
 
     # -- the lease's life ----------------------------------------------------------------------
     def run(self) -> WorkerResult:
@@ -287,31 +261,38 @@ class LeaseWorker:
         except Exception as exc:  # a bug in the I/O itself: still say why, and give the lease back
             log.exception("worker for %s failed", self.lease_key)
             self._release_quietly()
-            result = WorkerResult(self.lease_key, "failed", f"{type(exc).__name__}: {exc}")
+            result = WorkerResult(self.lease_key, LifeOutcome.FAILED, f"{type(exc).__name__}: {exc}")
         finally:
             self.stop.set()  # stops the heartbeat thread
             if self._heartbeat_thread is not None:
                 self._heartbeat_thread.join(timeout=self.config.heartbeat_seconds + 5)
             self.metrics.flush()
-        if result.outcome == "failed":
+        if result.outcome is LifeOutcome.FAILED:
             log.error("worker for %s failed: %s", self.lease_key, result.detail)
-        elif result.outcome == "lease_lost":
+        elif result.outcome is LifeOutcome.LEASE_LOST:
             log.warning("%s: lease lost (%s); stopped delivering", self.lease_key, result.detail)
         else:
             log.info("%s: %s %s (checkpoint %s)", self.lease_key, result.outcome, result.detail, self.checkpointed)
         return result
 
     def _drive(self, coroutine):
-        return life.drive(coroutine, self._handle)
+        return fx.drive(coroutine, self._handle)
 
-    def _handle(self, effect):
-        return self._handlers[type(effect)](effect)
+    def _handle(self, effect: fx.LifeEffect) -> Any:
+        return self.HANDLERS[type(effect)](self, effect)
 
-    def _locked(self, effect: life.Locked):
-        with self.lease.writing():
+    @property
+    def held(self) -> _HeldLease:
+        """The hold this worker's acquire installed (the life asks for it only once acquired)."""
+        if self.lease is None:
+            raise RuntimeError(f"{self.lease_key}: the lease was not acquired")
+        return self.lease
+
+    def _locked(self, effect: fx.Locked):
+        with self.held.writing():
             return self._drive(effect.body)
 
-    def _acquire(self, effect: life.Acquire) -> Lease | None:
+    def _acquire(self, effect: fx.Acquire) -> Lease | None:
         observed = effect.observed or self.observed
         sent_at = self.monotonic()
         lease = self.table.acquire(self.lease_key, self.config.worker_id, observed.lease_owner,
@@ -322,33 +303,58 @@ class LeaseWorker:
                      lease.lease_counter, lease.checkpoint, self.observed.lease_owner)
         return lease
 
-    def _initiate_handoff(self, _effect) -> Lease | None:
-        asked = self.table.initiate_handoff(self.lease_key, self.config.worker_id, self.observed.lease_owner,
+    def _initiate_handoff(self, _effect: fx.InitiateHandoff) -> Lease | None:
+        holder = self.observed.lease_owner
+        if holder is None:  # a hand-off is asked of a live holder only (LifeSettings.handoff_from)
+            raise ValueError(f"{self.lease_key}: a hand-off needs a holder, the lease was observed free")
+        asked = self.table.initiate_handoff(self.lease_key, self.config.worker_id, holder,
                                             self.observed.lease_counter, self.claim)
         if asked is not None:
-            log.info("%s: asked %s for a graceful hand-off", self.lease_key, self.observed.lease_owner)
+            log.info("%s: asked %s for a graceful hand-off", self.lease_key, holder)
         return asked
 
-    def _finish_handoff(self, effect: life.FinishHandoff) -> bool:
-        _, hold = self.lease.current()
+    def _finish_handoff(self, effect: fx.FinishHandoff) -> bool:
+        _, hold = self.held.current()
         return self.table.finish_handoff(self.lease_key, self.config.worker_id, hold.counter, effect.checkpoint)
 
-    def _read_leases(self, effect: life.ReadLeases) -> dict[str, Lease | None]:
+    def _cancel_handoff(self, effect: fx.CancelHandoff) -> bool:
+        asked = effect.asked
+        holder = asked.extra.get(HANDOFF_ATTRIBUTE)
+        if not isinstance(holder, str):  # the asked lease names its holder: the hand-off's request wrote it
+            raise ValueError(f"{self.lease_key}: the hand-off asked for names no holder")
+        return self.table.cancel_handoff(self.lease_key, self.config.worker_id, holder, asked.lease_counter, self.claim)
+
+    def _release_observed(self, effect: fx.ReleaseObserved) -> bool:
+        return self.table.release(self.lease_key, self.config.worker_id, effect.lease.lease_counter)
+
+    def _now(self, _effect: fx.Now) -> float:
+        return self.monotonic()
+
+    def _stopping(self, _effect: fx.Stopping) -> bool:
+        return self._should_stop()
+
+    def _read_leases(self, effect: fx.ReadLeases) -> dict[str, Lease | None]:
         return {key: self.table.get(key) for key in effect.keys}
 
-    def _get_lease(self, _effect) -> Lease | None:
+    def _get_lease(self, _effect: fx.GetLease) -> Lease | None:
         return self.table.get(self.lease_key)
 
-    def _check(self, _effect) -> life.Status:
-        now, hold = self.lease.current()
-        return life.Status(now, hold, self._should_stop())
+    def _check(self, _effect: fx.Check) -> fx.Status:
+        now, hold = self.held.current()
+        return fx.Status(now, hold, self._should_stop())
 
-    def _start_heartbeats(self, _effect) -> None:
+    def _wait(self, effect: fx.Wait) -> bool:
+        return self.stop.wait(effect.seconds)
+
+    def _wait_for_change(self, effect: fx.WaitForChange) -> bool:
+        return self.held.wait_lost(effect.seconds)
+
+    def _start_heartbeats(self, _effect: fx.StartHeartbeats) -> None:
         self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name=f"heartbeat-{self.lease_key}",
                                                   daemon=True)
         self._heartbeat_thread.start()
 
-    def _begin(self, effect: life.Begin) -> None:
+    def _begin(self, effect: fx.Begin) -> None:
         lease = effect.lease
         scope = self.scope
         shard_id = scope.shard_id(self.lease_key)
@@ -374,10 +380,12 @@ class LeaseWorker:
                      self.lease_key, start, lease.checkpoint)
         return start
 
-    def _poll(self, _effect):
+    def _poll(self, _effect: fx.Poll):
+        if self.reader is None:
+            raise RuntimeError(f"{self.lease_key}: polled before the reader was opened")
         return self.reader.poll()
 
-    def _deliver(self, effect: life.Deliver) -> None:
+    def _deliver(self, effect: fx.Deliver) -> None:
         batch = effect.batch
         if batch.records:
             # checkpoint() with no argument means "the last record of this batch" (Java KCL's meaning).
@@ -390,34 +398,47 @@ class LeaseWorker:
         self.metrics.record_lease(self.lease_key, batch.millis_behind_latest, batch.bytes, len(batch.records))
         with self._throughput_lock:
             self.throughput.add(batch.bytes)
-        self._count_operational(self.reader)
+        if self.reader is not None:
+            self._count_operational(self.reader)
         self.metrics.flush_due()
 
-    def _shard_ended(self, _effect) -> bool:
+    def _shard_ended(self, _effect: fx.ShardEnded) -> bool:
         self.end_requested = False
         self.processor.shard_ended(self._checkpointer)
         return self.end_requested
 
-    def _notify(self, effect: life.Notify) -> None:
-        if effect.event == "lease_lost":
+    def _notify(self, effect: fx.Notify) -> None:
+        if effect.event is fx.Notification.LEASE_LOST:
             self.processor.lease_lost()
         else:
             self.processor.shutdown_requested(self._checkpointer)
 
-    def _renew(self, effect: life.Renew) -> Outcome:
+    def _renew(self, effect: fx.Renew) -> Outcome:
         key, me, attributes, cp = self.lease_key, self.config.worker_id, effect.attributes, effect.checkpoint
         with self._throughput_lock:
             kbps = self.throughput.take(self.monotonic())
-        return self.lease.renew(lambda counter: self.table.heartbeat(key, me, counter, attributes, checkpoint=cp,
-                                                                     throughput_kbps=kbps))
+        return self.held.renew(lambda counter: self.table.heartbeat(key, me, counter, attributes, checkpoint=cp,
+                                                                    throughput_kbps=kbps))
 
-    def _end(self, _effect) -> Outcome:
-        return self.lease.end(lambda counter: self.table.end(self.lease_key, self.config.worker_id, counter))
+    def _end(self, _effect: fx.End) -> Outcome:
+        return self.held.end(lambda counter: self.table.end(self.lease_key, self.config.worker_id, counter))
 
-    def _checkpointed(self, effect: life.Checkpointed) -> None:
+    def _release(self, effect: fx.Release) -> bool:
+        return self._release_quietly(effect.unsettled)
+
+    def _reinstate(self, effect: fx.Reinstate) -> bool:
+        return self.held.reinstate(effect.current)
+
+    def _mark_ended(self, _effect: fx.MarkEnded) -> None:
+        self.held.mark_ended()
+
+    def _ownerless_checkpoint(self, effect: fx.OwnerlessCheckpoint) -> bool:
+        return self.table.checkpoint(self.lease_key, effect.checkpoint, unless_held_by_another=self.config.worker_id)
+
+    def _checkpointed(self, effect: fx.Checkpointed) -> None:
         self.checkpointed = effect.checkpoint
 
-    def _take_pending(self, _effect) -> Checkpoint | None:
+    def _take_pending(self, _effect: fx.TakePending) -> Checkpoint | None:
         with self.pending_lock:
             cp, self.pending_checkpoint = self.pending_checkpoint, None
         return cp
@@ -438,7 +459,7 @@ class LeaseWorker:
     def write_checkpoint(self, cp: Checkpoint) -> bool:
         """The holder's synchronous checkpoint: a fenced heartbeat carrying it. False when it would not
         advance; LeaseLost when the lease is no longer ours."""
-        return self._locked(life.Locked(life.write_checkpoint(cp)))
+        return self._locked(fx.Locked(life.write_checkpoint(cp)))
 
     def _release_quietly(self, unsettled: bool = False) -> bool:
         if self.lease is None:
@@ -472,9 +493,15 @@ class LeaseWorker:
         log.error("%s: heartbeat attributes unusable (%s: %s); heartbeating without them", self.lease_key,
                   type(exc).__name__, exc)
 
-    def _heartbeat_failed(self, effect: life.HeartbeatFailed) -> None:
+    def _attributes(self, _effect: fx.Attributes) -> Mapping[str, Any] | None:
+        return self._heartbeat_attributes()
+
+    def _attributes_rejected(self, effect: fx.AttributesRejected) -> None:
+        self._attribute_error(effect.error)
+
+    def _heartbeat_failed(self, effect: fx.HeartbeatFailed) -> None:
         exc = effect.error
-        now, hold = self.lease.current()
+        now, hold = self.held.current()
         log.warning("%s: heartbeat error (%s: %s); lease valid for %.1fs more", self.lease_key, type(exc).__name__,
                     exc, max(0.0, hold.valid_until - now))
 
@@ -486,13 +513,25 @@ class LeaseWorker:
         period = self.config.heartbeat_seconds
         while not self.stop.wait(period):
             self._heartbeat_once()
-            if not life.heartbeats_continue(self.lease.hold):
+            if not life.heartbeats_continue(self.held.hold):
                 return
 
-    def _restore_pending(self, cp: Checkpoint | None) -> None:
+    def _restore_pending(self, effect: fx.RestorePending) -> None:
         with self.pending_lock:
-            if cp is not None and self.pending_checkpoint is None:
-                self.pending_checkpoint = cp
+            if effect.checkpoint is not None and self.pending_checkpoint is None:
+                self.pending_checkpoint = effect.checkpoint
+
+    # -- what the life asks of the table and the stream beyond its lease --------------------------------
+    def _list_shards(self, _effect: fx.ListShards) -> list:
+        return self.scope.shards(list_shards(self.kinesis, self.scope.stream))
+
+    def _scan(self, _effect: fx.ScanTable) -> fx.Scanned:
+        sent_at = self.monotonic()
+        leases = self.table.scan()
+        return fx.Scanned(leases, sent_at, self.monotonic())
+
+    def _create(self, effect: fx.Create) -> bool:
+        return self.table.create(effect.lease)
 
     # -- stopping ----------------------------------------------------------------------------------
     def _should_stop(self) -> bool:
@@ -510,6 +549,21 @@ class LeaseWorker:
 
     def _interruptible_sleep(self, seconds: float) -> None:
         self.stop.wait(seconds)
+
+    # Every effect a lease's life may yield, and the method that answers it (one per effect type: a test
+    # checks this covers every LifeEffect).
+    HANDLERS: ClassVar[Mapping[type[fx.LifeEffect], Callable[[Any, Any], Any]]] = {
+        fx.Acquire: _acquire, fx.InitiateHandoff: _initiate_handoff, fx.FinishHandoff: _finish_handoff,
+        fx.CancelHandoff: _cancel_handoff, fx.ReleaseObserved: _release_observed, fx.Now: _now,
+        fx.Stopping: _stopping, fx.ReadLeases: _read_leases, fx.GetLease: _get_lease, fx.Check: _check,
+        fx.Wait: _wait, fx.WaitForChange: _wait_for_change, fx.StartHeartbeats: _start_heartbeats,
+        fx.Begin: _begin, fx.Poll: _poll, fx.Deliver: _deliver, fx.ShardEnded: _shard_ended, fx.Notify: _notify,
+        fx.Renew: _renew, fx.End: _end, fx.Release: _release, fx.Reinstate: _reinstate, fx.MarkEnded: _mark_ended,
+        fx.OwnerlessCheckpoint: _ownerless_checkpoint, fx.Checkpointed: _checkpointed,
+        fx.TakePending: _take_pending, fx.RestorePending: _restore_pending, fx.Attributes: _attributes,
+        fx.AttributesRejected: _attributes_rejected, fx.HeartbeatFailed: _heartbeat_failed,
+        fx.ListShards: _list_shards, fx.ScanTable: _scan, fx.Create: _create, fx.Locked: _locked,
+    }
 
 
 # What `ps -o comm` / `top` show for a lease worker (Linux; 15 characters at most), so an operator tells
@@ -538,7 +592,7 @@ def worker_main(config: ConsumerConfig, observed: Lease, spec: ProcessorSpec,
     try:
         processor = spec.build()
     except Exception as exc:
-        results.put(WorkerResult(lease_key, "failed", f"cannot build processor {spec.target}: {exc}"))
+        results.put(WorkerResult(lease_key, LifeOutcome.FAILED, f"cannot build processor {spec.target}: {exc}"))
         return
     ka = (lambda: keepalive.value) if keepalive is not None else None
     worker = LeaseWorker(config, observed, processor, keepalive=ka,
