@@ -1,15 +1,17 @@
-"""One lease's life in a worker, as sans-I/O coroutines. Its states and transitions (as Java KCL's
-ConsumerStates documents its own), and the outcome each ending reports:
+"""One lease's life in a worker, as sans-I/O coroutines. Its states, in order, and the outcome (LifeOutcome)
+each way out reports — as Java KCL's ConsumerStates documents its own:
 
-    ASKING (a hand-off: wait for the holder to step aside) ── overtaken ───────────────▶ NOT_ACQUIRED
-    ACQUIRING ── the lease moved since it was observed ─────────────────────────────────▶ NOT_ACQUIRED
-    WAITING_ON_PARENTS ── a parent unfinished: release ─────────────────────────────────▶ BLOCKED_ON_PARENTS
-    SETTLING (stolen: deliver nothing for one expiry) ─┐
-    PROCESSING (poll → deliver; heartbeats renew) ─────┼─ asked to stop ─▶ SHUTTING_DOWN ▶ SHUTDOWN
-                                                       ├─ hold lost ─▶ LOST ──────────────▶ LEASE_LOST
-                                                       │      └─ asked to hand off ───────▶ HANDED_OFF
-                                                       ├─ an error: release ─────────────▶ FAILED
-                                                       └─ last record ─▶ SHARD_ENDING (end, children) ▶ SHARD_ENDED
+    ASKING        (a hand-off only) ask the holder; wait for it to step aside ─ overtaken, stopped ▶ NOT_ACQUIRED
+    ACQUIRING     the conditional take ─ the lease moved since it was observed ▶ NOT_ACQUIRED
+    WAITING_ON_PARENTS   read the parents' leases ─ a parent unfinished: release ▶ BLOCKED_ON_PARENTS
+    SETTLING      (stolen only) deliver nothing for one expiry
+    PROCESSING    poll → deliver; heartbeats renew on their own timer
+    SHARD_ENDING  after the last record: SHARD_END (or the pipeline's), the children's leases ▶ SHARD_ENDED
+
+    from SETTLING, PROCESSING or SHARD_ENDING:
+      asked to stop ▶ SHUTTING_DOWN: shutdown_requested, flush, release (or finish a hand-off) ▶ SHUTDOWN
+      hold lost ▶ LOST: lease_lost, flush ▶ LEASE_LOST; asked to hand off: checkpoint, hand over ▶ HANDED_OFF
+    any error: release ▶ FAILED
 
 The worker (worker.py) and the deterministic simulation (kcl_pipeline.sim) run these same generators. A
 generator never touches a clock, a thread, a network or a processor: it yields an *effect* (effects.py: a
