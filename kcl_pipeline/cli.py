@@ -614,15 +614,25 @@ def local() -> None:
 
 @local.command("up")
 @click.option("--state-dir", default=".kcl_local", show_default=True,
-              help="Logs, the endpoints file (env.sh, for `source`) and the pid file used by `local down`.")
+              help="Logs, DAGSTER_HOME, the environment file (env.sh, for `source`) and the pid file used by "
+                   "`local down`.")
+@click.option("--stream", default="kcl-pipeline-demo", show_default=True)
+@click.option("--shards", type=int, default=4, show_default=True)
+@click.option("--rate", type=float, default=40.0, show_default=True, help="Demo records per second.")
+@click.option("--window-minutes", type=int, default=2, show_default=True, help="Partition (window) length.")
+@click.option("--no-producer", is_flag=True, help="Do not run the demo producer (produce yourself).")
 @friendly_errors
-def local_up(state_dir):
-    """Start the emulators in the foreground; print the endpoints; Ctrl-C (or `local down`) stops them."""
+def local_up(state_dir, stream, shards, rate, window_minutes, no_producer):
+    """The demo without `dagster dev`: the emulators, the demo stream and its KPL producer, DAGSTER_HOME, and
+    the demo's environment in STATE_DIR/env.sh. `source` it in another shell and run `dagster dev` at the
+    repository root. Runs in the foreground; Ctrl-C (or `local down`) stops everything."""
     import os
     from pathlib import Path
 
-    from .local.emulators import run_stack_foreground
+    from .local.demo import DemoOptions, run_local_up
 
+    if shards < 1 or rate <= 0:
+        raise UserError("--shards must be >= 1 and --rate > 0")
     _require_extras("local up", {"moto": "local", "flask_cors": "local"})
     _preflight(node=True, java=False)
     state = Path(state_dir)
@@ -630,7 +640,8 @@ def local_up(state_dir):
     pid_file = state / "local.pid"
     pid_file.write_text(str(os.getpid()))
     try:
-        code = run_stack_foreground(state / "logs", env_file=state / "env.sh")
+        code = run_local_up(DemoOptions(state_dir=state, stream=stream, shards=shards, rate=rate,
+                                        window_minutes=window_minutes, producer=not no_producer))
     finally:
         pid_file.unlink(missing_ok=True)
     sys.exit(code)
@@ -638,9 +649,11 @@ def local_up(state_dir):
 
 @local.command("down")
 @click.option("--state-dir", default=".kcl_local", show_default=True)
+@click.option("--wait-seconds", type=click.FloatRange(min=0), default=30.0, show_default=True,
+              help="How long to wait for `local up` to have stopped everything.")
 @friendly_errors
-def local_down(state_dir):
-    """Stop the emulators started by `local up` in another terminal."""
+def local_down(state_dir, wait_seconds):
+    """Stop what `local up` started in another terminal (the producer, the emulators)."""
     import os
     import signal
     import time
@@ -655,11 +668,13 @@ def local_down(state_dir):
     except ProcessLookupError:
         pid_file.unlink(missing_ok=True)
         raise UserError(f"`local up` (pid {pid}) is not running any more") from None
-    for _ in range(100):
-        if not pid_file.exists():
-            break
+    deadline = time.monotonic() + wait_seconds
+    while pid_file.exists():  # `local up` removes it once everything it started has stopped
+        if time.monotonic() >= deadline:
+            raise UserError(f"`local up` (pid {pid}) was asked to stop but is still running after "
+                            f"{wait_seconds:g} s; see its terminal")
         time.sleep(0.1)
-    click.echo(f"stopped the emulators (pid {pid})")
+    click.echo(f"stopped `local up` (pid {pid}): the producer and the emulators")
 
 
 def _add_simulate() -> None:

@@ -1,4 +1,6 @@
-"""`python -m kcl_pipeline.local` — run the local AWS emulators in the foreground (same as `kcl-pipeline local up`)."""
+"""`python -m kcl_pipeline.local` — the local AWS emulators alone, in the foreground, printing `export` lines.
+
+`kcl-pipeline local up` runs them too, with the demo stream, its producer and the demo's whole environment."""
 from __future__ import annotations
 
 import argparse

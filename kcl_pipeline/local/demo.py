@@ -1,12 +1,17 @@
 """The one-command demo: emulators on loopback, a demo stream with a KPL producer, and `dagster dev`.
 
+`kcl-pipeline local up` runs the same thing but `dagster dev`: it writes the demo's environment (one source,
+`demo_vars`) into `<state dir>/env.sh`, so that a person who sources it runs `dagster dev` at the repository root
+(its workspace.yaml) as the demo would.
+
 Everything it starts it stops (Ctrl-C / SIGTERM): the producer thread, `dagster dev` (its whole process
-group: webserver, daemon, code server and the sensor's lease workers), then the emulators.
+group: webserver, daemon, code server and the sensor's lease workers), then the emulators; env.sh is removed.
 """
 from __future__ import annotations
 
 import logging
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -14,7 +19,7 @@ import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 from ..kcl.shells.aws import client
 from ..kcl.shells.shards import StreamNotFound, wait_stream_active
@@ -23,10 +28,12 @@ from .emulators import EmulatorStack, Endpoints
 from .producer import produce
 
 log = logging.getLogger(__name__)
-# The workspace file ships inside the package, so the demo runs from an installed wheel too.
+# The workspace file ships inside the package, so the demo runs from an installed wheel too (a byte-identical
+# copy of the repository root's workspace.yaml, which `dagster dev` at the root reads).
 WORKSPACE_YAML = Path(__file__).resolve().parents[1] / "deploy" / "workspace.yaml"
 # Two code servers sharing the fleet: the pipeline location and a fleet-member location.
 TWO_HOSTS_WORKSPACE_YAML = WORKSPACE_YAML.with_name("workspace-two-hosts.yaml")
+ENV_FILE = "env.sh"  # in the state directory: the demo's environment, for `source`
 
 
 @dataclass(frozen=True)
@@ -50,25 +57,47 @@ class DemoOptions:
         return TWO_HOSTS_WORKSPACE_YAML if self.code_servers == 2 else WORKSPACE_YAML
 
 
-def demo_env(endpoints: Endpoints, options: DemoOptions, dagster_home: Path,
-             partitions_start: datetime | None = None) -> dict[str, str]:
-    """The environment `dagster dev` runs with: the emulators' endpoints and the demo profile; the partitions
-    start at `partitions_start` (the window the stream was created in: the UI shows only windows that can exist)."""
+def demo_vars(endpoints: Endpoints, options: DemoOptions, dagster_home: Path,
+              partitions_start: datetime | None = None, *, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """What the demo sets on top of the environment, the one source of `kcl-pipeline demo`'s `dagster dev` and
+    of the env file `local up` writes: the emulators' endpoints (and dummy credentials when none are set),
+    DAGSTER_HOME, the demo profile, its stream and timings, the sensor hosting the lease workers; the partitions
+    start at `partitions_start` (the window the stream was created in: the UI shows only windows that can exist).
+    `environ`: the environment these go on top of (default: this process's), which decides the credentials."""
     start = {} if partitions_start is None else {"KCL_PIPELINE_PARTITIONS_START": partitions_start.isoformat()}
     return {
-        **start,
-        **os.environ,
-        **endpoints.env(),
+        **endpoints.env(environ),
         "DAGSTER_HOME": str(dagster_home),
         "KCL_PIPELINE_PROFILE": "demo",
         "KCL_PIPELINE_STREAM": options.stream,
         "KCL_PIPELINE_WINDOW_MINUTES": str(options.window_minutes),
+        **start,
         "KCL_PIPELINE_SENSOR_INTERVAL_SECONDS": str(options.sensor_interval_seconds),
+        # The demo profile implies it; said here so that the env file shows it.
+        "KCL_PIPELINE_HOST_WORKERS": "true",
         # Short timings so the demo shows hand-overs quickly; still 3 heartbeats per expiry.
         "KCL_PIPELINE_HEARTBEAT_SECONDS": "3",
         "KCL_PIPELINE_LEASE_EXPIRY_SECONDS": "10",
         "PYTHONUNBUFFERED": "1",
     }
+
+
+def demo_env(endpoints: Endpoints, options: DemoOptions, dagster_home: Path,
+             partitions_start: datetime | None = None) -> dict[str, str]:
+    """The environment `dagster dev` runs with: this process's, with `demo_vars` over it."""
+    return {**os.environ, **demo_vars(endpoints, options, dagster_home, partitions_start)}
+
+
+def env_file_lines(variables: dict[str, str]) -> list[str]:
+    """`export NAME=value` lines for `source` (values quoted for the shell only when they need it)."""
+    return [f"export {name}={shlex.quote(value)}" for name, value in variables.items()]
+
+
+def write_env_file(path: Path, variables: dict[str, str]) -> None:
+    """Written whole or not at all (a reader polling for the file never sees half of it)."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text("\n".join(env_file_lines(variables)) + "\n")
+    os.replace(partial, path)
 
 
 def stream_start_window(kinesis, stream: str, window_minutes: int) -> datetime:
@@ -138,9 +167,32 @@ def stop_process_group(proc: subprocess.Popen, grace: float = 30.0) -> None:
         pass
 
 
-def run_demo(options: DemoOptions, *, ready: Callable[[Endpoints, str], None] | None = None,
+@dataclass(frozen=True)
+class Started:
+    """What `run_demo` / `run_local_up` started, handed to their `ready` callback once everything is up."""
+
+    endpoints: Endpoints
+    env_file: Path
+    emulator_pids: dict[str, int]
+    url: str | None  # the Dagster UI (the demo); None for `local up`
+
+
+def run_demo(options: DemoOptions, *, ready: Callable[[Started], None] | None = None,
              stop: threading.Event | None = None) -> int:
     """Run the whole demo until SIGINT/SIGTERM (or `stop`); returns an exit code."""
+    return _run(options, serve=True, ready=ready, stop=stop)
+
+
+def run_local_up(options: DemoOptions, *, ready: Callable[[Started], None] | None = None,
+                 stop: threading.Event | None = None) -> int:
+    """`kcl-pipeline local up`: the demo but `dagster dev` (emulators, the demo stream and its producer unless
+    options.producer is off, DAGSTER_HOME), and the demo's environment in <state dir>/env.sh for a person's
+    `dagster dev` at the repository root. Runs until SIGINT/SIGTERM (or `stop`); returns an exit code."""
+    return _run(options, serve=False, ready=ready, stop=stop)
+
+
+def _run(options: DemoOptions, *, serve: bool, ready: Callable[[Started], None] | None,
+         stop: threading.Event | None) -> int:
     from ..defs.home import prepare_dagster_home
 
     stop = stop or threading.Event()
@@ -149,6 +201,9 @@ def run_demo(options: DemoOptions, *, ready: Callable[[Endpoints, str], None] | 
         stop_on_signals(stop)
     state = options.state_dir.resolve()
     state.mkdir(parents=True, exist_ok=True)
+    env_file = state / ENV_FILE
+    env_file.unlink(missing_ok=True)  # a stale one (a killed run's) names endpoints that are gone
+    caller_env = dict(os.environ)  # before the emulators' endpoints and credentials go into it
     stack = EmulatorStack(state / "logs")
     dagster = None
     producer = None
@@ -169,24 +224,39 @@ def run_demo(options: DemoOptions, *, ready: Callable[[Endpoints, str], None] | 
             print(f"producer    {options.rate:g} records/s, KPL aggregates of {options.aggregate} "
                   f"alternating with plain records, every {options.poison_every}th payload poison", flush=True)
         home = prepare_dagster_home(state / "dagster_home", storage=options.dagster_storage)
-        env = demo_env(endpoints, options, home,
-                       stream_start_window(kinesis, options.stream, options.window_minutes))
-        (state / "env.sh").write_text("\n".join(endpoints.export_lines()) + "\n")
-        dagster = start_dagster(env, options, state / "logs" / "dagster.log")
-        url = f"http://{options.host}:{options.port}"
-        print(f"dagster     {url}  (log {state / 'logs' / 'dagster.log'}; starting, ~20 s)", flush=True)
-        print("Ctrl-C stops everything.", flush=True)
+        variables = demo_vars(endpoints, options, home,
+                              stream_start_window(kinesis, options.stream, options.window_minutes), environ=caller_env)
+        write_env_file(env_file, variables)
+        url = None
+        if serve:
+            dagster = start_dagster({**caller_env, **variables}, options, state / "logs" / "dagster.log")
+            url = f"http://{options.host}:{options.port}"
+            print(f"dagster     {url}  (log {state / 'logs' / 'dagster.log'}; starting, ~20 s)", flush=True)
+            print("Ctrl-C stops everything.", flush=True)
+        else:
+            print(f"dagster     DAGSTER_HOME={home} (the project's dagster.yaml)", flush=True)
+            print(f"env file    {env_file}", flush=True)
+            print(f"next        in another shell, at the repository root: source {shlex.quote(str(env_file))} "
+                  f"&& dagster dev", flush=True)
+            print("Ctrl-C (or `kcl-pipeline local down`) stops everything.", flush=True)
         if ready:
-            ready(endpoints, url)
+            ready(Started(endpoints, env_file, stack.pids(), url))
         while not stop.is_set():
-            if dagster.poll() is not None:
+            if dagster is not None and dagster.poll() is not None:
                 print(f"dagster dev exited with code {dagster.returncode}; see {state / 'logs' / 'dagster.log'}",
                       file=sys.stderr)
+                return 1
+            exited = stack.exited()
+            if exited:
+                for name, code in exited.items():
+                    print(f"the {name} emulator exited with code {code}; log {stack.log_paths()[name]}",
+                          file=sys.stderr)
                 return 1
             stop.wait(0.5)
         return 0
     finally:
         stop.set()
+        env_file.unlink(missing_ok=True)
         if dagster is not None:
             print("stopping dagster …", flush=True)
             stop_process_group(dagster)

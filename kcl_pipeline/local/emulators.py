@@ -75,13 +75,15 @@ class Endpoints:
     def aws_settings(self) -> AwsSettings:
         return AwsSettings(region=self.region, endpoint_urls=self.endpoint_urls())
 
-    def env(self) -> dict[str, str]:
-        """Environment variables pointing the AWS SDKs (and kcl/aws.py) at these emulators."""
+    def env(self, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+        """Environment variables pointing the AWS SDKs (and kcl/aws.py) at these emulators; dummy credentials
+        when `environ` (default: this process's environment) has none."""
+        environ = os.environ if environ is None else environ
         env = {f"AWS_ENDPOINT_URL_{service.upper()}": url for service, url in self.endpoint_urls().items()}
         env["AWS_REGION"] = self.region
         env["AWS_DEFAULT_REGION"] = self.region
         # The emulators accept any credentials, but the SDKs refuse to sign without some.
-        if not os.environ.get("AWS_ACCESS_KEY_ID"):
+        if not environ.get("AWS_ACCESS_KEY_ID"):
             env["AWS_ACCESS_KEY_ID"] = "test"
             env["AWS_SECRET_ACCESS_KEY"] = "test"
         return env

@@ -1,0 +1,348 @@
+"""`kcl-pipeline local up` / `local down`: the demo without `dagster dev`, and its environment file for a person's
+`dagster dev` at the repository root (README: `local up`, `source .kcl_local/env.sh`, `dagster dev`)."""
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from kcl_pipeline.cli import main
+from kcl_pipeline.kcl.shells.aws import client
+from kcl_pipeline.local.demo import (
+    ENV_FILE,
+    DemoOptions,
+    Started,
+    demo_env,
+    demo_vars,
+    env_file_lines,
+    run_local_up,
+    write_env_file,
+)
+from kcl_pipeline.local.emulators import Endpoints, free_port
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ENDPOINTS = Endpoints(kinesis="http://127.0.0.1:1", dynamodb="http://127.0.0.1:2", s3="http://127.0.0.1:3",
+                      cloudwatch="http://127.0.0.1:3")
+START = datetime(2026, 11, 25, 10, 6, tzinfo=timezone.utc)
+
+
+def _read_env_file(path: Path) -> dict[str, str]:
+    """What a shell that sources the file exports (bash itself reads it: quoting included)."""
+    out = subprocess.run(["bash", "-c", 'source "$0" && env -0', str(path)], env={"PATH": os.environ["PATH"]},
+                         capture_output=True, check=True).stdout.decode()
+    return dict(item.split("=", 1) for item in out.split("\0") if item)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _wait(predicate, timeout: float, what: str, interval: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+# -- the environment: one source for the demo and the env file -------------------------------------------------
+
+def test_the_env_file_holds_what_the_demo_sets(tmp_path):
+    options = DemoOptions(state_dir=tmp_path, stream="orders", window_minutes=5, sensor_interval_seconds=7)
+    variables = demo_vars(ENDPOINTS, options, tmp_path / "home", START, environ={})
+    assert variables == {
+        "AWS_ENDPOINT_URL_KINESIS": "http://127.0.0.1:1", "AWS_ENDPOINT_URL_DYNAMODB": "http://127.0.0.1:2",
+        "AWS_ENDPOINT_URL_S3": "http://127.0.0.1:3", "AWS_ENDPOINT_URL_CLOUDWATCH": "http://127.0.0.1:3",
+        "AWS_REGION": "us-east-1", "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+        "DAGSTER_HOME": str(tmp_path / "home"),
+        "KCL_PIPELINE_PROFILE": "demo", "KCL_PIPELINE_STREAM": "orders", "KCL_PIPELINE_WINDOW_MINUTES": "5",
+        "KCL_PIPELINE_PARTITIONS_START": "2026-11-25T10:06:00+00:00",
+        "KCL_PIPELINE_SENSOR_INTERVAL_SECONDS": "7", "KCL_PIPELINE_HOST_WORKERS": "true",
+        "KCL_PIPELINE_HEARTBEAT_SECONDS": "3", "KCL_PIPELINE_LEASE_EXPIRY_SECONDS": "10", "PYTHONUNBUFFERED": "1",
+    }
+    # The demo's `dagster dev` runs with exactly these over the caller's environment (credentials: the caller's).
+    env = demo_env(ENDPOINTS, options, tmp_path / "home", START)
+    credentials = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+    assert {k: env[k] for k in variables if k not in credentials} == \
+        {k: v for k, v in variables.items() if k not in credentials}
+
+
+def test_the_demo_values_win_over_a_stale_environment(tmp_path):
+    """A shell that sourced an earlier env file still has its partitions start and endpoints: the new run's win."""
+    stale = {"KCL_PIPELINE_PARTITIONS_START": "2026-01-01", "AWS_ENDPOINT_URL_KINESIS": "http://127.0.0.1:9",
+             "AWS_ACCESS_KEY_ID": "mine"}
+    variables = demo_vars(ENDPOINTS, DemoOptions(state_dir=tmp_path), tmp_path, START, environ=stale)
+    assert variables["KCL_PIPELINE_PARTITIONS_START"] == START.isoformat()
+    assert variables["AWS_ENDPOINT_URL_KINESIS"] == "http://127.0.0.1:1"
+    assert "AWS_ACCESS_KEY_ID" not in variables  # never overrides the user's credentials
+
+
+def test_the_env_file_is_valid_shell_for_any_value(tmp_path):
+    variables = {"DAGSTER_HOME": str(tmp_path / "a dir with 'quotes' and $dollars"), "X": "plain:1/2,3+4"}
+    path = tmp_path / ENV_FILE
+    write_env_file(path, variables)
+    assert _read_env_file(path).items() >= variables.items()
+    assert env_file_lines({"X": "plain:1/2,3+4"}) == ["export X=plain:1/2,3+4"]  # simple values stay unquoted
+    assert [p.name for p in tmp_path.iterdir()] == [ENV_FILE]  # no partial file left
+
+
+# -- local down ------------------------------------------------------------------------------------------------
+
+def test_local_down_without_local_up_exits_2(tmp_path):
+    result = CliRunner().invoke(main, ["local", "down", "--state-dir", str(tmp_path)])
+    assert result.exit_code == 2 and "no running `kcl-pipeline local up` found" in result.output
+
+
+def test_local_down_of_a_local_up_that_died_exits_2_and_forgets_it(tmp_path):
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    (tmp_path / "local.pid").write_text(str(gone.pid))
+    result = CliRunner().invoke(main, ["local", "down", "--state-dir", str(tmp_path)])
+    assert result.exit_code == 2 and f"(pid {gone.pid}) is not running any more" in result.output
+    assert not (tmp_path / "local.pid").exists()
+
+
+def test_local_down_says_so_when_local_up_does_not_stop(tmp_path):
+    stubborn = subprocess.Popen([sys.executable, "-c", "import signal, sys, time\n"
+                                 "signal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\n"
+                                 "time.sleep(120)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert stubborn.stdout.readline().strip() == "ready"
+        (tmp_path / "local.pid").write_text(str(stubborn.pid))
+        result = CliRunner().invoke(main, ["local", "down", "--state-dir", str(tmp_path), "--wait-seconds", "0.5"])
+        assert result.exit_code == 2
+        assert f"(pid {stubborn.pid}) was asked to stop but is still running after 0.5 s" in result.output
+    finally:
+        stubborn.kill()
+        stubborn.wait()
+
+
+def test_local_up_refuses_bad_flags_before_starting_anything(tmp_path):
+    state = tmp_path / "state"
+    result = CliRunner().invoke(main, ["local", "up", "--state-dir", str(state), "--shards", "0"])
+    assert result.exit_code == 2 and "--shards must be >= 1" in result.output
+    assert not state.exists()
+
+
+# -- local up on its own emulators -----------------------------------------------------------------------------
+
+def _run_in_thread(options: DemoOptions):
+    started: list[Started] = []
+    stop = threading.Event()
+    result: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            result["code"] = run_local_up(options, ready=started.append, stop=stop)
+        except BaseException as exc:  # reported by the test
+            result["error"] = exc
+
+    thread = threading.Thread(target=run, name="local-up")
+    thread.start()
+    return thread, stop, started, result
+
+
+def test_local_up_creates_the_stream_feeds_it_and_writes_the_demo_environment(tmp_path):
+    state = tmp_path / "state"
+    options = DemoOptions(state_dir=state, stream="local-up-demo", shards=1, rate=20.0)
+    thread, stop, started, result = _run_in_thread(options)
+    try:
+        _wait(lambda: started or result, 120, "local up")
+        assert not result, result
+        (up,) = started
+        assert up.url is None and up.env_file == state.resolve() / ENV_FILE
+        env = _read_env_file(up.env_file)
+        assert env["KCL_PIPELINE_STREAM"] == "local-up-demo" and env["KCL_PIPELINE_PROFILE"] == "demo"
+        assert env["KCL_PIPELINE_HOST_WORKERS"] == "true"
+        assert env["AWS_ENDPOINT_URL_KINESIS"] == up.endpoints.kinesis
+        home = Path(env["DAGSTER_HOME"])
+        assert home == state.resolve() / "dagster_home"
+        assert (home / "dagster.yaml").read_bytes() == (REPO_ROOT / "dagster.yaml").read_bytes()
+        start = datetime.fromisoformat(env["KCL_PIPELINE_PARTITIONS_START"])
+        assert int(start.timestamp()) % (options.window_minutes * 60) == 0
+        assert 0 <= time.time() - start.timestamp() < options.window_minutes * 60 + 60
+
+        kinesis = client("kinesis", up.endpoints.aws_settings())
+        (shard,) = kinesis.list_shards(StreamName="local-up-demo")["Shards"]
+        iterator = kinesis.get_shard_iterator(StreamName="local-up-demo", ShardId=shard["ShardId"],
+                                              ShardIteratorType="TRIM_HORIZON")["ShardIterator"]
+        _wait(lambda: kinesis.get_records(ShardIterator=iterator)["Records"], 60, "the demo producer's records")
+    finally:
+        stop.set()
+        thread.join(60)
+    assert result == {"code": 0}
+    assert not up.env_file.exists()  # its endpoints are gone
+    assert not any(_alive(pid) for pid in up.emulator_pids.values())
+
+
+def test_local_up_exits_1_when_an_emulator_dies(tmp_path, capsys):
+    options = DemoOptions(state_dir=tmp_path / "state", stream="local-up-dies", shards=1, producer=False)
+    thread, stop, started, result = _run_in_thread(options)
+    try:
+        _wait(lambda: started or result, 120, "local up")
+        (up,) = started
+        os.kill(up.emulator_pids["dynamodb"], signal.SIGKILL)
+        thread.join(30)
+    finally:
+        stop.set()
+        thread.join(60)
+    assert result == {"code": 1}
+    assert "the dynamodb emulator exited with code -9" in capsys.readouterr().err
+    assert not up.env_file.exists()
+    assert not any(_alive(pid) for pid in up.emulator_pids.values())
+
+
+def test_local_up_whose_stream_is_refused_exits_2_and_stops_the_emulators(tmp_path):
+    state = tmp_path / "state"
+    result = subprocess.run([sys.executable, "-m", "kcl_pipeline.cli", "local", "up", "--state-dir", str(state),
+                             "--stream", "bad name!", "--no-producer"], capture_output=True, text=True, timeout=180,
+                            cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "error: DescribeStreamSummary failed: InvalidArgumentException: Stream Name 'bad name!'" in result.stderr
+    assert not (state / ENV_FILE).exists() and not (state / "local.pid").exists()
+    assert "stopping the emulators" in result.stdout
+
+
+# -- the README's three lines ----------------------------------------------------------------------------------
+
+def _graphql(url: str, query: str) -> dict | None:
+    """The answer, or None while the webserver is not serving yet."""
+    from kcl_pipeline.local.dagster_client import DagsterApiError, graphql
+
+    try:
+        return graphql(url, query, {})
+    except DagsterApiError as exc:
+        if str(exc).startswith("cannot reach"):
+            return None
+        raise
+
+
+LOCATIONS = """{ workspaceOrError { __typename ... on Workspace { locationEntries { name loadStatus
+  locationOrLoadError { __typename ... on PythonError { message } ... on RepositoryLocation { name } } } } }
+  shouldShowNux instance { info } }"""
+
+
+@pytest.mark.slow
+def test_local_up_then_dagster_dev_at_the_repository_root_serves_the_pipeline(tmp_path):
+    """`kcl-pipeline local up` in one shell; `source .kcl_local/env.sh` and `dagster dev` at the root in another:
+    the root's workspace.yaml loads the code location `kcl_pipeline`, on the instance local up prepared, and the
+    UI opens without Dagster's first-visit dialog."""
+    pytest.importorskip("dagster_webserver")
+    state = tmp_path / "state"
+    clean = {k: v for k, v in os.environ.items()
+             if not k.startswith(("KCL_PIPELINE_", "AWS_ENDPOINT_URL", "DAGSTER_"))}
+    up = subprocess.Popen([sys.executable, "-m", "kcl_pipeline.cli", "local", "up", "--state-dir", str(state),
+                           "--no-producer", "--shards", "2"], env=clean, cwd=tmp_path,
+                          stdout=open(tmp_path / "local-up.out", "wb"), stderr=subprocess.STDOUT,
+                          start_new_session=True)
+    dev = None
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    dagster = Path(sys.executable).with_name("dagster")
+    try:
+        env_file = state / ENV_FILE
+        _wait(lambda: env_file.exists() or up.poll() is not None, 120, "local up's env file")
+        assert up.poll() is None, (tmp_path / "local-up.out").read_text()
+        # What a person types, at the repository root.
+        dev = subprocess.Popen(
+            ["bash", "-c", f"source {shlex.quote(str(env_file))} && exec {shlex.quote(str(dagster))} dev "
+                           f"-h 127.0.0.1 -p {port}"],
+            env=clean, cwd=REPO_ROOT, stdout=open(tmp_path / "dagster.out", "wb"), stderr=subprocess.STDOUT,
+            start_new_session=True, preexec_fn=_default_signals)
+
+        def loaded():
+            data = _graphql(url, LOCATIONS)
+            if data is None:
+                assert dev.poll() is None, (tmp_path / "dagster.out").read_text()
+                return None
+            entries = data["workspaceOrError"]["locationEntries"]
+            return data if entries and all(e["loadStatus"] == "LOADED" for e in entries) else None
+
+        data = _wait(loaded, 300, "the code location", interval=2)
+        (entry,) = data["workspaceOrError"]["locationEntries"]
+        assert entry["name"] == "kcl_pipeline"
+        assert entry["locationOrLoadError"]["__typename"] == "RepositoryLocation", entry
+        assert data["shouldShowNux"] is False
+        assert f"base_dir: {(state / 'dagster_home').resolve()}" in data["instance"]["info"]
+        _no_first_visit_dialog(url)
+    finally:
+        if dev is not None:
+            _stop_group(dev)
+        down = subprocess.run([sys.executable, "-m", "kcl_pipeline.cli", "local", "down", "--state-dir", str(state)],
+                              env=clean, capture_output=True, text=True, timeout=120)
+        try:
+            up.wait(60)  # it removed its pid file once everything it started had stopped: it is exiting
+        except subprocess.TimeoutExpired:
+            pass
+        _stop_group(up)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert up.returncode == 0, (tmp_path / "local-up.out").read_text()
+    assert not list(REPO_ROOT.glob(".tmp_dagster_home_*"))  # DAGSTER_HOME was set: nothing left at the root
+
+
+def _default_signals() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """SIGINT to the process group (dagster dev: webserver, daemon, code server, lease workers), then SIGKILL."""
+    for sig, wait in ((signal.SIGINT, 60), (signal.SIGKILL, 30)):
+        if proc.poll() is not None:
+            break
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(wait)
+        except subprocess.TimeoutExpired:
+            continue
+    try:  # children that outlived the leader still carry the group id
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _no_first_visit_dialog(url: str) -> None:
+    """Headless Chromium (Debian's package, as the end-to-end browser test) opens the UI as a new user: no
+    "Join the Dagster community" dialog (the UI shows it a second after load when shouldShowNux)."""
+    chromium = "/usr/bin/chromium"
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        return
+    if not Path(chromium).exists():
+        return  # CI installs it (.ci/run); the GraphQL answer above is what the UI decides on
+    with urllib.request.urlopen(f"{url}/server_info", timeout=10) as resp:
+        assert resp.status == 200
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.goto(f"{url}/assets", wait_until="networkidle", timeout=90_000)
+            page.get_by_text("transformed_records").first.wait_for(timeout=60_000)
+            page.wait_for_timeout(3_000)  # the dialog opens 1 s after the page decides to show it
+            assert page.get_by_text("Join the Dagster community").count() == 0
+            assert page.get_by_role("dialog").count() == 0
+        finally:
+            browser.close()
