@@ -189,7 +189,7 @@ class ConsumerConfig:
 
     def java_compatible(self) -> "ConsumerConfig":
         """Timings that are safe beside Java KCL 2.x consumers (they expire leases after 10 s)."""
-        return replace(self, **JAVA_COMPATIBLE_TIMINGS)
+        return self.with_(**JAVA_COMPATIBLE_TIMINGS)
 
     def with_(self, **changes) -> "ConsumerConfig":
         return replace(self, **changes)

@@ -15,6 +15,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import TextIO
 
 from .core.streams import multi_stream_key
 from .processor import Checkpointer, InitializationInput, ProcessRecordsInput
@@ -23,7 +24,7 @@ from .processor import Checkpointer, InitializationInput, ProcessRecordsInput
 class JsonlSink:
     def __init__(self, directory: str):
         self.directory = Path(directory)
-        self._file = None
+        self._file: TextIO | None = None
         self.shard_id = ""
         self.stream: str | None = None
 
@@ -49,13 +50,20 @@ class JsonlSink:
             "data_base64": base64.b64encode(r.data).decode("ascii"),
             "delivered_at_ms": delivered_at_ms,
         }, separators=(",", ":")) + "\n" for r in batch.records]
-        self._file.write("".join(lines))
+        self._opened().write("".join(lines))
         self._sync()
         batch.checkpointer.checkpoint_at_next_heartbeat()
 
+    def _opened(self) -> TextIO:
+        if self._file is None:
+            raise RuntimeError(f"the JSONL sink of {self.shard_id or 'no shard'} is not open "
+                               "(not initialized, or closed)")
+        return self._file
+
     def _sync(self) -> None:
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        file = self._opened()
+        file.flush()
+        os.fsync(file.fileno())
 
     def lease_lost(self) -> None:
         self._close()

@@ -1,6 +1,9 @@
-"""What the process-level fleet tests share: a lease-table poller and a consumer process."""
+"""What the process-level fleet tests share: a lease-table poller, a consumer process, a wait, and what the
+consumers delivered."""
 from __future__ import annotations
 
+import base64
+import json
 import os
 import signal
 import subprocess
@@ -64,3 +67,30 @@ def stop_processes(procs: Iterable[subprocess.Popen], timeout: float) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
+
+
+def wait_until(predicate, timeout: float, what: str, interval: float = 0.2):
+    """The first truthy value of `predicate()`, polled every `interval`; fails the test after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def delivered_records(out_dirs) -> dict[tuple[str, str, int], dict]:
+    """Every record the consumers' JSONL sinks wrote, by (shard, sequence, sub-sequence)."""
+    seen = {}
+    for d in out_dirs:
+        for f in Path(d).glob("*.jsonl"):
+            for line in f.read_text().splitlines():
+                r = json.loads(line)
+                seen[(r["shard_id"], r["sequence_number"], r["sub_sequence_number"])] = r
+    return seen
+
+
+def record_ids(records) -> set[int]:
+    """The producer's ids in these delivered records."""
+    return {json.loads(base64.b64decode(r["data_base64"]))["id"] for r in records}

@@ -7,7 +7,6 @@ table throughout and checks the protocol's invariants as they happen.
 """
 from __future__ import annotations
 
-import base64
 import json
 import os
 import signal
@@ -23,7 +22,7 @@ from kcl_pipeline.kcl.shells.lease_table import LeaseTable
 from kcl_pipeline.kcl.shells.shards import list_shards, wait_stream_active
 from kcl_pipeline.local.producer import produce
 
-from .fleet_support import TablePoller, consume_process, stop_processes
+from .fleet_support import TablePoller, consume_process, delivered_records, record_ids, stop_processes, wait_until
 
 pytestmark = [pytest.mark.emulator, pytest.mark.slow]
 
@@ -71,30 +70,6 @@ def _consume(env, stream, app, worker, out: Path, log: Path) -> subprocess.Popen
     return consume_process(env, stream, app, worker, out, log, heartbeat=HEARTBEAT, expiry=EXPIRY, cycle=CYCLE)
 
 
-def _wait(predicate, timeout: float, what: str, interval: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-
-
-def _delivered(out_dirs) -> dict[tuple[str, str, int], dict]:
-    seen = {}
-    for d in out_dirs:
-        for f in Path(d).glob("*.jsonl"):
-            for line in f.read_text().splitlines():
-                r = json.loads(line)
-                seen[(r["shard_id"], r["sequence_number"], r["sub_sequence_number"])] = r
-    return seen
-
-
-def _ids(records) -> set[int]:
-    return {json.loads(base64.b64decode(r["data_base64"]))["id"] for r in records}
-
-
 def test_fleet_failover_resharding_rebalance(emulators, kinesis_client, dynamodb_client, unique_name, tmp_path):
     stream, app = unique_name("fleet"), unique_name("fleetapp")
     kinesis_client.create_stream(StreamName=stream, ShardCount=6)
@@ -121,10 +96,10 @@ def test_fleet_failover_resharding_rebalance(emulators, kinesis_client, dynamodb
         procs[w] = _consume(env, stream, app, w, outs[w], tmp_path / f"{w}.log")
     monitor = None
     try:
-        _wait(lambda: table.ensure_table() is False and len(table.scan()) == 6, 30, "six leases")
+        wait_until(lambda: table.ensure_table() is False and len(table.scan()) == 6, 30, "six leases")
         monitor = LeaseMonitor(table)
         monitor.start()
-        _wait(lambda: all(lease.lease_owner for lease in table.scan()), 30, "every lease owned")
+        wait_until(lambda: all(lease.lease_owner for lease in table.scan()), 30, "every lease owned")
 
         # Crash c1: SIGKILL its whole process group (manager and workers), as a host dying.
         victims = {lease.lease_key for lease in table.scan() if lease.lease_owner == "c1"}
@@ -132,7 +107,7 @@ def test_fleet_failover_resharding_rebalance(emulators, kinesis_client, dynamodb
         os.killpg(procs["c1"].pid, signal.SIGKILL)
         procs["c1"].wait()
         killed_at = time.monotonic()
-        _wait(lambda: all(monitor.owners.get(k) not in (None, "c1") for k in victims), EXPIRY + 4 * CYCLE + 20,
+        wait_until(lambda: all(monitor.owners.get(k) not in (None, "c1") for k in victims), EXPIRY + 4 * CYCLE + 20,
               "c1's leases taken by the survivors")
         failover = time.monotonic() - killed_at
         print(f"failover after SIGKILL: {failover:.1f}s = {failover / EXPIRY:.2f}x the lease expiry")
@@ -164,13 +139,13 @@ def test_fleet_failover_resharding_rebalance(emulators, kinesis_client, dynamodb
                 held[lease.lease_owner][lease.lease_key] = reported_load(lease)
             return imbalance(held) is None and {w: len(keys) for w, keys in held.items()}
 
-        counts = _wait(balanced, 90, "the fleet to rebalance (by load, or within one lease once idle)")
+        counts = wait_until(balanced, 90, "the fleet to rebalance (by load, or within one lease once idle)")
         print(f"balanced: {counts}")
 
         def all_delivered():
-            return produced <= _ids(_delivered(outs.values()).values())
+            return produced <= record_ids(delivered_records(outs.values()).values())
 
-        _wait(all_delivered, 90, "every produced record delivered")
+        wait_until(all_delivered, 90, "every produced record delivered")
     finally:
         if monitor is not None:
             monitor.stop.set()
@@ -178,8 +153,8 @@ def test_fleet_failover_resharding_rebalance(emulators, kinesis_client, dynamodb
 
     for w in ("c2", "c3", "c4"):
         assert procs[w].returncode == 0, (tmp_path / f"{w}.log").read_text()[-3000:]
-    delivered = _delivered(outs.values())
-    assert produced <= _ids(delivered.values())
+    delivered = delivered_records(outs.values())
+    assert produced <= record_ids(delivered.values())
     assert monitor.regressions == []
     # No child before its parents ended: a child lease is owned only after each parent is SHARD_END.
     for child, parents in monitor.parents.items():

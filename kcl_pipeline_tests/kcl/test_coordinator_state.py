@@ -30,7 +30,8 @@ from kcl_pipeline.kcl.shells.worker import ProcessorSpec
 
 
 def migration_item(version: str) -> dict:
-    """Numbers in DynamoDB's normal form (it stores 100.0 as 100). The item as KCL 3.x's MigrationState writes it (key, cv, mb, mts, h)."""
+    """Numbers in DynamoDB's normal form (it stores 100.0 as 100). The item as KCL 3.x's MigrationState
+    writes it (key, cv, mb, mts, h)."""
     return {"key": {"S": "Migration3.0"}, "cv": {"S": version}, "mb": {"S": "java-3x-worker-1"},
             "mts": {"N": "1732441200000"},
             "h": {"L": [{"M": {"cv": {"S": CLIENT_VERSION_UPGRADE_FROM_2X}, "mb": {"S": "java-3x-worker-1"},
@@ -48,7 +49,8 @@ def test_a_2x_compatible_fleet_does_not_stop_this_consumer(version):
 def test_a_leader_assigned_3x_fleet_is_never_joined(version):
     verdict = decide(migration_state_from_item(migration_item(version)), "app")
     assert not verdict.proceed
-    assert version in verdict.reason and "app-CoordinatorState" in verdict.reason and "java-3x-worker-1" in verdict.reason
+    assert version in verdict.reason and "app-CoordinatorState" in verdict.reason
+    assert "java-3x-worker-1" in verdict.reason
 
 
 def test_no_migration_item_means_a_2x_table():

@@ -7,8 +7,9 @@ its workers) is frozen with SIGSTOP for 2.5× the lease expiry and then thawed: 
 operator restarts it, so a new process runs under the zombie's own worker id.
 
 Checked: every record delivered; the zombie delivers nothing for a lease once its new incarnation (same
-id: only the counter tells them apart) has delivered from it; no lease stays owned-but-unworked (owner set, counter still) longer
-than one expiry + one cycle (plus the monitor's own polling slack); SIGTERM leaves no lease owned.
+id: only the counter tells them apart) has delivered from it; no lease stays owned-but-unworked (owner set,
+counter still) longer than one expiry + one cycle (plus the monitor's own polling slack); SIGTERM leaves no
+lease owned.
 """
 from __future__ import annotations
 
@@ -26,8 +27,7 @@ from kcl_pipeline.kcl.shells.shards import wait_stream_active
 from kcl_pipeline.local.producer import produce
 from kcl_pipeline_tests.fault_proxy import FaultProxy, drop_responses
 
-from .fleet_support import TablePoller, consume_process, stop_processes
-from .test_consumer_fleet import _delivered, _ids, _wait
+from .fleet_support import TablePoller, consume_process, delivered_records, record_ids, stop_processes, wait_until
 
 pytestmark = [pytest.mark.emulator, pytest.mark.slow]
 
@@ -42,7 +42,8 @@ SLACK = 2.0
 FOREIGN_ITEMS = [
     {"leaseKey": {"S": "123456789012:orders:1700000000:shardId-000000000000"}, "leaseCounter": {"N": "3"},
      "checkpoint": {"S": "49590338271490256608559692538361571095921575989136588898"},
-     "checkpointSubSequenceNumber": {"N": "0"}, "streamName": {"S": "orders"}, "shardID": {"S": "shardId-000000000000"}},
+     "checkpointSubSequenceNumber": {"N": "0"}, "streamName": {"S": "orders"},
+     "shardID": {"S": "shardId-000000000000"}},
     {"leaseKey": {"S": "shardId-000000000090"}, "leaseCounter": {"N": "9"}, "checkpoint": {"S": "TRIM_HORIZON"},
      "checkpointSubSequenceNumber": {"N": "0"}},
     {"leaseKey": {"S": "shardId-000000000091"}, "leaseCounter": {"N": "77"}, "leaseOwner": {"S": "java-peer"},
@@ -116,10 +117,10 @@ def test_fleet_survives_a_zombie_a_duplicate_worker_id_and_lost_responses(
              for name, wid in names.items()}
     monitor = OwnershipMonitor(table)
     try:
-        _wait(lambda: len(table.scan()) == 6 + 4, 60, "six leases beside the four foreign ones")
+        wait_until(lambda: len(table.scan()) == 6 + 4, 60, "six leases beside the four foreign ones")
         monitor.start()
         ours = lambda: [lease for lease in table.scan() if lease.lease_key.startswith("shardId-00000000000")]  # noqa: E731
-        _wait(lambda: all(lease.lease_owner for lease in ours())
+        wait_until(lambda: all(lease.lease_owner for lease in ours())
               and any(lease.lease_owner == "zombie" for lease in ours()), 60,
               "every lease owned, some by the consumer to freeze")
 
@@ -132,7 +133,7 @@ def test_fleet_survives_a_zombie_a_duplicate_worker_id_and_lost_responses(
         time.sleep(2.5 * EXPIRY)
         # On a loaded machine the new process may start after the others took the frozen leases; it then
         # steals its share by balance. The zombie thaws only once it holds one, or the check below is empty.
-        _wait(lambda: "spawned worker pid" in (tmp_path / "restarted.log").read_text(), 90,
+        wait_until(lambda: "spawned worker pid" in (tmp_path / "restarted.log").read_text(), 90,
               "the restarted incarnation holding a lease")
         # ... and having delivered from it (the zombie check below compares against its first delivery; once
         # the zombie thaws, the twins under one id may both back off and the new one could deliver nothing).
@@ -144,7 +145,8 @@ def test_fleet_survives_a_zombie_a_duplicate_worker_id_and_lost_responses(
         os.killpg(procs["zombie"].pid, signal.SIGCONT)
         put(200, 5)
 
-        _wait(lambda: produced <= _ids(_delivered(outs.values()).values()), 120, "every produced record delivered")
+        wait_until(lambda: produced <= record_ids(delivered_records(outs.values()).values()), 120,
+                   "every produced record delivered")
         time.sleep(2 * EXPIRY)  # let the thawed zombie settle (and rejoin)
     finally:
         monitor.stop.set()
@@ -154,7 +156,7 @@ def test_fleet_survives_a_zombie_a_duplicate_worker_id_and_lost_responses(
     logs = {name: (tmp_path / f"{name}.log").read_text() for name in names}
     for name, p in procs.items():
         assert p.returncode == 0, logs[name][-3000:]
-    assert produced <= _ids(_delivered(outs.values()).values())
+    assert produced <= record_ids(delivered_records(outs.values()).values())
     assert sum(proxy.faults.values()) > 0, "the proxy dropped no response: the test proved nothing"
 
     # Once the new incarnation delivered from a shard, the zombie (same worker id) delivered nothing more from it.
@@ -175,7 +177,8 @@ def test_fleet_survives_a_zombie_a_duplicate_worker_id_and_lost_responses(
     assert "another live process is writing under this consumer's worker id twin" in logs["twin-a"] + logs["twin-b"]
 
     # SIGTERM left no lease owned, finished ones included (other applications' leases are theirs to hold).
-    assert [lease.lease_key for lease in table.scan() if lease.lease_owner and lease.lease_key not in foreign_keys] == []
+    assert [lease.lease_key for lease in table.scan()
+            if lease.lease_owner and lease.lease_key not in foreign_keys] == []
 
     # Other applications' items in the shared table, byte for byte as they were.
     for item in FOREIGN_ITEMS:

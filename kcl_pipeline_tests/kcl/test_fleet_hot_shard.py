@@ -20,8 +20,7 @@ from kcl_pipeline.kcl.core.balance import imbalance, reported_load
 from kcl_pipeline.kcl.shells.lease_table import LeaseTable
 from kcl_pipeline.kcl.shells.shards import list_shards, wait_stream_active
 
-from .fleet_support import TablePoller, consume_process, stop_processes
-from .test_consumer_fleet import _wait
+from .fleet_support import TablePoller, consume_process, stop_processes, wait_until
 
 pytestmark = [pytest.mark.emulator, pytest.mark.slow]
 
@@ -77,7 +76,7 @@ def test_a_10x_hot_shard_is_balanced_by_load_and_then_nothing_moves(
              for w in names}
     moves = Moves(table)
     try:
-        _wait(lambda: table.ensure_table() is False and len(table.scan()) == SHARDS, 60, "twelve leases")
+        wait_until(lambda: table.ensure_table() is False and len(table.scan()) == SHARDS, 60, "twelve leases")
         moves.start()
 
         def within():
@@ -93,7 +92,8 @@ def test_a_10x_hot_shard_is_balanced_by_load_and_then_nothing_moves(
             held = within()
             return held and (not moves.moves or time.monotonic() - moves.moves[-1] >= STEADY) and held
 
-        held = _wait(steady, 240, f"the fleet within the load tolerance, with no move for {STEADY:.0f}s", interval=1.0)
+        held = wait_until(steady, 240, f"the fleet within the load tolerance, with no move for {STEADY:.0f}s",
+                          interval=1.0)
         moved_before = len(moves.moves)
         time.sleep(10.0)  # and it stays put
         assert len(moves.moves) == moved_before, "a lease moved in steady state"

@@ -337,7 +337,8 @@ IRREGULAR = {
         record_bytes(field_varint(1, 1), field_varint(2, 0), field_bytes(3, b"b")),
     ],
     "tags are ignored": [
-        record_bytes(field_varint(1, 0), field_bytes(3, b"a"), field_bytes(4, field_bytes(1, b"k") + field_bytes(2, b"v"))),
+        record_bytes(field_varint(1, 0), field_bytes(3, b"a"),
+                     field_bytes(4, field_bytes(1, b"k") + field_bytes(2, b"v"))),
         record_bytes(field_varint(1, 1), field_bytes(3, b"b")),
     ],
     "fields out of order": [
@@ -402,7 +403,8 @@ BAD = {
     kpl.MISSING_REQUIRED_FIELD: wrap(field_bytes(1, b"pk") + record_bytes(field_varint(1, 0))),
     kpl.NO_USER_RECORDS: wrap(field_bytes(1, b"pk") + field_bytes(1, b"pk2")),
     kpl.INVALID_UTF8_KEY: wrap(field_bytes(1, b"\xff\xfe") + record_bytes(field_varint(1, 0), field_bytes(3, b"a"))),
-    kpl.PARTITION_KEY_INDEX_OUT_OF_RANGE: wrap(field_bytes(1, b"pk") + record_bytes(field_varint(1, 1), field_bytes(3, b"a"))),
+    kpl.PARTITION_KEY_INDEX_OUT_OF_RANGE:
+        wrap(field_bytes(1, b"pk") + record_bytes(field_varint(1, 1), field_bytes(3, b"a"))),
     kpl.EXPLICIT_HASH_KEY_INDEX_OUT_OF_RANGE:
         wrap(field_bytes(1, b"pk") + record_bytes(field_varint(1, 0), field_varint(2, 0), field_bytes(3, b"a"))),
 }
@@ -722,7 +724,7 @@ def test_slicing_and_concatenating_a_batch(records, data):
     step = data.draw(st.sampled_from([None, 1, 2, 3, -1, -2]))
     assert_batch_agrees(batch[i:j:step], expected[i:j:step])
     cut = sorted(data.draw(st.lists(st.integers(0, n), max_size=3)))
-    parts = [batch[a:b] for a, b in zip([0, *cut], [*cut, n])]
+    parts = [batch[a:b] for a, b in zip([0, *cut], [*cut, n], strict=True)]
     assert_batch_agrees(UserRecordBatch.concat(parts), expected)
     assert_batch_agrees(UserRecordBatch.from_records(SHARD, expected), expected)
     assert UserRecordBatch.from_records(SHARD, expected) == batch

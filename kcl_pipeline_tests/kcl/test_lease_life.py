@@ -100,7 +100,8 @@ def test_a_refused_shard_end_is_a_lost_lease_not_a_failure():
 
 def test_a_child_whose_parent_is_in_progress_is_given_back_before_any_read():
     child = Lease("s-2", Checkpoint(TRIM_HORIZON), None, 0, parent_shard_ids=("s-0", "s-1"))
-    script = Script(child, parents={"s-0": Lease("s-0", Checkpoint(SHARD_END)), "s-1": Lease("s-1", Checkpoint("7"), "peer", 3)})
+    script = Script(child, parents={"s-0": Lease("s-0", Checkpoint(SHARD_END)),
+                                    "s-1": Lease("s-1", Checkpoint("7"), "peer", 3)})
     result = fx.drive(life.lease_life(child, SETTINGS), script)
     assert (result.outcome, result.detail) == (LifeOutcome.BLOCKED_ON_PARENTS, "s-1")
     assert script.released and "Begin" not in script.effects and "Poll" not in script.effects
@@ -128,7 +129,8 @@ def test_a_stolen_lease_asked_to_stop_during_its_wait_is_released_marked_unsettl
     script = Script(Lease("s-0", Checkpoint(TRIM_HORIZON), "peer", 9))
     script.stop_at = 2.0
     result = fx.drive(life.lease_life(script.lease, STOLEN), script)
-    assert (result.outcome, result.detail) == (LifeOutcome.SHUTDOWN, "released=True") and script.unsettled_releases == [True]
+    assert (result.outcome, result.detail) == (LifeOutcome.SHUTDOWN, "released=True")
+    assert script.unsettled_releases == [True]
     assert script.released_at is not None and script.released_at < TIMING.expiry_seconds  # no slower stop
     assert "Begin" not in script.effects and "Poll" not in script.effects
 
@@ -215,11 +217,11 @@ def test_the_manager_notices_a_second_process_under_its_worker_id():
 def test_a_worker_past_its_validity_never_renews_its_lease():
     """A worker that thaws after its validity passed must not renew: if nobody took the lease yet the renew
     succeeds, and every peer then waits one more expiry for a lease this worker no longer works."""
-    from kcl_pipeline.kcl.shells.worker import _HeldLease
+    from kcl_pipeline.kcl.shells.worker import HeldLease
 
     clock = [0.0]
     hold = LeaseHold.acquired(Lease("shardId-000000000001", Checkpoint("5"), "me", 3), 0.0, TIMING)
-    held = _HeldLease(hold, TIMING, monotonic=lambda: clock[0])
+    held = HeldLease(hold, TIMING, monotonic=lambda: clock[0])
     writes: list[int] = []
     assert held.renew(lambda counter: writes.append(counter) or True) is Outcome.APPLIED
     clock[0] = 30.0  # frozen well past the validity (sent at 0 + 10 - 1)

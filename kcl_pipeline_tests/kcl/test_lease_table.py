@@ -149,7 +149,8 @@ def test_every_write_is_a_request_for_any_table_with_its_judge():
     taken = lease(owner="w2", counter=8, extra={rules.CLAIM_ATTRIBUTE: "ours"})
     judge = writes[1].judge
     assert judge(taken) and not judge(None)
-    assert not judge(replace(taken, extra={rules.CLAIM_ATTRIBUTE: "a twin"})) and not judge(replace(taken, lease_counter=9))
+    assert not judge(replace(taken, extra={rules.CLAIM_ATTRIBUTE: "a twin"}))
+    assert not judge(replace(taken, lease_counter=9))
 
 
 # == error paths (unit: stubs, and a closed port) =======================================================
@@ -221,7 +222,8 @@ def test_ensure_table_reports_a_failed_creation():
                               service_message="Requested resource not found", http_status_code=400)
         stub.add_client_error("create_table", service_error_code="AccessDeniedException",
                               service_message="not allowed", http_status_code=400)
-        with pytest.raises(LeaseTableError, match="orders-leases: create_table failed: AccessDeniedException: not allowed"):
+        with pytest.raises(LeaseTableError,
+                           match="orders-leases: create_table failed: AccessDeniedException: not allowed"):
             LeaseTable("orders-leases", ddb).ensure_table()
 
 
@@ -559,34 +561,36 @@ STATES = {
 
 OPERATIONS = {
     "create": (lambda t, k: t.create(replace(lease(key=k, cp=TRIM_HORIZON, owner=None))),
-               lambda l, k: rules.create(l, replace(lease(key=k, cp=TRIM_HORIZON, owner=None)))),
-    "acquire w2 from nobody/0": (lambda t, k: t.acquire(k, "w2", None, 0), lambda l, k: rules.acquire(l, "w2", None, 0)),
-    "acquire w2 from nobody/3": (lambda t, k: t.acquire(k, "w2", None, 3), lambda l, k: rules.acquire(l, "w2", None, 3)),
-    "acquire w2 from w1/5": (lambda t, k: t.acquire(k, "w2", "w1", 5), lambda l, k: rules.acquire(l, "w2", "w1", 5)),
-    "acquire w2 from w1/7": (lambda t, k: t.acquire(k, "w2", "w1", 7), lambda l, k: rules.acquire(l, "w2", "w1", 7)),
-    "acquire w2 from w3/5": (lambda t, k: t.acquire(k, "w2", "w3", 5), lambda l, k: rules.acquire(l, "w2", "w3", 5)),
+               lambda x, k: rules.create(x, replace(lease(key=k, cp=TRIM_HORIZON, owner=None)))),
+    "acquire w2 from nobody/0": (lambda t, k: t.acquire(k, "w2", None, 0),
+                                 lambda x, k: rules.acquire(x, "w2", None, 0)),
+    "acquire w2 from nobody/3": (lambda t, k: t.acquire(k, "w2", None, 3),
+                                 lambda x, k: rules.acquire(x, "w2", None, 3)),
+    "acquire w2 from w1/5": (lambda t, k: t.acquire(k, "w2", "w1", 5), lambda x, k: rules.acquire(x, "w2", "w1", 5)),
+    "acquire w2 from w1/7": (lambda t, k: t.acquire(k, "w2", "w1", 7), lambda x, k: rules.acquire(x, "w2", "w1", 7)),
+    "acquire w2 from w3/5": (lambda t, k: t.acquire(k, "w2", "w3", 5), lambda x, k: rules.acquire(x, "w2", "w3", 5)),
     "heartbeat w1/5": (lambda t, k: t.heartbeat(k, "w1", 5, {"landedTo": "9", "rows": 3, "caughtUp": False}),
-                       lambda l, k: rules.heartbeat(l, "w1", 5, {"landedTo": "9", "rows": 3, "caughtUp": False})),
-    "heartbeat w1/7": (lambda t, k: t.heartbeat(k, "w1", 7), lambda l, k: rules.heartbeat(l, "w1", 7)),
-    "heartbeat w2/5": (lambda t, k: t.heartbeat(k, "w2", 5), lambda l, k: rules.heartbeat(l, "w2", 5)),
+                       lambda x, k: rules.heartbeat(x, "w1", 5, {"landedTo": "9", "rows": 3, "caughtUp": False})),
+    "heartbeat w1/7": (lambda t, k: t.heartbeat(k, "w1", 7), lambda x, k: rules.heartbeat(x, "w1", 7)),
+    "heartbeat w2/5": (lambda t, k: t.heartbeat(k, "w2", 5), lambda x, k: rules.heartbeat(x, "w2", 5)),
     "heartbeat w1/5 + SEQ56/1": (lambda t, k: t.heartbeat(k, "w1", 5, checkpoint=Checkpoint(SEQ56, 1)),
-                                 lambda l, k: rules.heartbeat(l, "w1", 5, checkpoint=Checkpoint(SEQ56, 1))),
+                                 lambda x, k: rules.heartbeat(x, "w1", 5, checkpoint=Checkpoint(SEQ56, 1))),
     "checkpoint 99999/0": (lambda t, k: t.checkpoint(k, Checkpoint("99999")),
-                           lambda l, k: rules.checkpoint(l, Checkpoint("99999"))),
+                           lambda x, k: rules.checkpoint(x, Checkpoint("99999"))),
     "checkpoint SEQ56/2": (lambda t, k: t.checkpoint(k, Checkpoint(SEQ56, 2)),
-                           lambda l, k: rules.checkpoint(l, Checkpoint(SEQ56, 2))),
+                           lambda x, k: rules.checkpoint(x, Checkpoint(SEQ56, 2))),
     "checkpoint SEQ56/3": (lambda t, k: t.checkpoint(k, Checkpoint(SEQ56, 3)),
-                           lambda l, k: rules.checkpoint(l, Checkpoint(SEQ56, 3))),
+                           lambda x, k: rules.checkpoint(x, Checkpoint(SEQ56, 3))),
     "checkpoint SEQ56/1": (lambda t, k: t.checkpoint(k, Checkpoint(SEQ56, 1)),
-                           lambda l, k: rules.checkpoint(l, Checkpoint(SEQ56, 1))),
-    "end": (lambda t, k: t.end(k), lambda l, k: rules.end(l)),
-    "end w1/5": (lambda t, k: t.end(k, "w1", 5), lambda l, k: rules.end(l, "w1", 5)),
-    "end w1/6": (lambda t, k: t.end(k, "w1", 6), lambda l, k: rules.end(l, "w1", 6)),
-    "release w1/5": (lambda t, k: t.release(k, "w1", 5), lambda l, k: rules.release(l, "w1", 5)),
-    "release w1/7": (lambda t, k: t.release(k, "w1", 7), lambda l, k: rules.release(l, "w1", 7)),
-    "release w2/5": (lambda t, k: t.release(k, "w2", 5), lambda l, k: rules.release(l, "w2", 5)),
-    "delete/5": (lambda t, k: t.delete(k, 5), lambda l, k: None if not rules.delete(l, 5) else "deleted"),
-    "delete/0": (lambda t, k: t.delete(k, 0), lambda l, k: None if not rules.delete(l, 0) else "deleted"),
+                           lambda x, k: rules.checkpoint(x, Checkpoint(SEQ56, 1))),
+    "end": (lambda t, k: t.end(k), lambda x, k: rules.end(x)),
+    "end w1/5": (lambda t, k: t.end(k, "w1", 5), lambda x, k: rules.end(x, "w1", 5)),
+    "end w1/6": (lambda t, k: t.end(k, "w1", 6), lambda x, k: rules.end(x, "w1", 6)),
+    "release w1/5": (lambda t, k: t.release(k, "w1", 5), lambda x, k: rules.release(x, "w1", 5)),
+    "release w1/7": (lambda t, k: t.release(k, "w1", 7), lambda x, k: rules.release(x, "w1", 7)),
+    "release w2/5": (lambda t, k: t.release(k, "w2", 5), lambda x, k: rules.release(x, "w2", 5)),
+    "delete/5": (lambda t, k: t.delete(k, 5), lambda x, k: None if not rules.delete(x, 5) else "deleted"),
+    "delete/0": (lambda t, k: t.delete(k, 0), lambda x, k: None if not rules.delete(x, 0) else "deleted"),
 }
 
 

@@ -112,7 +112,7 @@ def test_a_frozen_local_worker_is_killed_and_its_lease_worked_again(fleet):
         manager.run_cycle()
         assert a not in spawned and frozen.is_alive()  # renewed recently enough, as far as we know
         clock[0] += EXPIRY + 1
-        report = manager.run_cycle()
+        manager.run_cycle()
         frozen.join(timeout=10)
         assert frozen.exitcode == -signal.SIGKILL, "the frozen worker was left running"
         assert a in spawned, "the lease of the frozen worker was not taken again"

@@ -233,7 +233,8 @@ def test_kcl_naming_publishes_java_kcl_names_and_dimensions(cloudwatch_client, u
     m.record_cycle(6, 8, 2, 3)
     m.record_lease("shardId-000000000001", 1234, 4096, 40)
     assert m.flush() == 7
-    listed = {(x["MetricName"], tuple((d["Name"], d["Value"]) for d in sorted(x["Dimensions"], key=lambda d: d["Name"])))
+    listed = {(x["MetricName"],
+               tuple((d["Name"], d["Value"]) for d in sorted(x["Dimensions"], key=lambda d: d["Name"])))
               for x in cloudwatch_client.list_metrics(Namespace=namespace)["Metrics"]}
     shard = ("ShardId", "shardId-000000000001")
     worker = ("WorkerIdentifier", "worker-7")

@@ -596,7 +596,8 @@ def _metadata(date: str | None = None, retries: int = 0) -> dict:
 
 def test_expired_latest_iterator_restarts_at_the_service_clock_not_a_skewed_host_clock(kinesis, clock):
     # The host clock is 30 s fast; restarting at its time would skip 30 s of records.
-    kinesis.stub.add_response("get_shard_iterator", {"ShardIterator": "it-1", **_metadata("Sun, 22 Nov 2026 03:00:05 GMT")},
+    kinesis.stub.add_response("get_shard_iterator",
+                              {"ShardIterator": "it-1", **_metadata("Sun, 22 Nov 2026 03:00:05 GMT")},
                               {"StreamName": STREAM, "ShardId": SHARD, "ShardIteratorType": "LATEST"})
     expect_records(kinesis, "it-1", [], next_iterator="it-2")
     expect_error(kinesis, "get_records", "ExpiredIteratorException")

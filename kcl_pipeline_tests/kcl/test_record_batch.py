@@ -77,7 +77,7 @@ def test_iteration_builds_each_record_once():
     first = batch[0]
     assert first == batch[0] and first is not batch[0]  # built on demand before iteration
     records = list(batch)
-    assert all(a is b for a, b in zip(records, batch))
+    assert all(a is b for a, b in zip(records, batch, strict=True))
     assert batch[3] is records[3]
 
 

@@ -38,6 +38,10 @@ class LeaseTiming:
         return sent_at + self.expiry_seconds - self.margin_seconds
 
 
+# Why a refused renewal loses the hold, unless the write says otherwise.
+HEARTBEAT_REFUSED = "heartbeat condition failed: the lease was taken, released or ended"
+
+
 @dataclass(frozen=True)
 class LeaseHold:
     """What a worker knows of the lease it holds."""
@@ -65,12 +69,13 @@ class LeaseHold:
         return self
 
     def after_renew(self, outcome: Outcome, sent_at: float, timing: LeaseTiming, now: float,
-                    why_refused: str = "heartbeat condition failed: the lease was taken, released or ended") -> "LeaseHold":
+                    why_refused: str = HEARTBEAT_REFUSED) -> "LeaseHold":
         """After a fenced write that moves the counter on (heartbeat, holder checkpoint)."""
         if self.lost is not None or self.ended:
             return self
         if outcome is Outcome.APPLIED:
-            return replace(self, counter=self.counter + 1, valid_until=max(self.valid_until, timing.valid_until(sent_at)))
+            return replace(self, counter=self.counter + 1,
+                           valid_until=max(self.valid_until, timing.valid_until(sent_at)))
         if outcome is Outcome.REFUSED:
             return replace(self, lost=why_refused)
         return self.held(now)

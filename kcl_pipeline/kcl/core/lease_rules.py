@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from decimal import Decimal
-from typing import Any, Mapping
+from typing import Any, Mapping, TypeGuard
 
 from .model import SHARD_END, Checkpoint, Lease, checkpoint_advances
 
@@ -83,7 +83,7 @@ def _copy(lease: Lease, **changes: Any) -> Lease:
     return replace(lease, **changes)
 
 
-def _held_by(lease: Lease | None, owner: str, counter: int) -> bool:
+def _held_by(lease: Lease | None, owner: str, counter: int) -> TypeGuard[Lease]:
     return lease is not None and lease.lease_owner == owner and lease.lease_counter == counter
 
 
@@ -219,7 +219,7 @@ def end(lease: Lease | None, owner: str | None = None, counter: int | None = Non
     if lease is None:
         return None
     changes: dict[str, Any] = {}
-    if owner is not None:
+    if owner is not None and counter is not None:
         if not _held_by(lease, owner, counter):
             return None
         changes["lease_counter"] = counter + 1

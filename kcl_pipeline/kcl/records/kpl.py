@@ -37,7 +37,7 @@ from google.protobuf.message import DecodeError
 
 from ..core.model import STARTING_SENTINELS, Checkpoint, UserRecord
 from . import kpl_columns_pb2, kpl_pb2
-from .record_batch import UserRecordBatch, _BatchBuilder
+from .record_batch import BatchBuilder, UserRecordBatch
 
 log = logging.getLogger(__name__)
 
@@ -118,9 +118,11 @@ class _BadAggregate(Exception):
 
 _get_data = attrgetter("data")
 _get_pk_index = attrgetter("partition_key_index")
-_AggregatedRecord = kpl_pb2.AggregatedRecord
-_KeyedAggregatedRecord = kpl_columns_pb2.KeyedAggregatedRecord
-_Columns = kpl_columns_pb2.AggregatedRecordColumns
+# The generated modules build their message classes at import (protobuf's builder) and ship no stubs, so
+# mypy cannot see the classes.
+_AggregatedRecord = kpl_pb2.AggregatedRecord  # type: ignore[attr-defined]
+_KeyedAggregatedRecord = kpl_columns_pb2.KeyedAggregatedRecord  # type: ignore[attr-defined]
+_Columns = kpl_columns_pb2.AggregatedRecordColumns  # type: ignore[attr-defined]
 _md5 = hashlib.md5
 _join = "".join
 _RANGE: list[int] = []
@@ -230,7 +232,7 @@ def _parse(message_type: Any, body: bytes) -> Any:
     return agg
 
 
-def _columns(agg: Any, c: Any, n: int, keyed: bool) -> tuple[Sequence[int], Sequence[int | None] | None,
+def _columns(agg: Any, c: Any, n: int, keyed: bool) -> tuple[Sequence[int], Sequence[int] | list[int | None] | None,
                                                               Sequence[bytes]]:
     """Per-record partition key index, explicit hash key index (None: no record has one), data.
 
@@ -258,11 +260,11 @@ def _columns(agg: Any, c: Any, n: int, keyed: bool) -> tuple[Sequence[int], Sequ
     has = [r.HasField("explicit_hash_key_index") for r in records]
     ehk_indexes = None
     if any(has):
-        ehk_indexes = [r.explicit_hash_key_index if h else None for r, h in zip(records, has)]
+        ehk_indexes = [r.explicit_hash_key_index if h else None for r, h in zip(records, has, strict=True)]
     return list(map(_get_pk_index, records)), ehk_indexes, list(map(_get_data, records))
 
 
-def _deaggregate_into(out: _BatchBuilder, record: Mapping, shard_id: str, stats: KplStats | None,
+def _deaggregate_into(out: BatchBuilder, record: Mapping, shard_id: str, stats: KplStats | None,
                       min_sub: int) -> None:
     """Add the user records of one Kinesis record whose sub-sequence is >= min_sub (as one run)."""
     seq, ms, data, pk = _fields(record)
@@ -325,7 +327,7 @@ def deaggregate(record: Mapping, shard_id: str, stats: KplStats | None = None) -
     anything else yields exactly one plain record (sub-sequence 0). Raises ValueError only when
     `record` is not a GetRecords record at all (a missing key or a wrongly typed field).
     """
-    out = _BatchBuilder(shard_id)
+    out = BatchBuilder(shard_id)
     _deaggregate_into(out, record, shard_id, stats, 0)
     return list(out.build())
 
@@ -340,7 +342,7 @@ def deaggregate_batch(records: Iterable[Mapping], shard_id: str, after: Checkpoi
     The result is a columnar UserRecordBatch: a Sequence[UserRecord] that builds no UserRecord
     until one is asked for, with the columns and `to_arrow` for consumers that need none.
     """
-    out = _BatchBuilder(shard_id)
+    out = BatchBuilder(shard_id)
     if after is None or after.sequence_number in STARTING_SENTINELS:
         for record in records:
             _deaggregate_into(out, record, shard_id, stats, 0)

@@ -68,7 +68,7 @@ def _user_records(out: list, shard_id: str, seq: str, ms: int, aggregated: bool,
                   pks: Sequence[str], ehks: Sequence[str | None] | None, datas: Sequence[bytes]) -> None:
     """Append the UserRecords of one run (pks/ehks/datas aligned, sub-sequence from `first_sub`; ehks None:
     no record has an explicit hash key)."""
-    if not _FAST:
+    if not _FAST or _set_dict is None:
         out.extend(
             UserRecord(shard_id, seq, sub, pk, ehk, ms, data, aggregated)
             for sub, pk, ehk, data in zip(count(first_sub), pks, ehks or repeat(None), datas)
@@ -332,7 +332,7 @@ class UserRecordBatch(Sequence[UserRecord]):
             records = []
             pks, ehks, data = self._pks, self._ehks, self._data
             i = 0
-            for seq, ms, agg, first, n in zip(self._seqs, self._ms, self._agg, self._first, self._lens):
+            for seq, ms, agg, first, n in zip(self._seqs, self._ms, self._agg, self._first, self._lens, strict=True):
                 j = i + n
                 _user_records(records, self._shard_id, seq, ms, agg, first, pks[i:j],
                               None if ehks is None else ehks[i:j], data[i:j])
@@ -434,7 +434,7 @@ class UserRecordBatch(Sequence[UserRecord]):
         after_sub = after.sub_sequence_number
         keep: list[range] = []  # index ranges of the records kept, one per run
         start = 0
-        for seq, first, n in zip(self._seqs, self._first, self._lens):
+        for seq, first, n in zip(self._seqs, self._first, self._lens, strict=True):
             key = (len(seq), seq)
             if key > after_key:
                 keep.append(range(start, start + n))
@@ -494,7 +494,7 @@ class UserRecordBatch(Sequence[UserRecord]):
         ], schema=schema)
 
 
-class _BatchBuilder:
+class BatchBuilder:
     """The deaggregator's working columns (kpl._deaggregate_into fills them); `build()` hands them over.
 
     `ehks` stays None until a record with an explicit hash key arrives.

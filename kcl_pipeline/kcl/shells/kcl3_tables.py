@@ -49,9 +49,10 @@ def publish(dynamodb_client, application: str, worker_id: str, now_epoch_seconds
         dynamodb_client.update_item(TableName=table, **update)
     except dynamodb_client.exceptions.ResourceNotFoundException:
         try:
-            dynamodb_client.create_table(TableName=table, BillingMode="PAY_PER_REQUEST",
-                                         AttributeDefinitions=[{"AttributeName": METRICS_HASH_KEY, "AttributeType": "S"}],
-                                         KeySchema=[{"AttributeName": METRICS_HASH_KEY, "KeyType": "HASH"}])
+            dynamodb_client.create_table(
+                TableName=table, BillingMode="PAY_PER_REQUEST",
+                AttributeDefinitions=[{"AttributeName": METRICS_HASH_KEY, "AttributeType": "S"}],
+                KeySchema=[{"AttributeName": METRICS_HASH_KEY, "KeyType": "HASH"}])
         except dynamodb_client.exceptions.ResourceInUseException:
             pass  # another consumer created it first
         dynamodb_client.get_waiter("table_exists").wait(TableName=table, WaiterConfig={"Delay": 1, "MaxAttempts": 60})

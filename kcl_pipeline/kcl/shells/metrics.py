@@ -93,7 +93,7 @@ class Metrics:
 
     # -- recording --------------------------------------------------------------------------------
     def record_cycle(self, total_leases: int, total_shards: int, unclaimed_leases: int, worker_leases: int) -> None:
-        values = dict(zip(CONSUMER_METRICS, (total_leases, total_shards, unclaimed_leases, worker_leases)))
+        values = dict(zip(CONSUMER_METRICS, (total_leases, total_shards, unclaimed_leases, worker_leases), strict=True))
         for name, value in values.items():
             if value is None or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")

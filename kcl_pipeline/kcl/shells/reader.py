@@ -175,7 +175,7 @@ class ShardReader:
         self._iterator_fresh = False
         children = [c["ShardId"] for c in resp.get("ChildShards") or []]
         size = 0
-        users: list[UserRecord] = []
+        users: Sequence[UserRecord] = []
         if records:
             self._last_fetched = records[-1]["SequenceNumber"]
             size = sum(len(r["Data"]) for r in records)

@@ -80,7 +80,7 @@ def lease_table_client(config: ConsumerConfig):
 WorkerResult = LifeResult
 
 
-class _HeldLease:
+class HeldLease:
     """The worker's lease (a pure LeaseHold) shared by the heartbeat thread and the delivery loop.
 
     Every fenced write goes through it, one at a time (`writing()`): each is conditioned on the counter the
@@ -238,7 +238,7 @@ class LeaseWorker:
                                naming=config.metrics_naming)
         self.kpl_stats = KplStats()
         self._counted: dict[str, int] = {}
-        self.lease: _HeldLease | None = None
+        self.lease: HeldLease | None = None
         self.reader: ShardReader | None = None
         self.last_delivered: Checkpoint | None = None
         self.checkpointed: Checkpoint | None = None
@@ -282,7 +282,7 @@ class LeaseWorker:
         return self.HANDLERS[type(effect)](self, effect)
 
     @property
-    def held(self) -> _HeldLease:
+    def held(self) -> HeldLease:
         """The hold this worker's acquire installed (the life asks for it only once acquired)."""
         if self.lease is None:
             raise RuntimeError(f"{self.lease_key}: the lease was not acquired")
@@ -298,7 +298,7 @@ class LeaseWorker:
         lease = self.table.acquire(self.lease_key, self.config.worker_id, observed.lease_owner,
                                    observed.lease_counter, claim=self.claim)
         if lease is not None:
-            self.lease = _HeldLease(LeaseHold.acquired(lease, sent_at, self.timing), self.timing, self.monotonic)
+            self.lease = HeldLease(LeaseHold.acquired(lease, sent_at, self.timing), self.timing, self.monotonic)
             log.info("acquired lease %s (counter %d, checkpoint %s, previous owner %s)", self.lease_key,
                      lease.lease_counter, lease.checkpoint, self.observed.lease_owner)
         return lease
