@@ -1,6 +1,7 @@
 """The consumer's configuration: one validated object, with errors that say which setting is wrong."""
 from __future__ import annotations
 
+import os
 import re
 import uuid
 from dataclasses import MISSING, dataclass, field, fields, replace
@@ -14,6 +15,13 @@ from .shells.aws import AwsSettings
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,255}")
 # Java KCL 2.x expires a lease after failoverTimeMillis = 10 s: peers sharing its table must heartbeat inside it.
 JAVA_COMPATIBLE_TIMINGS = {"heartbeat_seconds": 3.0, "lease_expiry_seconds": 10.0}
+# How lease worker processes start (shells/worker_processes.py): forked from a preloaded server, or spawned.
+# The default is the first; the environment variable sets another for every consumer of the process that
+# does not choose one itself (the way back to spawn without a code change: docs/memory.md).
+WORKER_START_METHODS = ("forkserver", "spawn")
+WORKER_START_METHOD_ENV = "KCL_PIPELINE_WORKER_START_METHOD"
+MiB = 1024 * 1024
+MAX_GET_RECORDS_BYTES = 10 * MiB  # the most one GetRecords response holds
 
 
 class ConfigError(ValueError):
@@ -97,6 +105,12 @@ class ConsumerConfig:
     polling_interval_seconds: float = 0.2  # >= 0.2: Kinesis allows 5 GetRecords/s per shard
     idle_interval_seconds: float = 2.0
     max_records_per_call: int = 10000
+    # A worker's prefetch: the reader sizes each GetRecords (its Limit) so a response holds about this many
+    # bytes, whatever the shard's backlog (docs/memory.md has the formula of a worker's memory).
+    prefetch_bytes: int = 2 * MiB
+    # "forkserver": workers fork from one server that preloaded boto3, pyarrow and the worker (shared memory);
+    # "spawn": each worker is a fresh interpreter (shells/worker_processes.py).
+    worker_start_method: str = field(default_factory=lambda: default_worker_start_method())
     metrics_namespace: str | None = None  # CloudWatch namespace; None = metrics kept locally only
     # "pipeline": this project's names; "kcl": Java KCL's names and dimensions (its dashboards carry over).
     metrics_naming: str = "pipeline"
@@ -161,6 +175,13 @@ class ConsumerConfig:
                               f"{self.worker_metrics_period_seconds}")
         if not 1 <= self.max_records_per_call <= 10000:
             raise ConfigError(f"max_records_per_call must be in 1..10000, got {self.max_records_per_call}")
+        if not 64 * 1024 <= self.prefetch_bytes <= MAX_GET_RECORDS_BYTES:
+            raise ConfigError(f"prefetch_bytes must be in 65536..{MAX_GET_RECORDS_BYTES} (GetRecords returns at "
+                              f"most 10 MiB), got {self.prefetch_bytes}")
+        if self.worker_start_method not in WORKER_START_METHODS:
+            raise ConfigError(f"worker_start_method must be one of {', '.join(WORKER_START_METHODS)}, got "
+                              f"{self.worker_start_method!r} (the default comes from {WORKER_START_METHOD_ENV} "
+                              f"when set)")
 
     @property
     def validity_margin(self) -> float:
@@ -193,6 +214,11 @@ class ConsumerConfig:
 
     def with_(self, **changes) -> "ConsumerConfig":
         return replace(self, **changes)
+
+
+def default_worker_start_method() -> str:
+    """ConsumerConfig.worker_start_method's default: $KCL_PIPELINE_WORKER_START_METHOD, else forkserver."""
+    return os.environ.get(WORKER_START_METHOD_ENV, "").strip().lower() or WORKER_START_METHODS[0]
 
 
 def consumer_default(name: str) -> Any:

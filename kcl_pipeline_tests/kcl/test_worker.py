@@ -418,9 +418,13 @@ def test_lease_workers_are_told_apart_from_other_spawned_processes(emulators, ki
                            heartbeat=1.0, expiry=3.0, cycle=1.0)
     try:
         def named_children() -> list[str]:
-            out = subprocess.run(["ps", "-eo", "ppid=,comm="], capture_output=True, text=True).stdout
-            return [comm for ppid, comm in (line.split(None, 1) for line in out.splitlines() if line.strip())
-                    if int(ppid) == proc.pid]
+            # Under the consumer: its children, or (forkserver, the default start method) its server's.
+            out = subprocess.run(["ps", "-eo", "pid=,ppid=,comm="], capture_output=True, text=True).stdout
+            rows = [line.split(None, 2) for line in out.splitlines() if line.strip()]
+            tree = {proc.pid}
+            for _ in range(3):
+                tree |= {int(pid) for pid, ppid, _comm in rows if int(ppid) in tree}
+            return [comm.strip() for pid, ppid, comm in rows if int(ppid) in tree]
 
         _wait(lambda: WORKER_PROCESS_NAME in named_children(), timeout=60)
     finally:

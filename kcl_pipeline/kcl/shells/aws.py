@@ -6,9 +6,11 @@ retry mode handles throttling (ProvisionedThroughputExceeded, DynamoDB throttlin
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass, field
 
 import boto3
+import botocore.loaders
 import botocore.session
 from botocore.config import Config
 
@@ -65,4 +67,27 @@ def client(service: str, settings: AwsSettings | None = None, *, max_attempts: i
         read_timeout=read_timeout,
         max_pool_connections=20,
     )
-    return boto3.session.Session().client(service, endpoint_url=settings.endpoint_for(service), config=cfg)
+    return boto3_session().client(service, endpoint_url=settings.endpoint_for(service), config=cfg)
+
+
+# botocore's data (the endpoints of every service, ~7 MB of Python objects once parsed, and each service's
+# model) is read through a session's loader, and a fresh session reads it all again: two clients made two
+# copies. Every session of this process reads through one loader instead (read-only data; credentials,
+# clients and connections stay per session). A lease worker forked from a preloaded server inherits the
+# server's loader, its data already parsed and shared (worker_processes.py).
+_LOADER_LOCK = threading.Lock()
+_loader: botocore.loaders.Loader | None = None
+
+
+def boto3_session() -> boto3.session.Session:
+    """A new boto3 session (its own credentials) reading botocore's data through this process's one loader."""
+    global _loader
+    with _LOADER_LOCK:
+        core = botocore.session.Session()
+        if _loader is None:
+            _loader = botocore.loaders.create_loader(core.get_config_variable("data_path"))
+        core.register_component("data_loader", _loader)
+        made = boto3.session.Session(botocore_session=core)
+        # boto3 appends its data directory to the loader of every session it makes: keep it once.
+        _loader.search_paths[:] = dict.fromkeys(_loader.search_paths)
+        return made

@@ -2,9 +2,9 @@
 
 Every consumer runs one; none is a leader. The cycle itself is the coroutine of cycle.py (the
 deterministic simulation drives the same one) over planner.py's pure decisions; this module only does
-their I/O and keeps one worker process per lease it works (multiprocessing spawn, daemonic, so workers die
-with a reloaded or killed host). The same manager backs `kcl-pipeline consume` (driven by `run_forever`)
-and the Dagster sensor (one `run_cycle` per tick).
+their I/O and keeps one worker process per lease it works (daemonic, so workers die with a reloaded or killed
+host), forked from a preloaded server or spawned (worker_processes.py). The same manager backs
+`kcl-pipeline consume` (driven by `run_forever`) and the Dagster sensor (one `run_cycle` per tick).
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ from .lease_table import LeaseTable
 from .metrics import Metrics
 from .shards import describe_stream_summary, list_application_shards
 from .worker import ProcessorSpec, WorkerResult, lease_table_client, worker_main
+from .worker_processes import WorkerProcesses, preload_modules
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,10 @@ class LeaseManager:
         self.settings = cyc.CycleSettings.of(config)
         self.state = cyc.ManagerState()
         self.worker_log_level = worker_log_level
-        self._ctx = multiprocessing.get_context("spawn")
+        # Workers start in worker_processes' context (a forkserver by default); the queue and the keep-alive
+        # reach them the same way under either method.
+        self.worker_processes = WorkerProcesses(config.worker_start_method, preload_modules(spec.target))
+        self._ctx = self.worker_processes.ipc_context
         self._results = self._ctx.Queue()
         self._keepalive = self._ctx.Value("d", time.time(), lock=False)
         self.workers: dict[str, multiprocessing.process.BaseProcess] = {}
@@ -270,7 +274,7 @@ class LeaseManager:
 
     # -- workers -----------------------------------------------------------------------------
     def _spawn(self, lease: Lease, stolen: bool = False, handoff: bool = False) -> None:
-        proc = self._ctx.Process(
+        proc = self.worker_processes.context().Process(
             target=worker_main,
             args=(self.config, lease, self.spec, self._results),
             kwargs={"keepalive": self._keepalive, "keepalive_timeout": self.keepalive_timeout,

@@ -8,8 +8,9 @@ fails (condition failed: someone took the lease, or the shard was ended) or none
 expiry, the worker stops delivering at once and tells the processor `lease_lost`.
 
 A worker also stops by itself (gracefully: shutdown_requested, release) when its manager stops
-refreshing the keep-alive, or when its parent process dies: a Dagster code server that reloads or is
-killed never leaves workers behind holding leases.
+refreshing the keep-alive, or when its parent process dies (the host, or the forkserver it was forked from,
+which exits with the host: worker_processes.py): a Dagster code server that reloads or is killed never leaves
+workers behind holding leases.
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ from .metrics import Metrics
 from .reader import ShardReader
 from .shards import list_shards, stream_scope
 from .signals import stop_on_signals
+from .worker_processes import detach_from_server
 
 log = logging.getLogger(__name__)
 
@@ -370,7 +372,7 @@ class LeaseWorker:
                                   polling_interval=self.config.polling_interval_seconds,
                                   idle_interval=self.config.idle_interval_seconds,
                                   max_records=self.config.max_records_per_call, kpl_stats=self.kpl_stats,
-                                  sleep=self._interruptible_sleep)
+                                  sleep=self._interruptible_sleep, max_bytes_per_call=self.config.prefetch_bytes)
 
     def _start_position(self, lease: Lease) -> Checkpoint:
         resume = getattr(self.processor, "resume_position", None)
@@ -583,7 +585,8 @@ def name_process(name: str) -> None:
 def worker_main(config: ConsumerConfig, observed: Lease, spec: ProcessorSpec,
                 results, keepalive=None, keepalive_timeout: float | None = None,
                 log_level: int = logging.INFO, stolen: bool = False, handoff: bool = False) -> None:
-    """Entry point of a worker process (multiprocessing spawn)."""
+    """Entry point of a worker process (forked from the preloaded server, or spawned: worker_processes.py)."""
+    detach_from_server()  # else a forked worker keeps its server, its parent, alive after the host died
     lease_key = observed.lease_key
     name_process(WORKER_PROCESS_NAME)
     logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s [worker {lease_key}] %(message)s")

@@ -1,0 +1,256 @@
+"""How lease worker processes start: forked from a preloaded server (`forkserver`, the default), or `spawn`.
+
+One process per lease is the design (worker.py). Under `spawn` each worker is a fresh interpreter that
+imports boto3, pyarrow and the landing sink and parses botocore's data again: about 55 MB of private memory
+each before it reads a record. Under `forkserver` one server process loads all that once (`preload_modules`:
+the worker, the landing sink, the processor's module, boto3/botocore, pyarrow, then the warm-up module,
+which parses botocore's data for the services workers use, encodes one Parquet row and calls `gc.freeze()`
+so a worker's garbage collector never writes to the pages it shares), and every worker is forked from it:
+what is shared stays shared, copy-on-write. The server is a separate, single-threaded process, started with
+the manager's sys.path before the first worker; forking from it is safe wherever the manager runs, in a
+Dagster code server's threads too (forking the threaded host itself would not be).
+
+Nothing that talks to AWS crosses the fork: the server holds data only (botocore's models and endpoints,
+read through aws.py's one loader); each worker builds its own sessions, credentials, clients and
+connections after it starts, draws its own random numbers (Python reseeds `random` in a forked child;
+uuid4 reads the OS) and its own lease claim.
+
+What holds as under spawn:
+
+* Parent death: a worker's parent is the server, and the server exits as soon as the process that started
+  it is gone (multiprocessing closes its "alive" pipe then, whatever killed it); the worker sees its parent
+  change (worker.py `_should_stop`) and stops gracefully, so a killed or reloaded host leaves no worker
+  behind. Killing the server alone stops its workers the same way; the next worker starts a new server.
+* Keep-alive and results: the shared value and the queue reach a worker as before.
+* Names: the server is `kcl-forkserver`, the workers `kcl-lease` (worker.WORKER_PROCESS_NAME); workers are
+  the server's children, so the host's grandchildren.
+
+When the forkserver cannot be used (this platform has none, the server does not start, or a probe forked
+from it does not come back), the manager falls back to spawn: it logs an error saying why, and its
+`StartMethod` (in `kcl-pipeline leases`' neighbours: the sensor's observation) says spawn with the reason.
+Consuming goes on; only memory grows. A server another part of the same process started earlier without
+these preloads is used as it is (workers then load what they need themselves), with a warning.
+Choose spawn outright with `ConsumerConfig(worker_start_method="spawn")`.
+"""
+from __future__ import annotations
+
+import gc
+import logging
+import multiprocessing
+import multiprocessing.forkserver
+import os
+import sys
+import threading
+from dataclasses import dataclass
+from multiprocessing.context import ForkServerContext, SpawnContext
+from typing import Sequence
+
+from ..config import WORKER_START_METHODS
+
+log = logging.getLogger(__name__)
+
+Context = ForkServerContext | SpawnContext
+
+FORKSERVER, SPAWN = WORKER_START_METHODS
+START_METHODS = WORKER_START_METHODS
+
+# The server's preloads: what every lease worker imports. The processor's module goes after them, the
+# warm-up module last (it loads data through these modules, then freezes the heap).
+PRELOAD = ("boto3", "botocore", "pyarrow", "pyarrow.parquet", "kcl_pipeline.kcl.shells.worker",
+           "kcl_pipeline.landing.sink")
+WARM_UP_MODULE = "kcl_pipeline.kcl.shells.forkserver_warmup"
+# The services a worker (or its landing sink) builds clients for: their data is parsed once, in the server.
+WARM_SERVICES = ("kinesis", "dynamodb", "cloudwatch", "s3")
+SERVER_PROCESS_NAME = "kcl-forkserver"
+# A probe forked from a freshly started server waits for the server's imports (a few seconds on a busy host).
+PROBE_TIMEOUT_SECONDS = 120.0
+PROBE_NOT_PRELOADED = 3  # the probe's exit code when the server lacks the warm-up module
+
+
+class WorkerStartError(RuntimeError):
+    """The forkserver cannot start lease workers (the manager falls back to spawn)."""
+
+
+@dataclass(frozen=True)
+class StartMethod:
+    """How this manager's workers start, as readied before the first one."""
+
+    requested: str
+    method: str  # in effect
+    preloaded: bool  # forked from a server holding the preloads
+    detail: str = ""  # why not as requested, when so
+
+    @property
+    def fell_back(self) -> bool:
+        return self.method != self.requested
+
+    def as_metadata(self) -> dict[str, str]:
+        out = {"start_method": self.method + ("" if self.preloaded or self.method == SPAWN else " (not preloaded)")}
+        if self.detail:
+            out["start_method_detail"] = self.detail
+        return out
+
+
+def preload_modules(processor_target: str | None = None) -> list[str]:
+    """The server's preload list: PRELOAD, the processor's module (`module:attr`), the warm-up module last."""
+    modules = list(PRELOAD)
+    module = (processor_target or "").partition(":")[0]
+    if module and module not in modules:
+        modules.append(module)
+    modules.append(WARM_UP_MODULE)
+    return modules
+
+
+class WorkerProcesses:
+    """The multiprocessing context a manager starts its workers in, readied once (thread-safe) on first use.
+
+    The results queue and the keep-alive value do not depend on the method (`ipc_context`): both methods
+    hand them to a child the same way (named semaphores, file descriptors over the spawning pipe).
+    """
+
+    def __init__(self, method: str, preload: Sequence[str] = (), *,
+                 probe_timeout: float = PROBE_TIMEOUT_SECONDS):
+        if method not in START_METHODS:
+            raise ValueError(f"worker start method must be one of {', '.join(START_METHODS)}, got {method!r}")
+        self.requested = method
+        self.preload = list(preload)
+        self.probe_timeout = probe_timeout
+        self._lock = threading.Lock()
+        self._ready: tuple[Context, StartMethod] | None = None
+
+    @property
+    def ipc_context(self) -> Context:
+        return multiprocessing.get_context("spawn")
+
+    @property
+    def start_method(self) -> StartMethod | None:
+        """As readied; None before the first worker."""
+        return self._ready[1] if self._ready is not None else None
+
+    def context(self) -> Context:
+        """The context to start a worker in: on the first call, starts and probes the forkserver (or falls
+        back to spawn, see the module's docstring)."""
+        with self._lock:
+            if self._ready is None:
+                self._ready = self._prepare()
+            return self._ready[0]
+
+    def _prepare(self) -> tuple[Context, StartMethod]:
+        if self.requested == SPAWN:
+            return multiprocessing.get_context("spawn"), StartMethod(SPAWN, SPAWN, False)
+        try:
+            ctx = multiprocessing.get_context("forkserver")
+        except ValueError as exc:
+            return self._fall_back(f"this platform has no forkserver ({exc})")
+        ctx.set_forkserver_preload(self.preload)
+        try:
+            start_server()
+            preloaded = probe(ctx, self.probe_timeout)
+        except Exception as exc:
+            return self._fall_back(f"{type(exc).__name__}: {exc}")
+        if not preloaded:
+            detail = ("a forkserver started earlier in this process without the lease workers' preloads is used: "
+                      "each worker imports boto3 and pyarrow itself")
+            log.warning("lease workers: %s", detail)
+            return ctx, StartMethod(FORKSERVER, FORKSERVER, False, detail)
+        log.info("lease workers fork from a preloaded server (%s)", ", ".join(self.preload))
+        return ctx, StartMethod(FORKSERVER, FORKSERVER, True)
+
+    def _fall_back(self, reason: str) -> tuple[Context, StartMethod]:
+        log.error("lease workers start with spawn, not forkserver: %s. Each worker then loads boto3 and pyarrow "
+                  "itself (about twice the memory); set worker_start_method='spawn' to choose spawn outright",
+                  reason)
+        return multiprocessing.get_context("spawn"), StartMethod(FORKSERVER, SPAWN, False, reason)
+
+
+def start_server() -> None:
+    """Start this process's forkserver (multiprocessing keeps one per process) unless it runs already."""
+    multiprocessing.forkserver.ensure_running()
+
+
+def probe(ctx: Context, timeout: float) -> bool:
+    """Fork one short-lived process from the server: True when the server holds the preloads, False when it
+    runs without them; WorkerStartError when no process comes back."""
+    proc = ctx.Process(target=_probe_main, name="kcl-forkserver-probe", daemon=True)
+    proc.start()
+    proc.join(timeout)
+    if proc.exitcode is None:
+        proc.kill()
+        proc.join(5)
+        raise WorkerStartError(f"a probe process forked from the server did not finish within {timeout:.0f}s")
+    if proc.exitcode == 0:
+        return True
+    if proc.exitcode == PROBE_NOT_PRELOADED:
+        return False
+    raise WorkerStartError(f"a probe process forked from the server exited with code {proc.exitcode}")
+
+
+def _probe_main() -> None:
+    detach_from_server()
+    sys.exit(0 if WARM_UP_MODULE in sys.modules else PROBE_NOT_PRELOADED)
+
+
+def detach_from_server() -> None:
+    """First thing in a worker: give back the server's "alive" pipe, which multiprocessing hands every process
+    forked from the server (so that one may start processes through it too). Held by a worker, it keeps the
+    server alive after its host died, and with it the worker's parent: the worker's parent-death stop would
+    never come. A no-op under spawn, and in the process that started the server."""
+    server = multiprocessing.forkserver._forkserver
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if fd is None or getattr(server, "_forkserver_pid", None) is not None:
+        return  # none inherited, or ours: this process started the server
+    setattr(server, "_forkserver_alive_fd", None)  # noqa: B010 - a private attribute of multiprocessing
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def _name_process(name: str) -> None:
+    """Best effort: this process's short name (/proc/self/comm, as worker.name_process does)."""
+    try:
+        with open("/proc/self/comm", "w") as comm:
+            comm.write(name[:15])
+    except OSError:
+        pass
+
+
+# -- the server's warm-up (forkserver_warmup.py runs it, in the server only) ---------------------------------
+
+def warm_up() -> list[str]:
+    """Load in the server what every worker would load for itself, then freeze the heap. Returns what could
+    not be warmed (never raises: a worker loads whatever is missing itself)."""
+    _name_process(SERVER_PROCESS_NAME)
+    missed = []
+    for name, step in (("botocore", _warm_botocore), ("pyarrow", _warm_pyarrow)):
+        try:
+            step()
+        except Exception as exc:  # noqa: BLE001 - a warm-up never stops the server
+            missed.append(f"{name}: {type(exc).__name__}: {exc}")
+    gc.collect()
+    gc.freeze()  # a worker's collections never visit (nor write to) the objects it shares with the server
+    return missed
+
+
+def _warm_botocore() -> None:
+    """botocore's endpoints, defaults and the workers' service models, parsed into aws.py's one loader.
+    The clients are built with placeholder credentials (no credential lookup, nothing sent) and dropped."""
+    from .aws import boto3_session
+
+    for service in WARM_SERVICES:
+        boto3_session().client(service, region_name="us-east-1", aws_access_key_id="warm-up",
+                               aws_secret_access_key="warm-up")
+
+
+def _warm_pyarrow() -> None:
+    """One record to Arrow and Parquet (zstd) in memory: the lazy imports and first-use setup of a flush."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ..core.model import UserRecord
+    from ..records.record_batch import UserRecordBatch
+
+    shard = "shardId-000000000000"
+    table = UserRecordBatch.from_records(shard, [UserRecord(shard, "1", 0, "k", None, 0, b"{}")]).to_arrow("warm-up")
+    with pq.ParquetWriter(pa.BufferOutputStream(), table.schema, compression="zstd") as writer:
+        writer.write_table(table)
