@@ -9,6 +9,12 @@ AFTER_SEQUENCE_NUMBER of the last Kinesis record fetched.
 Pacing: >= `polling_interval` between calls, `idle_interval` after a response that
 is empty and caught up, and never more than 5 GetRecords per second per shard (the Kinesis limit),
 whatever the intervals.
+
+Prefetch: with `max_bytes_per_call`, each GetRecords asks for (Limit) as many records as fit that many bytes at
+the mean size of the Kinesis records of the last response that had any, and at most `max_records`; before any,
+as many as fit at the largest size a Kinesis record can have (1 MiB). So what a worker holds of a backlog is
+about `max_bytes_per_call`, not the 10 MiB a response may carry. A response runs over only when records grow
+between calls (by their growth, never past 10 MiB).
 """
 from __future__ import annotations
 
@@ -34,6 +40,7 @@ log = logging.getLogger(__name__)
 
 MAX_CALLS_PER_SECOND = 5  # GetRecords per shard (Kinesis limit)
 MAX_READ_BYTES_PER_SECOND = 2 * 1024 * 1024  # read throughput per shard (Kinesis limit)
+MAX_RECORD_BYTES = 1024 * 1024  # the largest Kinesis record (data and partition key)
 BACKOFF_BASE_SECONDS = 0.5
 BACKOFF_CAP_SECONDS = 10.0
 # Error codes that mean "slow down"; botocore's standard retry mode already retried them inside the call.
@@ -85,7 +92,8 @@ class ShardReader:
                  polling_interval: float = 0.2, idle_interval: float = 2.0, max_records: int = 10000,
                  kpl_stats: "KplStats | None" = None, sleep: Callable[[float], None] = time.sleep,
                  monotonic: Callable[[], float] = time.monotonic, clock: Callable[[], float] = time.time,
-                 rng: random.Random | None = None, max_bytes_per_second: float | None = None):
+                 rng: random.Random | None = None, max_bytes_per_second: float | None = None,
+                 max_bytes_per_call: int | None = None):
         if not stream:
             raise ReaderError("stream name or ARN is empty")
         if not shard_id:
@@ -100,6 +108,8 @@ class ShardReader:
             raise ReaderError(f"max_bytes_per_second must be > 0, got {max_bytes_per_second}")
         if not 1 <= max_records <= 10000:
             raise ReaderError(f"max_records must be in 1..10000 (the GetRecords limit), got {max_records}")
+        if max_bytes_per_call is not None and max_bytes_per_call < 1:
+            raise ReaderError(f"max_bytes_per_call must be >= 1, got {max_bytes_per_call}")
         self.kinesis = kinesis
         self.stream = stream
         self.shard_id = shard_id
@@ -108,6 +118,8 @@ class ShardReader:
         self.idle_interval = idle_interval
         self.max_records = max_records
         self.max_bytes_per_second = max_bytes_per_second
+        self.max_bytes_per_call = max_bytes_per_call
+        self._record_bytes: float | None = None  # mean Kinesis record size of the last response with records
         self.kpl_stats = kpl_stats
         self.stats = ReaderStats()
         self._sleep = sleep
@@ -156,7 +168,7 @@ class ShardReader:
             return ReadBatch([], None, self._ended, [], 0, 0)
         self._mark_call()
         try:
-            resp = self.kinesis.get_records(ShardIterator=self._iterator, Limit=self.max_records)
+            resp = self.kinesis.get_records(ShardIterator=self._iterator, Limit=self.limit())
         except ClientError as exc:
             return self._on_get_records_error(exc)
         except Exception as exc:
@@ -179,6 +191,7 @@ class ShardReader:
         if records:
             self._last_fetched = records[-1]["SequenceNumber"]
             size = sum(len(r["Data"]) for r in records)
+            self._record_bytes = size / len(records)
             users = deaggregate_batch(records, self.shard_id, self._after, self.kpl_stats)
             if users:
                 self._position = users[-1].checkpoint
@@ -196,6 +209,13 @@ class ShardReader:
                                    self.max_bytes_per_second))
         return ReadBatch(users, millis, self._ended, list(self._child_shards), len(records), size,
                          service_time_ms(resp))
+
+    def limit(self) -> int:
+        """The Limit of the next GetRecords (see Prefetch in the module's docstring)."""
+        if self.max_bytes_per_call is None:
+            return self.max_records
+        per_record = self._record_bytes if self._record_bytes is not None else MAX_RECORD_BYTES
+        return max(1, min(self.max_records, int(self.max_bytes_per_call // max(1.0, per_record))))
 
     def _on_get_records_error(self, exc: ClientError) -> ReadBatch:
         code = error_code(exc)
