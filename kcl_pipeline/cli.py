@@ -313,8 +313,10 @@ def produce(stream, count, rate, aggregate, create_shards, poison_every, region,
 @aws_options
 @friendly_errors
 def leases(application, table_name, as_json, region, endpoint_url):
-    """Show the lease table: owner, counter, checkpoint, parents, landing progress."""
+    """Show the lease table: owner, counter, checkpoint, parents, landing progress. Then, on stderr, this host's
+    lease workers' memory (PSS in all and the largest; stdout keeps the table or the JSON lines)."""
     from .kcl.shells.lease_table import LeaseTable
+    from .kcl.shells.memory import host_report
 
     table = LeaseTable(table_name or application, client("dynamodb", _settings(region, endpoint_url)))
     rows = sorted(table.scan(), key=lambda lease: lease.lease_key)
@@ -327,17 +329,17 @@ def leases(application, table_name, as_json, region, endpoint_url):
                 "ownerSwitchesSinceCheckpoint": lease.owner_switches_since_checkpoint,
                 "parentShardIds": list(lease.parent_shard_ids), "childShardIds": list(lease.child_shard_ids),
                 "extra": lease.extra}, default=str))
-        return
-    if not rows:
+    elif not rows:
         click.echo(f"lease table {table_name or application} is empty")
-        return
-    width = max(24, *(len(lease.lease_key) for lease in rows))  # multi-stream keys run to ~60 characters
-    header = f"{'lease':<{width}} {'owner':<40} {'counter':>7}  checkpoint"
-    click.echo(header)
-    for lease in rows:
-        cp = lease.checkpoint
-        cps = cp.sequence_number if cp.is_sentinel and cp.sequence_number != "AT_TIMESTAMP" else str(cp)
-        click.echo(f"{lease.lease_key:<{width}} {lease.lease_owner or '-':<40} {lease.lease_counter:>7}  {cps}")
+    else:
+        width = max(24, *(len(lease.lease_key) for lease in rows))  # multi-stream keys run to ~60 characters
+        header = f"{'lease':<{width}} {'owner':<40} {'counter':>7}  checkpoint"
+        click.echo(header)
+        for lease in rows:
+            cp = lease.checkpoint
+            cps = cp.sequence_number if cp.is_sentinel and cp.sequence_number != "AT_TIMESTAMP" else str(cp)
+            click.echo(f"{lease.lease_key:<{width}} {lease.lease_owner or '-':<40} {lease.lease_counter:>7}  {cps}")
+    click.echo(host_report(), err=True)
 
 
 @main.command("forget-incarnation")

@@ -13,6 +13,7 @@ from kcl_pipeline.kcl.shells import memory
 from kcl_pipeline.kcl.shells.memory import (
     ProcessMemory,
     WorkersMemory,
+    host_report,
     lease_workers_memory,
     measure,
     processes_named,
@@ -94,7 +95,15 @@ def test_without_smaps_rollup_the_report_says_unavailable(tmp_path):
 
 def test_no_workers_is_a_report_of_zero(tmp_path):
     report = lease_workers_memory(fake_proc(tmp_path, {}))
-    assert report == WorkersMemory(True) and report.pss_max == 0 and report.summary().startswith("0 lease workers")
+    assert report == WorkersMemory(True) and report.pss_max == 0
+    assert report.summary() == "no lease workers on this host"
+
+
+def test_the_host_report_names_the_forkservers_too(tmp_path):
+    proc = fake_proc(tmp_path, {41: (WORKER_PROCESS_NAME, ROLLUP), 44: ("kcl-forkserver", ROLLUP)})
+    assert host_report(proc) == ("1 lease worker on this host: PSS 30.0 MiB in all, at most 30.0 MiB (USS 14.0 MiB "
+                                 "in all, at most 14.0 MiB); 1 forkserver (what they share): PSS 30.0 MiB")
+    assert host_report(fake_proc(tmp_path / "none", {})) == "no lease workers on this host"
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps_rollup"), reason="Linux 4.14+ /proc only")

@@ -117,6 +117,8 @@ class WorkersMemory:
         """One line for an operator: `12 lease workers: PSS 410.2 MiB in all, at most 36.1 MiB (USS ...)`."""
         if not self.available:
             return f"lease workers' memory unavailable: {self.reason}"
+        if not self.count and not self.unreadable:
+            return "no lease workers on this host"
         text = (f"{self.count} lease worker{'s' if self.count != 1 else ''} on this host: "
                 f"PSS {_mib(self.pss_sum):.1f} MiB in all, at most {_mib(self.pss_max):.1f} MiB "
                 f"(USS {_mib(self.uss_sum):.1f} MiB in all, at most {_mib(self.uss_max):.1f} MiB)")
@@ -153,3 +155,21 @@ def lease_workers_memory(proc: str = PROC, exclude: Iterable[int] = ()) -> Worke
 
     skip = set(exclude)
     return measure([pid for pid in processes_named(WORKER_PROCESS_NAME, proc) if pid not in skip], proc)
+
+
+def forkservers_memory(proc: str = PROC) -> WorkersMemory:
+    """The memory of the servers lease workers fork from (`kcl-forkserver`): they hold what workers share."""
+    from .worker_processes import SERVER_PROCESS_NAME
+
+    return measure(processes_named(SERVER_PROCESS_NAME, proc), proc)
+
+
+def host_report(proc: str = PROC) -> str:
+    """One line: this host's lease workers' memory, and their forkservers' when there are any."""
+    workers = lease_workers_memory(proc)
+    text = workers.summary()
+    servers = forkservers_memory(proc) if workers.available else None
+    if servers is not None and servers.count:
+        text += (f"; {servers.count} forkserver{'s' if servers.count != 1 else ''} (what they share): "
+                 f"PSS {_mib(servers.pss_sum):.1f} MiB")
+    return text
