@@ -46,6 +46,7 @@ from .layout import MINUTE_MS
 from .progress import progress_from_leases
 from .sink import LandingProcessor
 from .store import ZoneStore, open_store
+from .window_report import json_position
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +125,10 @@ class BackfillProgress:
     last_shard: str
     stopped_by: str
 
+    def describe(self) -> str:
+        return (f"backfill progress: {self.shards_done}/{self.shards_to_read} shards read ({self.last_shard}: "
+                f"{self.stopped_by}); {self.records_in_range} records in range, {self.records_landed} landed now")
+
 
 @dataclass
 class ShardBackfill:
@@ -140,6 +145,11 @@ class ShardBackfill:
     first: Checkpoint | None = None
     last: Checkpoint | None = None
     get_records_calls: int = 0
+
+    def describe(self) -> str:
+        return (f"{self.shard_id}: {self.stopped_by}; read from {self.start}: {self.records_in_range} records in "
+                f"range, {self.records_landed} landed now, {self.records_already_landed} landed before"
+                + (f" ({self.live_reason})" if self.live_reason else ""))
 
 
 @dataclass
@@ -174,6 +184,13 @@ class BackfillReport:
     @property
     def left_to_live(self) -> dict[str, str]:
         return {k: s.live_reason for k, s in sorted(self.shards.items()) if s.stopped_by == "live"}
+
+    def per_shard(self) -> dict[str, dict[str, Any]]:
+        """JSON-ready: per shard where its read started and stopped, its first and last record in the range,
+        records in range and landed now."""
+        return {k: {"start": s.start, "stopped_by": s.stopped_by, "first": json_position(s.first),
+                    "last": json_position(s.last), "in_range": s.records_in_range, "landed": s.records_landed}
+                for k, s in sorted(self.shards.items())}
 
 
 class _NoCheckpoints:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from enum import Enum
-from typing import Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 
 class RunState(Enum):
@@ -72,6 +72,14 @@ def follow_up(outstanding: Mapping[int, int], observed: Mapping[int, WindowObser
     return FollowUp(keep, tuple(again), tuple(stalled), tuple(gave_up))
 
 
+def stall_metric_due(stalled: Sequence[int], previous: Iterable[int], *, now_ms: int, window_ms: int,
+                     overdue_ms: int) -> bool:
+    """Whether the tick reports the stall metric and check: on every tick while windows are `stalled`, and
+    once when they no longer are (the windows `previous`ly outstanding that are overdue now differ)."""
+    overdue_before = {w for w in previous if now_ms >= w + window_ms + overdue_ms}
+    return bool(stalled) or set(stalled) != overdue_before
+
+
 def stall_description(stalled: list[str], overdue_seconds: float) -> str:
     """The windows_not_stalled check's verdict, naming every stalled window."""
     if not stalled:
@@ -90,3 +98,8 @@ def reopen_run_key(partition: str, late_keys: Sequence[str]) -> str:
 def rerun_key(partition: str, request: int) -> str:
     """The run key of the sensor's `request`-th request of a window (the first is the plain window key)."""
     return f"window-{partition}" if request <= 1 else f"window-{partition}-request-{request}"
+
+
+def shard_end_run_key(shards: Sequence[str], now_ms: int, window_ms: int) -> str:
+    """The run key of a checkpoint plan requested to end `shards`: one request per window period."""
+    return f"shard-end-{'+'.join(shards)}-{now_ms // window_ms}"

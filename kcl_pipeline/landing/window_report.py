@@ -3,16 +3,17 @@
 Two depths. `list_window` reads the window's listing only (the batch keys name shard, minute and first/last
 positions): its cost is a few LIST pages whatever the window holds, so the sensor tick uses it — one ranged
 GET per batch would take an hourly window of 100 busy shards past Dagster's 60 s tick limit. `summarise_window`
-adds rows, bytes and the chain from every batch's footer (one ranged GET per batch, in parallel), for runs.
-Neither reads the rows.
+adds rows, bytes and the chain from every batch's footer (one ranged GET per batch, in parallel), for runs;
+`summarise_range` sums it over a run's windows (a single-run backfill). Neither reads the rows.
 """
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Iterable
 
+from ..kcl.core.model import Checkpoint
 from .batch import BatchInfo, read_batch_info
 from .errors import CorruptBatchError, ZoneNotFoundError
 from .layout import BatchKey, parse_batch_key
@@ -39,12 +40,13 @@ class WindowSummary:
 
     def per_shard(self) -> dict[str, dict[str, Any]]:
         """JSON-ready: per shard first/last (sequence, sub-sequence), rows, batches, predecessor."""
-        return {shard: {"first": _pos(r.first), "last": _pos(r.last), "rows": r.rows, "batches": r.batches,
-                        "starts_after": _pos(r.starts_after), "chain_ok": r.ok}
+        return {shard: {"first": json_position(r.first), "last": json_position(r.last), "rows": r.rows,
+                        "batches": r.batches, "starts_after": json_position(r.starts_after), "chain_ok": r.ok}
                 for shard, r in sorted(self.shards.items())}
 
 
-def _pos(cp) -> list | None:
+def json_position(cp: Checkpoint | None) -> list[Any] | None:
+    """A position as metadata shows it: [sequence, sub-sequence] (None stays None)."""
     return None if cp is None else [cp.sequence_number, cp.sub_sequence_number]
 
 
@@ -66,8 +68,8 @@ class WindowListing:
         """JSON-ready: per shard the first and last (sequence, sub-sequence) its batch keys name, and batches."""
         out: dict[str, dict[str, Any]] = {}
         for b in self.batches:
-            shard = out.setdefault(b.shard_id, {"first": _pos(b.first), "batches": 0})
-            shard["last"] = _pos(b.last)
+            shard = out.setdefault(b.shard_id, {"first": json_position(b.first), "batches": 0})
+            shard["last"] = json_position(b.last)
             shard["batches"] += 1
         return out
 
@@ -97,6 +99,34 @@ def summarise_window(store: ZoneStore, stream: str, t0: int, t1: int, *, workers
     reports = verify_chain(infos, corrupt)
     return WindowSummary(stream, t0, t1, sum(i.rows for i in infos), sum(i.size for i in infos), reports,
                          [b.key() for b in batches])
+
+
+@dataclass(frozen=True)
+class RangeSummary:
+    """A run's windows summed (`summarise_window` each): rows, bytes, batch keys, and per shard the first and
+    last position, rows and batches over the range (JSON-ready)."""
+
+    rows: int
+    bytes: int
+    keys: list[str]
+    per_shard: dict[str, dict[str, Any]]
+
+
+def summarise_range(store: ZoneStore, stream: str, starts: Iterable[int], window_ms: int) -> RangeSummary:
+    """Every window starting at `starts` (each `window_ms` long) summarised, and the summaries summed."""
+    rows = size = 0
+    shards: dict[str, dict[str, Any]] = {}
+    keys: list[str] = []
+    for start in starts:
+        summary = summarise_window(store, stream, start, start + window_ms)
+        rows += summary.rows
+        size += summary.bytes
+        keys += summary.keys
+        for shard_id, info in summary.per_shard().items():
+            merged = shards.setdefault(shard_id, {"first": info["first"], "rows": 0, "batches": 0})
+            merged.update(last=info["last"], rows=merged["rows"] + info["rows"],
+                          batches=merged["batches"] + info["batches"])
+    return RangeSummary(rows, size, keys, shards)
 
 
 def earliest_landed_minute(store: ZoneStore, stream: str) -> int | None:

@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping, Sequence
 
-from ..kcl.core.model import Checkpoint, Lease
-from .completeness import WindowStatus
+from ..kcl.core.model import Checkpoint, Lease, Shard
+from .completeness import WindowStatus, window_complete
 from .layout import BatchKey
 from .progress import ShardProgress
 
@@ -92,6 +92,16 @@ def scan_windows(next_start_ms: int, window_ms: int, now_ms: int, status_of: Cal
             return WindowScan(complete, t0, "incomplete", status)
         complete.append(status)
         t0 += window_ms
+
+
+def complete_windows(next_start_ms: int, window_ms: int, now_ms: int, shards: Sequence[Shard],
+                     progress: Mapping[str, ShardProgress], leases: Sequence[Lease], grace_ms: int,
+                     limit: int) -> WindowScan:
+    """`scan_windows` by the completeness rule (completeness.py): the windows a tick may report now, at
+    least one and at most `limit`."""
+    return scan_windows(next_start_ms, window_ms, now_ms,
+                        lambda t0, t1: window_complete(t0, t1, shards, progress, leases, grace_ms),
+                        limit=max(1, limit))
 
 
 def plan_listing_start(zone_start_ms: int | None, frontier: Mapping[str, int], leases: Iterable[Lease]) -> int | None:
@@ -171,6 +181,29 @@ def ending_shards(leases: Iterable[Lease], progress: Mapping[str, ShardProgress]
     """Shards whose last record has landed but whose lease is not SHARD_END yet: the checkpoint plan ends them."""
     return sorted(lease.lease_key for lease in leases if not lease.is_ended
                   and progress.get(lease.lease_key) is not None and progress[lease.lease_key].shard_end_landed)
+
+
+@dataclass(frozen=True)
+class ShardEnds:
+    """Shards the checkpoint plan should end now, and the window whose partition its run is requested under
+    (any existing partition: the plan itself is global)."""
+
+    shards: list[str]
+    anchor_ms: int
+
+
+def shard_ends_to_plan(leases: Iterable[Lease], progress: Mapping[str, ShardProgress], next_window_ms: int | None,
+                       window_ms: int, partitions_start_ms: int) -> ShardEnds | None:
+    """The shards whose last record has landed but whose lease is not SHARD_END yet, once a partition exists
+    to run the plan under (the window before the next one to report). None: nothing to end, or no partition.
+
+    Only the checkpoint plan ends a shard in the pipeline, and the window holding a parent's last record
+    cannot complete until its children land, whose leases exist only once the parent is ended: without
+    this run a split would wait forever."""
+    ending = ending_shards(leases, progress)
+    if not ending or next_window_ms is None or next_window_ms - window_ms < partitions_start_ms:
+        return None
+    return ShardEnds(ending, next_window_ms - window_ms)
 
 
 def plan_listing_end(materialised: Iterable[int], progress: Mapping[str, ShardProgress],

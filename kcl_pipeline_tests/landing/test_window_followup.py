@@ -10,6 +10,8 @@ from kcl_pipeline.landing.window_followup import (
     follow_up,
     reopen_run_key,
     rerun_key,
+    shard_end_run_key,
+    stall_metric_due,
 )
 
 W = 60_000
@@ -70,3 +72,18 @@ def test_a_reopened_window_is_requested_once_per_set_of_late_batches():
     assert reopen_run_key(key, ["a"]) != reopen_run_key(key, ["a", "b"])  # another batch came late: ask again
     assert reopen_run_key(key, ["a"]).startswith(f"window-{key}-reopened-")
     assert reopen_run_key(key, ["a"]) not in {rerun_key(key, n) for n in (1, 2, 3)}
+
+
+def test_the_stall_metric_is_reported_while_windows_stall_and_once_when_they_recover():
+    def due(stalled, previous) -> bool:
+        return stall_metric_due(stalled, previous, now_ms=10 * W, window_ms=W, overdue_ms=OVERDUE)
+
+    assert due((5 * W,), {5 * W: 1})
+    assert due((), {5 * W: 1})  # recovered: once more, to say so
+    assert not due((), {})
+    assert not due((), {9 * W: 1})  # outstanding, not overdue: nothing to report
+
+
+def test_a_shard_end_run_is_asked_for_once_per_window_period():
+    assert shard_end_run_key(["a", "b"], 5 * W, W) == shard_end_run_key(["a", "b"], 6 * W - 1, W) \
+        == "shard-end-a+b-5"

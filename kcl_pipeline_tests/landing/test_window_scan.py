@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import pytest
 
-from kcl_pipeline.kcl.core.model import Checkpoint, Lease
+from kcl_pipeline.kcl.core.model import Checkpoint, Lease, Shard
 from kcl_pipeline.landing.completeness import WindowStatus
 from kcl_pipeline.landing.layout import BatchKey
 from kcl_pipeline.landing.progress import ShardProgress
 from kcl_pipeline.landing.window_scan import (
+    ShardEnds,
+    complete_windows,
     ending_shards,
     first_window,
     next_frontier,
@@ -15,6 +17,7 @@ from kcl_pipeline.landing.window_scan import (
     plan_listing_start,
     resume_window,
     scan_windows,
+    shard_ends_to_plan,
     window_floor,
 )
 
@@ -200,3 +203,22 @@ def test_next_frontier_never_moves_back_and_drops_shards_gone_from_the_stream():
 def test_a_lease_with_its_own_frontier_lists_from_it_even_at_a_start_marker():
     assert plan_listing_start(T0, {B: T0 + 6 * W}, [lease(B)]) == T0 + 6 * W
     assert plan_listing_start(T0, {A: T0 + 6 * W}, [lease(B, parents=(A,))]) == T0 + 6 * W  # a child: parents'
+
+
+def test_complete_windows_reports_at_least_one_window_and_stops_at_the_first_incomplete():
+    shards, leases, progress = [Shard(A)], [lease(A)], {A: landed(A, T0 + 3 * W)}
+    scan = complete_windows(T0, W, T0 + 10 * W, shards, progress, leases, 0, limit=0)
+    assert [s.window_start_ms for s in scan.complete] == [T0] and scan.stopped_by == "limit"
+    scan = complete_windows(T0, W, T0 + 10 * W, shards, progress, leases, 0, limit=12)
+    assert [s.window_start_ms for s in scan.complete] == [T0, T0 + W, T0 + 2 * W]
+    assert scan.stopped_by == "incomplete" and scan.blocking is not None and scan.blocking.waiting_on == [A]
+
+
+def test_shard_ends_are_planned_under_the_window_before_the_next_one_once_a_partition_exists():
+    ended = {A: ShardProgress(A, Checkpoint(seq(9)), T0 + W, shard_end_landed=True)}
+    leases = [lease(A), lease(B)]
+    assert shard_ends_to_plan(leases, ended, T0 + 5 * W, W, T0) == ShardEnds([A], T0 + 4 * W)
+    assert shard_ends_to_plan(leases, ended, T0 + W, W, T0 + W) is None  # no partition before the next window
+    assert shard_ends_to_plan(leases, ended, None, W, T0) is None  # no window decided yet
+    assert shard_ends_to_plan(leases, {}, T0 + 5 * W, W, T0) is None  # nothing to end
+    assert shard_ends_to_plan([lease(A, Checkpoint("SHARD_END"))], ended, T0 + 5 * W, W, T0) is None  # ended
