@@ -611,7 +611,8 @@ def landing_verify(zone, window, stream, shard, deep, application, as_json, regi
 
 @main.group()
 def local() -> None:
-    """The embedded AWS emulators on loopback (kinesis-local, dynalite, moto)."""
+    """The demo's AWS emulators on loopback (kinesis-local, dynalite, moto), its stream and producer, for your own
+    `dagster dev` at the repository root."""
 
 
 @local.command("up")
@@ -640,6 +641,10 @@ def local_up(state_dir, stream, shards, rate, window_minutes, no_producer):
     state = Path(state_dir)
     state.mkdir(parents=True, exist_ok=True)
     pid_file = state / "local.pid"
+    running = _running_pid(pid_file)
+    if running is not None:  # its `local down` and a shell sourcing its env.sh rely on these files
+        raise UserError(f"`kcl-pipeline local up` is already running for {state} (pid {running}); stop it with "
+                        f"`kcl-pipeline local down --state-dir {state}` or use another --state-dir")
     pid_file.write_text(str(os.getpid()))
     try:
         code = run_local_up(DemoOptions(state_dir=state, stream=stream, shards=shards, rate=rate,
@@ -647,6 +652,20 @@ def local_up(state_dir, stream, shards, rate, window_minutes, no_producer):
     finally:
         pid_file.unlink(missing_ok=True)
     sys.exit(code)
+
+
+def _running_pid(pid_file) -> int | None:
+    """The pid in `pid_file` when that process is alive (a stale file of a killed `local up` is not)."""
+    import os
+
+    try:
+        pid = int(pid_file.read_text().strip())
+        os.kill(pid, 0)
+    except (FileNotFoundError, ValueError, ProcessLookupError):
+        return None
+    except PermissionError:  # alive, another user's
+        return pid
+    return pid
 
 
 @local.command("down")

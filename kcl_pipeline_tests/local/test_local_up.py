@@ -346,3 +346,20 @@ def _no_first_visit_dialog(url: str) -> None:
             assert page.get_by_role("dialog").count() == 0
         finally:
             browser.close()
+
+
+def test_a_second_local_up_on_a_running_state_dir_is_refused_and_leaves_the_first_ones_files(tmp_path):
+    """A second `local up` on the same state directory would overwrite the running one's pid file and env.sh
+    (its `local down` would then stop the wrong process, and a shell sourcing env.sh would point elsewhere)."""
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        (tmp_path / "local.pid").write_text(str(running.pid))
+        (tmp_path / ENV_FILE).write_text("export MARK=first\n")
+        result = CliRunner().invoke(main, ["local", "up", "--state-dir", str(tmp_path)])
+        assert result.exit_code == 2
+        assert f"`kcl-pipeline local up` is already running for {tmp_path} (pid {running.pid})" in result.output
+        assert (tmp_path / "local.pid").read_text() == str(running.pid)
+        assert (tmp_path / ENV_FILE).read_text() == "export MARK=first\n"
+    finally:
+        running.kill()
+        running.wait()
