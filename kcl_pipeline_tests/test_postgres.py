@@ -100,7 +100,7 @@ def test_two_code_servers_on_postgres_share_the_fleet_and_report_each_window_onc
 
     from dagster import AssetKey, DagsterInstance, DagsterRunStatus, RunsFilter
 
-    from kcl_pipeline.defs.kinesis.sensors import consumer_name
+    from kcl_pipeline.defs.kinesis.fleet_hosting import consumer_name
 
     state = tmp_path / "state"
     env = {**{k: v for k, v in os.environ.items() if not k.startswith(("AWS_ENDPOINT_URL", "KCL_PIPELINE_"))},

@@ -183,7 +183,8 @@ def test_a_window_that_received_a_batch_after_its_run_is_requested_again(spark, 
     """Before: a batch landing in a materialised window after its run listed the zone (here a backfill's
     refill of a lost batch) held the shard's checkpoint before it for ever, and nothing asked for the window
     again. Now the checkpoint run names it and the sensor requests the window's run once more."""
-    from kcl_pipeline.defs.kinesis.sensors import WINDOW_JOB, reopened_requests
+    from kcl_pipeline.defs.kinesis.jobs import WINDOW_JOB
+    from kcl_pipeline.defs.kinesis.tick import reopened_requests
     from kcl_pipeline.landing.window_followup import reopen_run_key
 
     p = pipeline

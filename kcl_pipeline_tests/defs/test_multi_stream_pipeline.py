@@ -18,10 +18,11 @@ from dagster_aws.s3 import S3Resource
 
 from kcl_pipeline.cli import main
 from kcl_pipeline.defs.kinesis import definitions as definitions_module
+from kcl_pipeline.defs.kinesis.cursor import Cursor
 from kcl_pipeline.defs.kinesis.definitions import build_definitions
+from kcl_pipeline.defs.kinesis.fleet_hosting import CONSUMER_SENSOR, shutdown_hosted
 from kcl_pipeline.defs.kinesis.partitions import partition_key
 from kcl_pipeline.defs.kinesis.resources import AwsResource, KinesisConsumerResource, SparkResource, spark_config
-from kcl_pipeline.defs.kinesis.sensors import CONSUMER_SENSOR, Cursor, shutdown_hosted
 from kcl_pipeline.defs.kinesis.settings import PipelineSettings
 from kcl_pipeline.defs.kinesis.streams import stream_prefix
 from kcl_pipeline.kcl.core.model import SHARD_END, Checkpoint

@@ -12,12 +12,16 @@ import time
 import pytest
 from dagster import AssetMaterialization
 
-from kcl_pipeline.defs.kinesis import sensors
+from kcl_pipeline.defs.kinesis import fleet_hosting
+from kcl_pipeline.defs.kinesis.cursor import Cursor
+from kcl_pipeline.defs.kinesis.partitions import partition_key
 from kcl_pipeline.defs.kinesis.resources import KinesisConsumerResource
-from kcl_pipeline.defs.kinesis.sensors import Cursor
 from kcl_pipeline.kcl.core.lease_codec import LeaseTableMissing
 from kcl_pipeline.kcl.core.model import TRIM_HORIZON
-from kcl_pipeline_tests.defs.test_sensor import INTERVAL, owners, setup, tick, wait_until  # noqa: F401
+from kcl_pipeline_tests.defs import test_sensor
+from kcl_pipeline_tests.defs.test_sensor import INTERVAL, owners, tick, wait_until
+
+setup = test_sensor.setup  # the sensor tests' fixture
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +35,7 @@ def test_observer_before_any_member_waits_for_the_lease_table(setup):
     _observer(s)
     result = tick(s, None)
     assert "does not exist yet" in result.skip_reason.skip_message and not result.run_requests
-    assert not sensors._REGISTRY  # no lease manager was started
+    assert not fleet_hosting._REGISTRY  # no lease manager was started
 
 
 def test_observer_reports_windows_landed_by_a_consume_fleet_member(setup, emulators, tmp_path):
@@ -57,13 +61,13 @@ def test_observer_reports_windows_landed_by_a_consume_fleet_member(setup, emulat
         requests = []
         text = None
         deadline = time.monotonic() + 150
-        expected = {sensors.partition_key(w) for w in s["windows"]}
+        expected = {partition_key(w) for w in s["windows"]}
         while not expected <= set(reported) and time.monotonic() < deadline:
             result = tick(s, text)
             text = result.cursor
             reported += [e.partition for e in result.asset_events if isinstance(e, AssetMaterialization)]
             requests += result.run_requests
-            assert not sensors._REGISTRY  # the observer never hosts a worker
+            assert not fleet_hosting._REGISTRY  # the observer never hosts a worker
             time.sleep(INTERVAL)
         assert expected <= set(reported), f"windows reported: {sorted(reported)}"
         assert len(reported) == len(set(reported))  # once each

@@ -21,20 +21,14 @@ from dagster import (
 )
 from dagster_aws.s3 import S3Resource
 
-from kcl_pipeline.defs.kinesis import sensors
+from kcl_pipeline.defs.kinesis import fleet_hosting as hosting
 from kcl_pipeline.defs.kinesis.assets import build_assets
+from kcl_pipeline.defs.kinesis.cursor import Cursor
+from kcl_pipeline.defs.kinesis.fleet_hosting import consumer_name, shutdown_hosted
+from kcl_pipeline.defs.kinesis.jobs import CHECKPOINTS_JOB, SHARD_END_TAG, WINDOW_JOB
 from kcl_pipeline.defs.kinesis.partitions import PARTITION_FMT, partition_key
 from kcl_pipeline.defs.kinesis.resources import SPARK_RUN_TAG, AwsResource, KinesisConsumerResource
-from kcl_pipeline.defs.kinesis.sensors import (
-    CHECKPOINTS_JOB,
-    SHARD_END_TAG,
-    WINDOW_JOB,
-    Cursor,
-    build_consumer_sensor,
-    build_member_sensor,
-    consumer_name,
-    shutdown_hosted,
-)
+from kcl_pipeline.defs.kinesis.sensors import build_consumer_sensor, build_member_sensor
 from kcl_pipeline.kcl.shells.aws import client
 from kcl_pipeline.kcl.shells.lease_table import LeaseTable
 from kcl_pipeline.landing.store import open_store
@@ -85,7 +79,7 @@ def tick(s, cursor: str | None) -> SensorResult:
 
 
 def hosted(s):
-    return sensors._REGISTRY[sensors.registry_key(s["consumer"])]
+    return hosting._REGISTRY[hosting.registry_key(s["consumer"])]
 
 
 def owners(table) -> dict[str, str | None]:
@@ -189,7 +183,7 @@ def test_workers_stop_by_themselves_when_ticks_stop_and_a_reload_never_doubles_a
 
     # A reload: the new code server has an empty registry, the same cursor (same consumer id), and the old
     # workers are still running. The new manager must not take leases the old workers hold.
-    sensors._REGISTRY.clear()
+    hosting._REGISTRY.clear()
     seen_overlap = []
     trace = []  # (old workers alive, new workers) after each tick
     deadline = time.monotonic() + 60
@@ -229,7 +223,7 @@ def test_a_missing_stream_fails_the_tick_with_its_name(setup, unique_name):
         output_uri=s["consumer"].output_uri, create_zones=True)
     with pytest.raises(Exception, match=f"Kinesis stream {missing} does not exist"):
         tick(s, None)
-    assert sensors.registry_key(s["resources"]["consumer"]) not in sensors._REGISTRY  # not kept half-started
+    assert hosting.registry_key(s["resources"]["consumer"]) not in hosting._REGISTRY  # not kept half-started
 
 
 def test_a_new_consumer_id_hands_the_leases_over_and_an_old_cursor_skips_to_the_partitions(setup):
@@ -385,7 +379,7 @@ def test_a_fleet_member_location_shares_the_leases_and_never_reports_a_window(se
 
     assert wait_until(both_hold_and_everything_landed, 150, step=INTERVAL), (held, reported)
     assert len(reported) == len(set(reported)), "a window was reported twice"
-    member_workers = set(sensors._REGISTRY[sensors.registry_key(s["consumer"], sensors.MEMBER_SENSOR)].manager.workers)
+    member_workers = set(hosting._REGISTRY[hosting.registry_key(s["consumer"], hosting.MEMBER_SENSOR)].manager.workers)
     assert member_workers and member_workers.isdisjoint(hosted(s).manager.workers)
     shutdown_hosted(timeout=15)
     assert set(owners(s["table"]).values()) == {None}
@@ -402,4 +396,4 @@ def test_a_fleet_member_location_without_hosting_enabled_takes_no_lease(setup):
                               instance=s["instance"]) as context:
         result = member(context)
     assert "KCL_PIPELINE_HOST_WORKERS" in result.skip_reason.skip_message
-    assert not sensors._REGISTRY
+    assert not hosting._REGISTRY

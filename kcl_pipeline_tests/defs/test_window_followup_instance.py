@@ -15,8 +15,10 @@ from dagster import (
     materialize,
 )
 
+from kcl_pipeline.defs.kinesis.cursor import Cursor
+from kcl_pipeline.defs.kinesis.jobs import WINDOW_JOB
 from kcl_pipeline.defs.kinesis.partitions import PARTITION_FMT, partition_key
-from kcl_pipeline.defs.kinesis.sensors import WINDOW_JOB, Cursor, _observe_windows
+from kcl_pipeline.defs.kinesis.tick import observe_windows
 from kcl_pipeline.landing.window_followup import RunState, follow_up, rerun_key
 
 W = 60_000
@@ -47,7 +49,7 @@ def test_a_window_whose_run_failed_is_requested_again_and_a_materialised_one_for
     assert materialize([good_transform], partition_key=partition_key(done), instance=instance).success
 
     outstanding = {failed: 1, done: 1, queued: 1}
-    observed = _observe_windows(instance, outstanding)
+    observed = observe_windows(instance, outstanding)
     assert observed[failed].run is RunState.FAILED and not observed[failed].materialised
     assert observed[done].materialised
     assert observed[queued].run is RunState.NONE

@@ -8,6 +8,7 @@
                                                of it re-reads the sensor's latest stall metric)
 """
 
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from dagster import (
@@ -23,9 +24,12 @@ from dagster import (
 from dagster_aws.s3 import S3Resource
 
 from ...landing.audit import CheckOutcome, audit_window
+from ...landing.window_followup import stall_description
 from .assets import CHECKPOINTS, LANDED, SINGLE, TRANSFORMED, landing_store, live_leases, output_store, window_range
 from .resources import AwsResource, KinesisConsumerResource
 from .streams import PipelineStream
+
+STALL_CHECK = "windows_not_stalled"  # evaluated by the kinesis_consumer sensor (tick.py)
 
 
 def check_result(outcomes: list[CheckOutcome]) -> AssetCheckResult:
@@ -62,53 +66,85 @@ def _transform_report(context: AssetCheckExecutionContext, transformed: AssetKey
 
 def build_checks(partitions_def: TimeWindowPartitionsDefinition, window_ms: int,
                  target: PipelineStream = SINGLE):
-    def run(context, consumer, aws, s3, check: str, **kwargs) -> AssetCheckResult:
-        span = window_range(context, partitions_def, window_ms)
+    """The stream's chain_unbroken, rows_reconcile, checkpoint_within_materialised and windows_not_stalled."""
+    audit = _Audit(partitions_def, window_ms, target)
+    return (_chain_unbroken(audit), _rows_reconcile(audit), _checkpoint_within_materialised(audit),
+            _windows_not_stalled(target))
+
+
+@dataclass(frozen=True)
+class _Audit:
+    """The lineage audit of a run's windows (one partition, or a range) for one stream."""
+
+    partitions_def: TimeWindowPartitionsDefinition
+    window_ms: int
+    target: PipelineStream
+
+    def __call__(self, context, consumer: KinesisConsumerResource, aws: AwsResource, s3: S3Resource, check: str,
+                 **kwargs: Any) -> AssetCheckResult:
+        span = window_range(context, self.partitions_def, self.window_ms)
         store = landing_store(consumer, aws, s3)
-        output = output_store(consumer, aws, s3, target)
+        output = output_store(consumer, aws, s3, self.target)
         if check == "checkpoints":  # the audit matches leases to landed batches by shard id
-            view = target.read_slice(consumer, aws.settings(), live_leases(consumer, aws), shards=False)
+            view = self.target.read_slice(consumer, aws.settings(), live_leases(consumer, aws), shards=False)
             kwargs["leases"] = view.leases_by_shard_id()
             directory = view.directory
         else:
-            directory = target.directory(consumer, aws.settings())
+            directory = self.target.directory(consumer, aws.settings())
         outcomes: list[CheckOutcome] = []
         for start in span.starts:
-            outcomes += audit_window(store, output, directory, start, start + window_ms, checks=[check],
+            outcomes += audit_window(store, output, directory, start, start + self.window_ms, checks=[check],
                                      **kwargs)
         for o in outcomes:
             context.log.info(f"{o.check} {'OK' if o.ok else 'FAILED'}: {o.summary}")
         return check_result(outcomes)
 
-    # The two checks that guard checkpoints block: when either fails in a window run, the run stops before
-    # kinesis_checkpoints, so no checkpoint moves past a broken chain or an unreconciled window.
-    @asset_check(asset=target.key(LANDED), name="chain_unbroken", partitions_def=partitions_def, blocking=True,
+
+# The two checks that guard checkpoints block: when either fails in a window run, the run stops before
+# kinesis_checkpoints, so no checkpoint moves past a broken chain or an unreconciled window.
+
+def _chain_unbroken(audit: _Audit):
+    @asset_check(asset=audit.target.key(LANDED), name="chain_unbroken", partitions_def=audit.partitions_def,
+                 blocking=True,
                  description="Every shard's landed batches form an unbroken chain (each batch follows the previous "
                              "one's last record; no gap, no overlap, no unreadable object), across windows too.")
     def chain_unbroken(context: AssetCheckExecutionContext, consumer: KinesisConsumerResource, aws: AwsResource,
                        s3: S3Resource) -> AssetCheckResult:
-        return run(context, consumer, aws, s3, "chain")
+        return audit(context, consumer, aws, s3, "chain")
 
-    @asset_check(asset=target.key(TRANSFORMED), name="rows_reconcile", partitions_def=partitions_def, blocking=True,
+    return chain_unbroken
+
+
+def _rows_reconcile(audit: _Audit):
+    transformed = audit.target.key(TRANSFORMED)
+
+    @asset_check(asset=transformed, name="rows_reconcile", partitions_def=audit.partitions_def, blocking=True,
                  description="Landed rows = transformed rows + duplicates dropped + quarantined rows (from the "
                              "landing zone and the output manifests; the transform's own report must agree).")
     def rows_reconcile(context: AssetCheckExecutionContext, consumer: KinesisConsumerResource, aws: AwsResource,
                        s3: S3Resource) -> AssetCheckResult:
-        return run(context, consumer, aws, s3, "counts", transform=_transform_report(context, target.key(TRANSFORMED)))
+        return audit(context, consumer, aws, s3, "counts", transform=_transform_report(context, transformed))
 
-    @asset_check(asset=target.key(CHECKPOINTS), name="checkpoint_within_materialised", partitions_def=partitions_def,
+    return rows_reconcile
+
+
+def _checkpoint_within_materialised(audit: _Audit):
+    @asset_check(asset=audit.target.key(CHECKPOINTS), name="checkpoint_within_materialised",
+                 partitions_def=audit.partitions_def,
                  description="No committed checkpoint reaches into a window that has not materialised (SHARD_END only "
                              "once the shard's last record is in), and none is past the last landed record.")
     def checkpoint_within_materialised(context: AssetCheckExecutionContext, consumer: KinesisConsumerResource,
                                        aws: AwsResource, s3: S3Resource) -> AssetCheckResult:
-        return run(context, consumer, aws, s3, "checkpoints")
+        return audit(context, consumer, aws, s3, "checkpoints")
 
-    @asset_check(asset=target.key(TRANSFORMED), name="windows_not_stalled",
+    return checkpoint_within_materialised
+
+
+def _windows_not_stalled(target: PipelineStream):
+    @asset_check(asset=target.key(TRANSFORMED), name=STALL_CHECK,
                  description="No window the sensor reported is still unmaterialised past its end + the overdue "
                              "time (its runs failed for good, or never ran); fails naming each stalled window.")
     def windows_not_stalled(context: AssetCheckExecutionContext, consumer: KinesisConsumerResource) -> AssetCheckResult:
-        from ...landing.window_followup import stall_description
-
         records = context.instance.fetch_observations(AssetRecordsFilter(asset_key=target.key(TRANSFORMED)),
                                                      limit=1).records
         observation = records[0].asset_observation if records else None
@@ -118,4 +154,4 @@ def build_checks(partitions_def: TimeWindowPartitionsDefinition, window_ms: int,
                                 description=stall_description(stalled, consumer.overdue_seconds),
                                 metadata={"stalled": MetadataValue.json(stalled)})
 
-    return chain_unbroken, rows_reconcile, checkpoint_within_materialised, windows_not_stalled
+    return windows_not_stalled

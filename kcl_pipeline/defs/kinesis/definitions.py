@@ -3,18 +3,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dagster import AssetSelection, Definitions, define_asset_job, in_process_executor
+from dagster import Definitions, in_process_executor
 
-from .assets import CHECKPOINTS, LANDED, TRANSFORMED, build_assets, stream_spec
+from .assets import build_assets, stream_spec
 from .checks import build_checks
+from .jobs import backfill_job, checkpoints_job, window_job
 from .partitions import window_partitions
-from .resources import SPARK_RUN_TAG, build_resources
+from .resources import build_resources
 from .schedules import build_backfill_schedule
-from .sensors import CHECKPOINTS_JOB, WINDOW_JOB, build_consumer_sensor, build_member_sensor
+from .sensors import build_consumer_sensor, build_member_sensor
 from .settings import PipelineSettings
 from .streams import PipelineStream, pipeline_streams
-
-BACKFILL_JOB = "kinesis_backfill_job"
 
 
 def build_definitions(settings: PipelineSettings | None = None) -> Definitions:
@@ -54,32 +53,12 @@ def _stream_definitions(settings: PipelineSettings, partitions_def, target: Pipe
     """One stream's assets, checks, jobs and backfill schedule (plain names for a single stream)."""
     landed, transformed, checkpoints = build_assets(partitions_def, settings.window_ms, target)
     chain, counts, within, stalled = build_checks(partitions_def, settings.window_ms, target)
-    window_job = define_asset_job(
-        # windows_not_stalled is the sensor's verdict (evaluated by the sensor), not a window run's step.
-        target.job(WINDOW_JOB),
-        selection=(AssetSelection.assets(target.key(TRANSFORMED), target.key(CHECKPOINTS))
-                   | AssetSelection.checks(chain)) - AssetSelection.checks(stalled),
-        partitions_def=partitions_def, tags={SPARK_RUN_TAG: "true"},
-        description=target.about("Transform a window the kinesis_consumer sensor reported complete, then commit its "
-                                 "checkpoints."))
-    checkpoints_job = define_asset_job(
-        target.job(CHECKPOINTS_JOB), selection=AssetSelection.assets(target.key(CHECKPOINTS)),
-        partitions_def=partitions_def,
-        description=target.about("Apply the checkpoint plan alone (the sensor runs it when a shard's last record has "
-                                 "landed, so the shard is ended and its children's leases are created)."))
-    backfill_job = define_asset_job(
-        target.job(BACKFILL_JOB),
-        selection=AssetSelection.assets(target.key(LANDED), target.key(TRANSFORMED)) - AssetSelection.checks(stalled),
-        partitions_def=partitions_def,
-        # No Spark run tag: the re-reads run beside the live window runs; only the transform step waits for
-        # the `spark` pool's slot.
-        description=target.about("Re-land windows from Kinesis (bounded re-reads) and transform them; checkpoints "
-                                 "untouched."))
+    backfill = backfill_job(partitions_def, target, stalled)
     return _StreamDefinitions(
         assets=[stream_spec(target), landed, transformed, checkpoints],
         checks=[chain, counts, within, stalled],
-        jobs=[window_job, checkpoints_job, backfill_job],
-        schedule=build_backfill_schedule(backfill_job, partitions_def, settings.window_ms, target))
+        jobs=[window_job(partitions_def, target, chain, stalled), checkpoints_job(partitions_def, target), backfill],
+        schedule=build_backfill_schedule(backfill, partitions_def, settings.window_ms, target))
 
 
 def build_member_definitions(settings: PipelineSettings | None = None) -> Definitions:

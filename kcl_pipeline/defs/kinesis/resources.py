@@ -15,6 +15,7 @@ from dagster_pyspark import PySparkResource
 from pydantic import PrivateAttr
 
 from ...kcl.config import ConsumerConfig, InitialPosition, consumer_default
+from ...kcl.core.model import Checkpoint
 from ...kcl.core.streams import stream_name
 from ...kcl.shells.aws import AwsSettings
 from ...kcl.shells.worker import ProcessorSpec
@@ -120,6 +121,18 @@ class KinesisConsumerResource(ConfigurableResource):
         return self.window_minutes * 60_000
 
     @property
+    def grace_ms(self) -> int:
+        return int(self.grace_seconds * 1000)
+
+    @property
+    def overdue_ms(self) -> int:
+        return int(self.overdue_seconds * 1000)
+
+    def initial_checkpoint(self) -> Checkpoint:
+        """Where a new lease starts (a child's, created when the checkpoint plan ends its parent)."""
+        return InitialPosition.parse(self.initial_position, self.initial_timestamp).checkpoint()
+
+    @property
     def lease_table(self) -> str:
         """The lease table: table_name, else the application's name (Java KCL's rule)."""
         return self.table_name or self.application
@@ -148,7 +161,8 @@ class KinesisConsumerResource(ConfigurableResource):
         """The landing sink in pipeline mode: it never checkpoints (kinesis_checkpoints does)."""
         from ...landing.sink import landing_spec
 
-        return landing_spec(self.landing_uri, stream_name(self.stream), aws=aws, standalone=False, create_zone=self.create_zones)
+        return landing_spec(self.landing_uri, stream_name(self.stream), aws=aws, standalone=False,
+                            create_zone=self.create_zones)
 
 
 class SparkResource(PySparkResource):
