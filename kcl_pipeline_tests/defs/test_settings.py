@@ -213,7 +213,7 @@ def _run_python(code: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
 
 
-def test_without_pydantic_settings_the_variables_are_a_clear_error_and_the_module_still_loads():
+def test_without_pydantic_settings_a_set_variable_is_a_clear_error_and_the_module_still_loads():
     """A core install has no pydantic-settings: the CLI's audit names the extra rather than a traceback."""
     result = _run_python(
         "import sys; sys.modules['pydantic_settings'] = None\n"
@@ -221,12 +221,23 @@ def test_without_pydantic_settings_the_variables_are_a_clear_error_and_the_modul
         "check_window_minutes(60)\n"
         "from kcl_pipeline.kcl.config import ConfigError\n"
         "try:\n"
-        "    PipelineSettings.from_env({}, for_partitions=False)\n"
+        "    PipelineSettings.from_env({'KCL_PIPELINE_STREAM': 'orders'}, for_partitions=False)\n"
         "except ConfigError as exc:\n"
         "    print(exc)\n")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == ("reading the KCL_PIPELINE_* variables needs pydantic-settings: "
                                      "pip install 'kcl_pipeline[dagster]' (or pydantic-settings alone)")
+
+
+def test_a_core_install_without_pydantic_settings_reads_the_defaults_when_no_variable_is_set():
+    """`kcl-pipeline audit` / `backfill` with every flag given must not need the [dagster] extra."""
+    result = _run_python(
+        "import sys; sys.modules['pydantic_settings'] = None; sys.modules['pydantic'] = None\n"
+        "from kcl_pipeline.defs.kinesis.settings import PipelineSettings\n"
+        "s = PipelineSettings.from_env({'KCL_PIPELINE_STREAM': '  ', 'HOME': '/x'}, for_partitions=False)\n"
+        "print(s.window_minutes == PipelineSettings.window_minutes)\n")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "True"
 
 
 def test_the_deployment_settings_and_stream_names_are_readable_without_dagster_installed():

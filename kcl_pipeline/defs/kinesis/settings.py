@@ -191,6 +191,8 @@ def read_variables(env: Mapping[str, str]) -> dict[str, Any]:
 
     Every bad value is reported at once: the variable, the value given, what was expected.
     """
+    if not any(name.startswith(PREFIX) and value.strip() for name, value in env.items()):
+        return {}  # nothing to read: a core install (no pydantic-settings) runs audit and backfill on flags alone
     from pydantic import ValidationError
 
     model, source = _variables_model()
