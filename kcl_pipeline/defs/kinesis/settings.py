@@ -237,8 +237,13 @@ def _variables_model() -> tuple[Any, Any]:
     except ImportError:
         raise ConfigError(f"reading the {PREFIX}* variables needs pydantic-settings: pip install "
                           f"'kcl_pipeline[dagster]' (or pydantic-settings alone)") from None
-
     lower, upper = BeforeValidator(str.lower), BeforeValidator(str.upper)
+    return (_variables_class(BaseSettings, SettingsConfigDict, Json, lower, upper),
+            _mapping_source_class(BaseSettings, EnvSettingsSource))
+
+
+def _variables_class(BaseSettings: Any, SettingsConfigDict: Any, Json: Any, lower: Any, upper: Any) -> Any:
+    """The variables' model, from pydantic-settings' classes (passed in: imported only where it is installed)."""
 
     class PipelineVariables(BaseSettings):
         """One field per variable (KCL_PIPELINE_<FIELD>); unset ones stay None and PipelineSettings' defaults apply."""
@@ -270,6 +275,12 @@ def _variables_model() -> tuple[Any, Any]:
         spark_master: str | None = None
         spark_conf: Json[dict[str, Any]] | None = None
 
+    return PipelineVariables
+
+
+def _mapping_source_class(BaseSettings: Any, EnvSettingsSource: Any) -> Any:
+    """pydantic-settings' environment source, reading a given mapping instead of os.environ."""
+
     class MappingSource(EnvSettingsSource):
         """pydantic-settings' environment source over a given mapping (os.environ, or a test's), values
         stripped: a variable of blanks is unset too."""
@@ -283,7 +294,7 @@ def _variables_model() -> tuple[Any, Any]:
             return {name if self.case_sensitive else name.lower(): value for name, value in stripped
                     if value or not self.env_ignore_empty}
 
-    return PipelineVariables, MappingSource
+    return MappingSource
 
 
 def check_window_minutes(minutes: int) -> None:
