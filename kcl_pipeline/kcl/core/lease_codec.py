@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, Callable, Mapping, TypeGuard
+from typing import Any, Callable, Iterable, Mapping, TypeGuard
 
 from .lease_rules import (
     CLAIM_ATTRIBUTE,
@@ -201,10 +201,40 @@ def _int(item: Mapping[str, dict], name: str, key: str, default: int = 0) -> int
         raise LeaseItemInvalid(f"lease {key}: attribute {name} should be an integer, got {value!r}") from None
 
 
+def entity_type(item: Mapping[str, Any]) -> str | None:
+    """The item's `entityType` (Java's DynamoDBLeaseSerializer writes `LEASE` on every lease it creates; KCL
+    3.5 keeps its other entities in the lease table under their own types); None when the item has none."""
+    attribute = item.get("entityType")
+    return attribute.get("S") if isinstance(attribute, Mapping) else None
+
+
+def is_lease_item(item: Mapping[str, Any]) -> bool:
+    """Java's rule (DynamoDBLeaseSerializer.fromDynamoRecord): an item without `entityType`, or with `LEASE`, is
+    a lease; anything else is another entity sharing the table."""
+    return "entityType" not in item or entity_type(item) == LEASE_ENTITY_TYPE
+
+
+class LeaseScan(list):
+    """The leases of one scan of the lease table (a list of Lease), with what else the scan met: `entities`,
+    the items of other types KCL 3.5 keeps in the same table (its migration state, the leader lock, worker
+    metrics: as read, never written back), and `skipped`, the keys of items that are no readable lease (a
+    corrupt item is skipped and logged, as Java's DynamoDBLeaseRefresher does, instead of failing the scan)."""
+
+    def __init__(self, leases: Iterable[Lease] = (), entities: Iterable[dict] = (),
+                 skipped: Iterable[str] = ()) -> None:
+        super().__init__(leases)
+        self.entities: tuple[dict, ...] = tuple(entities)
+        self.skipped: tuple[str, ...] = tuple(skipped)
+
+
+def scan_entities(leases: Any) -> tuple[dict, ...] | None:
+    """The non-lease items a scan met (`LeaseScan.entities`); None when the list came from elsewhere."""
+    return getattr(leases, "entities", None)
+
+
 def lease_from_item(item: Mapping[str, dict]) -> Lease | None:
     """A lease from its item; None for the other entities KCL 3.x keeps in the same table."""
-    entity = item.get("entityType")
-    if entity is not None and entity.get("S") != LEASE_ENTITY_TYPE:
+    if not is_lease_item(item):
         return None
     key = _typed(item, "leaseKey", "S", "?")
     if not key:

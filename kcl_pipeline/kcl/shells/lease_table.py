@@ -30,6 +30,8 @@ from botocore.exceptions import (
 from ..core.lease_codec import (
     OWNER_INDEX,
     OWNER_INDEX_NAME,
+    LeaseItemInvalid,
+    LeaseScan,
     LeaseTableError,
     LeaseTableMissing,
     LeaseTableUnavailable,
@@ -43,6 +45,7 @@ from ..core.lease_codec import (
     finish_handoff_write,
     heartbeat_write,
     initiate_handoff_write,
+    is_lease_item,
     item_key,
     lease_from_item,
     owner_index_active,
@@ -83,6 +86,7 @@ class LeaseTable:
         self.wait_timeout = wait_timeout
         self.scan_page_size = scan_page_size  # Scan Limit; None lets DynamoDB fill 1 MB pages
         self.ambiguous_writes = 0  # writes whose outcome had to be read back (lost responses)
+        self.corrupt_items = 0  # items scans skipped: no readable lease (logged)
         self.has_owner_index = False  # set by ensure_table
 
     # -- table lifecycle ----------------------------------------------------------------------------
@@ -156,20 +160,34 @@ class LeaseTable:
 
     # -- reads ---------------------------------------------------------------------------------------
 
-    def scan(self) -> list[Lease]:
-        """Every lease (consistent read, all pages); other KCL 3.x entities are skipped."""
+    def scan(self) -> LeaseScan:
+        """Every lease (consistent read, all pages). Other KCL 3.x entities are not leases: the scan keeps them
+        apart (`LeaseScan.entities`). An item that is no readable lease (corrupt, half-written by another tool)
+        is skipped and logged, as Java's DynamoDBLeaseRefresher skips it, rather than failing every cycle of
+        every consumer: its key is in `LeaseScan.skipped` and `corrupt_items` counts it."""
         leases: list[Lease] = []
+        entities: list[dict] = []
+        skipped: list[str] = []
         request: dict[str, Any] = {"TableName": self.table_name, "ConsistentRead": True}
         if self.scan_page_size:
             request["Limit"] = self.scan_page_size
         while True:
             page = self._call("scan", **request)
             for item in page.get("Items", []):
-                lease = lease_from_item(item)
+                if not is_lease_item(item):
+                    entities.append(item)
+                    continue
+                try:
+                    lease = lease_from_item(item)
+                except LeaseItemInvalid as exc:
+                    self.corrupt_items += 1
+                    skipped.append(str(item.get("leaseKey", {}).get("S", "?")))
+                    log.error("lease table %s: skipping an item that is no readable lease: %s", self.table_name, exc)
+                    continue
                 if lease is not None:
                     leases.append(lease)
             if not page.get("LastEvaluatedKey"):
-                return leases
+                return LeaseScan(leases, entities, skipped)
             request["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
     def get(self, key: str) -> Lease | None:
