@@ -69,7 +69,10 @@ class InitialPosition:
         return cls(AT_TIMESTAMP, int(dt.timestamp() * 1000))
 
     def checkpoint(self) -> Checkpoint:
-        return Checkpoint(self.kind, self.timestamp_ms or 0)
+        """The checkpoint a new lease is created with, as Java KCL writes it (HierarchicalShardSyncer): the
+        sentinel with sub-sequence 0. AT_TIMESTAMP's timestamp is never stored in the lease; a reader takes it
+        from the application's configuration (`timestamp_ms`), as Java's IteratorBuilder does."""
+        return Checkpoint(self.kind, 0)
 
 
 @dataclass(frozen=True)

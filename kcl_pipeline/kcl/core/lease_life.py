@@ -83,7 +83,7 @@ from .effects import (
 from .lease_codec import LeaseTableError, LeaseTableMissing, LeaseTableUnavailable
 from .lease_hold import LeaseHold, LeaseTiming, Outcome
 from .lease_rules import CLAIM_ATTRIBUTE, HANDOFF_ATTRIBUTE
-from .model import Checkpoint, Lease, Shard
+from .model import AT_TIMESTAMP, Checkpoint, Lease, Shard
 from .planner import blocked_on_parents, child_leases_on_end
 
 # -- settings and results -----------------------------------------------------------------------------
@@ -171,11 +171,30 @@ def heartbeats_continue(hold: LeaseHold) -> bool:
     return hold.lost is None and not hold.ended
 
 
-def start_position(checkpoint: Checkpoint, landed: Checkpoint | None) -> Checkpoint:
+class AtTimestampUnknown(ValueError):
+    """A lease starts AT_TIMESTAMP, and no timestamp is configured: reading it from anywhere would be a guess."""
+
+
+def start_position(checkpoint: Checkpoint, landed: Checkpoint | None,
+                   at_timestamp_ms: int | None = None) -> Checkpoint:
     """Where reading starts: after the lease checkpoint, or after the last record the processor says it
-    already has (a landing processor's last landed record) when that is later."""
+    already has (a landing processor's last landed record) when that is later.
+
+    A lease at AT_TIMESTAMP starts at the application's configured timestamp (`at_timestamp_ms`), as Java's
+    IteratorBuilder takes it from the initial position: Java writes the sentinel with sub-sequence 0, so the
+    item holds no timestamp (reading its 0 as epoch millis would read the whole retention). Without a configured
+    timestamp, a positive sub-sequence is the timestamp an earlier version of this consumer stored there;
+    with neither, AtTimestampUnknown."""
     if landed is not None and (checkpoint.is_starting_sentinel or landed.key() > checkpoint.key()):
         return landed
+    if checkpoint.sequence_number == AT_TIMESTAMP:
+        timestamp = at_timestamp_ms if at_timestamp_ms is not None else checkpoint.sub_sequence_number or None
+        if timestamp is None:
+            raise AtTimestampUnknown(
+                "the lease starts AT_TIMESTAMP (as Java KCL writes it, without the timestamp) and this consumer "
+                "has no AT_TIMESTAMP initial position: configure --initial-position AT_TIMESTAMP --timestamp, the "
+                "timestamp of the application that created the lease")
+        return Checkpoint(AT_TIMESTAMP, timestamp)
     return checkpoint
 
 
@@ -497,7 +516,8 @@ def _heartbeat_locked(pending: Checkpoint | None) -> Generator[LifeEffect, Any, 
 
 
 __all__ = [
-    "LeaseLost", "Life", "LifeOutcome", "LifeResult", "LifeSettings", "asked_to_hand_off", "finished_end",
-    "finished_release", "flush_pending", "handoff_timeout", "heartbeat_once", "heartbeats_continue", "lease_life",
-    "may_write", "reinstated", "renewed", "start_position", "wait_between_polls_for_end", "write_checkpoint",
+    "AtTimestampUnknown", "LeaseLost", "Life", "LifeOutcome", "LifeResult", "LifeSettings", "asked_to_hand_off",
+    "finished_end", "finished_release", "flush_pending", "handoff_timeout", "heartbeat_once", "heartbeats_continue",
+    "lease_life", "may_write", "reinstated", "renewed", "start_position", "wait_between_polls_for_end",
+    "write_checkpoint",
 ]

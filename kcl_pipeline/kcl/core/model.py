@@ -33,7 +33,9 @@ def sequence_key(sequence_number: str) -> tuple[int, str]:
 class Checkpoint:
     """An extended sequence number: a sequence (or sentinel) and a KPL sub-sequence.
 
-    For AT_TIMESTAMP the sub-sequence holds the epoch millis of the timestamp (Java KCL's convention).
+    In the lease table AT_TIMESTAMP carries sub-sequence 0 (as Java KCL writes it); the timestamp is the
+    application's configuration. A reader's *start position* AT_TIMESTAMP carries that timestamp in epoch
+    millis as its sub-sequence (`lease_life.start_position` puts it there).
     """
 
     sequence_number: str

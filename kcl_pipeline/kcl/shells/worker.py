@@ -376,8 +376,9 @@ class LeaseWorker:
 
     def _start_position(self, lease: Lease) -> Checkpoint:
         resume = getattr(self.processor, "resume_position", None)
-        start = life.start_position(lease.checkpoint, resume() if resume else None)
-        if start != lease.checkpoint:
+        start = life.start_position(lease.checkpoint, resume() if resume else None,
+                                    self.config.initial_position.timestamp_ms)
+        if start != lease.checkpoint and not start.is_starting_sentinel:
             log.info("%s: resuming after the last landed record %s (lease checkpoint %s)",
                      self.lease_key, start, lease.checkpoint)
         return start
