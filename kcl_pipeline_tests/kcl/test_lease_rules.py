@@ -33,8 +33,9 @@ def test_acquire_passes_when_exactly_as_observed_and_moves_the_counter_on(owner)
     after = rules.acquire(before, "w2", owner, 7)
     assert after.lease_owner == "w2" and after.lease_counter == 8  # observed + 1, never reset to 1
     assert after.owner_switches_since_checkpoint == before.owner_switches_since_checkpoint + 1
-    # Java handover fields removed; unknown ones, throughput and children preserved.
-    assert after.extra == {"progress": "kept", "throughputKBps": 3}
+    # The hand-off in flight removed (Java's take deletes checkpointOwner); Java's prepared checkpoint kept for
+    # the next owner's processor (Java's take keeps pendingCheckpoint); unknown ones, throughput, children kept.
+    assert after.extra == {"pendingCheckpoint": "5", "progress": "kept", "throughputKBps": 3}
     assert after.child_shard_ids == ("c1",)
     assert after.checkpoint == before.checkpoint
     assert before.lease_owner == owner and "pendingCheckpoint" in before.extra  # input untouched

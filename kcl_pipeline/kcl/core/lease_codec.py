@@ -24,8 +24,8 @@ from typing import Any, Callable, Iterable, Mapping, TypeGuard
 from .lease_rules import (
     CLAIM_ATTRIBUTE,
     HANDOFF_ATTRIBUTE,
-    JAVA_HANDOVER_ATTRIBUTES,
     LEASE_ATTRIBUTES,
+    PENDING_CHECKPOINT_ATTRIBUTES,
     UNSETTLED_ATTRIBUTE,
     check_throughput,
 )
@@ -300,8 +300,10 @@ def checkpoint_condition(cp: Checkpoint) -> tuple[str, dict[str, dict]]:
     return (_CHECKPOINT_CONDITION_NO_SUB if cp.sub_sequence_number > 0 else CHECKPOINT_CONDITION), values
 
 
-# What every checkpoint-moving write sets (values :seq, :sub from `checkpoint_condition`, :zero).
+# What every checkpoint-moving write sets (values :seq, :sub from `checkpoint_condition`, :zero), and removes:
+# Java's setCheckpoint clears the prepared checkpoint.
 _CHECKPOINT_SETS = ("checkpoint = :seq", "checkpointSubSequenceNumber = :sub", "ownerSwitchesSinceCheckpoint = :zero")
+_PENDING_REMOVES = ", ".join(PENDING_CHECKPOINT_ATTRIBUTES)
 
 
 def _advancing_checkpoint(cp: Checkpoint, what: str, hint: str = "") -> tuple[str, dict[str, dict]]:
@@ -366,7 +368,8 @@ def acquire_write(key: str, new_owner: str, observed_owner: str | None, observed
     else:
         owner_condition = "leaseOwner = :seen"
         values[":seen"] = {"S": observed_owner}
-    removes = f" REMOVE {', '.join((*JAVA_HANDOVER_ATTRIBUTES, UNSETTLED_ATTRIBUTE))}"
+    # Java's take deletes checkpointOwner and keeps pendingCheckpoint* (the next owner's processor gets them).
+    removes = f" REMOVE {HANDOFF_ATTRIBUTE}, {UNSETTLED_ATTRIBUTE}"
     sets = "leaseOwner = :new, leaseCounter = :next"
     if claim is not None:
         sets += f", {CLAIM_ATTRIBUTE} = :claim"
@@ -425,10 +428,12 @@ def finish_handoff_write(key: str, holder: str, counter: int, checkpoint: Checkp
     values: dict[str, dict] = {":holder": {"S": holder}, ":mine": {"N": str(counter)},
                                ":next": {"N": str(counter + 1)}, ":SHARD_END": _SHARD_END}
     sets = ["leaseCounter = :next"]
+    removes = HANDOFF_ATTRIBUTE
     condition = f"{HANDOFF_ATTRIBUTE} = :holder AND leaseCounter = :mine AND checkpoint <> :SHARD_END"
     if checkpoint is not None:
         cp_condition, cp_values = _advancing_checkpoint(checkpoint, "a hand-off checkpoint")
         sets += _CHECKPOINT_SETS
+        removes += f", {_PENDING_REMOVES}"
         values.update(cp_values)
         condition = f"{HANDOFF_ATTRIBUTE} = :holder AND leaseCounter = :mine AND {cp_condition}"
 
@@ -437,7 +442,7 @@ def finish_handoff_write(key: str, holder: str, counter: int, checkpoint: Checkp
                 and (checkpoint is None or not checkpoint_advances(seen.checkpoint, checkpoint)))
 
     return Write("update_item", key, {
-        "Key": item_key(key), "UpdateExpression": "SET " + ", ".join(sets) + f" REMOVE {HANDOFF_ATTRIBUTE}",
+        "Key": item_key(key), "UpdateExpression": "SET " + ", ".join(sets) + f" REMOVE {removes}",
         "ConditionExpression": condition, "ExpressionAttributeValues": values}, judge)
 
 
@@ -471,6 +476,7 @@ def heartbeat_write(key: str, owner: str, counter: int, extra: Mapping[str, Any]
     if checkpoint is not None:
         cp_condition, cp_values = _advancing_checkpoint(checkpoint, "heartbeat checkpoint")
         sets += _CHECKPOINT_SETS
+        removes += list(PENDING_CHECKPOINT_ATTRIBUTES)
         values.update(cp_values)
         condition = f"{_HELD} AND {cp_condition}"
     update = "SET " + ", ".join(sets)
@@ -496,7 +502,7 @@ def checkpoint_write(key: str, cp: Checkpoint, *, unless_held_by_another: str | 
         condition = f"{condition} AND ({_FREE} OR leaseOwner = :me)"
         values = {**values, ":NULL": {"S": "NULL"}, ":me": {"S": unless_held_by_another}}
     return Write("update_item", key, {
-        "Key": item_key(key), "UpdateExpression": "SET " + ", ".join(_CHECKPOINT_SETS),
+        "Key": item_key(key), "UpdateExpression": "SET " + ", ".join(_CHECKPOINT_SETS) + f" REMOVE {_PENDING_REMOVES}",
         "ConditionExpression": condition, "ExpressionAttributeValues": values},
         lambda seen: seen is not None and seen.checkpoint == cp)
 
@@ -518,7 +524,8 @@ def end_write(key: str, owner: str | None = None, counter: int | None = None) ->
         return seen is not None and seen.is_ended and (counter is None or seen.lease_counter == counter + 1)
 
     return Write("update_item", key, {
-        "Key": item_key(key), "UpdateExpression": update + " REMOVE leaseOwner", "ConditionExpression": condition,
+        "Key": item_key(key), "UpdateExpression": update + f" REMOVE leaseOwner, {_PENDING_REMOVES}",
+        "ConditionExpression": condition,
         "ExpressionAttributeValues": values}, judge)
 
 

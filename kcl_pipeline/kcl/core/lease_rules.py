@@ -14,7 +14,7 @@ process under the same worker id — fails its next write. Only the ownerless ch
 
     create      PutItem     attribute_not_exists(leaseKey)
     acquire     UpdateItem  SET leaseOwner = :new, leaseCounter = :observed + 1
-                            ADD ownerSwitchesSinceCheckpoint :one  REMOVE <JAVA_HANDOVER_ATTRIBUTES>
+                            ADD ownerSwitchesSinceCheckpoint :one  REMOVE checkpointOwner (pendingCheckpoint* kept)
                             if leaseCounter = :observed AND checkpoint <> :SHARD_END AND
                                (leaseOwner = :seen, or free when none was seen)
     heartbeat   UpdateItem  SET leaseCounter = :mine + 1 [, <progress>] [, <checkpoint>]
@@ -30,6 +30,9 @@ process under the same worker id — fails its next write. Only the ownerless ch
                             if leaseOwner = :me AND leaseCounter = :mine
     delete      DeleteItem  if leaseCounter = :observed
 
+Every write that moves the checkpoint (a checkpoint, SHARD_END) also removes pendingCheckpoint*, as Java's
+setCheckpoint does.
+
 CHECKPOINT_ADVANCES: checkpoint <> SHARD_END and (a starting sentinel, or (length, lexicographic) of the
 sequence is smaller, or equal sequence and a smaller sub-sequence — a missing sub-sequence reads as 0).
 """
@@ -41,15 +44,18 @@ from typing import Any, Mapping, TypeGuard
 
 from .model import SHARD_END, Checkpoint, Lease, checkpoint_advances
 
-# Java KCL's graceful-handover state; a new owner clears it so that no peer acts on another owner's
-# half-finished handover. `childShardIds` and `throughputKBps` are not handover state: they are kept.
-HANDOFF_ATTRIBUTE = "checkpointOwner"  # set while a KCL 3.x graceful hand-off is in flight
-JAVA_HANDOVER_ATTRIBUTES = (
-    "checkpointOwner",
+# KCL 3.x's graceful hand-off in flight; a take removes it (Java's getDynamoTakeLeaseUpdate deletes
+# checkpointOwner), so that no peer acts on another owner's half-finished hand-off.
+HANDOFF_ATTRIBUTE = "checkpointOwner"
+# Java's two-phase checkpoint (prepareCheckpoint): a take keeps it — Java hands it to the next owner's
+# processor (InitializationInput's pending checkpoint; here `InitializationInput.extra`) — and a checkpoint
+# clears it (Java's setCheckpoint), as does SHARD_END. `childShardIds` and `throughputKBps` are kept by both.
+PENDING_CHECKPOINT_ATTRIBUTES = (
     "pendingCheckpoint",
     "pendingCheckpointSubSequenceNumber",
     "pendingCheckpointState",
 )
+JAVA_HANDOVER_ATTRIBUTES = (HANDOFF_ATTRIBUTE, *PENDING_CHECKPOINT_ATTRIBUTES)
 
 # Written by a release that comes before the releasing worker's wait after a cold steal ended: the holder it
 # stole from may still be delivering, so the next owner waits one expiry before delivering, as the stealer
@@ -113,7 +119,7 @@ def acquire(lease: Lease | None, new_owner: str, observed_owner: str | None, obs
         return None
     if lease.lease_owner != observed_owner:
         return None
-    extra = {k: v for k, v in lease.extra.items() if k not in JAVA_HANDOVER_ATTRIBUTES and k != UNSETTLED_ATTRIBUTE}
+    extra = {k: v for k, v in lease.extra.items() if k not in (HANDOFF_ATTRIBUTE, UNSETTLED_ATTRIBUTE)}
     if claim is not None:
         extra[CLAIM_ATTRIBUTE] = claim
     return _copy(
@@ -191,8 +197,13 @@ def heartbeat(lease: Lease | None, owner: str, counter: int, attributes: Mapping
         extra[THROUGHPUT_ATTRIBUTE] = throughput_kbps
     changes: dict[str, Any] = {"lease_counter": counter + 1, "extra": extra}
     if checkpoint is not None:
-        changes.update(checkpoint=checkpoint, owner_switches_since_checkpoint=0)
+        changes.update(checkpoint=checkpoint, owner_switches_since_checkpoint=0, extra=without_pending(extra))
     return _copy(lease, **changes)
+
+
+def without_pending(extra: Mapping[str, Any]) -> dict[str, Any]:
+    """The attributes a checkpoint leaves: Java's setCheckpoint clears the prepared (pending) checkpoint."""
+    return {k: v for k, v in extra.items() if k not in PENDING_CHECKPOINT_ATTRIBUTES}
 
 
 def checkpoint(lease: Lease | None, new: Checkpoint) -> Lease | None:
@@ -204,7 +215,7 @@ def checkpoint(lease: Lease | None, new: Checkpoint) -> Lease | None:
         raise ValueError(f"checkpoint takes a sequence number, not {new.sequence_number} (use end() for SHARD_END)")
     if lease is None or not checkpoint_advances(lease.checkpoint, new):
         return None
-    return _copy(lease, checkpoint=new, owner_switches_since_checkpoint=0)
+    return _copy(lease, checkpoint=new, owner_switches_since_checkpoint=0, extra=without_pending(lease.extra))
 
 
 def end(lease: Lease | None, owner: str | None = None, counter: int | None = None) -> Lease | None:
@@ -224,7 +235,7 @@ def end(lease: Lease | None, owner: str | None = None, counter: int | None = Non
             return None
         changes["lease_counter"] = counter + 1
     return _copy(lease, checkpoint=Checkpoint(SHARD_END, lease.checkpoint.sub_sequence_number),
-                 lease_owner=None, owner_switches_since_checkpoint=0, **changes)
+                 lease_owner=None, owner_switches_since_checkpoint=0, extra=without_pending(lease.extra), **changes)
 
 
 def release(lease: Lease | None, owner: str, counter: int, unsettled: bool = False) -> Lease | None:
