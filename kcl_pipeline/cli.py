@@ -583,15 +583,23 @@ def landing() -> None:
 @click.option("--application", default=None,
               help="Cross-check the consumer's lease table (starting positions, landing progress, checkpoints).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object (per stream and shard), for scripts.")
+@click.option("--sweep-temporaries", is_flag=True,
+              help="First remove what killed writers left in the zone (temporary files, incomplete multipart "
+                   "uploads) older than 6 hours.")
 @aws_options
 @progress_option
 @friendly_errors
-def landing_verify(zone, window, stream, shard, deep, application, as_json, region, endpoint_url, progress):
+def landing_verify(zone, window, stream, shard, deep, application, as_json, sweep_temporaries, region, endpoint_url,
+                   progress):
     """Per-shard chain status, row counts, gaps and overlaps. Exit 1 on a gap, an overlap, or (with
     --application) a chain that does not start at a starting position or falls short of the lease table."""
+    from .landing.store import open_store
     from .landing.verify import verify_zone
 
     aws = _settings(region, endpoint_url)
+    if sweep_temporaries:
+        swept = open_store(zone, aws).sweep_temporaries()
+        click.echo(f"swept {len(swept)} leftovers of killed writers" + "".join(f"\n  {k}" for k in swept), err=True)
     leases = None
     if application:
         from .kcl.shells.aws import client

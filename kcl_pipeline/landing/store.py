@@ -15,17 +15,30 @@ all go through it (the Spark data sources too: an S3 store built from `S3Options
 client, and each executor builds its own). Other writes: `put` replaces an object whole (manifests,
 commits), `upload` streams a large object (S3 multipart, or a temporary file renamed into place) so a
 writer never holds the whole object in memory, and neither leaves a partial object under its key.
+
+A third store, `MemoryZoneStore` (`memory://<name>`), keeps objects in this process with the same contract
+(one contract test suite runs against all three): tests and the simulation use it.
+
+Versions: `list_versions` gives each object a tag that changes whenever the object is replaced (S3's ETag; a
+file's inode, size and modification time; the memory store's write counter), so a reader that cached what it
+learnt from an object (the audit's index) knows when to read it again.
+
+Leftovers of killed writers (a directory's `.tmp` files, S3's incomplete multipart uploads) are invisible to
+every reader; `sweep_temporaries` removes those older than a writer can take (`STALE_TEMPORARY_SECONDS`).
 """
 from __future__ import annotations
 
 import errno
 import os
 import random
+import re
 import shutil
+import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, fields
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
@@ -43,6 +56,7 @@ from .errors import LandingError, ZoneAccessError, ZoneNotFoundError, ZoneUnavai
 from .layout import Zone
 
 TEMP_SUFFIX = ".tmp"
+_TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.[0-9a-f]{32}\.tmp$")  # `.<object name>.<uuid4 hex>.tmp`
 _ACCESS_CODES = frozenset({"AccessDenied", "403", "AllAccessDisabled", "InvalidAccessKeyId",
                            "SignatureDoesNotMatch", "AccountProblem", "InvalidToken", "ExpiredToken"})
 _MISSING_BUCKET_CODES = frozenset({"NoSuchBucket", "404", "NotFound"})
@@ -57,6 +71,20 @@ _CONFLICT_BACKOFF_SECONDS = 0.05
 UPLOAD_PART_BYTES = 8 * 1024 * 1024
 _MIN_PART_BYTES = 5 * 1024 * 1024
 _DELETE_BATCH = 1000  # DeleteObjects takes at most 1000 keys
+# A writer holds its temporary (or multipart upload) for one object's write; one far older was left by a writer
+# that was killed. Six hours leaves any real write (a transform task streaming a large file) alone.
+STALE_TEMPORARY_SECONDS = 6 * 3600
+MEMORY_SCHEME = "memory://"
+
+
+@dataclass(frozen=True)
+class ObjectVersion:
+    """One listed object: its key, size, and a tag that changes whenever the object is replaced ("" when the
+    store cannot tell: such an object is always read again)."""
+
+    key: str
+    size: int
+    tag: str
 
 
 @dataclass(frozen=True)
@@ -203,6 +231,11 @@ class ZoneStore(ABC):
         """Every object key under `prefix`, in key order."""
         return (key for key, _size in self.list_objects(prefix))
 
+    def list_versions(self, prefix: str) -> Iterator[ObjectVersion]:
+        """Every object under `prefix` with its version tag, in key order (the stores below all know their
+        tags; a store that does not says "" and its objects are never taken as unchanged)."""
+        return (ObjectVersion(key, size, "") for key, size in self.list_objects(prefix))
+
     @abstractmethod
     def list_dirs(self, prefix: str) -> list[str]:
         """The names of the 'directories' directly under `prefix` (which ends with '/' or is empty)."""
@@ -240,7 +273,13 @@ class ZoneStore(ABC):
         """Remove these objects (missing ones are fine)."""
 
     def delete_prefix(self, prefix: str) -> None:
+        """Remove every object under `prefix`; an object that cannot be removed is an error naming it."""
         self.delete(list(self.list_keys(prefix)))
+
+    def sweep_temporaries(self, prefix: str = "", older_than_seconds: float = STALE_TEMPORARY_SECONDS) -> list[str]:
+        """Remove what killed writers left under `prefix` (never visible to readers) when older than
+        `older_than_seconds`; returns what was removed. A writer still at work is younger and left alone."""
+        return []
 
     def local_path(self, key: str) -> str | None:
         """A filesystem path for `key` when the store is a directory (lets pyarrow read in place)."""
@@ -249,10 +288,13 @@ class ZoneStore(ABC):
 
 def open_store(zone: Zone | str, aws: AwsSettings | None = None, *, s3_client=None,
                s3: S3Options | None = None, what: str = "landing zone") -> ZoneStore:
-    """The store for a URI: `s3://bucket/prefix` or a local directory (path or file:// URI).
+    """The store for a URI: `s3://bucket/prefix`, `memory://name` (this process's memory) or a local directory
+    (path or file:// URI).
 
     S3 clients: `s3_client` as given; else from `s3` (picklable: executors rebuild the client); else from
     `aws` (AwsSettings, the consumer's client settings)."""
+    if isinstance(zone, str) and zone.startswith(MEMORY_SCHEME):
+        return MemoryZoneStore(zone[len(MEMORY_SCHEME):], what=what)
     zone = zone if isinstance(zone, Zone) else Zone.parse(zone)
     if zone.scheme == "s3":
         if s3_client is None and s3 is None:
@@ -337,19 +379,22 @@ class LocalZoneStore(ZoneStore):
         return created
 
     def list_objects(self, prefix: str) -> Iterator[tuple[str, int]]:
+        return ((v.key, v.size) for v in self.list_versions(prefix))
+
+    def list_versions(self, prefix: str) -> Iterator[ObjectVersion]:
         self._check_root()
         # A prefix is a directory ("a/b/") or a name stem ("a/b/c"): walk the directory that holds it.
         head = prefix.rpartition("/")[0]
         top = self._path(head + "/x").parent if head else self.root
-        found: list[tuple[str, int]] = []
+        found: list[ObjectVersion] = []
         try:
             self._walk(top, head + "/" if head else "", prefix, found)
         except OSError as exc:
             raise self._fail(exc, f"list {prefix!r}") from exc
-        found.sort()
+        found.sort(key=lambda v: v.key)
         return iter(found)
 
-    def _walk(self, directory: Path, rel: str, prefix: str, out: list[tuple[str, int]]) -> None:
+    def _walk(self, directory: Path, rel: str, prefix: str, out: list[ObjectVersion]) -> None:
         try:
             entries = list(os.scandir(directory))
         except (FileNotFoundError, NotADirectoryError):
@@ -363,9 +408,11 @@ class LocalZoneStore(ZoneStore):
                     self._walk(Path(entry.path), key + "/", prefix, out)
             elif key.startswith(prefix):
                 try:
-                    out.append((key, entry.stat().st_size))
+                    st = entry.stat()
                 except FileNotFoundError:
                     continue  # removed while listing
+                # A replaced object is a new file (a renamed temporary or a new link): a new inode and mtime.
+                out.append(ObjectVersion(key, st.st_size, f"{st.st_ino}-{st.st_mtime_ns}-{st.st_size}"))
 
     def list_dirs(self, prefix: str) -> list[str]:
         self._check_root()
@@ -460,9 +507,47 @@ class LocalZoneStore(ZoneStore):
         if prefix.endswith("/"):
             path = self._path(prefix + "x").parent
             if path.is_dir():
-                shutil.rmtree(path, ignore_errors=True)
+                # Everything under the directory goes, temporaries too; what cannot be removed is an error
+                # naming it (ignoring it would leave objects a caller believes gone).
+                def failed(_function, failed_path, exc_info) -> None:
+                    exc = exc_info[1]
+                    if isinstance(exc, FileNotFoundError):
+                        return  # removed meanwhile (another writer's cleanup)
+                    where = os.path.relpath(failed_path, self.root)
+                    raise self._fail(exc, f"delete {where} (deleting {prefix!r})") from exc
+
+                shutil.rmtree(path, onerror=failed)
             return
         super().delete_prefix(prefix)
+
+    def sweep_temporaries(self, prefix: str = "", older_than_seconds: float = STALE_TEMPORARY_SECONDS) -> list[str]:
+        self._check_root()
+        head = prefix.rpartition("/")[0]
+        top = self._path(head + "/x").parent if head else self.root
+        cutoff = time.time() - older_than_seconds
+        removed: list[str] = []
+        for directory, dirs, files in os.walk(top):
+            rel_dir = os.path.relpath(directory, self.root)
+            rel_dir = "" if rel_dir == "." else rel_dir.replace(os.sep, "/") + "/"
+            dirs[:] = [d for d in dirs
+                       if (rel_dir + d + "/").startswith(prefix) or prefix.startswith(rel_dir + d + "/")]
+            for name in files:
+                # Only this store's temporaries (a hidden file of another kind is not ours to remove), of an
+                # object under the prefix.
+                match = _TEMP_NAME.match(name)
+                if match is None or not (rel_dir + match["name"]).startswith(prefix):
+                    continue
+                path = os.path.join(directory, name)
+                try:
+                    if os.stat(path).st_mtime >= cutoff:
+                        continue  # a writer may still be at work
+                    os.unlink(path)
+                except FileNotFoundError:
+                    continue  # its writer finished (renamed or removed it) meanwhile
+                except OSError as exc:
+                    raise self._fail(exc, f"remove the temporary {rel_dir}{name}") from exc
+                removed.append(rel_dir + name)
+        return sorted(removed)
 
     def local_path(self, key: str) -> str | None:
         return str(self._path(key))
@@ -630,12 +715,57 @@ class S3ZoneStore(ZoneStore):
             for obj in page.get("Contents", ()):
                 yield self._relative(obj["Key"]), int(obj["Size"])
 
+    def list_versions(self, prefix: str) -> Iterator[ObjectVersion]:
+        for page in self._pages(prefix):
+            for obj in page.get("Contents", ()):
+                # The ETag is the content's digest (of its parts' digests for a multipart upload): a replaced
+                # object with other content has another one.
+                yield ObjectVersion(self._relative(obj["Key"]), int(obj["Size"]), str(obj.get("ETag") or ""))
+
+    def sweep_temporaries(self, prefix: str = "", older_than_seconds: float = STALE_TEMPORARY_SECONDS) -> list[str]:
+        """Abort the multipart uploads under `prefix` begun more than `older_than_seconds` ago (a killed
+        writer's parts, invisible to readers but stored; a bucket lifecycle rule does the same)."""
+        full = self.zone.full_key(prefix) if prefix else (self.zone.root + "/" if self.zone.root else "")
+        cutoff = datetime.now(timezone.utc) - timedelta(seconds=older_than_seconds)
+        removed: list[str] = []
+        try:
+            for page in self.client.get_paginator("list_multipart_uploads").paginate(Bucket=self.bucket,
+                                                                                    Prefix=full):
+                for upload in page.get("Uploads", ()):
+                    if upload["Initiated"] >= cutoff or self._sent_part_since(upload, cutoff):
+                        continue  # a writer may still be at work
+                    try:
+                        self.client.abort_multipart_upload(Bucket=self.bucket, Key=upload["Key"],
+                                                           UploadId=upload["UploadId"])
+                    except ClientError as exc:
+                        if exc.response.get("Error", {}).get("Code") == "NoSuchUpload":
+                            continue  # completed or aborted meanwhile
+                        raise
+                    removed.append(f"{self._relative(upload['Key'])} (upload {upload['UploadId']})")
+        except Exception as exc:
+            raise self._error(exc, f"sweep the incomplete uploads under {prefix!r}") from exc
+        return sorted(removed)
+
     def list_dirs(self, prefix: str) -> list[str]:
         names = []
         for page in self._pages(prefix, Delimiter="/"):
             for common in page.get("CommonPrefixes", ()):
                 names.append(self._relative(common["Prefix"])[len(prefix):].rstrip("/"))
         return sorted(names)
+
+    def _sent_part_since(self, upload: Mapping[str, Any], cutoff: datetime) -> bool:
+        """Whether the upload's writer sent a part after `cutoff`: a long write (a large file streamed for hours)
+        is alive while parts keep coming, however long ago it began (emulators also misreport the start)."""
+        try:
+            for page in self.client.get_paginator("list_parts").paginate(Bucket=self.bucket, Key=upload["Key"],
+                                                                         UploadId=upload["UploadId"]):
+                if any(part["LastModified"] >= cutoff for part in page.get("Parts", ())):
+                    return True
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") == "NoSuchUpload":
+                return True  # completed or aborted meanwhile: nothing to sweep
+            raise
+        return False
 
     def put_if_absent(self, key: str, body: bytes) -> bool:
         full = self._full(key)
@@ -714,3 +844,139 @@ class S3ZoneStore(ZoneStore):
             if errors:
                 raise LandingError(f"{self.what} {self.uri}: could not delete {len(errors)} objects, "
                                    f"e.g. {errors[0].get('Key')} ({errors[0].get('Code')})")
+
+
+# -- memory --------------------------------------------------------------------------------------------------
+
+class _MemoryObjects:
+    """A memory zone's objects, shared by every store opened on its name in this process."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.objects: dict[str, tuple[bytes, int]] = {}  # key -> (body, version)
+        self.version = 0
+
+    def write(self, key: str, body: bytes, *, replace: bool) -> bool:
+        with self.lock:
+            if not replace and key in self.objects:
+                return False
+            self.version += 1
+            self.objects[key] = (bytes(body), self.version)
+            return True
+
+
+_MEMORY_ZONES: dict[str, _MemoryObjects] = {}
+_MEMORY_ZONES_LOCK = threading.Lock()
+
+
+class _MemoryUpload(Upload):
+    def __init__(self, store: "MemoryZoneStore", key: str) -> None:
+        super().__init__()
+        self.store, self.key = store, check_key(key, f"{store.what} {store.uri}")
+        store._objects()  # a missing zone fails here, as a directory's or a bucket's upload does
+        self.buffer = bytearray()
+
+    def _write(self, view: memoryview) -> None:
+        self.buffer += view
+
+    def _finish(self) -> None:
+        self.store._objects().write(self.key, bytes(self.buffer), replace=True)
+        self.buffer.clear()
+
+    def _discard(self) -> None:
+        self.buffer.clear()
+
+
+class MemoryZoneStore(ZoneStore):
+    """`memory://<name>`: objects in this process's memory, under the same contract as a directory and S3
+    (put-if-absent atomic, writes whole, listings in key order). Every store opened on one name shares its
+    objects, as processes share a bucket; it never crosses a process (pickling it is refused)."""
+
+    def __init__(self, name: str, what: str = "landing zone"):
+        if not name or "/" in name:
+            raise ValueError(f"memory zone name {name!r} must be non-empty, without '/'")
+        self.zone = Zone(f"{MEMORY_SCHEME}{name}", "memory", None, name)
+        self.what = what
+        self.name = name
+
+    def __getstate__(self):
+        raise TypeError(f"{self.what} {self.uri} lives in this process's memory and cannot be sent to another")
+
+    def _objects(self) -> _MemoryObjects:
+        zone = _MEMORY_ZONES.get(self.name)
+        if zone is None:
+            raise ZoneNotFoundError(f"{self.what} {self.uri}: memory zone {self.name!r} does not exist "
+                                    f"(create it, or ask for the zone to be created)")
+        return zone
+
+    def _key(self, key: str) -> str:
+        return check_key(key, f"{self.what} {self.uri}")
+
+    def ensure_zone(self, create: bool = False) -> bool:
+        with _MEMORY_ZONES_LOCK:
+            if self.name in _MEMORY_ZONES:
+                return False
+            if not create:
+                raise ZoneNotFoundError(f"{self.what} {self.uri}: memory zone {self.name!r} does not exist")
+            _MEMORY_ZONES[self.name] = _MemoryObjects()
+            return True
+
+    def drop(self) -> None:
+        """Forget the zone and its objects (tests)."""
+        with _MEMORY_ZONES_LOCK:
+            _MEMORY_ZONES.pop(self.name, None)
+
+    def _snapshot(self) -> dict[str, tuple[bytes, int]]:
+        zone = self._objects()
+        with zone.lock:
+            return dict(zone.objects)
+
+    def list_objects(self, prefix: str) -> Iterator[tuple[str, int]]:
+        return ((v.key, v.size) for v in self.list_versions(prefix))
+
+    def list_versions(self, prefix: str) -> Iterator[ObjectVersion]:
+        objects = self._snapshot()
+        return iter([ObjectVersion(k, len(body), str(version))
+                     for k, (body, version) in sorted(objects.items()) if k.startswith(prefix)])
+
+    def list_dirs(self, prefix: str) -> list[str]:
+        names = {k[len(prefix):].split("/", 1)[0] for k in self._snapshot()
+                 if k.startswith(prefix) and "/" in k[len(prefix):]}
+        return sorted(names)
+
+    def put_if_absent(self, key: str, body: bytes) -> bool:
+        return self._objects().write(self._key(key), body, replace=False)
+
+    def put(self, key: str, body: bytes) -> None:
+        self._objects().write(self._key(key), body, replace=True)
+
+    def upload(self, key: str, part_bytes: int = UPLOAD_PART_BYTES) -> Upload:
+        return _MemoryUpload(self, key)
+
+    def get(self, key: str) -> bytes:
+        body = self.get_optional(key)
+        if body is None:
+            raise LandingError(f"{self.what} {self.uri}: cannot read {key}: no such object")
+        return body
+
+    def get_optional(self, key: str) -> bytes | None:
+        zone = self._objects()
+        with zone.lock:
+            found = zone.objects.get(self._key(key))
+        return None if found is None else found[0]
+
+    def exists(self, key: str) -> bool:
+        zone = self._objects()
+        with zone.lock:
+            return self._key(key) in zone.objects
+
+    def get_tail(self, key: str, nbytes: int) -> tuple[bytes, int]:
+        body = self.get(key)
+        return body[max(0, len(body) - nbytes):], len(body)
+
+    def delete(self, keys: list[str]) -> None:
+        zone = self._objects()
+        checked = [self._key(k) for k in keys]
+        with zone.lock:
+            for key in checked:
+                zone.objects.pop(key, None)

@@ -44,3 +44,18 @@ def s3_zone(aws_settings, unique_name) -> TestZone:
 def any_zone(request) -> TestZone:
     """Both kinds of zone: the same behaviour is required of each."""
     return request.getfixturevalue(f"{request.param}_zone")
+
+
+@pytest.fixture
+def memory_zone(unique_name) -> TestZone:
+    uri = f"memory://{unique_name('zone')}"
+    store = open_store(uri)
+    store.ensure_zone(create=True)
+    yield TestZone(uri, store)
+    store.drop()  # type: ignore[attr-defined]
+
+
+@pytest.fixture(params=["local", "s3", "memory"])
+def every_store(request) -> TestZone:
+    """The three stores of landing/store.py (a directory, S3 on the moto server, memory): one contract."""
+    return request.getfixturevalue(f"{request.param}_zone")
