@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from .core.model import AT_TIMESTAMP, LATEST, TRIM_HORIZON, Checkpoint
-from .core.streams import STREAM_ARN_RE, stream_name
+from .core.streams import STREAM_ARN_RE, identifier_parts, is_stream_identifier, stream_name
 from .shells.aws import AwsSettings
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,255}")
@@ -29,10 +29,18 @@ class ConfigError(ValueError):
 
 
 def check_stream(stream: str) -> None:
-    """A stream is named by its name or, across accounts, by its ARN."""
+    """A stream is named by its name, across accounts by its ARN, or by a Java stream identifier
+    `<account>:<name>:<creationEpoch>` (its lease keys then carry that creation epoch and account, whatever
+    DescribeStreamSummary says: as a Java multi-stream application configures them)."""
     if stream.startswith("arn:"):
         if not STREAM_ARN_RE.fullmatch(stream):
             raise ConfigError(f"stream ARN {stream!r} is not arn:<partition>:kinesis:<region>:<account>:stream/<name>")
+    elif is_stream_identifier(stream):
+        try:
+            _account, name, _epoch = identifier_parts(stream)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        check_stream(name)
     elif not _NAME_RE.fullmatch(stream) or len(stream) > 128:
         raise ConfigError(f"stream {stream!r} must be 1-128 characters of letters, digits, '_', '.', '-' "
                           f"(or a stream ARN)")

@@ -24,14 +24,26 @@ SHARD_ID_ATTRIBUTE = "shardId"
 # arn:<partition>:kinesis:<region>:<account>:stream/<name> (any partition: aws, aws-cn, aws-us-gov, ...)
 STREAM_ARN_RE = re.compile(r"arn:[a-z-]+:kinesis:[a-z0-9-]+:\d{12}:stream/(?P<name>[A-Za-z0-9_.-]{1,128})")
 _ARN_ACCOUNT_RE = re.compile(r"arn:[a-z-]+:kinesis:[a-z0-9-]+:(?P<account>\d{12}):stream/")
-_IDENTIFIER_RE = re.compile(r"(?P<account>\d{12}):(?P<name>[A-Za-z0-9_.-]{1,128}):(?P<epoch>\d+)")
+# Java's StreamIdentifier.STREAM_IDENTIFIER_PATTERN: any run of digits for the account (not only AWS's 12), any
+# name without ':', a creation epoch > 0 — whatever the application configured, never checked against AWS.
+_IDENTIFIER_RE = re.compile(r"(?P<account>[0-9]+):(?P<name>[^:]+):(?P<epoch>[0-9]+)")
 
 
 
 def stream_name(stream: str) -> str:
-    """The stream's name, for a name or an ARN (the landing layout and logs use the name)."""
+    """The stream's name, for a name, an ARN or a stream identifier `<account>:<name>:<creationEpoch>` (the
+    landing layout and logs use the name)."""
     m = STREAM_ARN_RE.fullmatch(stream)
-    return m["name"] if m else stream
+    if m:
+        return m["name"]
+    return identifier_parts(stream)[1] if is_stream_identifier(stream) else stream
+
+
+def is_stream_identifier(stream: str) -> bool:
+    """Whether a configured stream is a Java stream identifier `<account>:<name>:<creationEpoch>` (as a Java
+    multi-stream application configures its streams: StreamIdentifier.multiStreamInstance) rather than a name
+    or an ARN."""
+    return not stream.startswith("arn:") and _IDENTIFIER_RE.fullmatch(stream) is not None
 
 
 class StreamRecreated(Exception):
@@ -41,10 +53,15 @@ class StreamRecreated(Exception):
 @dataclass(frozen=True)
 class StreamScope:
     """One stream of the application: how it is called (`stream`, a name or an ARN) and, for a multi-stream
-    application, its identifier `<account>:<name>:<creationEpoch>` (None: single-stream, key = shard id)."""
+    application, its identifier `<account>:<name>:<creationEpoch>` (None: single-stream, key = shard id).
+
+    `pinned`: the identifier is the application's (configured as `<account>:<name>:<creationEpoch>`, as Java's
+    multi-stream applications configure theirs): its creation epoch and account are used as given — never
+    compared with DescribeStreamSummary — so a fleet sharing the table with Java uses Java's keys."""
 
     stream: str
     identifier: str | None = None
+    pinned: bool = False
 
     @property
     def name(self) -> str:
@@ -92,11 +109,20 @@ def stream_identifier(summary: dict[str, Any]) -> str:
 
 
 def identifier_parts(identifier: str) -> tuple[str, str, int]:
-    """(account, stream name, creation epoch) of a stream identifier `<account>:<name>:<creationEpoch>`."""
+    """(account, stream name, creation epoch) of a stream identifier `<account>:<name>:<creationEpoch>`, as
+    Java's StreamIdentifier parses it (any digits for the account, a creation epoch > 0)."""
     match = _IDENTIFIER_RE.fullmatch(identifier)
     if match is None:
         raise ValueError(f"{identifier!r} is not a stream identifier (<account>:<name>:<creationEpoch>)")
+    if int(match["epoch"]) <= 0:
+        raise ValueError(f"{identifier!r}: a stream's creation epoch must be > 0 (Java's StreamIdentifier)")
     return match["account"], match["name"], int(match["epoch"])
+
+
+def pinned_scope(identifier: str) -> StreamScope:
+    """The scope of a stream configured by its identifier: the API calls it by name (in the client's account),
+    its lease keys carry the identifier exactly as configured."""
+    return StreamScope(identifier_parts(identifier)[1], identifier, pinned=True)
 
 
 def multi_stream_key(identifier: str, shard_id: str) -> str:
@@ -109,6 +135,8 @@ def parse_multi_stream_key(lease_key: str) -> tuple[str, str] | None:
     identifier, sep, shard_id = lease_key.rpartition(":")
     if not sep or not shard_id or _IDENTIFIER_RE.fullmatch(identifier) is None:
         return None
+    if int(identifier.rsplit(":", 1)[1]) <= 0:
+        return None  # Java refuses a creation epoch of 0: no lease of a multi-stream application has one
     return identifier, shard_id
 
 
@@ -145,11 +173,14 @@ def scope_of(streams: Iterable[str], lease_key: str) -> StreamScope:
     if parsed is None:
         if len(streams) > 1:
             raise ValueError(f"lease {lease_key} is not a multi-stream lease key")
-        return StreamScope(streams[0])
+        return StreamScope(stream_name(streams[0]) if is_stream_identifier(streams[0]) else streams[0])
     identifier = parsed[0]
     name = identifier_parts(identifier)[1]
     for stream in streams:
-        if stream_name(stream) == name:
+        if is_stream_identifier(stream):
+            if stream == identifier:
+                return pinned_scope(stream)
+        elif stream_name(stream) == name:
             return StreamScope(stream, identifier)
-    raise ValueError(f"lease {lease_key} names stream {name}, which is not one of this consumer's streams "
+    raise ValueError(f"lease {lease_key} names stream {identifier}, which is not one of this consumer's streams "
                      f"({', '.join(streams)})")

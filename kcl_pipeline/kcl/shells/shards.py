@@ -14,7 +14,7 @@ from botocore.exceptions import ClientError, HTTPClientError
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from ..core.model import Shard
-from ..core.streams import StreamScope, stream_identifier
+from ..core.streams import StreamScope, is_stream_identifier, pinned_scope, stream_identifier, stream_name
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +72,11 @@ def _call(kinesis: Any, stream: str, operation: str, fn: Callable[..., dict], **
 
 
 def _stream_kwargs(stream: str) -> dict[str, str]:
-    # Both names and ARNs are accepted everywhere a stream is named.
-    return {"StreamARN": stream} if stream.startswith("arn:") else {"StreamName": stream}
+    # Names, ARNs and stream identifiers (<account>:<name>:<creationEpoch>: called by name) are accepted
+    # everywhere a stream is named.
+    if stream.startswith("arn:"):
+        return {"StreamARN": stream}
+    return {"StreamName": stream_name(stream)}
 
 
 def list_shards(kinesis: Any, stream: str) -> list[Shard]:
@@ -93,7 +96,11 @@ def list_shards(kinesis: Any, stream: str) -> list[Shard]:
 
 
 def stream_scope(kinesis: Any, stream: str) -> StreamScope:
-    """The stream as a multi-stream application names it (its identifier carries its creation time)."""
+    """The stream as a multi-stream application names it (its identifier carries its creation time): the one
+    the application configured (`<account>:<name>:<creationEpoch>`, as Java's applications do; no call), else
+    from DescribeStreamSummary."""
+    if is_stream_identifier(stream):
+        return pinned_scope(stream)
     return StreamScope(stream, stream_identifier(describe_stream_summary(kinesis, stream)))
 
 

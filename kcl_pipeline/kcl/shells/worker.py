@@ -360,7 +360,7 @@ class LeaseWorker:
         lease = effect.lease
         scope = self.scope
         shard_id = scope.shard_id(self.lease_key)
-        if scope.identifier is not None and stream_scope(self.kinesis, scope.stream) != scope:
+        if scope.identifier is not None and not scope.pinned and stream_scope(self.kinesis, scope.stream) != scope:
             # The stream was deleted and re-created: its shard ids repeat, but this lease's checkpoint is of
             # the old stream. Fail (the lease is released); the new stream's leases carry its new creation time.
             raise StreamRecreated(f"stream {scope.name} is no longer {scope.identifier} (deleted or re-created): "
