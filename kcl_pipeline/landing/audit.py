@@ -4,33 +4,40 @@ Three checks per window [t0, t1), the same for the Dagster asset checks and `kcl
 
 * chain     every shard's batches form an unbroken chain (no gap, no overlap, no unreadable object), and
             the first one follows on from the shard's last batch of the previous window when it has one;
-* counts    landed rows = transformed rows + duplicates dropped + quarantined rows, from the landing zone
-            and the output's manifests (and, when given, the transform's own report agrees); a window with
-            landed rows and no output is fine while its transform may still be on its way, and a failure
-            once the window ended more than the transform grace ago (a stalled pipeline is never green);
-* checkpoints  no committed checkpoint reaches into a window that has not materialised, and SHARD_END only
-            where the shard's last record is landed and every earlier window materialised (except the one
+* counts    landed rows = transformed rows + duplicates dropped + quarantined rows, over the batches the
+            window's commit names, from the landing zone and the commit (and, when given, the transform's own
+            report agrees); a batch the commit names that the zone no longer holds is a loss; a window (or a
+            batch landed after its run) not transformed is fine while its transform may still be on its way,
+            and a failure once the window ended more than the transform grace ago (a stalled pipeline is
+            never green);
+* checkpoints  no committed checkpoint reaches into a batch its window's commit does not name, and SHARD_END
+            only where the shard's last record is landed and every earlier window materialised (except the one
             holding its last record: see checkpoint_plan.py); no checkpoint is past the last landed record.
 
-A window has materialised when its output partition has a committed manifest (the transform's output is the
-source of truth; the Dagster asset checks see the same). The output layout is the transform's contract:
-`<output>/transformed/window=<YYYYMMDDTHHMMSSZ>/_manifest.json` and the same under `quarantine/`.
+A window has materialised when its commit (`<output>/_commits/window=<YYYYMMDDTHHMMSSZ>.json`, written last
+by the transform: docs/transform-commits.md) exists, and then only for the batches it names — what the
+checkpoint plan trusts, so the audit judges by the same object. The per-dataset `_manifest.json` files prove
+nothing on their own: a run that deleted the commit and failed leaves them in place.
+
+`audit_window` audits chosen windows (the asset checks, `kcl-pipeline audit --window`); the whole history
+is audited incrementally by `audit_history.py` (`kcl-pipeline audit`).
 """
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Collection, Iterable, Mapping, Sequence
 
 from ..kcl.core.model import Checkpoint, Lease
 from ..kcl.shells.aws import AwsSettings
-from .errors import ZoneNotFoundError
+from ..transform.manifest import COMMITS, CommitFormatError, WindowCommit, commit_key, is_commit_key
+from .batch import BatchInfo, read_batch_info
+from .errors import CorruptBatchError, ZoneNotFoundError
 from .layout import BatchKey
 from .progress import ShardProgress, progress_from_leases
 from .store import ZoneStore, open_store
-from .verify import ChainReport, list_batches, verify_batches
+from .verify import ChainReport, list_batches, verify_batches, verify_chain
 
 TRANSFORMED = "transformed"
 QUARANTINE = "quarantine"
@@ -46,8 +53,22 @@ def output_partition(window_start_ms: int) -> str:
 
 @dataclass(frozen=True)
 class OutputCounts:
+    """A window's committed output: its rows, and the landed batch keys its run read (None: the caller asserts
+    the whole window, as pure tests do)."""
+
     transformed_rows: int
     quarantined_rows: int
+    batches: frozenset[str] | None = None
+
+    @classmethod
+    def from_commit(cls, commit: WindowCommit, where: str) -> "OutputCounts":
+        """The rows the commit records for both datasets; a commit without them is a CommitFormatError."""
+        try:
+            rows = [int(commit.datasets[name]["rows"]) for name in (TRANSFORMED, QUARANTINE)]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CommitFormatError(f"{where}: no row count for the {TRANSFORMED} and {QUARANTINE} datasets "
+                                    f"({type(exc).__name__}: {exc})") from exc
+        return cls(rows[0], rows[1], commit.batches)
 
 
 @dataclass(frozen=True)
@@ -129,11 +150,19 @@ def check_chain(t0: int, t1: int, reports: Mapping[str, ChainReport],
 
 
 def check_counts(t0: int, t1: int, landed_rows: int, duplicate_rows: int, output: OutputCounts | None,
-                 transform: Mapping[str, int] | None = None, overdue_ms: int | None = None) -> CheckOutcome:
-    """landed = transformed + duplicates + quarantined. `transform`: the transform's own report (rows_in,
-    rows_out, duplicates_dropped, quarantined), checked against the zone and the manifests when given.
+                 transform: Mapping[str, int] | None = None, overdue_ms: int | None = None, *,
+                 late: Sequence[str] = (), missing: Sequence[str] = (), unreadable: Sequence[str] = (),
+                 output_error: str | None = None) -> CheckOutcome:
+    """landed = transformed + duplicates + quarantined. With a commit (`output`), `landed_rows` and
+    `duplicate_rows` count the batches it names; `missing`: the ones the zone no longer holds (their records are
+    lost); `unreadable`: the ones whose rows cannot be counted; `late`: batches of the window it does not name
+    (landed after its run). `output_error`: the window's commit could not be read. `transform`: the transform's
+    own report (rows_in, rows_out, duplicates_dropped, quarantined), checked against the zone and the commit.
     `overdue_ms`: how long past its deadline (window end + transform grace) the window is, when it is."""
     meta: dict[str, Any] = {"landed_rows": landed_rows, "duplicate_rows": duplicate_rows}
+    if output_error is not None:
+        summary = f"the window's commit cannot be read: {output_error}"
+        return CheckOutcome("counts", t0, t1, False, summary, (summary,), meta)
     if output is None:
         if overdue_ms is not None and landed_rows:
             summary = (f"{landed_rows} rows landed and never transformed: the window's transform is "
@@ -142,10 +171,17 @@ def check_counts(t0: int, t1: int, landed_rows: int, duplicate_rows: int, output
                                                                              overdue_ms // 1000})
         return CheckOutcome("counts", t0, t1, True, f"{landed_rows} rows landed; window not transformed yet",
                             (), meta)
-    meta.update(transformed_rows=output.transformed_rows, quarantined_rows=output.quarantined_rows)
-    accounted = output.transformed_rows + duplicate_rows + output.quarantined_rows
+    meta.update(transformed_rows=output.transformed_rows, quarantined_rows=output.quarantined_rows,
+                late_batches=len(late), missing_batches=len(missing))
     problems = []
-    if accounted != landed_rows:
+    if missing:
+        problems.append(f"the window's commit names {len(missing)} batches the zone no longer holds (their records "
+                        f"are lost): {', '.join(sorted(missing)[:5])}" + (" …" if len(missing) > 5 else ""))
+    if unreadable:
+        problems.append(f"{len(unreadable)} batches the commit names cannot be read, their rows not counted: "
+                        f"{', '.join(sorted(unreadable)[:5])}" + (" …" if len(unreadable) > 5 else ""))
+    accounted = output.transformed_rows + duplicate_rows + output.quarantined_rows
+    if accounted != landed_rows and not (missing or unreadable):
         problems.append(f"landed {landed_rows} != transformed {output.transformed_rows} + duplicates "
                         f"{duplicate_rows} + quarantined {output.quarantined_rows} (= {accounted})")
     if transform is not None:
@@ -154,14 +190,30 @@ def check_counts(t0: int, t1: int, landed_rows: int, duplicate_rows: int, output
         for name, value in expected.items():
             if name in transform and int(transform[name]) != value:
                 problems.append(f"the transform reported {name}={transform[name]}, the zone and output say {value}")
+    pending = ""
+    if late:
+        names = ", ".join(sorted(late)[:5]) + (" …" if len(late) > 5 else "")
+        if overdue_ms is not None:
+            problems.append(f"{len(late)} batches landed after the window's run and were never transformed: the "
+                            f"window is {overdue_ms / 1000:.0f}s past its deadline (window end + transform "
+                            f"grace): {names}")
+            meta["overdue_seconds"] = overdue_ms // 1000
+        else:
+            pending = f"; {len(late)} batches landed after its run, to be transformed by a new run: {names}"
     summary = (f"landed {landed_rows} = transformed {output.transformed_rows} + duplicates {duplicate_rows} "
-               f"+ quarantined {output.quarantined_rows}") if not problems else "; ".join(problems)
+               f"+ quarantined {output.quarantined_rows}{pending}") if not problems else "; ".join(problems)
     return CheckOutcome("counts", t0, t1, not problems, summary, tuple(problems), meta)
 
 
 def check_checkpoints(t0: int, t1: int, batches: Sequence[BatchKey], leases: Iterable[Lease],
-                      progress: Mapping[str, ShardProgress], materialised: bool) -> CheckOutcome:
-    """`batches`: the window's landed batches (every shard); `materialised`: the window's output exists."""
+                      progress: Mapping[str, ShardProgress], materialised: bool | Collection[str]) -> CheckOutcome:
+    """`batches`: the window's landed batches (every shard); `materialised`: the batch keys its commit names
+    (True: the whole window, False: none) — a checkpoint may reach only through batches that are named."""
+    named = None if isinstance(materialised, bool) else frozenset(materialised)
+
+    def covered(b: BatchKey) -> bool:
+        return materialised is True if named is None else b.key() in named
+
     by_shard: dict[str, list[BatchKey]] = {}
     for b in batches:
         by_shard.setdefault(b.shard_id, []).append(b)
@@ -178,38 +230,44 @@ def check_checkpoints(t0: int, t1: int, batches: Sequence[BatchKey], leases: Ite
         first = min(mine, key=lambda b: b.first.key()).first
         last = max(mine, key=lambda b: b.last.key()).last
         details.append(f"{shard_id}: checkpoint {cp}; window holds {first}..{last}")
-        if materialised or cp.is_starting_sentinel:
+        open_batches = sorted((b for b in mine if not covered(b)), key=lambda b: b.first.key())
+        if not open_batches or cp.is_starting_sentinel:
             continue
         if cp.is_shard_end:
             holds_last = p is not None and p.landed is not None and first.key() <= p.landed.key() <= last.key()
             if not holds_last:
                 problems.append(f"{shard_id}: SHARD_END, but this window ({first}..{last}) has not materialised "
-                                f"and does not hold the shard's last record")
-        elif cp.key() >= first.key():
-            problems.append(f"{shard_id}: checkpoint {cp} reaches into this window ({first}..{last}), "
-                            f"which has not materialised")
-    state = "materialised" if materialised else "not materialised"
+                                f"(batch {open_batches[0].key()}) and does not hold the shard's last record")
+        elif cp.key() >= open_batches[0].first.key():
+            what = ("which has not materialised" if len(open_batches) == len(mine)
+                    else f"whose batch {open_batches[0].key()} its commit does not name")
+            problems.append(f"{shard_id}: checkpoint {cp} reaches into this window ({first}..{last}), {what}")
+    state = ("materialised" if materialised is True or (materialised is not False and not any(
+        not covered(b) for b in batches)) else "not materialised")
     summary = (f"window {state}; {len(by_shard)} shards, no checkpoint beyond materialised records"
                if not problems else "; ".join(problems))
     return CheckOutcome("checkpoints", t0, t1, not problems, summary, tuple(details + problems),
-                        {"materialised": materialised, "shards": len(by_shard), "violations": len(problems)})
+                        {"materialised": materialised is not False, "shards": len(by_shard),
+                         "violations": len(problems)})
 
 
 # -- I/O -----------------------------------------------------------------------------------------------------
 
 def read_output_counts(output: ZoneStore, window_start_ms: int) -> OutputCounts | None:
-    """Rows of the window's committed output (None when the window has no committed output)."""
-    counts = []
-    for dataset in (TRANSFORMED, QUARANTINE):
-        key = f"{dataset}/{output_partition(window_start_ms)}/{MANIFEST}"
-        try:
-            present = key in set(output.list_keys(key))
-        except ZoneNotFoundError:
-            return None
-        if not present:
-            return None
-        counts.append(int(json.loads(output.get(key))["rows"]))
-    return OutputCounts(*counts)
+    """The window's committed output (None when it has no commit, i.e. has not materialised). A commit that
+    cannot be read (truncated, not a window commit, no row counts) is a CommitFormatError naming the object."""
+    key = commit_key(window_start_ms)
+    try:
+        raw = output.get_optional(key)
+    except ZoneNotFoundError:
+        return None
+    if raw is None:
+        return None
+    where = f"{output.uri}/{key}"
+    commit = WindowCommit.from_json(raw, where)
+    if commit.window_start_ms != window_start_ms:
+        raise CommitFormatError(f"{where}: the commit of window {commit.window_start_ms}, not {window_start_ms}")
+    return OutputCounts.from_commit(commit, where)
 
 
 def missing_predecessors(store: ZoneStore, reports: Mapping[str, ChainReport]) -> dict[str, str]:
@@ -226,56 +284,102 @@ def _last_positions(batches: Iterable[BatchKey]) -> dict[str, Checkpoint]:
     return out
 
 
+def _read_infos(store: ZoneStore, batches: Sequence[BatchKey]) -> tuple[dict[str, BatchInfo], dict[str, str]]:
+    """Each batch's footer (key -> info), and the keys that could not be read (key -> why)."""
+    infos: dict[str, BatchInfo] = {}
+    corrupt: dict[str, str] = {}
+    for b in batches:
+        try:
+            infos[b.key()] = read_batch_info(store, b)
+        except CorruptBatchError as exc:
+            corrupt[b.key()] = str(exc)
+    return infos, corrupt
+
+
 def audit_window(store: ZoneStore, output: ZoneStore, stream: str, t0: int, t1: int, *,
                  leases: Sequence[Lease] | None = None, transform: Mapping[str, int] | None = None,
                  checks: Sequence[str] = CHECKS, now_ms: int | None = None,
                  transform_grace_ms: int = 0) -> list[CheckOutcome]:
     """Run `checks` for one window. `leases`: a lease-table snapshot (the checkpoints check needs it).
-    `now_ms`: the time of the audit; a window still untransformed `transform_grace_ms` after its end fails
-    the counts check (without `now_ms`, untransformed windows are never overdue)."""
+    `now_ms`: the time of the audit; a window (or a batch landed after its run) still untransformed
+    `transform_grace_ms` after the window's end fails the counts check (without `now_ms`, never overdue)."""
     unknown = set(checks) - set(CHECKS)
     if unknown:
         raise ValueError(f"unknown audit checks {sorted(unknown)}; known: {', '.join(CHECKS)}")
     batches = list_batches(store, stream, t0, t1)
     outcomes: list[CheckOutcome] = []
-    reports: dict[str, ChainReport] = {}  # read only when a check needs them
+    infos: dict[str, BatchInfo] = {}
+    corrupt: dict[str, str] = {}
     if "chain" in checks or "counts" in checks:
-        reports = verify_batches(store, batches)
-        if any(r.overlaps for r in reports.values()):
-            reports = verify_batches(store, batches, deep=True)  # count the rows landed twice
+        infos, corrupt = _read_infos(store, batches)
     if "chain" in checks:
+        reports = verify_chain(list(infos.values()), corrupt)
         previous = _last_positions(list_batches(store, stream, t0 - (t1 - t0), t0))
         outcomes.append(check_chain(t0, t1, reports, previous, missing_predecessors(store, reports)))
-    output_counts = read_output_counts(output, t0) if ("counts" in checks or "checkpoints" in checks) else None
+    output_counts: OutputCounts | None = None
+    output_error: str | None = None
+    if "counts" in checks or "checkpoints" in checks:
+        try:
+            output_counts = read_output_counts(output, t0)
+        except CommitFormatError as exc:
+            output_error = str(exc)  # the counts check fails naming it; nothing counts as materialised
     if "counts" in checks:
-        landed = sum(r.rows for r in reports.values())
-        duplicates = sum(r.duplicate_rows or 0 for r in reports.values())
         deadline = t1 + transform_grace_ms
         overdue = now_ms - deadline if now_ms is not None and now_ms >= deadline else None
-        outcomes.append(check_counts(t0, t1, landed, duplicates, output_counts, transform, overdue))
+        outcomes.append(_window_counts(store, t0, t1, batches, infos, corrupt, output_counts, output_error,
+                                       transform, overdue))
     if "checkpoints" in checks:
         if leases is None:
             outcomes.append(CheckOutcome("checkpoints", t0, t1, True, "no lease table given: not checked"))
         else:
-            outcomes.append(check_checkpoints(t0, t1, batches, leases, progress_from_leases(leases),
-                                              output_counts is not None))
+            named: bool | frozenset[str] = (False if output_counts is None else True if output_counts.batches is None
+                                            else output_counts.batches)
+            outcomes.append(check_checkpoints(t0, t1, batches, leases, progress_from_leases(leases), named))
     return outcomes
 
 
+def _window_counts(store: ZoneStore, t0: int, t1: int, batches: Sequence[BatchKey], infos: Mapping[str, BatchInfo],
+                   corrupt: Mapping[str, str], output: OutputCounts | None, output_error: str | None,
+                   transform: Mapping[str, int] | None, overdue: int | None) -> CheckOutcome:
+    """The counts check of one window from its batches' footers and its commit."""
+    held = {b.key(): b for b in batches}
+    named = set(held) if output is None or output.batches is None else set(output.batches)
+    counted = [held[k] for k in sorted(named & set(held))]
+    landed = sum(infos[b.key()].rows for b in counted if b.key() in infos)
+    duplicates = _duplicate_rows(store, counted)
+    if output is None:
+        return check_counts(t0, t1, landed, duplicates, None, transform, overdue, output_error=output_error)
+    return check_counts(t0, t1, landed, duplicates, output, transform, overdue,
+                        late=sorted(set(held) - named), missing=sorted(named - set(held)),
+                        unreadable=sorted(b.key() for b in counted if b.key() in corrupt))
+
+
+def _duplicate_rows(store: ZoneStore, batches: Sequence[BatchKey]) -> int:
+    """Rows landed twice among `batches`: read only when two of a shard's batch ranges overlap (never, for
+    fenced landing)."""
+    by_shard: dict[str, list[BatchKey]] = {}
+    for b in batches:
+        by_shard.setdefault(b.shard_id, []).append(b)
+    overlapping = [b for mine in by_shard.values() for b in mine if any(o is not b and o.overlaps(b) for o in mine)]
+    if not overlapping:
+        return 0
+    reports = verify_batches(store, overlapping, deep=True)
+    return sum(r.duplicate_rows or 0 for r in reports.values())
+
+
 def materialised_windows(output: ZoneStore) -> list[int]:
-    """Window starts (epoch millis) with a committed transformed partition, in order."""
+    """Window starts (epoch millis) with a commit, in order."""
     try:
-        names = output.list_dirs(f"{TRANSFORMED}/")
+        keys = [k for k in output.list_keys(f"{COMMITS}/") if is_commit_key(k)]
     except ZoneNotFoundError:
         return []
-    out = []
-    for name in names:
-        try:
-            start = datetime.strptime(name, "window=%Y%m%dT%H%M%SZ").replace(tzinfo=timezone.utc)
-        except ValueError:
-            continue
-        out.append(int(start.timestamp() * 1000))
-    return sorted(out)
+    return sorted(commit_window(k) for k in keys)
+
+
+def commit_window(key: str) -> int:
+    """The window start (epoch millis) a commit key names (`is_commit_key` holds)."""
+    start = datetime.strptime(key[len(COMMITS) + 1:-len(".json")], "window=%Y%m%dT%H%M%SZ")
+    return int(start.replace(tzinfo=timezone.utc).timestamp() * 1000)
 
 
 def landed_windows(store: ZoneStore, stream: str, window_ms: int, last: int) -> list[int]:

@@ -171,3 +171,23 @@ class ForwardingStore(ZoneStore):
 
     def get_tail(self, key, nbytes):
         return self.inner.get_tail(key, nbytes)
+
+
+def write_commit(output: ZoneStore, start_ms: int, end_ms: int, batches, transformed: int, quarantined: int,
+                 *, manifests: bool = True) -> None:
+    """What a transform run leaves for a window: each dataset's `_manifest.json`, then (last) the window's commit
+    naming `batches` (keys or BatchKeys) and both datasets' rows (docs/transform-commits.md)."""
+    import json
+    from datetime import datetime, timezone
+
+    from kcl_pipeline.transform.manifest import WindowCommit, commit_key
+
+    partition = f"window={datetime.fromtimestamp(start_ms / 1000, tz=timezone.utc):%Y%m%dT%H%M%SZ}"
+    datasets = {}
+    for dataset, rows in (("transformed", transformed), ("quarantine", quarantined)):
+        manifest = {"job_id": "job-1", "run": "run=job-1", "files": [], "rows": rows}
+        if manifests:
+            output.put(f"{dataset}/{partition}/_manifest.json", json.dumps(manifest).encode())
+        datasets[dataset] = manifest
+    keys = frozenset(b if isinstance(b, str) else b.key() for b in batches)
+    output.put(commit_key(start_ms), WindowCommit(start_ms, end_ms, "job-1", keys, datasets).to_json())

@@ -1,7 +1,6 @@
 """The lineage audit: each check passes and fails on purpose; the whole audit over a landed zone and an output."""
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
@@ -25,7 +24,7 @@ from kcl_pipeline.landing.sink import LandingProcessor
 from kcl_pipeline.landing.store import open_store
 from kcl_pipeline.landing.verify import ChainReport, Gap, list_batches
 
-from .helpers import SHARD, STREAM, T0, Clock, deliver, init, make_records, seq
+from .helpers import SHARD, STREAM, T0, Clock, deliver, init, make_records, seq, write_commit
 
 W = 2 * MINUTE_MS
 SHARD1 = "shardId-000000000001"
@@ -124,18 +123,17 @@ def landed(local_zone, tmp_path):
     return uri, store, str(out), records
 
 
-def write_output(out: str, start: int, transformed: int, quarantined: int) -> None:
-    for dataset, rows in (("transformed", transformed), ("quarantine", quarantined)):
-        path = os.path.join(out, dataset, output_partition(start))
-        os.makedirs(path, exist_ok=True)
-        with open(os.path.join(path, "_manifest.json"), "w") as f:
-            json.dump({"rows": rows, "files": []}, f)
+def write_output(out: str, start: int, transformed: int, quarantined: int, zone: str) -> None:
+    """A transform run's output for the window: dataset manifests, then the commit naming its landed batches."""
+    batches = list_batches(open_store(zone), STREAM, start, start + W)
+    write_commit(open_store(out), start, start + W, batches, transformed, quarantined)
 
 
 def test_audit_of_a_sound_window(landed):
     uri, store, out, records = landed
-    write_output(out, T0, 110, 10)  # the first 2-minute window: 2 shards x 60 records
-    assert read_output_counts(open_store(out), T0) == OutputCounts(110, 10)
+    write_output(out, T0, 110, 10, uri)  # the first 2-minute window: 2 shards x 60 records
+    assert read_output_counts(open_store(out), T0) == OutputCounts(110, 10, frozenset(
+        b.key() for b in list_batches(store, STREAM, T0, T0 + W)))
     assert read_output_counts(open_store(out), T0 + W) is None
     last = {s: r[59].checkpoint for s, r in records.items()}
     leases = [Lease(s, c, extra=ShardProgress(s, records[s][-1].checkpoint, T0).to_attributes())
@@ -152,7 +150,7 @@ def test_audit_of_a_sound_window(landed):
 
 def test_audit_finds_a_lost_batch_a_count_mismatch_and_an_early_checkpoint(landed):
     uri, store, out, records = landed
-    write_output(out, T0, 110, 9)
+    write_output(out, T0, 110, 9, uri)
     batches = sorted(list_batches(store, STREAM, T0, T0 + W, SHARD), key=lambda b: b.first.key())
     os.unlink(os.path.join(uri, batches[2].key()))
     too_far = Lease(SHARD1, records[SHARD1][70].checkpoint)  # in the second window, which has no output
@@ -174,7 +172,7 @@ def test_audit_counts_records_landed_twice(landed):
     dup = records[SHARD][5:9]
     batch = encode_batch(STREAM, SHARD, dup, records[SHARD][4].checkpoint)
     store.put_if_absent(batch.key.key(), batch.body)
-    write_output(out, T0, 110, 10)
+    write_output(out, T0, 110, 10, uri)
     counts, = audit_window(store, open_store(out), STREAM, T0, T0 + W, checks=["counts"])
     assert counts.ok and counts.metadata["duplicate_rows"] == 4 and counts.metadata["landed_rows"] == 124
     chain_check, = audit_window(store, open_store(out), STREAM, T0, T0 + W, checks=["chain"])
@@ -183,8 +181,8 @@ def test_audit_counts_records_landed_twice(landed):
 
 def test_audit_defaults_to_the_last_materialised_windows(landed):
     uri, store, out, _ = landed
-    write_output(out, T0, 110, 10)
-    write_output(out, T0 + W, 60, 0)
+    write_output(out, T0, 110, 10, uri)
+    write_output(out, T0 + W, 60, 0, uri)
     assert materialised_windows(open_store(out)) == [T0, T0 + W]
     report = audit(uri, out, STREAM, W, last=1)
     assert {o.window_start_ms for o in report.outcomes} == {T0 + W}
@@ -204,8 +202,8 @@ def test_a_window_landed_and_never_transformed_fails_the_audit_once_overdue(land
     failed = [o for o in stalled.outcomes if not o.ok]
     assert not stalled.ok and {(o.window_start_ms, o.check) for o in failed} == {(T0, "counts"), (T0 + W, "counts")}
     assert "never transformed" in failed[0].summary
-    write_output(out, T0, 110, 10)
-    write_output(out, T0 + W, 60, 0)
+    write_output(out, T0, 110, 10, uri)
+    write_output(out, T0 + W, 60, 0, uri)
     assert audit(uri, out, STREAM, W, now_ms=T0 + 2 * W + grace + 1, transform_grace_ms=grace).ok
 
 
