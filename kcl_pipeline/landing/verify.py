@@ -19,12 +19,23 @@ from typing import Callable, Iterable, Mapping, Sequence
 import pyarrow as pa
 
 from ..kcl.core.model import Checkpoint, Lease
+from ..kcl.core.streams import identifier_parts, parse_multi_stream_key, pinned_scope
 from ..kcl.shells.aws import AwsSettings
 from .batch import SCHEMA, BatchInfo, decode_batch, read_batch_info
 from .errors import CorruptBatchError
-from .layout import HOUR_MS, MINUTE_MS, BatchKey, minute_prefix, parse_batch_key, split_batch_keys, window_prefixes
+from .layout import (
+    HOUR_MS,
+    MINUTE_MS,
+    BatchKey,
+    minute_prefix,
+    parse_batch_key,
+    split_batch_keys,
+    stream_directory,
+    window_prefixes,
+)
 from .progress import progress_from_leases
 from .store import ZoneStore, open_store
+from .stream_slice import slice_of
 
 
 @dataclass(frozen=True)
@@ -250,14 +261,19 @@ def verify_batches(store: ZoneStore, batches: Iterable[BatchKey], *, deep: bool 
 
 
 def check_leases(chains: Mapping[str, ChainReport], leases: Iterable[Lease], *, whole_history: bool,
-                 missing_predecessors: Mapping[str, str] | None = None) -> list[str]:
+                 missing_predecessors: Mapping[str, str] | None = None,
+                 window: tuple[int, int] | None = None) -> list[str]:
     """Pure: the zone's chains against the lease table (starting positions, landing progress, checkpoints).
 
     Over the whole history a shard's chain must start at a starting position (TRIM_HORIZON, LATEST,
     AT_TIMESTAMP): a first batch that follows a sequence number means the batches before it are gone. Its
     end must reach what the lease's landing progress says was landed and what the checkpoint committed:
     a shorter chain means its last batches are gone. Progress is a hint for resuming, but a hint the zone
-    once confirmed, so the zone falling short of it is a loss."""
+    once confirmed, so the zone falling short of it is a loss.
+
+    Over a `window` (not the whole history) a shard's landing progress and checkpoint are usually in a later
+    window: the window's chain must reach them only when the last landed record arrived inside the window
+    (its arrival time rides with the progress); a checkpoint is always checked against the progress itself."""
     leases = list(leases)
     progress = progress_from_leases(leases)
     missing = missing_predecessors or {}
@@ -265,11 +281,21 @@ def check_leases(chains: Mapping[str, ChainReport], leases: Iterable[Lease], *, 
     for lease in sorted(leases, key=lambda x: x.lease_key):
         shard_id, cp = lease.lease_key, lease.checkpoint
         chain = chains.get(shard_id)
-        landed = progress[shard_id].landed if shard_id in progress else None
+        p = progress.get(shard_id)
+        landed = p.landed if p is not None else None
+        # Where the zone's end of the shard must be: anywhere (whole history), or in this window only when
+        # the last landed record arrived in it.
+        ends_here = whole_history or (window is not None and landed is not None and p is not None
+                                      and p.landed_arrival_ms is not None
+                                      and window[0] <= p.landed_arrival_ms < window[1])
+        if landed is not None and not cp.is_sentinel and cp.key() > landed.key():
+            problems.append(f"{shard_id}: checkpoint {cp} is past the lease's landing progress {landed}")
         if chain is None or chain.last is None:
-            if landed is not None:
-                problems.append(f"{shard_id}: the lease says {landed} was landed, the zone holds no batch of the shard")
-            elif not cp.is_sentinel:
+            if ends_here and landed is not None:
+                where = "" if whole_history else " in this window, where it arrived"
+                problems.append(f"{shard_id}: the lease says {landed} was landed, the zone holds no batch of the "
+                                f"shard{where}")
+            elif whole_history and not cp.is_sentinel:
                 problems.append(f"{shard_id}: checkpoint {cp}, but the zone holds no batch of the shard")
             continue
         if shard_id in missing:
@@ -279,12 +305,41 @@ def check_leases(chains: Mapping[str, ChainReport], leases: Iterable[Lease], *, 
         elif whole_history and chain.starts_after is not None and not chain.starts_after.is_starting_sentinel:
             problems.append(f"{shard_id}: the chain starts after {chain.starts_after}, not at a starting position "
                             f"(TRIM_HORIZON, LATEST or AT_TIMESTAMP): the shard's first batch is missing")
+        if not ends_here:
+            continue
+        last_batch = "the shard's last batch" if whole_history else "the window's last batch"
         if landed is not None and landed.key() > chain.last.key():
             problems.append(f"{shard_id}: the lease's landing progress says {landed} was landed, the zone ends at "
-                            f"{chain.last}: the shard's last batch is missing")
+                            f"{chain.last}: {last_batch} is missing")
         if not cp.is_sentinel and cp.key() > chain.last.key():
             problems.append(f"{shard_id}: checkpoint {cp} is past the zone's last landed record {chain.last}")
     return problems
+
+
+def leases_of_directory(directory: str, leases: Sequence[Lease]) -> list[Lease]:
+    """The leases of the stream landing in `directory`, named by shard id as the zone names them.
+
+    A single-stream application's lease keys are shard ids already. A multi-stream application's are
+    `<account>:<name>:<creationEpoch>:<shardId>` and its streams land in `<name>@<creationEpoch>`
+    (layout.stream_directory): the directory picks its incarnation's leases, renamed to shard ids (the lease
+    keys never match a shard directory). Pure: the directory says which incarnation, no Kinesis call."""
+    parsed = {lease.lease_key: parse_multi_stream_key(lease.lease_key) for lease in leases}
+    if not any(parsed.values()):
+        return list(leases)
+    name, at, epoch = directory.rpartition("@")
+    if not at or not epoch.isdigit():
+        incarnations = sorted({stream_directory(p[0]) for p in parsed.values() if p is not None
+                               and identifier_parts(p[0])[1] == directory})
+        raise ValueError(f"the lease table is a multi-stream application's: its streams land in one directory per "
+                         f"incarnation, <name>@<creationEpoch>; give --stream one of "
+                         f"{', '.join(incarnations) or '(none of ' + repr(directory) + ' in the lease table)'}")
+    identifiers = sorted({p[0] for p in parsed.values() if p is not None and stream_directory(p[0]) == directory})
+    if len(identifiers) > 1:
+        raise ValueError(f"directory {directory} is the incarnation of {', '.join(identifiers)} in the lease table "
+                         f"(one name, several accounts): cannot tell whose leases to cross-check")
+    if not identifiers:
+        return []
+    return slice_of(pinned_scope(identifiers[0]), leases, []).leases_by_shard_id()
 
 
 def verify_zone(uri: str, window: tuple[int, int] | str | None = None, *, stream: str | None = None,
@@ -317,17 +372,24 @@ def verify_zone(uri: str, window: tuple[int, int] | str | None = None, *, stream
         if listing.batches:
             report.streams[name] = verify_batches(store, listing.batches, deep=deep, on_batch=one_batch)
     if leases is not None:
-        if stream is None and len(streams) > 1:
+        multi_stream = any(parse_multi_stream_key(x.lease_key) for x in leases)
+        if stream is None and len(streams) > 1 and not multi_stream:
             raise ValueError(f"landing zone {store.uri} holds streams {', '.join(streams)}: give --stream to "
                              f"cross-check the lease table")
-        name = stream or (streams[0] if streams else "")
-        chains = report.streams.get(name, {})
-        if shard is not None:
-            leases = [x for x in leases if x.lease_key == shard]
-        missing = {s: r.starts_after_key for s, r in chains.items()
-                   if r.starts_after_key is not None and not store.exists(r.starts_after_key)}
-        report.lease_problems = check_leases(chains, leases, whole_history=span is None, missing_predecessors=missing)
-        report.leases_checked = len(leases)
+        # A multi-stream application's leases cross-check each incarnation directory verified; a single
+        # stream's, the stream.
+        names = streams if multi_stream and stream is None else [stream or (streams[0] if streams else "")]
+        report.leases_checked = 0
+        for name in names:
+            chains = report.streams.get(name, {})
+            mine = leases_of_directory(name, leases)
+            if shard is not None:
+                mine = [x for x in mine if x.lease_key == shard]
+            missing = {s: r.starts_after_key for s, r in chains.items()
+                       if r.starts_after_key is not None and not store.exists(r.starts_after_key)}
+            found = check_leases(chains, mine, whole_history=span is None, missing_predecessors=missing, window=span)
+            report.lease_problems += [f"{name}/{p}" if multi_stream else p for p in found]
+            report.leases_checked += len(mine)
     return report
 
 
