@@ -17,11 +17,12 @@ from itertools import pairwise
 from typing import Callable, Iterable, Mapping, Sequence
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from ..kcl.core.model import Checkpoint, Lease
 from ..kcl.core.streams import identifier_parts, parse_multi_stream_key, pinned_scope
 from ..kcl.shells.aws import AwsSettings
-from .batch import SCHEMA, BatchInfo, decode_batch, read_batch_info
+from .batch import SCHEMA, BatchInfo, decode_batch, info_from_metadata, read_batch_info
 from .errors import CorruptBatchError
 from .layout import (
     HOUR_MS,
@@ -229,35 +230,69 @@ def _deep_check(table: pa.Table, info: BatchInfo) -> list[str]:
     return problems
 
 
+@dataclass
+class _DeepShard:
+    """One shard's rows read so far (deep): only what a later batch could still duplicate is remembered."""
+
+    seen: set[tuple[int, str, int]] = field(default_factory=set)
+    duplicates: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def add(self, table: pa.Table, info: BatchInfo) -> None:
+        """Check a batch's rows and count those an earlier batch of the shard held. Batches come in order of
+        their first position, so a position below this batch's first cannot be repeated by it or any later
+        one: forgotten, so memory holds one batch's positions (and an overlap's), never the shard's."""
+        floor = info.key.first.key()
+        if self.seen:
+            self.seen = {p for p in self.seen if p >= floor}
+        self.errors += _deep_check(table, info)
+        seqs = table.column("sequence_number").to_pylist()
+        subs = table.column("sub_sequence_number").to_pylist()
+        for position in zip(map(len, seqs), seqs, subs, strict=True):
+            if position in self.seen:
+                self.duplicates += 1
+            else:
+                self.seen.add(position)
+
+
 def verify_batches(store: ZoneStore, batches: Iterable[BatchKey], *, deep: bool = False,
                    on_batch: Callable[[], None] | None = None) -> dict[str, ChainReport]:
+    """Per-shard chain reports of `batches` from their footers; `deep` also reads every row (one batch at a
+    time: a decoded batch is dropped once checked, so memory does not grow with the range)."""
     infos, corrupt = [], {}
-    tables: dict[str, list[tuple[pa.Table, BatchInfo]]] = {}
-    for b in batches:
+    shards: dict[str, _DeepShard] = {}
+    for b in sorted(batches, key=lambda k: (k.shard_id, k.first.key(), k.last.key())):
         try:
-            info = read_batch_info(store, b)
             if deep:
-                tables.setdefault(b.shard_id, []).append((decode_batch(store.get(b.key()), b.key()), info))
+                body = store.get(b.key())
+                info = _info_of_body(store, b, body)
+                shards.setdefault(b.shard_id, _DeepShard()).add(decode_batch(body, b.key()), info)
+                del body
+            else:
+                info = read_batch_info(store, b)
             infos.append(info)
         except CorruptBatchError as exc:
             corrupt[b.key()] = str(exc)
         if on_batch is not None:
             on_batch()
     reports = verify_chain(infos, corrupt)
-    if deep:
-        for shard_id, items in tables.items():
-            report = reports[shard_id]
-            seen: set[tuple[str, int]] = set()
-            dups = 0
-            for table, info in items:
-                report.row_errors += _deep_check(table, info)
-                for s, n in zip(table.column("sequence_number").to_pylist(),
-                                table.column("sub_sequence_number").to_pylist(), strict=True):
-                    if (s, n) in seen:
-                        dups += 1
-                    seen.add((s, n))
-            report.duplicate_rows = dups
+    for shard_id, deep_shard in shards.items():
+        reports[shard_id].row_errors += deep_shard.errors
+        reports[shard_id].duplicate_rows = deep_shard.duplicates
+    for shard_id in reports if deep else ():
+        if reports[shard_id].duplicate_rows is None:
+            reports[shard_id].duplicate_rows = 0  # every batch of the shard was unreadable: no row counted
     return reports
+
+
+def _info_of_body(store: ZoneStore, key: BatchKey, body: bytes) -> BatchInfo:
+    """The footer of a batch already read whole (deep): no second request."""
+    where = f"landing zone {store.uri}: object {key.key()}"
+    try:
+        metadata = pq.read_metadata(pa.BufferReader(body))
+    except Exception as exc:
+        raise CorruptBatchError(f"{where}: unreadable Parquet footer ({exc})") from exc
+    return info_from_metadata(metadata, key, len(body), where)
 
 
 def check_leases(chains: Mapping[str, ChainReport], leases: Iterable[Lease], *, whole_history: bool,
