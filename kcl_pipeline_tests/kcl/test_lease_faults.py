@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from kcl_pipeline.kcl.core.lease_codec import LeaseTableUnavailable
+from kcl_pipeline.kcl.core.lease_rules import CLAIM_OWNER_ATTRIBUTE
 from kcl_pipeline.kcl.core.model import SHARD_END, TRIM_HORIZON, Checkpoint, Lease
 from kcl_pipeline.kcl.shells.aws import AwsSettings, client
 from kcl_pipeline.kcl.shells.lease_table import LeaseTable
@@ -53,7 +54,8 @@ def test_acquire_whose_response_was_lost_is_reported_acquired(faulty):
 
 def test_heartbeat_and_checkpoint_whose_response_was_lost_are_reported_applied(faulty):
     table, direct, proxy = faulty
-    assert direct.create(Lease(KEY, Checkpoint("100"), "me", 5))
+    # Held by this protocol ("me" took it by our acquire): the pipeline's ownerless commit may write under it.
+    assert direct.create(Lease(KEY, Checkpoint("100"), "me", 5, extra={CLAIM_OWNER_ATTRIBUTE: "me"}))
     lose_next(proxy, "UpdateItem")
     assert table.heartbeat(KEY, "me", 5, {"landingX": 1}) is True
     lose_next(proxy, "UpdateItem")

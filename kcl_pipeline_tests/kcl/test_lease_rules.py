@@ -1,6 +1,8 @@
 """Pure lease transitions: each DynamoDB condition passing and failing, and what each write leaves."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from kcl_pipeline.kcl.core import lease_rules as rules
@@ -13,6 +15,11 @@ assert len(SEQ56) == 56
 def lease(cp="100", sub=0, owner="w1", counter=7, switches=2, **kw) -> Lease:
     return Lease("shardId-000000000001", Checkpoint(cp, sub), owner, counter, switches,
                  parent_shard_ids=("shardId-000000000000",), **kw)
+
+
+def ours(held: Lease) -> Lease:
+    """The lease as this protocol's acquire leaves it held: its owner wrote leaseClaimOwner."""
+    return replace(held, extra={**held.extra, rules.CLAIM_OWNER_ATTRIBUTE: held.lease_owner})
 
 
 # -- create ------------------------------------------------------------------------------------------
@@ -35,7 +42,8 @@ def test_acquire_passes_when_exactly_as_observed_and_moves_the_counter_on(owner)
     assert after.owner_switches_since_checkpoint == before.owner_switches_since_checkpoint + 1
     # The hand-off in flight removed (Java's take deletes checkpointOwner); Java's prepared checkpoint kept for
     # the next owner's processor (Java's take keeps pendingCheckpoint); unknown ones, throughput, children kept.
-    assert after.extra == {"pendingCheckpoint": "5", "progress": "kept", "throughputKBps": 3}
+    assert after.extra == {"pendingCheckpoint": "5", "progress": "kept", "throughputKBps": 3,
+                           rules.CLAIM_OWNER_ATTRIBUTE: "w2"}
     assert after.child_shard_ids == ("c1",)
     assert after.checkpoint == before.checkpoint
     assert before.lease_owner == owner and "pendingCheckpoint" in before.extra  # input untouched
@@ -117,7 +125,7 @@ def test_heartbeat_with_a_checkpoint_needs_it_to_advance():
     ],
 )
 def test_checkpoint_advances(current, new):
-    before = lease(*current)
+    before = ours(lease(*current))
     after = rules.checkpoint(before, Checkpoint(*new))
     assert after.checkpoint == Checkpoint(*new)
     assert after.owner_switches_since_checkpoint == 0
@@ -139,9 +147,17 @@ def test_checkpoint_never_regresses(current, new):
     assert rules.checkpoint(lease(*current), Checkpoint(*new)) is None
 
 
-def test_checkpoint_by_a_non_owner_is_allowed_and_missing_items_are_not_created():
-    assert rules.checkpoint(lease(owner="someone-else"), Checkpoint("200")).checkpoint == Checkpoint("200")
+def test_checkpoint_by_a_non_owner_is_allowed_under_this_protocols_holders_and_missing_items_are_not_created():
+    assert rules.checkpoint(ours(lease(owner="someone-else")), Checkpoint("200")).checkpoint == Checkpoint("200")
+    assert rules.checkpoint(lease(owner=None), Checkpoint("200")).checkpoint == Checkpoint("200")
     assert rules.checkpoint(None, Checkpoint("200")) is None
+
+
+def test_the_ownerless_checkpoint_and_end_never_write_under_a_java_holder():
+    java_held = lease(owner="java-worker", extra={rules.CLAIM_OWNER_ATTRIBUTE: "w1"})  # a Java take after ours
+    assert rules.checkpoint(java_held, Checkpoint("200")) is None
+    assert rules.end(java_held) is None
+    assert rules.end(lease(owner="java-worker"), "java-worker", 7) is not None  # a holder's own fenced end
 
 
 @pytest.mark.parametrize("sentinel", [SHARD_END, TRIM_HORIZON, LATEST, AT_TIMESTAMP])
@@ -154,7 +170,7 @@ def test_checkpoint_refuses_sentinels(sentinel):
 
 @pytest.mark.parametrize("owner", ["w1", "w2", None])
 def test_ownerless_end_leaves_the_counter_and_lets_the_lease_go(owner):
-    after = rules.end(lease(owner=owner, sub=3))
+    after = rules.end(ours(lease(owner=owner, sub=3)))
     assert after.checkpoint.is_shard_end and after.checkpoint.sub_sequence_number == 3
     assert after.lease_owner is None and after.owner_switches_since_checkpoint == 0
     assert after.lease_counter == 7
@@ -186,7 +202,7 @@ def test_a_release_before_a_steals_wait_ended_is_marked_unsettled_and_the_next_a
     after = rules.release(lease(), "w1", 7, unsettled=True)
     assert after.lease_owner is None and after.extra == {rules.UNSETTLED_ATTRIBUTE: True}
     assert rules.UNSETTLED_ATTRIBUTE not in rules.release(lease(), "w1", 7).extra
-    assert rules.acquire(after, "w2", None, 8).extra == {}
+    assert rules.acquire(after, "w2", None, 8).extra == {rules.CLAIM_OWNER_ATTRIBUTE: "w2"}
 
 
 def test_delete_is_conditional_on_the_observed_counter():

@@ -467,19 +467,22 @@ CHECKPOINT_CASES = [
 ]
 
 
+OURS = {rules.CLAIM_OWNER_ATTRIBUTE: "w1"}  # held by this protocol: its acquire wrote leaseClaimOwner
+
+
 @pytest.mark.parametrize("current, new, advances", CHECKPOINT_CASES)
 def test_checkpoint_moves_only_forward(table, current, new, advances):
-    assert table.create(lease(cp=current[0], sub=current[1], owner="w1", switches=3))
+    assert table.create(lease(cp=current[0], sub=current[1], owner="w1", switches=3, extra=OURS))
     assert table.checkpoint(KEY, Checkpoint(*new)) is advances
     after = table.get(KEY)
     if advances:
-        assert after == lease(cp=new[0], sub=new[1], owner="w1", switches=0)
+        assert after == lease(cp=new[0], sub=new[1], owner="w1", switches=0, extra=OURS)
     else:
-        assert after == lease(cp=current[0], sub=current[1], owner="w1", switches=3)
+        assert after == lease(cp=current[0], sub=current[1], owner="w1", switches=3, extra=OURS)
 
 
 def test_checkpoint_needs_no_ownership_and_never_creates(table):
-    assert table.create(lease(owner="someone-else"))
+    assert table.create(lease(owner="someone-else", extra={rules.CLAIM_OWNER_ATTRIBUTE: "someone-else"}))
     assert table.checkpoint(KEY, Checkpoint("101")) is True
     assert table.checkpoint("shardId-missing", Checkpoint("5")) is False
     assert raw(table, "shardId-missing") is None
@@ -488,10 +491,10 @@ def test_checkpoint_needs_no_ownership_and_never_creates(table):
 # -- end / release / delete ---------------------------------------------------------------------------
 
 def test_ownerless_end_is_final_frees_the_lease_and_leaves_the_counter(table):
-    assert table.create(lease(cp=SEQ56, sub=4, owner="w1", switches=2, extra={"keep": "me"}))
+    assert table.create(lease(cp=SEQ56, sub=4, owner="w1", switches=2, extra={"keep": "me", **OURS}))
     assert table.end(KEY) is True
     ended = table.get(KEY)
-    assert ended == lease(cp=SHARD_END, sub=4, owner=None, switches=0, extra={"keep": "me"})
+    assert ended == lease(cp=SHARD_END, sub=4, owner=None, switches=0, extra={"keep": "me", **OURS})
     assert table.checkpoint(KEY, Checkpoint(SEQ56_NEXT)) is False
     assert table.heartbeat(KEY, "w1", 7) is False
     assert table.get(KEY) == ended
@@ -683,11 +686,11 @@ def test_a_lost_workers_flushed_checkpoint_never_moves_under_another_holder(tabl
     """Found by the simulation: a worker that lost its lease flushed its processed checkpoint ownerless
     while a Java KCL peer, which had just taken the lease and read the older checkpoint, kept writing its
     own (fenced by its counter alone): the checkpoint went back. The flush now needs the lease free or
-    still ours; the pipeline's ownerless commit is unchanged."""
+    still ours; the pipeline's ownerless commit needs it free or held by this protocol (KCL 3.5 item 6)."""
     table.create(Lease("held", Checkpoint("100"), "java-peer", 5))
     assert not table.checkpoint("held", Checkpoint("200"), unless_held_by_another="me")
     assert table.get("held").checkpoint == Checkpoint("100")
-    assert table.checkpoint("held", Checkpoint("200"))  # the pipeline's commit, as before
+    assert not table.checkpoint("held", Checkpoint("200"))  # nor the pipeline's commit, under a Java holder
     table.create(Lease("free", Checkpoint("100"), None, 5))
     assert table.checkpoint("free", Checkpoint("200"), unless_held_by_another="me")
     table.create(Lease("mine", Checkpoint("100"), "me", 5))

@@ -116,7 +116,9 @@ def test_a_lost_response_after_an_applied_heartbeat_is_read_back_as_applied():
 @pytest.mark.parametrize("operation", ["acquire", "create", "checkpoint", "end", "release", "delete"])
 def test_every_write_whose_answer_was_lost_is_read_back_as_applied(operation):
     key = "shardId-000000000001"
-    lease = None if operation == "create" else Lease(key, Checkpoint("5"), "a", 3)
+    # Held by this protocol (its acquire wrote leaseClaimOwner): the ownerless checkpoint may write under it.
+    ours = {rules.CLAIM_OWNER_ATTRIBUTE: "a"}
+    lease = None if operation == "create" else Lease(key, Checkpoint("5"), "a", 3, extra=ours)
     table, service = _table(lease)
     table.client.faults = NetworkFaults(forced=["timeout", "ok"])
     applied = {"acquire": lambda: table.acquire(key, "b", "a", 3) is not None,

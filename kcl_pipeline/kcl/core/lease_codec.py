@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterable, Mapping, TypeGuard
 
 from .lease_rules import (
     CLAIM_ATTRIBUTE,
+    CLAIM_OWNER_ATTRIBUTE,
     HANDOFF_ATTRIBUTE,
     LEASE_ATTRIBUTES,
     PENDING_CHECKPOINT_ATTRIBUTES,
@@ -275,6 +276,9 @@ _SHARD_END = {"S": SHARD_END}
 
 # A free lease has no owner; Java may have written an explicit NULL, which also means free.
 _FREE = "(attribute_not_exists(leaseOwner) OR attribute_type(leaseOwner, :NULL))"
+# Free, or held by a holder of this protocol (lease_rules.CLAIM_OWNER_ATTRIBUTE): what an ownerless write needs.
+_OURS_OR_FREE = ("(attribute_not_exists(leaseOwner) OR attribute_type(leaseOwner, :NULL) "
+                 f"OR leaseOwner = {CLAIM_OWNER_ATTRIBUTE})")
 _HELD = "leaseOwner = :me AND leaseCounter = :mine"
 
 # The portable checkpoint condition: size() takes a path, so the new sequence's length is its own number
@@ -370,7 +374,7 @@ def acquire_write(key: str, new_owner: str, observed_owner: str | None, observed
         values[":seen"] = {"S": observed_owner}
     # Java's take deletes checkpointOwner and keeps pendingCheckpoint* (the next owner's processor gets them).
     removes = f" REMOVE {HANDOFF_ATTRIBUTE}, {UNSETTLED_ATTRIBUTE}"
-    sets = "leaseOwner = :new, leaseCounter = :next"
+    sets = f"leaseOwner = :new, leaseCounter = :next, {CLAIM_OWNER_ATTRIBUTE} = :new"
     if claim is not None:
         sets += f", {CLAIM_ATTRIBUTE} = :claim"
         values[":claim"] = {"S": claim}
@@ -496,11 +500,15 @@ def heartbeat_write(key: str, owner: str, counter: int, extra: Mapping[str, Any]
 
 def checkpoint_write(key: str, cp: Checkpoint, *, unless_held_by_another: str | None = None) -> Write:
     """The ownerless checkpoint: forward only, the counter untouched; with `unless_held_by_another`, only
-    while the lease is free or still shows that worker."""
+    while the lease is free or still shows that worker; without, only while it is free or held by this
+    protocol (never under a Java holder: lease_rules.CLAIM_OWNER_ATTRIBUTE)."""
     condition, values = _advancing_checkpoint(cp, "checkpoint", " (use end() for SHARD_END)")
     if unless_held_by_another is not None:
         condition = f"{condition} AND ({_FREE} OR leaseOwner = :me)"
         values = {**values, ":NULL": {"S": "NULL"}, ":me": {"S": unless_held_by_another}}
+    else:  # the pipeline's commit: never under a Java holder, whose next checkpoint would move it back
+        condition = f"{condition} AND {_OURS_OR_FREE}"
+        values = {**values, ":NULL": {"S": "NULL"}}
     return Write("update_item", key, {
         "Key": item_key(key), "UpdateExpression": "SET " + ", ".join(_CHECKPOINT_SETS) + f" REMOVE {_PENDING_REMOVES}",
         "ConditionExpression": condition, "ExpressionAttributeValues": values},
@@ -509,16 +517,19 @@ def checkpoint_write(key: str, cp: Checkpoint, *, unless_held_by_another: str | 
 
 def end_write(key: str, owner: str | None = None, counter: int | None = None) -> Write:
     """SHARD_END, the owner removed: the holder's fenced end with `owner` and `counter` (the counter moves
-    on), else the pipeline's ownerless end of an existing lease (the counter left alone)."""
+    on), else the pipeline's ownerless end of an existing lease that is free or held by this protocol (the
+    counter left alone)."""
     values: dict[str, dict] = {":SHARD_END": _SHARD_END, ":zero": _ZERO}
     update = "SET checkpoint = :SHARD_END, ownerSwitchesSinceCheckpoint = :zero"
-    condition = "attribute_exists(leaseKey)"
     if owner is not None and counter is not None:
         values.update({":me": {"S": owner}, ":mine": {"N": str(counter)}, ":next": {"N": str(counter + 1)}})
         update += ", leaseCounter = :next"
         condition = _HELD
     elif owner is not None or counter is not None:
         raise ValueError("a fenced end needs both the owner and the counter")
+    else:  # the pipeline's end: never under a Java holder, which renews without looking at leaseOwner
+        condition = f"attribute_exists(leaseKey) AND {_OURS_OR_FREE}"
+        values[":NULL"] = {"S": "NULL"}
 
     def judge(seen: Lease | None) -> bool:
         return seen is not None and seen.is_ended and (counter is None or seen.lease_counter == counter + 1)

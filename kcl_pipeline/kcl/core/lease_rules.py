@@ -13,7 +13,7 @@ process under the same worker id — fails its next write. Only the ownerless ch
 (which holds no lease) and SHARD_END written by it leave the counter alone.
 
     create      PutItem     attribute_not_exists(leaseKey)
-    acquire     UpdateItem  SET leaseOwner = :new, leaseCounter = :observed + 1
+    acquire     UpdateItem  SET leaseOwner = :new, leaseCounter = :observed + 1, leaseClaimOwner = :new
                             ADD ownerSwitchesSinceCheckpoint :one  REMOVE checkpointOwner (pendingCheckpoint* kept)
                             if leaseCounter = :observed AND checkpoint <> :SHARD_END AND
                                (leaseOwner = :seen, or free when none was seen)
@@ -22,16 +22,19 @@ process under the same worker id — fails its next write. Only the ownerless ch
                                [AND <CHECKPOINT_ADVANCES> when a checkpoint rides along]
     checkpoint  UpdateItem  SET checkpoint = :seq, checkpointSubSequenceNumber = :sub,
                                 ownerSwitchesSinceCheckpoint = :zero        (ownerless; counter untouched)
-                            if <CHECKPOINT_ADVANCES>
+                            if <CHECKPOINT_ADVANCES> AND <OURS_OR_FREE>
     end         UpdateItem  SET checkpoint = :SHARD_END, ownerSwitchesSinceCheckpoint = :zero
                                 [, leaseCounter = :mine + 1]  REMOVE leaseOwner
-                            holder: if leaseOwner = :me AND leaseCounter = :mine; ownerless: if it exists
+                            holder: if leaseOwner = :me AND leaseCounter = :mine;
+                            ownerless: if it exists AND <OURS_OR_FREE>
     release     UpdateItem  SET leaseCounter = :mine + 1 REMOVE leaseOwner
                             if leaseOwner = :me AND leaseCounter = :mine
     delete      DeleteItem  if leaseCounter = :observed
 
 Every write that moves the checkpoint (a checkpoint, SHARD_END) also removes pendingCheckpoint*, as Java's
 setCheckpoint does.
+
+OURS_OR_FREE: no leaseOwner (or a NULL one), or leaseOwner = leaseClaimOwner (CLAIM_OWNER_ATTRIBUTE).
 
 CHECKPOINT_ADVANCES: checkpoint <> SHARD_END and (a starting sentinel, or (length, lexicographic) of the
 sequence is smaller, or equal sequence and a smaller sub-sequence — a missing sub-sequence reads as 0).
@@ -62,6 +65,14 @@ JAVA_HANDOVER_ATTRIBUTES = (HANDOFF_ATTRIBUTE, *PENDING_CHECKPOINT_ATTRIBUTES)
 # would have. Every acquire removes it.
 UNSETTLED_ATTRIBUTE = "previousHolderMayDeliver"
 
+# Written by every acquire of this protocol: the worker id that took the lease. While it equals `leaseOwner`, the
+# lease is held by a holder of this protocol; a Java take or assignment changes `leaseOwner` and leaves it, so a
+# lease whose owner differs from it is held by a Java holder. The ownerless writes (the pipeline's checkpoint and
+# end, which no holder fences) touch a lease only while it is free or held by this protocol: a Java holder
+# checkpoints with its counter alone (its next checkpoint would overwrite ours, moving it back) and renews
+# without looking at leaseOwner (an end removing it would leave the holder renewing an ownerless lease).
+CLAIM_OWNER_ATTRIBUTE = "leaseClaimOwner"
+
 # Attributes the lease protocol owns; extra attributes written on a heartbeat must not use them.
 LEASE_ATTRIBUTES = frozenset(
     {
@@ -78,6 +89,7 @@ LEASE_ATTRIBUTES = frozenset(
         "entityType",
         "throughputKBps",
         UNSETTLED_ATTRIBUTE,
+        CLAIM_OWNER_ATTRIBUTE,
         *JAVA_HANDOVER_ATTRIBUTES,
     }
 )
@@ -122,6 +134,7 @@ def acquire(lease: Lease | None, new_owner: str, observed_owner: str | None, obs
     extra = {k: v for k, v in lease.extra.items() if k not in (HANDOFF_ATTRIBUTE, UNSETTLED_ATTRIBUTE)}
     if claim is not None:
         extra[CLAIM_ATTRIBUTE] = claim
+    extra[CLAIM_OWNER_ATTRIBUTE] = new_owner
     return _copy(
         lease,
         lease_owner=new_owner,
@@ -206,14 +219,21 @@ def without_pending(extra: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in extra.items() if k not in PENDING_CHECKPOINT_ATTRIBUTES}
 
 
+def held_by_another_protocol(lease: Lease) -> bool:
+    """The lease has a holder that did not take it by this protocol's acquire (a Java holder: see
+    CLAIM_OWNER_ATTRIBUTE). A free lease (no owner) is held by nobody."""
+    return lease.lease_owner is not None and lease.extra.get(CLAIM_OWNER_ATTRIBUTE) != lease.lease_owner
+
+
 def checkpoint(lease: Lease | None, new: Checkpoint) -> Lease | None:
-    """The ownerless checkpoint (the pipeline's commit): forward only, counter untouched.
+    """The ownerless checkpoint (the pipeline's commit): forward only, counter untouched, and only while the
+    lease is free or held by this protocol (`held_by_another_protocol`).
 
     SHARD_END is written by `end`, never here; a starting sentinel is never a checkpoint.
     """
     if new.is_sentinel:
         raise ValueError(f"checkpoint takes a sequence number, not {new.sequence_number} (use end() for SHARD_END)")
-    if lease is None or not checkpoint_advances(lease.checkpoint, new):
+    if lease is None or held_by_another_protocol(lease) or not checkpoint_advances(lease.checkpoint, new):
         return None
     return _copy(lease, checkpoint=new, owner_switches_since_checkpoint=0, extra=without_pending(lease.extra))
 
@@ -222,8 +242,9 @@ def end(lease: Lease | None, owner: str | None = None, counter: int | None = Non
     """Mark the shard finished and let the lease go (only once every record is processed).
 
     With `owner` and `counter` this is the holder's fenced end (a stale holder cannot end a lease it lost);
-    without, the pipeline's ownerless end, which leaves the counter alone. The sub-sequence number is left
-    as it was: the write sets `checkpoint` alone, as Java and Disney do.
+    without, the pipeline's ownerless end, which leaves the counter alone and is refused while another
+    protocol's holder (Java) holds the lease. The sub-sequence number is left as it was: the write sets
+    `checkpoint` alone, as Java and Disney do.
     """
     if (owner is None) != (counter is None):
         raise ValueError("a fenced end needs both the owner and the counter")
@@ -234,6 +255,8 @@ def end(lease: Lease | None, owner: str | None = None, counter: int | None = Non
         if not _held_by(lease, owner, counter):
             return None
         changes["lease_counter"] = counter + 1
+    elif held_by_another_protocol(lease):
+        return None
     return _copy(lease, checkpoint=Checkpoint(SHARD_END, lease.checkpoint.sub_sequence_number),
                  lease_owner=None, owner_switches_since_checkpoint=0, extra=without_pending(lease.extra), **changes)
 
