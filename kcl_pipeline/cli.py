@@ -465,8 +465,9 @@ def _pipeline_settings():
 
 @main.command()
 @click.option("--window", default=None,
-              help="START, START/END or START/PT15M (ISO 8601 UTC); default: the last materialised windows.")
-@click.option("--last", type=int, default=24, show_default=True, help="Without --window: how many windows.")
+              help="START, START/END or START/PT15M (ISO 8601 UTC); default: the whole history, incrementally "
+                   "(an index in the output zone keeps what earlier audits read).")
+@click.option("--full", is_flag=True, help="Without --window: read every object again, ignoring the index.")
 @click.option("--landing", "zone", default=None, help="Landing zone URI [default: KCL_PIPELINE_LANDING_URI].")
 @click.option("--output", default=None, help="Transform output URI [default: KCL_PIPELINE_OUTPUT_URI].")
 @click.option("--stream", default=None, help="[default: KCL_PIPELINE_STREAM]")
@@ -478,18 +479,24 @@ def _pipeline_settings():
 @click.option("--json", "as_json", is_flag=True, help="One JSON object (every check's outcome), for scripts.")
 @aws_options
 @friendly_errors
-def audit(window, last, zone, output, stream, application, window_minutes, transform_grace, as_json, region,
+def audit(window, full, zone, output, stream, application, window_minutes, transform_grace, as_json, region,
           endpoint_url):
     """The lineage audit: chain per shard, landed = transformed + duplicates + quarantined, checkpoints ≤
-    materialised. Exit 1 when a check fails."""
+    materialised; over the whole history unless --window. Exit 1 when a check fails."""
+    import os
+
     from .landing.audit import audit as run_audit
     from .landing.verify import parse_window
 
     settings = _pipeline_settings()
     window_ms = (window_minutes or settings.window_minutes) * 60_000
     aws = _settings(region, endpoint_url)
-    options = dict(window=parse_window(window) if window else None, aws=aws, last=last,
-                   transform_grace_ms=int(transform_grace * 1000))
+    # Records before the first partition are never transformed by a window run (the checkpoint plan steps over
+    # them): only a deployment that set its partitions' start says where that is.
+    start = settings.partitions_start if os.environ.get("KCL_PIPELINE_PARTITIONS_START") else None
+    options = dict(window=parse_window(window) if window else None, aws=aws, full=full,
+                   transform_grace_ms=int(transform_grace * 1000),
+                   first_window_ms=int(start.timestamp() * 1000) if start is not None else None)
     if len(settings.streams) == 1:
         report = run_audit(zone or settings.landing_uri, output or settings.output_uri, stream or settings.stream,
                            window_ms, application=application or settings.application, **options)
@@ -529,6 +536,7 @@ def _audit_streams(streams, zone: str, output: str, application: str, window_ms:
         part = run_audit(zone, PipelineStream(stream).output_uri(output), view.directory, window_ms, aws=aws,
                          leases=None if leases is None else view.leases_by_shard_id(), **options)
         report.outcomes += [dataclasses.replace(o, stream=name) for o in part.outcomes]
+        report.scopes += [dataclasses.replace(s, stream=name) for s in part.scopes]
     return report
 
 

@@ -81,11 +81,16 @@ class CheckOutcome:
     details: tuple[str, ...] = ()
     metadata: Mapping[str, Any] = field(default_factory=dict)  # JSON-ready numbers and strings
     stream: str | None = None  # named when one audit covers several streams
+    whole_history: bool = False  # a summary of the check over [window_start_ms, window_end_ms), many windows
 
 
 @dataclass
 class AuditReport:
+    """Outcomes per window and check. A whole-history audit (audit_history.py) lists only the failed windows'
+    outcomes, then one summary per check over the history, and says what it covered (`scopes`)."""
+
     outcomes: list[CheckOutcome] = field(default_factory=list)
+    scopes: list[Any] = field(default_factory=list)  # audit_history.HistoryScope, one per stream audited
 
     @property
     def ok(self) -> bool:
@@ -95,9 +100,17 @@ class AuditReport:
         out: list[str] = []
         for o in self.outcomes:
             where = f"{o.stream} " if o.stream else ""
-            out.append(f"{where}{_iso(o.window_start_ms)} {o.check:<11} {'OK' if o.ok else 'FAILED'}: {o.summary}")
+            when = (f"{_iso(o.window_start_ms)}..{_iso(o.window_end_ms)}" if o.whole_history
+                    else _iso(o.window_start_ms))
+            out.append(f"{where}{when} {o.check:<11} {'OK' if o.ok else 'FAILED'}: {o.summary}")
             out += [f"    {line}" for line in o.details]
+        out += [scope.line() for scope in self.scopes]
         failed = sum(1 for o in self.outcomes if not o.ok)
+        if self.scopes:
+            windows = sum(scope.windows for scope in self.scopes)
+            out.append(f"{'OK' if self.ok else 'FAILED'}: the whole history, {windows} windows"
+                       + (f", {failed} failed checks" if failed else ""))
+            return out
         windows = len({o.window_start_ms for o in self.outcomes})
         out.append(f"{'OK' if self.ok else 'FAILED'}: {len(self.outcomes)} checks over {windows} windows"
                    + (f", {failed} failed" if failed else ""))
@@ -382,33 +395,14 @@ def commit_window(key: str) -> int:
     return int(start.replace(tzinfo=timezone.utc).timestamp() * 1000)
 
 
-def landed_windows(store: ZoneStore, stream: str, window_ms: int, last: int) -> list[int]:
-    """The starts of the newest `last` windows with landed batches (from the zone's minute prefixes,
-    newest first: a few LIST calls, never one per batch)."""
-    found: set[int] = set()
-    for day in sorted(store.list_dirs(f"{stream}/"), reverse=True):
-        for hour in sorted(store.list_dirs(f"{stream}/{day}/"), reverse=True):
-            for minute in sorted(store.list_dirs(f"{stream}/{day}/{hour}/"), reverse=True):
-                try:
-                    at = datetime.strptime(f"{day} {hour} {minute}", "dt=%Y-%m-%d hh=%H mm=%M")
-                except ValueError:
-                    continue  # not a minute of the layout (a stray folder): not a window
-                ms = int(at.replace(tzinfo=timezone.utc).timestamp() * 1000)
-                found.add(ms - ms % window_ms)
-                if len(found) > last:
-                    return sorted(found)[-last:]
-    return sorted(found)[-last:] if last > 0 else []
-
-
 def audit(zone_uri: str, output_uri: str, stream: str, window_ms: int, *,
           window: tuple[int, int] | None = None, application: str | None = None, aws: AwsSettings | None = None,
-          last: int = 24, store: ZoneStore | None = None, output: ZoneStore | None = None,
-          leases: Sequence[Lease] | None = None, now_ms: int | None = None,
-          transform_grace_ms: int = 300_000) -> AuditReport:
-    """Audit the windows of `window` (split into `window_ms` windows), or else the newest `last` windows that
-    landed or materialised (a window that landed and never materialised is audited too: it is how a stalled
-    pipeline shows). Untransformed windows older than their end + `transform_grace_ms` at `now_ms` (default:
-    now) fail.
+          store: ZoneStore | None = None, output: ZoneStore | None = None, leases: Sequence[Lease] | None = None,
+          now_ms: int | None = None, transform_grace_ms: int = 300_000, full: bool = False,
+          first_window_ms: int | None = None, workers: int | None = None) -> AuditReport:
+    """Audit the windows of `window` (split into `window_ms` windows), or else the whole history of `stream`
+    (its landing directory), incrementally (audit_history.py; `full`: read every object again, ignoring the
+    index). Untransformed windows older than their end + `transform_grace_ms` at `now_ms` (default: now) fail.
 
     The lease table of `application` is scanned for the checkpoints check (read only); without an
     application (and no `leases`) that check is skipped.
@@ -419,23 +413,25 @@ def audit(zone_uri: str, output_uri: str, stream: str, window_ms: int, *,
     if window_ms <= 0 or window_ms % 60_000:
         raise ValueError(f"window_ms must be a positive whole number of minutes, got {window_ms}")
     store = store or open_store(zone_uri, aws)
-    output = output or open_store(output_uri, aws)
+    output = output or open_store(output_uri, aws, what="transform output")
     store.ensure_zone(create=False)
     if window is not None:
         t0, t1 = window
         if t0 % window_ms or t1 % window_ms or t1 <= t0:
             raise ValueError(f"window [{t0}, {t1}) must be whole {window_ms // 60_000}-minute windows of the pipeline")
-        starts = list(range(t0, t1, window_ms))
-    else:
-        starts = sorted(set(materialised_windows(output)[-last:]) | set(landed_windows(store, stream, window_ms, last))
-                        )[-last:] if last > 0 else []
     if leases is None and application:
         from ..kcl.shells.aws import client
         from ..kcl.shells.lease_table import LeaseTable
 
         leases = LeaseTable(application, client("dynamodb", aws)).scan()
+    if window is None:
+        from .audit_history import DEFAULT_WORKERS, audit_history  # it builds on this module
+
+        return audit_history(store, output, stream, window_ms, leases=leases, now_ms=now_ms,
+                             transform_grace_ms=transform_grace_ms, full=full, first_window_ms=first_window_ms,
+                             workers=workers or DEFAULT_WORKERS)
     report = AuditReport()
-    for start in starts:
+    for start in range(window[0], window[1], window_ms):
         report.outcomes += audit_window(store, output, stream, start, start + window_ms, leases=leases,
                                         now_ms=now_ms, transform_grace_ms=transform_grace_ms)
     return report

@@ -1,0 +1,384 @@
+"""The lineage audit over a stream's whole history, incrementally: `kcl-pipeline audit` without `--window`.
+
+The audit once looked at the newest 24 windows only, so a window that stalled (or lost a batch) earlier
+passed for ever. Now every run covers every window the zone or the output holds, and its cost follows what
+changed, not how long the history is:
+
+1. **List** the stream's landing directory and the output's commits with their version tags (one LIST per
+   1,000 objects; the only requests whose number grows with the history). The listing is what makes the
+   audit whole: a batch deleted from an old window, a commit removed or rewritten, is seen here.
+2. **Read** only the objects the index (audit_index.py, in the output zone) has no facts for under the same
+   tag: after the first audit, the new batches' footers and the new or rewritten commits (reads run in
+   parallel, `workers` at a time).
+3. **Judge** every window from the facts (pure, in memory): the same three checks as audit.py's — the chain
+   of every shard over the whole history (each batch against the one before it; a first batch that names a
+   predecessor the zone does not hold), the counts of every window against its commit, every checkpoint
+   against the batches the commits name.
+4. **Save** the index when its facts changed.
+
+The report names each failed window and check, and sums up each check over the history.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Iterable, Mapping, Sequence, TypeVar
+
+from ..kcl.core.model import Lease
+from ..transform.manifest import COMMITS, CommitFormatError, WindowCommit, is_commit_key
+from .audit import CHECKS, AuditReport, CheckOutcome, OutputCounts, check_counts, commit_window
+from .audit_index import AuditIndex, BatchFacts, CommitFacts, IndexFormatError, index_key
+from .batch import BatchInfo, format_position, parse_position, read_batch_info
+from .errors import CorruptBatchError, ZoneNotFoundError
+from .layout import BatchKey, split_batch_keys
+from .progress import ShardProgress, progress_from_leases
+from .store import ObjectVersion, ZoneStore
+from .verify import verify_batches, verify_chain
+from .window_scan import window_floor
+
+log = logging.getLogger(__name__)
+
+_Fact = TypeVar("_Fact", BatchFacts, CommitFacts)
+DEFAULT_WORKERS = 16  # concurrent reads: S3 answers each in milliseconds; the audit waits on the network
+
+
+@dataclass(frozen=True)
+class HistoryScope:
+    """What a history audit covered and what it had to read."""
+
+    directory: str
+    windows: int
+    first_window_ms: int | None
+    end_ms: int | None
+    batches: int
+    commits: int
+    read_batches: int
+    read_commits: int
+    index: str  # where the index is kept
+    note: str = ""  # how the index was used when not simply (ignored on request, unreadable, …)
+    stream: str | None = None  # named when one audit covers several streams
+
+    def line(self) -> str:
+        where = f"{self.stream} " if self.stream else ""
+        span = "" if self.first_window_ms is None or self.end_ms is None else \
+            f" [{_iso(self.first_window_ms)}, {_iso(self.end_ms)})"
+        return (f"{where}history of {self.directory}: {self.windows} windows{span}, {self.batches} batches, "
+                f"{self.commits} commits; read {self.read_batches} footers and {self.read_commits} commits, the "
+                f"rest from the index {self.index}" + (f" ({self.note})" if self.note else ""))
+
+
+def audit_history(store: ZoneStore, output: ZoneStore, directory: str, window_ms: int, *,
+                  leases: Sequence[Lease] | None = None, now_ms: int | None = None, transform_grace_ms: int = 300_000,
+                  full: bool = False, first_window_ms: int | None = None, workers: int = DEFAULT_WORKERS,
+                  save: bool = True) -> AuditReport:
+    """Audit every window of `directory` (a stream's landing directory) against `output` (its transform output,
+    where the index is kept). `leases`: the stream's leases by shard id (the checkpoints check; None skips it).
+    `full`: ignore the index and read every object again. `first_window_ms`: the first partition's start (a
+    batch before it belongs to no window run: never transformed by design, not counted, stepped over by the
+    checkpoint plan)."""
+    if window_ms <= 0 or window_ms % 60_000:
+        raise ValueError(f"window_ms must be a positive whole number of minutes, got {window_ms}")
+    if transform_grace_ms < 0:
+        raise ValueError(f"transform_grace_ms must be >= 0, got {transform_grace_ms}")
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    store.ensure_zone(create=False)
+    batch_versions, malformed = _landed(store, directory)
+    commit_versions = _commits(output)
+    key = index_key(directory)
+    old, note = _load_index(output, key, store.uri, directory, full)
+    facts = AuditIndex(store.uri, directory, audited_at_ms=now_ms)
+    unread_batches = _reuse({k: v.tag for k, (_b, v) in batch_versions.items()}, old.batches, facts.batches)
+    unread_commits = _reuse({k: v.tag for k, v in commit_versions.items()}, old.commits, facts.commits)
+    with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="audit") as pool:
+        facts.batches.update(zip(unread_batches, pool.map(
+            lambda k: _batch_facts(store, batch_versions[k][0], batch_versions[k][1].tag), unread_batches),
+            strict=True))
+        facts.commits.update(zip(unread_commits, pool.map(
+            lambda k: _commit_facts(output, k, commit_versions[k].tag), unread_commits), strict=True))
+    if save and (full or old.batches != facts.batches or old.commits != facts.commits or old.zone != facts.zone):
+        output.put(key, facts.to_bytes())
+    batches = {k: (batch_versions[k][0], f) for k, f in facts.batches.items()}
+    commits = {commit_window(k): f for k, f in facts.commits.items()}
+    duplicates = _duplicates(store, batches, commits, window_ms)
+    outcomes, windows = judge_history(batches, commits, window_ms, leases=leases, now_ms=now_ms,
+                                      transform_grace_ms=transform_grace_ms, first_window_ms=first_window_ms,
+                                      duplicates=duplicates, malformed=malformed)
+    scope = HistoryScope(directory, len(windows), windows[0] if windows else None,
+                         windows[-1] + window_ms if windows else None, len(batches), len(commits),
+                         len(unread_batches), len(unread_commits), f"{output.uri}/{key}", note)
+    log.info("%s", scope.line())
+    return AuditReport(outcomes, [scope])
+
+
+# -- I/O --------------------------------------------------------------------------------------------------------
+
+def _landed(store: ZoneStore, directory: str) -> tuple[dict[str, tuple[BatchKey, ObjectVersion]], list[str]]:
+    """The stream's landed batches with their versions, and its `.parquet` objects that are not batch keys."""
+    versions = {v.key: v for v in store.list_versions(f"{directory}/") if v.key.endswith(".parquet")}
+    listing = split_batch_keys(versions)
+    return ({b.key(): (b, versions[b.key()]) for b in listing.batches if b.stream == directory},
+            listing.malformed)
+
+
+def _commits(output: ZoneStore) -> dict[str, ObjectVersion]:
+    try:
+        return {v.key: v for v in output.list_versions(f"{COMMITS}/") if is_commit_key(v.key)}
+    except ZoneNotFoundError:
+        return {}  # nothing was ever transformed
+
+
+def _load_index(output: ZoneStore, key: str, zone: str, directory: str, full: bool) -> tuple[AuditIndex, str]:
+    empty = AuditIndex(zone, directory)
+    if full:
+        return empty, "full audit: the index was not used"
+    try:
+        raw = output.get_optional(key)
+    except ZoneNotFoundError:
+        return empty, ""
+    if raw is None:
+        return empty, "no index yet: every object read"
+    try:
+        index = AuditIndex.from_bytes(raw, f"{output.uri}/{key}")
+    except IndexFormatError as exc:
+        log.warning("audit index not used, every object is read again: %s", exc)
+        return empty, f"index unreadable, every object read: {exc}"
+    if (index.zone, index.directory) != (zone, directory):
+        return empty, f"the index was of {index.zone} {index.directory}: every object read"
+    return index, ""
+
+
+def _reuse(tags: Mapping[str, str], known: Mapping[str, _Fact], into: dict[str, _Fact]) -> list[str]:
+    """Copy into `into` the facts still true (same, known tag); return the keys to read, in key order."""
+    unread = []
+    for key, tag in sorted(tags.items()):
+        fact = known.get(key)
+        if fact is not None and tag and fact.tag == tag:
+            into[key] = fact
+        else:
+            unread.append(key)
+    return unread
+
+
+def _batch_facts(store: ZoneStore, key: BatchKey, tag: str) -> BatchFacts:
+    try:
+        info = read_batch_info(store, key)
+    except CorruptBatchError as exc:
+        return BatchFacts(tag, error=str(exc))  # it keeps its place in the chain, which it breaks
+    return BatchFacts(tag, format_position(info.prev), info.prev_key or "", info.rows)
+
+
+def _commit_facts(output: ZoneStore, key: str, tag: str) -> CommitFacts:
+    where = f"{output.uri}/{key}"
+    try:
+        commit = WindowCommit.from_json(output.get(key), where)
+        if commit.window_start_ms != commit_window(key):
+            raise CommitFormatError(f"{where}: the commit of window {commit.window_start_ms}, not "
+                                    f"{commit_window(key)}")
+        counts = OutputCounts.from_commit(commit, where)
+    except CommitFormatError as exc:
+        return CommitFacts(tag, error=str(exc))  # the window's counts check fails naming it
+    return CommitFacts(tag, commit.batches, counts.transformed_rows, counts.quarantined_rows)
+
+
+def _duplicates(store: ZoneStore, batches: Mapping[str, tuple[BatchKey, BatchFacts]],
+                commits: Mapping[int, CommitFacts], window_ms: int) -> dict[int, int]:
+    """Rows landed twice among the batches each window's commit names: read (deep) only for windows where two
+    of a shard's batch ranges overlap — never, for fenced landing."""
+    by_window: dict[int, dict[str, list[BatchKey]]] = {}
+    for key, _facts in batches.values():
+        by_window.setdefault(window_floor(key.minute_ms, window_ms), {}).setdefault(key.shard_id, []).append(key)
+    out: dict[int, int] = {}
+    for w, shards in by_window.items():
+        named = commits[w].batches if w in commits else None
+        overlapping = [b for mine in shards.values() for b in mine
+                       if (named is None or b.key() in named) and any(
+                           o is not b and o.overlaps(b) and (named is None or o.key() in named) for o in mine)]
+        if overlapping:
+            out[w] = sum(r.duplicate_rows or 0 for r in verify_batches(store, overlapping, deep=True).values())
+    return out
+
+
+# -- judging (pure) ---------------------------------------------------------------------------------------------
+
+def judge_history(batches: Mapping[str, tuple[BatchKey, BatchFacts]], commits: Mapping[int, CommitFacts],
+                  window_ms: int, *, leases: Sequence[Lease] | None, now_ms: int, transform_grace_ms: int,
+                  first_window_ms: int | None = None, duplicates: Mapping[int, int] | None = None,
+                  malformed: Sequence[str] = ()) -> tuple[list[CheckOutcome], list[int]]:
+    """Every window's three checks from the facts: the outcomes of the failed ones, then one summary per check
+    over the history; and the windows judged (every window with a landed batch or a commit), in order."""
+    windows = sorted({window_floor(k.minute_ms, window_ms) for k, _ in batches.values()} | set(commits))
+    failed: dict[str, dict[int, list[str]]] = {check: {} for check in CHECKS}
+    _judge_chains(batches, window_ms, failed["chain"])
+    counts = _judge_counts(batches, commits, windows, window_ms, now_ms, transform_grace_ms, first_window_ms,
+                           duplicates or {})
+    if leases is not None:
+        _judge_checkpoints(batches, commits, leases, window_ms, first_window_ms, failed["checkpoints"])
+    outcomes = [o for o in counts if not o.ok]
+    for check in ("chain", "checkpoints"):
+        for w, problems in sorted(failed[check].items()):
+            outcomes.append(CheckOutcome(check, w, w + window_ms, False, problems[0] if len(problems) == 1 else
+                                         f"{len(problems)} problems: {problems[0]} …", tuple(problems),
+                                         {"problems": len(problems)}))
+    outcomes.sort(key=lambda o: (o.window_start_ms, CHECKS.index(o.check)))
+    if malformed:
+        outcomes.append(_summary("chain", windows, window_ms, False,
+                                 f"{len(malformed)} .parquet objects are not batch keys: {malformed[0]} …",
+                                 tuple(f"not a batch key: {k}" for k in malformed), {"bad_keys": len(malformed)}))
+    shards = {k.shard_id for k, _ in batches.values()}
+    rows = sum(f.rows for _, f in batches.values())
+    outcomes.append(_summary("chain", windows, window_ms, not failed["chain"],
+                             _tally(windows, failed["chain"], f"{len(shards)} shards, {len(batches)} batches, "
+                                                              f"{rows} rows: every chain unbroken"),
+                             (), {"shards": len(shards), "batches": len(batches), "rows": rows,
+                                  "failed_windows": len(failed["chain"])}))
+    bad_counts = [o for o in counts if not o.ok]
+    transformed = sum(f.transformed for f in commits.values())
+    outcomes.append(_summary("counts", windows, window_ms, not bad_counts,
+                             _tally(windows, {o.window_start_ms: [] for o in bad_counts},
+                                    f"{len(commits)} windows committed, {transformed} rows transformed: every "
+                                    f"window reconciles"),
+                             (), {"committed_windows": len(commits), "failed_windows": len(bad_counts)}))
+    if leases is None:
+        outcomes.append(_summary("checkpoints", windows, window_ms, True, "no lease table given: not checked", (),
+                                 {}))
+    else:
+        outcomes.append(_summary("checkpoints", windows, window_ms, not failed["checkpoints"],
+                                 _tally(windows, failed["checkpoints"], f"{len(list(leases))} leases: no checkpoint "
+                                                                         f"beyond materialised records"),
+                                 (), {"leases": len(list(leases)), "failed_windows": len(failed["checkpoints"])}))
+    return outcomes, windows
+
+
+def _tally(windows: Sequence[int], failed: Mapping[int, object], ok_text: str) -> str:
+    if not failed:
+        return f"{len(windows)} windows: {ok_text}"
+    return f"{len(failed)} of {len(windows)} windows failed (each named above)"
+
+
+def _summary(check: str, windows: Sequence[int], window_ms: int, ok: bool, summary: str, details: tuple[str, ...],
+             metadata: dict) -> CheckOutcome:
+    start = windows[0] if windows else 0
+    end = windows[-1] + window_ms if windows else 0
+    return CheckOutcome(check, start, end, ok, f"whole history: {summary}", details,
+                        {"windows": len(windows), **metadata}, whole_history=True)
+
+
+def _judge_chains(batches: Mapping[str, tuple[BatchKey, BatchFacts]], window_ms: int,
+                  failed: dict[int, list[str]]) -> None:
+    """Each shard's chain over the whole history (verify.verify_chain on the footers' facts): every problem
+    is charged to the window of the batch that shows it."""
+    by_shard: dict[str, list[tuple[BatchKey, BatchFacts]]] = {}
+    for key, f in batches.values():
+        by_shard.setdefault(key.shard_id, []).append((key, f))
+
+    def charge(key: str, problem: str) -> None:
+        minute = batches[key][0].minute_ms if key in batches else 0
+        failed.setdefault(window_floor(minute, window_ms), []).append(problem)
+
+    for shard_id, items in sorted(by_shard.items()):
+        infos = [BatchInfo(k, parse_position(f.prev), f.rows, 0, 0, 0, f.prev_key or None)
+                 for k, f in items if not f.error]
+        report = verify_chain(infos, {k.key(): f.error for k, f in items if f.error})[shard_id]
+        for gap in report.gaps:
+            named = batches[gap.next_key][1].prev_key
+            why = (f"it follows {named}, which the zone does not hold (deleted?)" if named and named not in batches
+                   else f"it follows {gap.next_prev}")
+            charge(gap.next_key, f"{shard_id}: gap after {gap.after}: {gap.next_key}: {why}")
+        for overlap in report.overlaps:
+            charge(overlap.second_key, f"{shard_id}: overlap: {overlap.first_key} and {overlap.second_key}")
+        for bad, why in sorted(report.corrupt.items()):
+            charge(bad, f"{shard_id}: unreadable: {bad}: {why}")
+        first = min(items, key=lambda kf: (kf[0].first.key(), kf[0].last.key()))
+        if report.starts_after_key is not None and report.starts_after_key not in batches:
+            charge(first[0].key(), f"{shard_id}: the first batch {first[0].key()} follows "
+                                   f"{report.starts_after_key}, which the zone does not hold (deleted?)")
+
+
+def _judge_counts(batches: Mapping[str, tuple[BatchKey, BatchFacts]], commits: Mapping[int, CommitFacts],
+                  windows: Sequence[int], window_ms: int, now_ms: int, grace_ms: int, first_window_ms: int | None,
+                  duplicates: Mapping[int, int]) -> list[CheckOutcome]:
+    held: dict[int, list[str]] = {}
+    for key, _f in batches.values():
+        held.setdefault(window_floor(key.minute_ms, window_ms), []).append(key.key())
+    out: list[CheckOutcome] = []
+    for w in windows:
+        if first_window_ms is not None and w < first_window_ms:
+            continue  # in no partition: never transformed by a window run (checkpoint_plan.py)
+        mine = held.get(w, [])
+        deadline = w + window_ms + grace_ms
+        overdue = now_ms - deadline if now_ms >= deadline else None
+        commit = commits.get(w)
+        if commit is None:
+            landed = sum(batches[k][1].rows for k in mine)
+            out.append(check_counts(w, w + window_ms, landed, 0, None, None, overdue))
+            continue
+        if commit.error:
+            out.append(check_counts(w, w + window_ms, 0, 0, None, None, overdue, output_error=commit.error))
+            continue
+        named = [k for k in mine if k in commit.batches]
+        out.append(check_counts(
+            w, w + window_ms, sum(batches[k][1].rows for k in named if not batches[k][1].error),
+            duplicates.get(w, 0), OutputCounts(commit.transformed, commit.quarantined, commit.batches), None, overdue,
+            late=sorted(set(mine) - commit.batches), missing=sorted(commit.batches - set(mine)),
+            unreadable=sorted(k for k in named if batches[k][1].error)))
+    return out
+
+
+def _judge_checkpoints(batches: Mapping[str, tuple[BatchKey, BatchFacts]], commits: Mapping[int, CommitFacts],
+                       leases: Iterable[Lease], window_ms: int, first_window_ms: int | None,
+                       failed: dict[int, list[str]]) -> None:
+    """Every checkpoint against the whole history: within the landed records (the zone's, and its lease's own
+    landing progress), and not into a batch its window's commit does not name (SHARD_END: not while a window
+    other than the one holding the shard's last record has such a batch)."""
+    leases = list(leases)
+    progress = progress_from_leases(leases)
+    by_shard: dict[str, list[BatchKey]] = {}
+    for key, _f in batches.values():
+        by_shard.setdefault(key.shard_id, []).append(key)
+
+    def window(key: BatchKey) -> int:
+        return window_floor(key.minute_ms, window_ms)
+
+    def covered(key: BatchKey) -> bool:
+        w = window(key)
+        if first_window_ms is not None and w < first_window_ms:
+            return True  # stepped over by the checkpoint plan: in no partition
+        commit = commits.get(w)
+        return commit is not None and not commit.error and key.key() in commit.batches
+
+    for lease in sorted(leases, key=lambda x: x.lease_key):
+        shard_id, cp = lease.lease_key, lease.checkpoint
+        mine = sorted(by_shard.get(shard_id, ()), key=lambda b: (b.first.key(), b.last.key()))
+        p: ShardProgress | None = progress.get(shard_id)
+        if not mine:
+            continue  # nothing of the shard landed in this directory (the lease may be another incarnation's)
+        last = max(mine, key=lambda b: b.last.key())
+        if not cp.is_sentinel and p is not None and p.landed is not None and cp.key() > p.landed.key():
+            failed.setdefault(window(last), []).append(
+                f"{shard_id}: checkpoint {cp} is past the last landed record {p.landed}")
+        if not cp.is_sentinel and cp.key() > last.last.key():
+            failed.setdefault(window(last), []).append(
+                f"{shard_id}: checkpoint {cp} is past the zone's last landed record {last.last} ({last.key()})")
+        uncovered = [b for b in mine if not covered(b)]
+        if not uncovered or cp.is_starting_sentinel:
+            continue
+        if cp.is_shard_end:
+            final = window(last)
+            for b in uncovered:
+                if window(b) != final:
+                    failed.setdefault(window(b), []).append(
+                        f"{shard_id}: SHARD_END, but batch {b.key()} of this window is not materialised and the "
+                        f"window does not hold the shard's last record")
+                    break
+        elif cp.key() >= uncovered[0].first.key():
+            b = uncovered[0]
+            failed.setdefault(window(b), []).append(
+                f"{shard_id}: checkpoint {cp} reaches into batch {b.key()}, which its window's commit does not name "
+                f"(not materialised)")
+
+
+def _iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -1,0 +1,216 @@
+"""`kcl-pipeline audit` covers the whole history, incrementally (issue 20, item 5): it looked at the newest 24
+windows only, so a window that stalled earlier passed. Every run now judges every window, reading only the
+objects its index (in the output zone) has no facts for."""
+from __future__ import annotations
+
+import pytest
+
+from kcl_pipeline.kcl.core.model import Checkpoint, Lease
+from kcl_pipeline.landing.audit import audit
+from kcl_pipeline.landing.audit_history import audit_history
+from kcl_pipeline.landing.audit_index import index_key
+from kcl_pipeline.landing.batch import read_batch_info
+from kcl_pipeline.landing.layout import MINUTE_MS
+from kcl_pipeline.landing.progress import ShardProgress
+from kcl_pipeline.landing.sink import LandingProcessor
+from kcl_pipeline.landing.verify import list_batches
+from kcl_pipeline.transform.manifest import commit_key
+
+from .helpers import SHARD, STREAM, T0, Clock, ForwardingStore, deliver, init, make_records, write_commit
+
+W = MINUTE_MS
+WINDOWS = 30
+NOW = T0 + (WINDOWS + 1) * W  # a minute after the last window ended: every earlier window is overdue
+GRACE = 0
+
+
+class Counting(ForwardingStore):
+    """The store, counting the objects read (footers and commits)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.zone = inner.zone
+        self.what = inner.what
+        self.reads: list[str] = []
+
+    def get(self, key):
+        self.reads.append(key)
+        return self.inner.get(key)
+
+    def get_optional(self, key):
+        self.reads.append(key)
+        return self.inner.get_optional(key)
+
+    def get_tail(self, key, nbytes):
+        self.reads.append(key)
+        return self.inner.get_tail(key, nbytes)
+
+    def list_versions(self, prefix):
+        return self.inner.list_versions(prefix)
+
+
+def land(store, minutes: int = WINDOWS, first: int = 0, records=None):
+    """One shard, 4 records a minute, landed by the sink (one batch a minute, fenced by links)."""
+    records = records or make_records(4 * WINDOWS * 2, per_minute=4)
+    p = LandingProcessor(store, STREAM, clock=Clock(T0).time)
+    init(p, records[4 * first - 1].checkpoint if first else Checkpoint("TRIM_HORIZON"))  # a lease checkpoint
+    p.shutdown_requested(deliver(p, records[4 * first:4 * (first + minutes)], 8))
+    return records
+
+
+def commit(zone_store, output, w: int, quarantined: int = 0) -> None:
+    batches = list_batches(zone_store, STREAM, w, w + W)
+    rows = sum(read_batch_info(zone_store, b).rows for b in batches)
+    write_commit(output, w, w + W, batches, rows - quarantined, quarantined, manifests=False)
+
+
+@pytest.fixture
+def history(local_zone, memory_zone):
+    """30 one-minute windows landed and committed; the output in memory."""
+    store, output = local_zone.store, memory_zone.store
+    records = land(store)
+    for i in range(WINDOWS):
+        commit(store, output, T0 + i * W)
+    return store, output, records
+
+
+def run(store, output, **kw):
+    return audit_history(store, output, STREAM, W, now_ms=kw.pop("now_ms", NOW), transform_grace_ms=GRACE, **kw)
+
+
+def failed(report) -> set[tuple[int, str]]:
+    return {((o.window_start_ms - T0) // W, o.check) for o in report.outcomes if not o.ok and not o.whole_history}
+
+
+def test_a_clean_history_passes_and_says_what_it_covered(history):
+    store, output, records = history
+    report = run(store, output)
+    assert report.ok, report.lines()
+    scope, = report.scopes
+    assert (scope.windows, scope.batches, scope.commits) == (WINDOWS, WINDOWS, WINDOWS)
+    assert [o.check for o in report.outcomes] == ["chain", "counts", "checkpoints"]  # one summary each
+    assert report.lines()[-1] == f"OK: the whole history, {WINDOWS} windows"
+
+
+def test_a_window_that_stalled_before_the_newest_24_fails_the_audit(history):
+    """The default audit looked at the newest 24 windows: window 2, never transformed, passed for ever."""
+    store, output, records = history
+    output.delete([commit_key(T0 + 2 * W)])
+    report = audit(store.uri, output.uri, STREAM, W, store=store, output=output, now_ms=NOW, transform_grace_ms=GRACE)
+    assert not report.ok and failed(report) == {(2, "counts")}
+    assert "never transformed" in next(o for o in report.outcomes if not o.ok).summary
+
+
+def test_a_batch_lost_from_an_old_window_fails_the_next_incremental_audit(history):
+    store, output, records = history
+    assert run(store, output).ok
+    lost = list_batches(store, STREAM, T0 + 3 * W, T0 + 4 * W)[0]
+    store.delete([lost.key()])
+    report = run(store, output)
+    assert failed(report) == {(4, "chain"), (3, "counts")}  # window 4's batch follows the lost one
+    text = "\n".join(report.lines())
+    assert f"follows {lost.key()}, which the zone does not hold" in text and "no longer holds" in text
+
+
+def test_the_incremental_audit_reads_only_what_changed(history):
+    zone_store, output, records = history
+    store, out = Counting(zone_store), Counting(output)
+    assert run(store, out).ok
+    assert len(store.reads) == WINDOWS and len(out.reads) == WINDOWS + 1  # every footer, every commit, the index
+    store.reads.clear(), out.reads.clear()
+    assert run(store, out).ok
+    assert store.reads == [] and out.reads == [index_key(STREAM)]  # nothing changed: only the index is read
+    land(zone_store, minutes=1, first=WINDOWS, records=records)  # one new window lands and commits
+    commit(zone_store, output, T0 + WINDOWS * W)
+    out.reads.clear()
+    report = run(store, out, now_ms=NOW + W)
+    assert report.ok and report.scopes[0].windows == WINDOWS + 1, report.lines()
+    assert len(store.reads) == 1 and out.reads == [index_key(STREAM), commit_key(T0 + WINDOWS * W)]
+
+
+def test_a_full_audit_reads_everything_again(history):
+    zone_store, output, _ = history
+    run(zone_store, output)
+    store, out = Counting(zone_store), Counting(output)
+    report = run(store, out, full=True)
+    assert report.ok and "full audit" in report.scopes[0].note
+    assert len(store.reads) == WINDOWS and len(out.reads) == WINDOWS  # the index is not even read
+
+
+def test_a_rewritten_commit_is_read_again(history):
+    zone_store, output, _ = history
+    assert run(zone_store, output).ok
+    commit(zone_store, output, T0 + 5 * W, quarantined=1)  # a re-run: same rows, one now quarantined
+    out = Counting(output)
+    assert run(zone_store, out).ok and commit_key(T0 + 5 * W) in out.reads
+    write_commit(output, T0 + 5 * W, T0 + 6 * W, list_batches(zone_store, STREAM, T0 + 5 * W, T0 + 6 * W), 1, 0,
+                 manifests=False)  # a commit that lost rows
+    assert failed(run(zone_store, output)) == {(5, "counts")}
+
+
+@pytest.mark.parametrize("garbage", [b"not gzip", b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03truncated"])
+def test_an_unreadable_index_is_ignored_and_rebuilt(history, garbage):
+    store, output, _ = history
+    output.put(index_key(STREAM), garbage)
+    report = run(store, output)
+    assert report.ok and "index unreadable" in report.scopes[0].note
+    assert "not an audit index" in report.scopes[0].note and output.get(index_key(STREAM)) != garbage
+    assert run(store, output).scopes[0].note == ""  # the rebuilt index serves the next audit
+
+
+def test_checkpoints_are_judged_against_the_whole_history(history):
+    store, output, records = history
+    last = records[4 * WINDOWS - 1]
+    progress = ShardProgress(SHARD, last.checkpoint, last.approximate_arrival_timestamp_ms).to_attributes()
+    sound = [Lease(SHARD, records[4 * 20].checkpoint, extra=progress)]
+    assert run(store, output, leases=sound).ok
+    output.delete([commit_key(T0 + 7 * W)])
+    report = run(store, output, leases=sound, now_ms=T0 + 8 * W - 1)  # window 7 is not overdue yet
+    assert failed(report) == {(7, "checkpoints")}
+    assert "reaches into batch" in "\n".join(report.lines())
+    ended = [Lease(SHARD, Checkpoint("SHARD_END"), extra=progress)]
+    assert failed(run(store, output, leases=ended, now_ms=T0 + 8 * W - 1)) == {(7, "checkpoints")}
+    past = [Lease(SHARD, Checkpoint(last.sequence_number, 99), extra=progress)]
+    commit(store, output, T0 + 7 * W)
+    assert failed(run(store, output, leases=past)) == {(WINDOWS - 1, "checkpoints")}
+
+
+def test_the_index_of_another_zone_is_not_used(history, tmp_path):
+    store, output, _ = history
+    run(store, output)
+    other = LandingProcessor(str(tmp_path), STREAM)  # noqa: F841 - a second zone, same output
+    from kcl_pipeline.landing.store import open_store
+
+    empty = open_store(str(tmp_path))
+    report = run(empty, output)
+    assert "the index was of" in report.scopes[0].note
+
+
+def test_the_command_audits_the_whole_history_and_fails_on_an_old_stalled_window(local_zone, tmp_path, emulators,
+                                                                                  dynamodb_client, unique_name):
+    import json
+
+    from click.testing import CliRunner
+
+    from kcl_pipeline.cli import main
+    from kcl_pipeline.kcl.shells.lease_table import LeaseTable
+    from kcl_pipeline.landing.store import open_store
+
+    application = unique_name("audit")
+    LeaseTable(application, dynamodb_client).ensure_table()  # empty: no checkpoint to compare
+    uri, store = local_zone
+    (tmp_path / "out").mkdir()
+    output = open_store(str(tmp_path / "out"))
+    land(store)
+    for i in range(WINDOWS):
+        if i != 1:  # window 1 never transformed: long overdue by now
+            commit(store, output, T0 + i * W)
+    args = ["audit", "--landing", uri, "--output", str(tmp_path / "out"), "--stream", STREAM, "--window-minutes", "1",
+            "--application", application]
+    result = CliRunner(env=emulators.env()).invoke(main, args)
+    assert result.exit_code == 1, result.output
+    assert "2026-11-22T03:01:00Z counts      FAILED" in result.output
+    assert result.output.splitlines()[-1] == f"FAILED: the whole history, {WINDOWS} windows, 2 failed checks"
+    full = CliRunner(env=emulators.env()).invoke(main, args + ["--full", "--json"])
+    body = json.loads(full.stdout)
+    assert full.exit_code == 1 and body["ok"] is False and body["scopes"][0]["read_batches"] == WINDOWS
