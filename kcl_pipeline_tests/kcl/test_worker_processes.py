@@ -325,3 +325,32 @@ def test_a_manager_works_its_leases_with_workers_of_either_method(method, emulat
     assert sorted(r.outcome for r in results) == ["shutdown", "shutdown"]
     table = LeaseTable(app, dynamodb_client)
     assert all(lease.lease_owner is None for lease in table.scan()), "a lease was left owned"
+
+
+# -- giving freed heap back while caught up ---------------------------------------------------------------------------
+
+def test_a_caught_up_worker_trims_its_heap_at_most_once_a_period():
+    calls: list[int] = []
+    trimmer = wp.HeapTrimmer(period=60.0, trim=lambda pad: calls.append(pad) or 1)
+    assert trimmer.caught_up(100.0) and calls == [0]
+    assert not trimmer.caught_up(159.0) and calls == [0]
+    assert trimmer.caught_up(160.0) and calls == [0, 0]
+
+
+def test_without_glibc_the_trimmer_does_nothing(monkeypatch):
+    monkeypatch.setattr(wp, "_malloc_trim", lambda: None)
+    assert not wp.HeapTrimmer().caught_up(0.0)
+
+
+@pytest.mark.skipif(wp._malloc_trim() is None, reason="glibc's malloc_trim only")
+def test_glibcs_trim_is_found_and_runs():
+    assert wp.HeapTrimmer(trim=None).caught_up(0.0)
+
+
+def test_the_worker_trims_when_a_poll_finds_the_shard_caught_up():
+    import inspect
+
+    from kcl_pipeline.kcl.shells.worker import LeaseWorker
+
+    source = inspect.getsource(LeaseWorker._deliver)
+    assert "if batch.millis_behind_latest == 0:" in source and "self.heap.caught_up(" in source

@@ -34,6 +34,7 @@ Choose spawn outright with `ConsumerConfig(worker_start_method="spawn")`.
 """
 from __future__ import annotations
 
+import ctypes
 import gc
 import logging
 import multiprocessing
@@ -43,7 +44,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from multiprocessing.context import ForkServerContext, SpawnContext
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ..config import WORKER_START_METHODS
 
@@ -204,6 +205,36 @@ def detach_from_server() -> None:
         os.close(fd)
     except OSError:
         pass
+
+
+# glibc keeps a process's freed heap for reuse: after a backlog a worker held ~30 MB it no longer used.
+TRIM_PERIOD_SECONDS = 60.0
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's malloc_trim, None elsewhere (musl, macOS)."""
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+class HeapTrimmer:
+    """Gives a worker's freed heap back to the OS while it is caught up (glibc's malloc_trim), at most once a
+    period: cheap (a walk of the heap's free lists), and a worker idle after a backlog holds what idle needs."""
+
+    def __init__(self, period: float = TRIM_PERIOD_SECONDS, trim: Callable[[int], int] | None = None):
+        self.period = period
+        self._trim = trim if trim is not None else _malloc_trim()
+        self._last: float | None = None
+
+    def caught_up(self, now: float) -> bool:
+        """Called on each poll that found the shard caught up; True when it trimmed."""
+        if self._trim is None or (self._last is not None and now - self._last < self.period):
+            return False
+        self._last = now
+        self._trim(0)
+        return True
 
 
 def _name_process(name: str) -> None:
