@@ -1,7 +1,8 @@
 """One checkpoint commit of a stream: the work of the `kinesis_checkpoints` asset, without Dagster.
 
-List the landed batches from the stored frontier (`plan_listing_start`) to past the last materialised window
-(`plan_listing_end`), plan per shard (checkpoint_plan.py), commit the plan with the lease table's conditional
+List the landed batches and their links from the stored frontier (`plan_listing_start`) to past the last
+materialised window (`plan_listing_end`), read the start link of each shard still at a starting position (what
+its chain begins with), plan per shard (checkpoint_plan.py), commit the plan with the lease table's conditional
 writes (ending shards and creating their children's leases), and move the frontier on (`next_frontier`). The
 report says what was committed, and what the next run and the sensor need: the frontier, and the windows that
 received batches after their runs listed the zone (`late`: the sensor requests those windows again).
@@ -13,12 +14,11 @@ from typing import Any, Mapping
 
 from ..kcl.core.model import Checkpoint
 from ..transform.manifest import late_batches, read_materialised
-from .checkpoint_plan import CheckpointPlan, Committed, apply_plan, plan_checkpoints
-from .layout import BatchKey
+from .checkpoint_plan import ChainEvidence, CheckpointPlan, Committed, apply_plan, chain_evidence, plan_checkpoints
+from .layout import BatchKey, LandedListing, link_key, link_target, split_landed_keys, window_prefixes
 from .progress import progress_from_leases
 from .store import ZoneStore
 from .stream_slice import StreamSlice
-from .verify import list_batches
 from .window_report import earliest_landed_minute, json_position
 from .window_scan import next_frontier, plan_listing_end, plan_listing_start, window_floor
 
@@ -75,10 +75,14 @@ def commit_checkpoints(lease_table: Any, view: StreamSlice, store: ZoneStore, ou
     progress = progress_from_leases(leases)
     end = plan_listing_end(committed.windows, progress, window_ms)
     batches: dict[str, list[BatchKey]] = {}
+    listing = LandedListing([], [], [])
     if start is not None and end is not None and end > start:
-        for b in list_batches(store, view.directory, start, end):
+        listing = list_landed(store, view.directory, start, end)
+        for b in listing.batches:
             batches.setdefault(view.lease_key(b.shard_id), []).append(b)
-    plan = plan_checkpoints(committed, window_ms, batches, progress, leases, first_window_ms=first_window_ms)
+    chain = read_chain_evidence(store, view, listing, batches)
+    plan = plan_checkpoints(committed, window_ms, batches, progress, leases, first_window_ms=first_window_ms,
+                            chain=chain)
     late = late_batches(committed, [(window_floor(b.minute_ms, window_ms), b.key())
                                     for listed in batches.values() for b in listed])
     written = apply_plan(plan, lease_table, shards=shards, initial=initial)
@@ -86,3 +90,30 @@ def commit_checkpoints(lease_table: Any, view: StreamSlice, store: ZoneStore, ou
                              {c.shard_id: c.checkpoint for c in written if c.checkpoint is not None},
                              progress, grace_ms, window_ms, [s.shard_id for s in shards])
     return CheckpointReport(plan, written, len(committed.windows), start, late, frontier)
+
+
+def list_landed(store: ZoneStore, directory: str, t0: int, t1: int) -> LandedListing:
+    """The batches of `directory` whose arrival minute is in [t0, t1), in (shard, position) order, with the links
+    listed beside them (the same LIST pages: no extra request)."""
+    batches, links, malformed = [], [], []
+    for prefix in window_prefixes(directory, t0, t1):
+        listing = split_landed_keys(store.list_keys(prefix))
+        batches += [b for b in listing.batches if b.stream == directory]
+        links += [link for link in listing.links if link.stream == directory]
+        malformed += listing.malformed
+    batches.sort(key=lambda b: (b.shard_id, b.first.key(), b.last.key()))
+    return LandedListing(batches, links, malformed)
+
+
+def read_chain_evidence(store: ZoneStore, view: StreamSlice, listing: LandedListing,
+                        batches: Mapping[str, list[BatchKey]]) -> ChainEvidence:
+    """The links' evidence by lease key, and, for each live lease still at a starting position with batches
+    listed, the batch its start link names (one GET per such shard: only shards that never committed)."""
+    starts: dict[str, str | None] = {}
+    for lease in view.leases:
+        if lease.is_ended or not lease.checkpoint.is_starting_sentinel or not batches.get(lease.lease_key):
+            continue
+        body = store.get_optional(link_key(view.directory, 0, view.scope.shard_id(lease.lease_key),
+                                           lease.checkpoint))
+        starts[lease.lease_key] = None if body is None else link_target(body)
+    return chain_evidence(((view.lease_key(link.shard_id), link) for link in listing.links), starts)

@@ -21,23 +21,64 @@ to no window, so no window run will ever transform them: the plan steps over the
 landing zone, where a backfill with an earlier start can transform them) and reports them per shard
 (`before_start`), rather than holding the shard's checkpoint before them for ever.
 
-The listing passed in must hold every landed batch of each shard after its lease checkpoint (a batch
-missing from it would be stepped over). Batches at or below the checkpoint are ignored; overlapping
-batches stop the walk (the lineage audit reports them).
+The checkpoint passes a batch only when the batch provably follows the record before it (`ChainEvidence`):
+landed batches are not consecutive just because their keys sort one after the other, since a batch missing
+from the zone (deleted, lost, never written after its claim) leaves no trace among the batch keys. Its link
+does: every batch is claimed by the link `after=<predecessor>` in its own minute before it is written
+(docs/landing.md), so the link names in a listing say which position each batch follows. A batch follows
+the previous landed batch when the greatest link position below its first record, in its minute, is the
+previous batch's last record (positions between a batch's predecessor and its first record are not records,
+so no other link can sit there); the first batch after a starting position must be the one its start link
+names. A batch without that proof stops the shard's walk (a "gap"), however many materialised windows
+follow; so does an overlap. SHARD_END needs the chain unbroken up to the shard's last record, too.
+
+The listing passed in must hold every landed batch of each shard after its lease checkpoint, and the links
+in the same minutes. Batches at or below the checkpoint are ignored.
 """
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from bisect import bisect_left
+from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
 from ..kcl.core.model import TRIM_HORIZON, Checkpoint, Lease, Shard, checkpoint_advances
 from ..transform.manifest import Materialised, batch_materialised
-from .layout import BatchKey
+from .layout import BatchKey, LinkName
 from .progress import ShardProgress
 from .window_scan import window_floor
 
 log = logging.getLogger(__name__)
+
+
+Position = tuple[int, str, int]  # Checkpoint.key()
+
+
+@dataclass(frozen=True)
+class ChainEvidence:
+    """What the zone says each batch follows (pure input of the plan; `chain_evidence` builds it).
+
+    `links`: per shard (lease key) and minute, the sorted positions its `after=` links name; `starts`: per
+    shard at a starting position, the batch key its start link names (None: no start link)."""
+
+    links: Mapping[str, Mapping[int, Sequence[Position]]] = field(default_factory=dict)
+    starts: Mapping[str, str | None] = field(default_factory=dict)
+
+    def follows(self, shard: str, batch: BatchKey) -> Position | None:
+        """The position `batch` follows, as its minute's links show it (None: no link below its first record)."""
+        positions = self.links.get(shard, {}).get(batch.minute_ms, ())
+        i = bisect_left(positions, batch.first.key())
+        return positions[i - 1] if i else None
+
+
+def chain_evidence(links: Iterable[tuple[str, LinkName]], starts: Mapping[str, str | None]) -> ChainEvidence:
+    """Evidence from the listed links, each with its shard's lease key, and the start links read."""
+    by_shard: dict[str, dict[int, set[Position]]] = {}
+    for shard, link in links:
+        if link.minute_ms is not None:
+            by_shard.setdefault(shard, {}).setdefault(link.minute_ms, set()).add(link.prev.key())
+    return ChainEvidence({shard: {m: sorted(p) for m, p in minutes.items()} for shard, minutes in by_shard.items()},
+                         dict(starts))
 
 
 @dataclass(frozen=True)
@@ -74,17 +115,19 @@ class Committed:
 def plan_checkpoints(materialised: Iterable[tuple[int, int] | int] | Materialised, window_ms: int,
                      batches: Mapping[str, Sequence[BatchKey]], progress: Mapping[str, ShardProgress],
                      leases: Iterable[Lease] | Mapping[str, Lease], *,
-                     first_window_ms: int | None = None) -> CheckpointPlan:
+                     first_window_ms: int | None = None, chain: ChainEvidence | None = None) -> CheckpointPlan:
     """The plan for every leased shard. `materialised`: the committed manifests (transform/manifest.py), or
     windows asserted whole as (t0, t1) or t0 (aligned, `window_ms` long); `first_window_ms`: the first
-    partition's start (batches before it are stepped over and counted)."""
+    partition's start (batches before it are stepped over and counted); `chain`: what the links say each
+    batch follows (None: the caller vouches that the batches are consecutive — pure tests of other rules;
+    the pipeline always passes it, `checkpoint_commit.py`)."""
     if window_ms <= 0 or window_ms % 60_000:
         raise ValueError(f"window_ms must be a positive whole number of minutes, got {window_ms}")
     # committed manifests count per batch, not per window
     done = materialised if isinstance(materialised, Materialised) else _whole_windows(materialised, window_ms)
     by_key = dict(leases) if isinstance(leases, Mapping) else {lease.lease_key: lease for lease in leases}
     return CheckpointPlan({
-        key: _plan_shard(lease, batches.get(key, ()), progress.get(key), done, window_ms, first_window_ms)
+        key: _plan_shard(lease, batches.get(key, ()), progress.get(key), done, window_ms, first_window_ms, chain)
         for key, lease in sorted(by_key.items())
     })
 
@@ -101,31 +144,30 @@ def _whole_windows(windows: Iterable[tuple[int, int] | int], window_ms: int) -> 
 
 
 def _plan_shard(lease: Lease, batches: Sequence[BatchKey], progress: ShardProgress | None,
-                done: set[int] | Materialised, window_ms: int, first_window_ms: int | None = None) -> ShardPlan:
+                done: set[int] | Materialised, window_ms: int, first_window_ms: int | None = None,
+                chain: ChainEvidence | None = None) -> ShardPlan:
     key = lease.lease_key
     if lease.is_ended:
         return ShardPlan(key, None, False, "already SHARD_END")
     current = lease.checkpoint
     pending = sorted((b for b in batches if checkpoint_advances(current, b.last)), key=lambda b: b.first.key())
+    broken = _chain_break(key, current, pending, chain)
+    chained = pending if broken is None else pending[:broken[0]]  # provably consecutive from the checkpoint
     commit: Checkpoint | None = None
     stop = None
-    previous: BatchKey | None = None
     before_start = 0
-    for b in pending:
-        if previous is not None and b.first.key() <= previous.last.key():
-            stop = f"overlapping batches {previous.key()} and {b.key()}: not advancing past them"
-            break
+    for b in chained:
         w = window_floor(b.minute_ms, window_ms)
         if first_window_ms is not None and w < first_window_ms:
             before_start += 1  # in no partition: never transformed by a window run (see the module docstring)
             commit = b.last
-            previous = b
             continue
         if not batch_materialised(done, w, b.key()):
             stop = f"window starting {w} (batch {b.key()}) not materialised (or the batch landed after its run)"
             break
         commit = b.last
-        previous = b
+    if stop is None and broken is not None:
+        stop = broken[1]
 
     end = False
     reason = stop or ("every landed batch is in a materialised window" if pending else "no landed batch after "
@@ -133,20 +175,60 @@ def _plan_shard(lease: Lease, batches: Sequence[BatchKey], progress: ShardProgre
     if before_start:
         reason = f"{reason}; {before_start} batch(es) before the first partition stepped over, untransformed"
     if progress is not None and progress.shard_end_landed:
-        end, why = _may_end(pending, progress, done, window_ms, current, first_window_ms)
+        end, why = _may_end(chained, progress, done, window_ms, current, first_window_ms,
+                            broken_before=broken is not None)
         reason = f"{reason}; {why}"
     return ShardPlan(key, commit, end, reason, before_start)
 
 
+def _chain_break(shard: str, current: Checkpoint, pending: Sequence[BatchKey],
+                 chain: ChainEvidence | None) -> tuple[int, str] | None:
+    """The first pending batch not proven to follow the one before it (or the checkpoint), and why; None when
+    the whole run is consecutive. Overlaps break it whatever the evidence."""
+    previous: BatchKey | None = None
+    for i, b in enumerate(pending):
+        if previous is not None and b.first.key() <= previous.last.key():
+            return i, f"overlapping batches {previous.key()} and {b.key()}: not advancing past them"
+        why = None if chain is None else _unproven(shard, current, previous, b, chain)
+        if why is not None:
+            return i, f"{why}: not advancing past it (a missing batch would be checkpointed untransformed)"
+        previous = b
+    return None
+
+
+def _unproven(shard: str, current: Checkpoint, previous: BatchKey | None, b: BatchKey,
+              chain: ChainEvidence) -> str | None:
+    """Why `b` is not proven to follow `previous` (or, first, the checkpoint); None when it is."""
+    if previous is None and current.is_starting_sentinel:
+        named = chain.starts.get(shard)
+        if named == b.key():
+            return None
+        return (f"the first landed batch {b.key()} is not the batch the start link after {current} names "
+                f"({named or 'no start link'}): records before it may not be landed")
+    if previous is None and b.first.key() <= current.key():
+        return None  # the checkpoint is inside it (a peer committed mid-batch): nothing between them
+    expected = previous.last if previous is not None else current
+    follows = chain.follows(shard, b)
+    if follows == expected.key():
+        return None
+    after = "no link" if follows is None else "a link after " + "/".join(str(p) for p in follows[1:])
+    what = f"the previous landed batch ends at {expected}" if previous is not None else f"the checkpoint is {expected}"
+    return f"gap before {b.key()}: its minute holds {after} below its first record, but {what}"
+
+
 def _may_end(pending: Sequence[BatchKey], progress: ShardProgress, done: set[int] | Materialised, window_ms: int,
-             current: Checkpoint, first_window_ms: int | None = None) -> tuple[bool, str]:
+             current: Checkpoint, first_window_ms: int | None = None, *,
+             broken_before: bool = False) -> tuple[bool, str]:
+    """`pending`: the batches after the checkpoint proven consecutive; `broken_before`: the chain breaks after
+    them (the shard's last record must then be in `pending` for the shard to end)."""
     landed = progress.landed
     if landed is None or not checkpoint_advances(current, landed):
         # Nothing landed after the checkpoint: the shard's last record (if any) is committed already.
         return True, "shard end landed, nothing after the checkpoint: end"
     holder = next((b for b in pending if b.first.key() <= landed.key() <= b.last.key()), None)
     if holder is None:
-        return False, f"shard end landed at {landed}, but no listed batch holds it: not ending"
+        where = "the chain breaks before it" if broken_before else "no listed batch holds it"
+        return False, f"shard end landed at {landed}, but {where}: not ending"
     last_window = window_floor(holder.minute_ms, window_ms)
     missing = sorted({window_floor(b.minute_ms, window_ms) for b in pending
                       if not batch_materialised(done, window_floor(b.minute_ms, window_ms), b.key())

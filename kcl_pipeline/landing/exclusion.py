@@ -8,7 +8,7 @@ delivered just before it (landed or not), so the chain of batches stays verifiab
 from __future__ import annotations
 
 from bisect import bisect_right
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..kcl.core.model import Checkpoint, UserRecord
@@ -27,6 +27,9 @@ class Exclusion:
     runs: list[Run]  # what is left to write, in shard order
     covering: list[BatchKey]  # the landed batches that held some of the records, in shard order
     last_covered_by: BatchKey | None  # the batch holding the last record, when that record was landed
+    # (the position delivered just before a covering batch's first record, that batch): the batch follows that
+    # position, a fact the writer saw, whichever chain wrote the batch (see LandingProcessor's joins)
+    joins: list[tuple[Checkpoint | None, BatchKey]] = field(default_factory=list)
 
 
 def exclude_landed(records: Sequence[UserRecord], prev: Checkpoint | None,
@@ -49,6 +52,7 @@ def exclude_landed(records: Sequence[UserRecord], prev: Checkpoint | None,
 
     runs: list[Run] = []
     covering: list[BatchKey] = []
+    joins: list[tuple[Checkpoint | None, BatchKey]] = []
     start = None
     last_cover = None
     for i, record in enumerate(records):
@@ -64,7 +68,9 @@ def exclude_landed(records: Sequence[UserRecord], prev: Checkpoint | None,
                 start = None
             if not covering or covering[-1] != cover:
                 covering.append(cover)
+                if pos == cover.first.key():
+                    joins.append((records[i - 1].checkpoint if i else prev, cover))
         last_cover = cover
     if start is not None:
         runs.append(Run(run_prev, records[start:], start))
-    return Exclusion(runs, covering, last_cover)
+    return Exclusion(runs, covering, last_cover, joins)

@@ -129,6 +129,54 @@ def link_key(stream: str, minute_ms: int, shard_id: str, prev: Checkpoint | None
     return f"{minute_prefix(stream, minute_ms)}{shard_id}/{LINK_PREFIX}{after}"
 
 
+_LINK_RE = re.compile(
+    r"^(?P<stream>[^/]+)/(?:dt=(?P<date>\d{4}-\d{2}-\d{2})/hh=(?P<hh>\d{2})/mm=(?P<mm>\d{2})|" + START_DIR + r")/"
+    r"(?P<shard>[^/]+)/" + LINK_PREFIX + r"(?P<seq>[0-9A-Z_]+?)_(?P<sub>\d+)$"
+)
+
+
+@dataclass(frozen=True)
+class LinkName:
+    """A link as its key names it: "the batch after `prev`" of a shard, claimed in `minute_ms` (None: a start link,
+    whose predecessor is a starting position). The key alone says which position a batch follows, whichever batch
+    the body names: the checkpoint plan reads predecessors from listings without a GET."""
+
+    stream: str
+    shard_id: str
+    minute_ms: int | None
+    prev: Checkpoint
+
+
+def parse_link_key(key: str) -> LinkName | None:
+    """The link a relative key names, or None if it is not a link key (`after=none` names no position: None too)."""
+    m = _LINK_RE.match(key)
+    if not m:
+        return None
+    try:
+        prev = Checkpoint(m["seq"], int(m["sub"]))
+    except ValueError:
+        return None
+    if m["date"] is None:
+        return LinkName(m["stream"], m["shard"], None, prev) if prev.is_starting_sentinel else None
+    if prev.is_sentinel:
+        return None
+    dt = datetime.strptime(f"{m['date']} {m['hh']}:{m['mm']}", "%Y-%m-%d %H:%M").replace(tzinfo=timezone.utc)
+    return LinkName(m["stream"], m["shard"], int(dt.timestamp() * 1000), prev)
+
+
+LINK_HOLDER = "holder="
+
+
+def link_body(batch_key: str, holder: str | None = None) -> bytes:
+    """A link's body: the key of the batch it names, then (new claims) who claimed it. Readers take the first line."""
+    return (batch_key if holder is None else f"{batch_key}\n{LINK_HOLDER}{holder}").encode()
+
+
+def link_target(body: bytes) -> str:
+    """The batch key a link's body names (its first line)."""
+    return body.decode("utf-8", "replace").split("\n", 1)[0].strip()
+
+
 @dataclass(frozen=True)
 class BatchKeyListing:
     batches: list[BatchKey]  # in listing order
@@ -151,6 +199,24 @@ def split_batch_keys(keys) -> BatchKeyListing:
         else:
             batches.append(key)
     return BatchKeyListing(batches, malformed)
+
+
+@dataclass(frozen=True)
+class LandedListing:
+    """A listing as the checkpoint plan reads it: the batches, the links (what each batch follows), the rest."""
+
+    batches: list[BatchKey]
+    links: list[LinkName]
+    malformed: list[str]
+
+
+def split_landed_keys(keys) -> LandedListing:
+    """`split_batch_keys`, keeping the links' names too (links are not landed data, but their names are the
+    chain: each batch's link is in its own minute and names its predecessor)."""
+    keys = list(keys)
+    listing = split_batch_keys(keys)
+    links = [link for link in map(parse_link_key, (k for k in keys if f"/{LINK_PREFIX}" in k)) if link is not None]
+    return LandedListing(listing.batches, links, listing.malformed)
 
 
 def minute_of(ms: int) -> int:

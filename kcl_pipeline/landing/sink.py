@@ -51,11 +51,13 @@ from .exclusion import exclude_landed
 from .layout import (
     MINUTE_MS,
     BatchKey,
+    link_body,
     link_key,
+    link_target,
     minute_of,
     minute_prefix,
     parse_batch_key,
-    split_batch_keys,
+    split_landed_keys,
     stream_directory,
 )
 from .progress import ShardProgress, merge_progress
@@ -113,6 +115,7 @@ class LandingStats:
     records_already_landed: int = 0  # dropped by the exclusion (re-delivered after a restart/hand-over)
     batches_already_landed: int = 0  # conditional put found the object there
     links_lost: int = 0  # another writer had claimed the batch after the same position
+    links_joined: int = 0  # links claimed for batches another chain wrote (LandingProcessor._join)
     flushes: dict[str, int] = field(default_factory=dict)  # by reason
 
 
@@ -398,12 +401,13 @@ class LandingProcessor:
 
     def _flush(self, reason: str) -> None:
         records, prev, minute = self._buffered(), self._buffer_prev, self._buffer_minute
-        existing = self._list_minute(minute)
+        existing, linked = self._list_minute(minute)
         exclusion = exclude_landed(records, prev, existing)
         for cover in exclusion.covering:
             self._validate(cover)  # never drop records on the word of an unreadable object
             if self._tail is None or cover.last.key() > self._tail[0].key():
                 self._tail = (cover.last, cover.key())
+        self._join(exclusion.joins, linked)
         ends = {c.last: c.key() for c in exclusion.covering}
         covered = len(records) - sum(len(run.records) for run in exclusion.runs)
         if covered:
@@ -469,7 +473,7 @@ class LandingProcessor:
         link = link_key(self.stream, encoded.key.minute_ms, self.shard_id, prev)
         if store.put_if_absent(link, encoded.key.key().encode()):
             return self._put_batch(encoded), len(records)
-        owner_text = store.get(link).decode("utf-8", "replace")
+        owner_text = link_target(store.get(link))
         owner = parse_batch_key(owner_text)
         if owner is None or owner.shard_id != self.shard_id or owner.first != records[0].checkpoint:
             raise CorruptBatchError(
@@ -515,17 +519,33 @@ class LandingProcessor:
         self._validated.add(key.key())
         return info
 
-    def _list_minute(self, minute_ms: int) -> list[BatchKey]:
+    def _join(self, joins: Sequence[tuple[Checkpoint | None, BatchKey]], linked: set[Checkpoint]) -> None:
+        """Claim the link after the record delivered just before a covering batch when the minute has none: the
+        batch was written by another chain (a backfill's first batch, which follows AT_TIMESTAMP, or one landed
+        before this shard's start link existed), and this writer saw that it follows that record. The link is
+        the proof the checkpoint plan needs to pass the batch; without it the plan stops there for good. A
+        link already there (the usual case, listed for free) is left alone; a start link costs one PUT."""
+        store = self._zone_store()
+        for prev, cover in joins:
+            if prev is None or (not prev.is_starting_sentinel and prev in linked):
+                continue
+            if store.put_if_absent(link_key(self.stream, cover.minute_ms, self.shard_id, prev),
+                                   link_body(cover.key())):
+                self.stats.links_joined += 1
+                log.info("%s: %s follows %s (another chain's batch): link claimed", self.shard_id, cover.key(), prev)
+
+    def _list_minute(self, minute_ms: int) -> tuple[list[BatchKey], set[Checkpoint]]:
+        """The shard's batches in the minute, and the positions its links follow."""
         store = self._zone_store()
         prefix = f"{minute_prefix(self.stream, minute_ms)}{self.shard_id}/"
-        listing = split_batch_keys(store.list_keys(prefix))
+        listing = split_landed_keys(store.list_keys(prefix))
         foreign = listing.malformed + [k.key() for k in listing.batches
                                        if k.shard_id != self.shard_id or k.minute_ms != minute_ms]
         if foreign:
             raise CorruptBatchError(
                 f"landing zone {store.uri}: object {foreign[0]} under the shard's prefix is not a batch key "
                 f"(<first>_<sub>-<last>_<sub>.parquet with first <= last); move it away to resume landing")
-        return listing.batches
+        return listing.batches, {link.prev for link in listing.links if link.shard_id == self.shard_id}
 
     # -- resuming ------------------------------------------------------------------------------------------
 
@@ -571,7 +591,7 @@ class LandingProcessor:
         """The batch a link names, if that batch is landed (a claimed but unwritten one ends the chain)."""
         store = self._zone_store()
         try:
-            text = store.get(link).decode("utf-8", "replace")
+            text = link_target(store.get(link))
         except LandingError:
             if store.exists(link):
                 raise
@@ -589,7 +609,7 @@ class LandingProcessor:
         minute = start_minute
         # One minute past the local clock: arrival timestamps are the service's clock, not ours.
         while minute <= now_minute + MINUTE_MS:
-            keys = self._list_minute(minute)
+            keys, _ = self._list_minute(minute)
             if keys:
                 empty = 0
                 top = max(keys, key=lambda k: k.last.key())

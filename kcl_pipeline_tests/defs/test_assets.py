@@ -2,7 +2,7 @@
 Spark transforms it, checkpoints are committed for it, and the asset checks pass — then fail on purpose."""
 from __future__ import annotations
 
-import shutil
+import os
 import time
 from datetime import datetime, timezone
 
@@ -23,14 +23,15 @@ from kcl_pipeline.defs.kinesis.checks import build_checks
 from kcl_pipeline.defs.kinesis.partitions import PARTITION_FMT, partition_key
 from kcl_pipeline.defs.kinesis.resources import AwsResource, KinesisConsumerResource, SparkResource, spark_config
 from kcl_pipeline.defs.kinesis.settings import PipelineSettings
+from kcl_pipeline.kcl.core.lease_rules import CLAIM_OWNER_ATTRIBUTE
 from kcl_pipeline.kcl.core.model import Checkpoint, Lease, checkpoint_advances
 from kcl_pipeline.kcl.shells.aws import client
 from kcl_pipeline.kcl.shells.lease_table import LeaseTable
-from kcl_pipeline.landing.audit import output_partition
 from kcl_pipeline.landing.progress import ShardProgress
 from kcl_pipeline.landing.store import open_store
 from kcl_pipeline.landing.verify import list_batches, read_batches
 from kcl_pipeline.local.producer import produce
+from kcl_pipeline.transform.manifest import commit_key
 
 pytestmark = pytest.mark.slow
 W = 60_000  # 1-minute windows: the records produced now fall in one or two of them
@@ -107,7 +108,9 @@ def test_backfill_transform_checkpoint_and_audit(spark, pipeline, aws_settings):
                          strict=True))
     assert len(positions) == len(set(positions)) == 120
 
-    # The live consumer's lease table: every shard landed its last record (progress from its heartbeats).
+    # The live consumer's lease table: every shard landed its last record (progress from its heartbeats). Its
+    # leases start AT_TIMESTAMP where the backfill began, so the plan proves each shard's first batch by the
+    # start link the backfill claimed (a TRIM_HORIZON lease waits until a live writer saw where it begins).
     table_client = LeaseTable(p["consumer"].application, client("dynamodb", aws_settings))
     table_client.ensure_table()
     last_of = {}
@@ -117,7 +120,8 @@ def test_backfill_transform_checkpoint_and_audit(spark, pipeline, aws_settings):
         last_of[shard_id] = mine[-1].last
         progress = ShardProgress(shard_id, mine[-1].last, p["last"] + 1, last_batch_key=mine[-1].key())
         attrs = {k: v for k, v in progress.to_attributes().items() if v is not None}
-        assert table_client.create(Lease(shard_id, Checkpoint("TRIM_HORIZON"), lease_owner="live", extra=attrs))
+        assert table_client.create(Lease(shard_id, Checkpoint("AT_TIMESTAMP", p["first"]), lease_owner="live",
+                                         extra={**attrs, CLAIM_OWNER_ATTRIBUTE: "live"}))  # held by this protocol
 
     done = run(p, [AssetKey("transformed_records"), AssetKey("kinesis_checkpoints")],
                [AssetCheckKey(AssetKey("transformed_records"), "rows_reconcile"),
@@ -134,8 +138,8 @@ def test_backfill_transform_checkpoint_and_audit(spark, pipeline, aws_settings):
     assert {lease.lease_key: lease.checkpoint for lease in table_client.scan()} == last_of
     assert evaluations(done) == {"rows_reconcile": True, "checkpoint_within_materialised": True}
 
-    # Tampering: an unreadable batch breaks the chain and the counts; a lost output partition leaves the
-    # committed checkpoints beyond what materialised.
+    # Tampering: an unreadable batch breaks the chain and the counts; a lost window commit (what makes a window
+    # materialised) leaves the committed checkpoints beyond what materialised.
     victim = list_batches(store, p["stream"], p["first"], p["last"] + W)[0]
     bucket = p["consumer"].landing_uri[len("s3://"):].split("/")[0]
     client("s3", aws_settings).put_object(Bucket=bucket, Key=f"landing/{victim.key()}", Body=b"not parquet")
@@ -143,7 +147,7 @@ def test_backfill_transform_checkpoint_and_audit(spark, pipeline, aws_settings):
                          AssetCheckKey(AssetKey("transformed_records"), "rows_reconcile")])
     assert evaluations(broken) == {"chain_unbroken": False, "rows_reconcile": False}
     for window in p["windows"]:
-        shutil.rmtree(f"{p['consumer'].output_uri}/transformed/{output_partition(window)}")
+        os.unlink(f"{p['consumer'].output_uri}/{commit_key(window)}")
     lost = run(p, [], [AssetCheckKey(AssetKey("kinesis_checkpoints"), "checkpoint_within_materialised")])
     assert evaluations(lost) == {"checkpoint_within_materialised": False}
 

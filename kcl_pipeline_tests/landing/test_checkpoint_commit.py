@@ -4,7 +4,7 @@ from __future__ import annotations
 from kcl_pipeline.kcl.core.model import Checkpoint, Lease, Shard
 from kcl_pipeline.kcl.core.streams import StreamScope
 from kcl_pipeline.landing.checkpoint_commit import commit_checkpoints
-from kcl_pipeline.landing.layout import BatchKey
+from kcl_pipeline.landing.layout import BatchKey, link_key
 from kcl_pipeline.landing.store import open_store
 from kcl_pipeline.landing.stream_slice import StreamSlice
 from kcl_pipeline.transform.manifest import WindowCommit, commit_key
@@ -40,8 +40,10 @@ def test_a_commit_plans_from_the_zone_commits_and_names_the_late_batches(tmp_pat
     zone.ensure_zone(create=True)
     output.ensure_zone(create=True)
     read, late, later = batch(T0, 1, 5), batch(T0 + 60_000, 6, 7), batch(T0 + W, 8, 9)
-    for b in (read, late, later):
-        zone.put_if_absent(b.key(), b"a batch")  # the plan reads keys only
+    for prev, b in ((TH, read), (read.last, late), (late.last, later)):
+        # the plan reads keys only: each batch's link (what it follows) and the batch
+        zone.put_if_absent(link_key("s", b.minute_ms, A, prev), b.key().encode())
+        zone.put_if_absent(b.key(), b"a batch")
     # the first window's run read `read` only; `late` landed in that window after it listed the zone
     output.put_if_absent(commit_key(T0), WindowCommit(T0, T0 + W, "run-1", frozenset({read.key()})).to_json())
     leases = [Lease(A, TH, lease_owner="w")]

@@ -198,11 +198,11 @@ def test_an_existing_object_under_the_same_key_is_checked(local_zone):
     deliver(a, RECORDS[:16], 16)
     (key,) = list_batches(local_zone.store, STREAM)
     # b does not see a's batch at its first listing (a race): simulate with an exclusion that lists nothing.
-    b._list_minute = lambda minute: []
+    b._list_minute = lambda minute: ([], set())
     deliver(b, RECORDS[:16], 16)
     assert b.stats.batches_already_landed == 1 and b.stats.batches_written == 0
     _replace(local_zone, key, b"not that range")
-    c._list_minute = lambda minute: []
+    c._list_minute = lambda minute: ([], set())
     with pytest.raises(CorruptBatchError, match=key.key()):
         deliver(c, RECORDS[:16], 16)
 
