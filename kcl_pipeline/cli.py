@@ -315,11 +315,13 @@ def produce(stream, count, rate, aggregate, create_shards, poison_every, region,
 def leases(application, table_name, as_json, region, endpoint_url):
     """Show the lease table: owner, counter, checkpoint, parents, landing progress. Then, on stderr, this host's
     lease workers' memory (PSS in all and the largest; stdout keeps the table or the JSON lines)."""
+    from .kcl.shells.kcl3_tables import fleet_status
     from .kcl.shells.lease_table import LeaseTable
     from .kcl.shells.memory import host_report
 
     table = LeaseTable(table_name or application, client("dynamodb", _settings(region, endpoint_url)))
-    rows = sorted(table.scan(), key=lambda lease: lease.lease_key)
+    scanned = table.scan()
+    rows = sorted(scanned, key=lambda lease: lease.lease_key)
     if as_json:
         for lease in rows:
             click.echo(json.dumps({
@@ -339,6 +341,9 @@ def leases(application, table_name, as_json, region, endpoint_url):
             cp = lease.checkpoint
             cps = cp.sequence_number if cp.is_sentinel and cp.sequence_number != "AT_TIMESTAMP" else str(cp)
             click.echo(f"{lease.lease_key:<{width}} {lease.lease_owner or '-':<40} {lease.lease_counter:>7}  {cps}")
+    # The KCL 3.x fleet's mode and leader (its migration state, where its version keeps it), on stderr: stdout
+    # keeps the table or the JSON lines.
+    click.echo(f"kcl3: {fleet_status(table.client, application, table.table_name, scanned).summary()}", err=True)
     click.echo(host_report(), err=True)
 
 

@@ -1,5 +1,6 @@
-"""Sharing an application with KCL 3.x: refuse to start beside a leader-assigned (3.x mode) fleet, proceed
-beside a 2.x-compatible one, and leave every KCL 3.x item exactly as KCL 3.x wrote it."""
+"""Sharing an application with KCL 3.x: start beside a 2.x-compatible fleet (leaderless) and beside a
+leader-assigned one (as its follower: core/fleet_mode.py), refuse an unknown client version, and leave every
+KCL 3.x item exactly as KCL 3.x wrote it."""
 from __future__ import annotations
 
 import copy
@@ -46,10 +47,10 @@ def test_a_2x_compatible_fleet_does_not_stop_this_consumer(version):
 
 
 @pytest.mark.parametrize("version", [CLIENT_VERSION_3X_WITH_ROLLBACK, CLIENT_VERSION_3X])
-def test_a_leader_assigned_3x_fleet_is_never_joined(version):
+def test_a_leader_assigned_3x_fleet_is_joined_as_its_follower(version):
     verdict = decide(migration_state_from_item(migration_item(version)), "app")
-    assert not verdict.proceed
-    assert version in verdict.reason and "app-CoordinatorState" in verdict.reason
+    assert verdict.proceed
+    assert version in verdict.reason and "follows" in verdict.reason
     assert "java-3x-worker-1" in verdict.reason
 
 
@@ -78,8 +79,8 @@ def _create_table(dynamodb_client, name: str, hash_key: str) -> None:
 
 
 @pytest.mark.emulator
-@pytest.mark.parametrize("version", [CLIENT_VERSION_3X, CLIENT_VERSION_3X_WITH_ROLLBACK])
-def test_consume_beside_a_3x_mode_fleet_exits_2_without_touching_the_lease_table(
+@pytest.mark.parametrize("version", ["CLIENT_VERSION_4X"])
+def test_consume_beside_an_unknown_client_version_exits_2_without_touching_the_lease_table(
         version, emulators, kinesis_client, dynamodb_client, unique_name):
     stream, app = unique_name("k3"), unique_name("k3app")
     kinesis_client.create_stream(StreamName=stream, ShardCount=1)
@@ -90,7 +91,7 @@ def test_consume_beside_a_3x_mode_fleet_exits_2_without_touching_the_lease_table
                            "--application", app, "--worker-id", "me", "--sink", "jsonl:/dev/null"],
                           env={**os.environ, **emulators.env()}, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr
-    assert "3.x mode" in done.stderr and version in done.stderr and "Traceback" not in done.stderr
+    assert "unknown KCL client version" in done.stderr and version in done.stderr and "Traceback" not in done.stderr
     assert app not in dynamodb_client.list_tables()["TableNames"]  # no lease table created
 
 

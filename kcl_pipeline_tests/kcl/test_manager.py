@@ -124,9 +124,8 @@ def test_a_frozen_local_worker_is_killed_and_its_lease_worked_again(fleet):
 
 def test_the_manager_writes_its_worker_metrics_every_period_with_its_leases_throughput(fleet, dynamodb_client):
     """Before: worker_metrics.publish existed and nothing called it, so a KCL 3.x fleet (and load-aware
-    peers) never saw this consumer's throughput."""
-    from kcl_pipeline.kcl.core.worker_metrics import worker_metrics_table
-
+    peers) never saw this consumer's throughput. A new application is in KCL 3.5's one-table layout: the item is
+    the lease table's, keyed by the worker id (test_kcl35_layouts.py has the separate tables of 3.0–3.4)."""
     manager, table, clock, spawned, (mine, peer_shard) = fleet()
     assert manager.settings.worker_metrics_period_seconds == 30.0  # ConsumerConfig's default
     table.create(Lease(mine, Checkpoint(TRIM_HORIZON), "me", 3))
@@ -136,10 +135,8 @@ def test_the_manager_writes_its_worker_metrics_every_period_with_its_leases_thro
         table.client.update_item(TableName=table.table_name, Key={"leaseKey": {"S": key}},
                                  UpdateExpression="SET throughputKBps = :t",
                                  ExpressionAttributeValues={":t": {"N": str(kbps)}})
-    metrics_table = worker_metrics_table(manager.config.application)
-
     def item():
-        return dynamodb_client.get_item(TableName=metrics_table, Key={"wid": {"S": "me"}},
+        return dynamodb_client.get_item(TableName=table.table_name, Key={"leaseKey": {"S": "me"}},
                                         ConsistentRead=True).get("Item")
 
     manager.run_cycle()
@@ -165,18 +162,21 @@ def test_a_failed_worker_metrics_write_never_fails_the_cycle(fleet, caplog):
 
 
 def test_the_manager_reads_the_fleets_worker_metrics_and_a_failed_read_never_fails_the_cycle(fleet, caplog):
+    from kcl_pipeline.kcl.core.coordinator_state import Layout
     from kcl_pipeline.kcl.shells import kcl3_tables
 
     manager, table, clock, spawned, _ = fleet()
-    kcl3_tables.publish(table.client, manager.config.application, "idle-peer", int(time.time()), [0.0])
+    kcl3_tables.publish(table.client, manager.config.application, "idle-peer", int(time.time()), [0.0],
+                        Layout.LEASE_TABLE, table.table_name)  # a peer's item where a 3.5 fleet keeps it
     manager.run_cycle()
     assert manager.state.live_peers == frozenset({"idle-peer"})  # read before our first write
 
     def throttled(*args, **kwargs):
         raise RuntimeError("ProvisionedThroughputExceededException")
 
-    manager.table.client.scan = lambda **request: (throttled() if request.get("TableName", "").endswith(
-        "-WorkerMetricStats") else type(manager.table.client).scan(manager.table.client, **request))
+    scan = type(manager.table.client).scan  # only the metrics read (the filtered scan) fails
+    manager.table.client.scan = lambda **request: (throttled() if "FilterExpression" in request
+                                                   else scan(manager.table.client, **request))
     clock[0] += 60.0
     report = manager.run_cycle()
     assert report.total_leases == 2 and "could not read the fleet's worker metrics" in caplog.text

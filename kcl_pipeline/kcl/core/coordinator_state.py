@@ -1,22 +1,53 @@
-"""KCL 3.x's coordinator state: is a 3.x fleet running leader-assigned on this application?
+"""KCL 3.x's coordinator state: which protocol a Java 3.x fleet runs on this application, and where it keeps it.
 
-Java KCL 3.x keeps a table `<application>-CoordinatorState` (hash key `key`) next to the lease table. Its
-item `Migration3.0` records the 2.x→3.x migration: `cv` (the client version the fleet runs), `mb` (the
-worker that last modified it), `mts` (when, epoch millis), `h` (history). In the 3.x modes an elected
-leader assigns leases by load and 3.x workers renew only what they are given; a leaderless peer taking
-leases on its own would fight that leader. This consumer therefore refuses to start in those modes and
-proceeds in the 2.x-compatible ones (docs/kcl3.md explains the choice).
+Java KCL 3.x records the 2.x→3.x migration in an item `Migration3.0`: `cv` (the client version the fleet runs),
+`mb` (the worker that last modified it), `mts` (when, epoch millis), `h` (history). Where the item lives depends on
+the version that created the application's metadata (Java's CoordinatorStateDAO):
 
-`decide` is the pure decision (item in, verdict out); `shells/kcl3_tables.py` reads the item around it.
-It only ever reads: nothing here writes or strips attributes of KCL 3.x's items.
+* KCL 3.0–3.4, and 3.5 until a table migration completes: a table of its own, `<application>-CoordinatorState`
+  (hash key `key`), with the worker metrics in `<application>-WorkerMetricStats` (hash key `wid`);
+* KCL 3.5+ for a new application, for every 2.x → 3.x upgrade, and once a 3.4 → 3.5 table migration is COMPLETE:
+  the lease table itself, as items keyed by `leaseKey` with an `entityType` (`CLIENT_VERSION_MIGRATION` for
+  `Migration3.0`, `LEADER` for the leader lock `Leader`, `TABLE_MIGRATION` for `TableMigration3.5`,
+  `WORKER_METRIC_STATS` for each worker's metrics, keyed by its worker id).
+
+`Layout` names the two; `choose_layout` picks one from what the tables hold, as Java does: no
+`<application>-CoordinatorState` table, or its `TableMigration3.5` item (`tm`) COMPLETE, is the one-table layout.
+Java reads the migration item from the separate table first and falls back to the lease table until the table
+migration is COMPLETE (`effective_migration`).
+
+The items are parsed here (pure: item in, value out); `shells/kcl3_tables.py` reads them, `core/fleet_mode.py`
+decides what this consumer does about them. Nothing here writes, or strips attributes of, KCL 3.x's items.
 """
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Iterable, Mapping
 
-MIGRATION_KEY = "Migration3.0"
-HASH_KEY = "key"
+MIGRATION_KEY = "Migration3.0"        # MigrationState.MIGRATION_HASH_KEY
+LEADER_KEY = "Leader"                 # LeaderLock.LEADER_HASH_KEY
+TABLE_MIGRATION_KEY = "TableMigration3.5"  # TableMigrationState.TABLE_MIGRATION_HASH_KEY
+HASH_KEY = "key"                      # the separate table's hash key (LegacyTableCoordinatorStateDAODelegate)
+LEASE_TABLE_HASH_KEY = "leaseKey"     # the lease table's (DynamoDBLeaseSerializer.LEASE_KEY_KEY)
+
+# EntityType's DynamoDB values (the `entityType` attribute).
+ENTITY_CLIENT_VERSION_MIGRATION = "CLIENT_VERSION_MIGRATION"
+ENTITY_LEADER = "LEADER"
+ENTITY_TABLE_MIGRATION = "TABLE_MIGRATION"
+ENTITY_WORKER_METRIC_STATS = "WORKER_METRIC_STATS"
+
+TABLE_MIGRATION_STATUS_ATTRIBUTE = "tm"  # TableMigrationState.TABLE_MIGRATION_STATUS_ATTRIBUTE_NAME
+TABLE_MIGRATION_COMPLETE = "TABLE_MIGRATION_STATUS_COMPLETE"
+LEADER_OWNER_ATTRIBUTE = "ownerName"  # the DynamoDB lock client's item: the lock's holder
+LEADER_RELEASED_ATTRIBUTE = "isReleased"
+
+
+class Layout(enum.StrEnum):
+    """Where a Java 3.x fleet keeps its metadata (and where this consumer reads and writes its part of it)."""
+
+    LEASE_TABLE = "one-table"           # KCL 3.5+: entities of the lease table
+    SEPARATE_TABLES = "separate-tables"  # KCL 3.0–3.4: <app>-CoordinatorState and <app>-WorkerMetricStats
 
 CLIENT_VERSION_INIT = "CLIENT_VERSION_INIT"
 CLIENT_VERSION_UPGRADE_FROM_2X = "CLIENT_VERSION_UPGRADE_FROM_2X"
@@ -69,24 +100,78 @@ def migration_state_from_item(item: Mapping[str, Mapping] | None) -> MigrationSt
     return MigrationState(cv["S"], mb, mts)
 
 
-def decide(state: MigrationState | None, application: str) -> Verdict:
-    """Proceed when no 3.x fleet is recorded or it runs 2.x-compatible; refuse in 3.x (leader-assigned) mode.
+def choose_layout(coordinator_table_exists: bool, table_migration_status: str | None) -> Layout:
+    """Java's TableMigrationStateMachine: no `<application>-CoordinatorState` table is the one-table layout (a new
+    3.5 application, a 2.x → 3.x upgrade); so is a COMPLETE table migration. Otherwise the separate tables."""
+    if not coordinator_table_exists or table_migration_status == TABLE_MIGRATION_COMPLETE:
+        return Layout.LEASE_TABLE
+    return Layout.SEPARATE_TABLES
 
-    An unknown client version is refused too: a newer KCL's mode cannot be assumed to be leaderless.
-    """
+
+def _entity(items: Iterable[Mapping[str, Any]], key: str, entity: str) -> Mapping[str, Any] | None:
+    for item in items:
+        if (item.get(LEASE_TABLE_HASH_KEY, {}).get("S") == key
+                and item.get("entityType", {}).get("S") == entity):
+            return item
+    return None
+
+
+def lease_table_migration(items: Iterable[Mapping[str, Any]]) -> MigrationState | None:
+    """The migration state among the lease table's items (keyed `Migration3.0`, entityType
+    CLIENT_VERSION_MIGRATION); None when there is none. An item of another type under that key is not it."""
+    return migration_state_from_item(_entity(list(items), MIGRATION_KEY, ENTITY_CLIENT_VERSION_MIGRATION))
+
+
+def table_migration_status(item: Mapping[str, Any] | None) -> str | None:
+    """`tm` of a TableMigration3.5 item (TableMigrationStatus), None without an item or a string status."""
+    if item is None:
+        return None
+    status = item.get(TABLE_MIGRATION_STATUS_ATTRIBUTE)
+    return status.get("S") if isinstance(status, Mapping) else None
+
+
+def lease_table_table_migration(items: Iterable[Mapping[str, Any]]) -> str | None:
+    return table_migration_status(_entity(list(items), TABLE_MIGRATION_KEY, ENTITY_TABLE_MIGRATION))
+
+
+def leader_from_item(item: Mapping[str, Any] | None) -> str | None:
+    """The worker holding the leader lock (the lock client's `ownerName`), None when unheld or released."""
+    if item is None:
+        return None
+    released = item.get(LEADER_RELEASED_ATTRIBUTE, {})
+    if isinstance(released, Mapping) and released.get("BOOL") is True:
+        return None
+    owner = item.get(LEADER_OWNER_ATTRIBUTE)
+    return owner.get("S") if isinstance(owner, Mapping) and owner.get("S") else None
+
+
+def lease_table_leader(items: Iterable[Mapping[str, Any]]) -> str | None:
+    """The leader among the lease table's items (keyed `Leader`, entityType LEADER)."""
+    return leader_from_item(_entity(list(items), LEADER_KEY, ENTITY_LEADER))
+
+
+def effective_migration(layout: Layout, separate: MigrationState | None,
+                        lease_table: MigrationState | None) -> MigrationState | None:
+    """Java's CoordinatorStateDAO.getCoordinatorState: in the separate layout the separate table's item, else the
+    lease table's; in the one-table layout the lease table's only."""
+    if layout is Layout.SEPARATE_TABLES and separate is not None:
+        return separate
+    return lease_table
+
+
+def decide(state: MigrationState | None, application: str) -> Verdict:
+    """Proceed unless the client version is unknown: with no 3.x fleet recorded, or a 2.x-compatible one, this
+    consumer takes leases leaderless; in the 3.x modes (a leader assigns leases) it follows the leader
+    (core/fleet_mode.py). An unknown client version is refused at start: a newer KCL's mode is never guessed."""
     if state is None:
         return Verdict(True, "no KCL 3.x migration state: a 2.x-compatible table")
     version = state.client_version
     if version in COMPATIBLE_VERSIONS:
         return Verdict(True, f"KCL 3.x fleet in 2.x-compatible mode ({version})")
     by = f" (set by {state.modified_by})" if state.modified_by else ""
-    table = coordinator_state_table(application)
     if version in LEADER_ASSIGNED_VERSIONS:
-        return Verdict(False, (
-            f"a KCL 3.x fleet runs application {application!r} in 3.x mode ({version}{by} in {table}): its leader "
-            f"assigns leases, and a leaderless consumer would fight it. Refusing to start. Run this consumer "
-            f"under another application name, or roll the KCL 3.x fleet back to {CLIENT_VERSION_2X} "
-            f"(KCL's migration tool) first."))
+        return Verdict(True, f"KCL 3.x fleet in 3.x mode ({version}{by}): its leader assigns leases; this consumer "
+                             f"follows it (takes no lease, works those assigned to it)")
     return Verdict(False, (
-        f"unknown KCL client version {version!r}{by} in {table}: refusing to start rather than guess whether a "
-        f"leader assigns this application's leases"))
+        f"unknown KCL client version {version!r}{by} for application {application!r}: refusing to start rather "
+        f"than guess whether a leader assigns this application's leases"))

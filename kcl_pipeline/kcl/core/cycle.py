@@ -14,6 +14,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Generator, Iterable, Sequence
 
+from . import fleet_mode
 from .balance import confirmed_overloaded, reported_load, still_overloaded
 from .effects import (
     Abandon,
@@ -29,6 +30,7 @@ from .effects import (
     ScanTable,
     Spawn,
 )
+from .lease_codec import scan_entities
 from .lease_life import LifeOutcome
 from .lease_rules import UNSETTLED_ATTRIBUTE
 from .model import Checkpoint, Lease, Shard
@@ -81,6 +83,8 @@ class ManagerState:
     overloaded_since: dict[str, float] = field(default_factory=dict)  # owner → first cycle seen overloaded
     live_peers: frozenset[str] = frozenset()  # other workers whose metrics item is fresh (last read)
     ownership: frozenset[tuple[str, str]] = frozenset()  # (lease, owner) of the live leases last scanned
+    # A Java 3.x fleet on this application: what its tables said last (the mode this consumer runs in).
+    fleet: fleet_mode.FleetView = field(default_factory=fleet_mode.FleetView)
 
 
 @dataclass
@@ -94,6 +98,7 @@ class CycleResult:
     duplicate_worker_id: list[str] = field(default_factory=list)
     abandoned: list[str] = field(default_factory=list)
     started_at: float = 0.0
+    fleet_change: str | None = None  # the Java 3.x fleet's mode changed at this cycle's scan (fleet_mode.change)
 
 
 Cycle = Generator[CycleEffect, Any, CycleResult]
@@ -141,6 +146,9 @@ def manager_cycle(state: ManagerState, settings: CycleSettings, locally_worked: 
     # Stamp what a scan saw when it returned, never earlier: a slow, throttled scan must not make live
     # peers' leases look older than they are.
     state.ages.observe(leases, scanned.returned_at)
+    # KCL 3.5 keeps its migration state and leader lock in the lease table: the scan read them too.
+    result.fleet_change = _see_fleet(state, scanned)
+    follower = state.fleet.mode is fleet_mode.FleetMode.FOLLOWER
     unknown = unknown_lease_keys(leases, state.shards)
     # New keys outside the last listing: new shards (a peer created children), or other streams' leases
     # sharing the table. List again when that set changes, not every cycle.
@@ -162,10 +170,11 @@ def manager_cycle(state: ManagerState, settings: CycleSettings, locally_worked: 
             state.ages.observe(leases, scanned.returned_at)
     state.unknown_keys = unknown_lease_keys(leases, state.shards)
     leases = scoped_leases(leases, state.shards)
+    previous = {lease.lease_key: lease for lease in state.leases}
     state.leases = leases
     result.leases = leases
     moved = watch_our_id(state, settings.worker_id, leases, locally_worked)
-    if moved:
+    if moved and not follower:  # a 3.x leader's assignments move our leases' counters: not another process
         state.duplicate_worker_id_sightings += 1
         result.duplicate_worker_id = moved
         yield DuplicateWorkerId(tuple(moved))
@@ -188,6 +197,14 @@ def manager_cycle(state: ManagerState, settings: CycleSettings, locally_worked: 
         if peers is not None:
             state.live_peers = frozenset(live_workers(peers.last_updates, peers.now_epoch_seconds,
                                                       fresh_seconds(settings)))
+    if follower:
+        # A 3.x leader assigns: take nothing, steal nothing; work what it assigned to us.
+        for lease, stolen in fleet_mode.adoptions(settings.worker_id, leases, locally_worked, previous):
+            yield Spawn(lease, stolen=stolen)
+            result.spawned.append(lease.lease_key)
+        state.overloaded_since = {}
+        yield from _publish_metrics(state, settings, leases, now, metrics_due)
+        return result
     plan = leases_to_acquire(
         settings.worker_id, leases, state.ages.ages(now), expiry_seconds=settings.expiry_seconds,
         leases_to_acquire=settings.leases_to_acquire, max_leases=settings.max_leases,
@@ -208,12 +225,24 @@ def manager_cycle(state: ManagerState, settings: CycleSettings, locally_worked: 
         result.stolen = plan.steal.lease_key
     if plan.take or plan.steal:
         state.recently_ended.clear()
-    if metrics_due:
+    yield from _publish_metrics(state, settings, leases, now, metrics_due)
+    return result
+
+
+def _publish_metrics(state: ManagerState, settings: CycleSettings, leases: Sequence[Lease], now: float,
+                     due: bool) -> Generator[CycleEffect, Any, None]:
+    if due:
         state.throughput_history = [*state.throughput_history, worker_throughput_kbps(settings.worker_id, leases)][
             -METRIC_VALUES:]
         state.metrics_published_at = now
         yield PublishWorkerMetrics(tuple(state.throughput_history))
-    return result
+
+
+def _see_fleet(state: ManagerState, scanned: Scanned) -> str | None:
+    """Fold what a scan met of the Java 3.x fleet into the state; the change of mode it made, if any."""
+    before = state.fleet
+    state.fleet = fleet_mode.scanned(before, scan_entities(scanned.leases))
+    return fleet_mode.change(before, state.fleet)
 
 
 def watch_our_id(state: ManagerState, worker_id: str, leases: Sequence[Lease],
@@ -240,6 +269,11 @@ def watch_for_expiry(state: ManagerState, settings: CycleSettings,
     state.ages.observe(scanned.leases, scanned.returned_at)
     now = scanned.returned_at
     leases = scoped_leases(scanned.leases, state.shards)
+    if _see_fleet(state, scanned) is not None:
+        return True  # the fleet's mode changed: the cycle acts on it now
+    if state.fleet.mode is fleet_mode.FleetMode.FOLLOWER:
+        # A leader's failover is its business; a lease it assigned to us is ours to work at once.
+        return fleet_mode.assigned_to(settings.worker_id, leases, locally_worked)
     return any(not lease.is_ended and lease.lease_key not in locally_worked
                and state.ages.expired(lease.lease_key, now, settings.expiry_seconds)
                for lease in leases) or bool(

@@ -1,4 +1,7 @@
-"""This consumer's item in KCL 3.x's worker metrics table (`<application>-WorkerMetricStats`, hash key `wid`).
+"""This consumer's worker metrics item, where a KCL 3.x leader reads it: in KCL 3.0–3.4's table
+`<application>-WorkerMetricStats` (hash key `wid`), or — KCL 3.5's one-table layout (coordinator_state.Layout) —
+in the lease table, keyed by `leaseKey` = the worker id with `entityType` WORKER_METRIC_STATS (Java's
+LeaseTableWorkerMetricStats: the worker id is the item's leaseKey; its other attributes are the same).
 
 KCL 3.x's format: `wid` (worker id), `lut` (last update, epoch seconds), `sts` (metric name → list of
 recent values), `opr` (operating range), `properties`, `sup`/`slu` (support code and its update time).
@@ -36,6 +39,28 @@ def metrics_update(worker_id: str, now_epoch_seconds: int, throughput_kbps: Sequ
                 ExpressionAttributeValues={
                     ":lut": {"N": str(int(now_epoch_seconds))},
                     ":sts": {"M": {THROUGHPUT_METRIC: {"L": [{"N": repr(float(v))} for v in values]}}}})
+
+
+LEASE_TABLE_HASH_KEY = "leaseKey"
+ENTITY_TYPE = "WORKER_METRIC_STATS"  # EntityType.WORKER_METRIC_STATS's value
+
+
+def lease_table_metrics_update(worker_id: str, now_epoch_seconds: int,
+                               throughput_kbps: Sequence[float]) -> dict[str, Any]:
+    """The UpdateItem arguments (without TableName) for this worker's item in the lease table (the one-table
+    layout): the same `lut` and `sts`, with `entityType` WORKER_METRIC_STATS, and only on an item that is no
+    lease or other entity (a worker id equal to a lease key must never overwrite that lease)."""
+    legacy = metrics_update(worker_id, now_epoch_seconds, throughput_kbps)
+    return dict(Key={LEASE_TABLE_HASH_KEY: {"S": worker_id}},
+                UpdateExpression="SET entityType = :entity, lut = :lut, sts = :sts",
+                ConditionExpression="attribute_not_exists(leaseKey) OR entityType = :entity",
+                ExpressionAttributeValues={**legacy["ExpressionAttributeValues"], ":entity": {"S": ENTITY_TYPE}})
+
+
+def lease_table_last_updates(items: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """Worker id → `lut` of the lease table's WORKER_METRIC_STATS items (others are skipped)."""
+    return last_updates({HASH_KEY: item[LEASE_TABLE_HASH_KEY], **item} for item in items
+                        if item.get("entityType", {}).get("S") == ENTITY_TYPE and LEASE_TABLE_HASH_KEY in item)
 
 
 def last_updates(items: Iterable[Mapping[str, Any]]) -> dict[str, float]:

@@ -47,6 +47,7 @@ class CycleReport:
     stolen: str | None = None
     finished: list[WorkerResult] = field(default_factory=list)
     owners: dict[str, int] = field(default_factory=dict)
+    fleet: str = ""  # the KCL 3.x fleet's mode and leader (fleet_mode.FleetView.summary)
 
     def summary(self) -> str:
         parts = [f"leases={self.total_leases}", f"shards={self.total_shards if self.total_shards is not None else '-'}",
@@ -58,6 +59,8 @@ class CycleReport:
             parts.append(f"stole={self.stolen}")
         for r in self.finished:
             parts.append(f"{r.lease_key}:{r.outcome}" + (f"({r.detail})" if r.detail else ""))
+        if self.fleet:
+            parts.append(f"kcl3: {self.fleet}")
         return " ".join(parts)
 
 
@@ -97,9 +100,9 @@ class LeaseManager:
             for stream in self.config.streams:
                 describe_stream_summary(self.kinesis, stream)
         self.shards = self._list_shards()
-        # Before the lease table is created or touched: a 3.x leader-assigned fleet is never joined.
-        verdict = kcl3_tables.check_coordinator_state(self.table.client, self.config.application)
-        log.info("coordinator state: %s", verdict.reason)
+        # Before the lease table is created or touched: the mode a KCL 3.x fleet on this application runs in.
+        self.state.fleet = kcl3_tables.start_watch(self.table.client, self.config.application, self.config.lease_table,
+                                                   self.clock())
         if self.table.ensure_table():
             log.info("created lease table %s", self.config.lease_table)
 
@@ -172,7 +175,8 @@ class LeaseManager:
 
     def _read_worker_metrics(self, _effect: fx.ReadWorkerMetrics) -> fx.PeerMetrics | None:
         try:
-            updates = kcl3_tables.read_last_updates(self.table.client, self.config.application)
+            updates = kcl3_tables.read_last_updates(self.table.client, self.config.application,
+                                                    self.state.fleet.layout, self.config.lease_table)
         except Exception as exc:  # the balance keeps the peers it knew; the next period reads again
             self.metrics.count_many({"worker_metrics_failed": 1}, None)
             log.warning("could not read the fleet's worker metrics (%s): %s: %s",
@@ -183,7 +187,8 @@ class LeaseManager:
     def _publish_worker_metrics(self, effect: fx.PublishWorkerMetrics) -> None:
         try:
             kcl3_tables.publish(self.table.client, self.config.application, self.config.worker_id,
-                                int(time.time()), effect.throughput_kbps)
+                                int(time.time()), effect.throughput_kbps, self.state.fleet.layout,
+                                self.config.lease_table)
         except Exception as exc:  # metrics never stop consuming; the next period writes again
             self.metrics.count_many({"worker_metrics_failed": 1}, None)
             log.warning("could not write this consumer's worker metrics (%s): %s: %s",
@@ -203,11 +208,16 @@ class LeaseManager:
     def run_cycle(self) -> CycleReport:
         self._keepalive.value = time.time()
         report = CycleReport(finished=self._reap())
+        self.state.fleet = kcl3_tables.watch(self.table.client, self.config.application,  # once a minute, as Java
+                                             self.config.lease_table, self.state.fleet, self.clock())
         result = fx.drive(cyc.manager_cycle(self.state, self.settings, frozenset(self.workers), self.rng,
                                          self.predecessor), self._handle)
         report.total_shards = result.total_shards
         report.deleted, report.created, report.spawned = result.deleted, result.created, result.spawned
         report.stolen = result.stolen
+        report.fleet = self.state.fleet.summary()
+        if result.fleet_change:
+            log.warning("%s", result.fleet_change)
         self._fill_counts(report, result.leases)
         self.metrics.record_cycle(report.total_leases, report.total_shards if report.total_shards is not None
                                   else len(self.shards), report.unclaimed_leases, report.worker_leases)

@@ -1,0 +1,203 @@
+"""KCL 3.5 coexistence, item 2 and follower mode: the migration state is watched, and a flip is followed.
+
+Java's workers re-read the migration state every minute (ClientVersionChangeMonitor) and the state flips while a
+fleet runs: an upgrade's leader writes CLIENT_VERSION_3X_WITH_ROLLBACK once every lease owner publishes fresh worker
+metrics (MigrationReadyMonitor — our own publishing can complete that), an operator rolls back to
+CLIENT_VERSION_2X. Read once at start, a flip went unnoticed: this consumer kept taking beside a leader. Now each
+scan of the lease table reads KCL 3.5's items (the one-table layout) and the manager re-reads the separate table once
+a minute (3.0–3.4); under a leader this consumer takes nothing and works what the leader assigns to it."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from kcl_pipeline.kcl.core import cycle as cyc
+from kcl_pipeline.kcl.core import effects as fx
+from kcl_pipeline.kcl.core import fleet_mode
+from kcl_pipeline.kcl.core.coordinator_state import Layout, MigrationState
+from kcl_pipeline.kcl.core.fleet_mode import FleetMode, FleetView
+from kcl_pipeline.kcl.core.lease_codec import LeaseScan
+from kcl_pipeline.kcl.core.model import TRIM_HORIZON, Checkpoint, Lease, Shard
+from kcl_pipeline.kcl.shells import kcl3_tables
+
+SEQ = "49590338271490256608559692538361571095921575989136588898"
+SHARDS = [Shard(f"shardId-00000000000{i}") for i in range(4)]
+
+
+def migration(version: str) -> dict:
+    # As KCL 3.5 keeps it in the lease table: leaseKey + CoordinatorState.serialize's entityType
+    # (CLIENT_VERSION_MIGRATION) + MigrationState.serialize's cv, mb, mts.
+    return {"leaseKey": {"S": "Migration3.0"}, "entityType": {"S": "CLIENT_VERSION_MIGRATION"}, "cv": {"S": version},
+            "mb": {"S": "java-leader"}, "mts": {"N": "1732441200000"}}
+
+
+LEADER = {"leaseKey": {"S": "Leader"}, "entityType": {"S": "LEADER"}, "ownerName": {"S": "java-leader"},
+          "leaseDuration": {"S": "10000"}, "recordVersionNumber": {"S": "v1"}}  # the lock client's item
+
+
+class Table:
+    """The lease table as the cycle's effects see it: leases (by key) and KCL 3.5's other items."""
+
+    def __init__(self, leases, entities):
+        self.leases = {lease.lease_key: lease for lease in leases}
+        self.entities = list(entities)
+        self.spawned: list[tuple[str, bool]] = []
+        self.published = 0
+
+    def renew(self):
+        """Every holder renewed since the last cycle (they are all alive here)."""
+        for key, held in self.leases.items():
+            if held.lease_owner is not None:
+                self.leases[key] = Lease(key, held.checkpoint, held.lease_owner, held.lease_counter + 1,
+                                         extra=dict(held.extra))
+
+    def handle(self, effect, now):
+        if isinstance(effect, fx.Now):
+            return now
+        if isinstance(effect, fx.ScanTable):
+            return fx.Scanned(LeaseScan(self.leases.values(), self.entities), now, now)
+        if isinstance(effect, fx.ListShards):
+            return SHARDS
+        if isinstance(effect, fx.Spawn):
+            self.spawned.append((effect.lease.lease_key, effect.stolen))
+            return None
+        if isinstance(effect, fx.PublishWorkerMetrics):
+            self.published += 1
+            return None
+        if isinstance(effect, (fx.Create, fx.Delete)):
+            return False
+        return None
+
+
+def run(state, table, now, worked=(), worker="me"):
+    table.renew()
+    settings = cyc.CycleSettings(worker, Checkpoint(TRIM_HORIZON), 10.0, 4, 10, worker_metrics_period_seconds=30.0)
+    return fx.drive(cyc.manager_cycle(state, settings, frozenset(worked), random.Random(0)),
+                    lambda effect: table.handle(effect, now))
+
+
+def lease(i: int, owner: str | None, counter: int = 5, **extra) -> Lease:
+    return Lease(SHARDS[i].shard_id, Checkpoint(SEQ), owner, counter, extra=dict(extra))
+
+
+def test_a_flip_to_3x_mid_run_stops_taking_and_a_rollback_starts_again():
+    state = cyc.ManagerState()
+    table = Table([lease(0, None), lease(1, "java-1")], [migration("CLIENT_VERSION_UPGRADE_FROM_2X"), LEADER])
+    first = run(state, table, 0.0)
+    assert first.spawned == [SHARDS[0].shard_id] and state.fleet.mode is FleetMode.LEADERLESS  # 2.x-compatible
+    # The leader flips (every lease owner publishes fresh metrics, ours included) and assigns a lease to us.
+    table.entities = [migration("CLIENT_VERSION_3X_WITH_ROLLBACK"), LEADER]
+    table.leases[SHARDS[2].shard_id] = lease(2, None)
+    table.leases[SHARDS[3].shard_id] = lease(3, "me", counter=9)
+    second = run(state, table, 20.0, worked={SHARDS[0].shard_id})
+    assert second.fleet_change and "leaderless -> follower" in second.fleet_change
+    assert second.spawned == [SHARDS[3].shard_id]  # adopted; the free lease 2 is the leader's to assign
+    assert state.fleet.leader == "java-leader" and state.fleet.mode is FleetMode.FOLLOWER
+    # An operator rolls the fleet back (KCL's migration tool): leaderless taking again.
+    table.entities = [migration("CLIENT_VERSION_2X"), LEADER]
+    third = run(state, table, 40.0, worked={SHARDS[0].shard_id, SHARDS[3].shard_id})
+    assert third.fleet_change and "follower -> leaderless" in third.fleet_change
+    assert third.spawned == [SHARDS[2].shard_id]
+
+
+def test_a_default_config_3x_worker_writing_3x_into_our_table_makes_us_its_follower():
+    state = cyc.ManagerState()
+    table = Table([lease(0, None)], [])
+    assert run(state, table, 0.0).spawned == [SHARDS[0].shard_id]
+    table.leases[SHARDS[0].shard_id] = lease(0, "me", counter=1)
+    table.leases[SHARDS[1].shard_id] = lease(1, None)
+    table.entities = [migration("CLIENT_VERSION_3X"), LEADER]
+    assert run(state, table, 20.0, worked={SHARDS[0].shard_id}).spawned == []
+
+
+def test_a_follower_never_reports_a_leaders_assignments_as_a_duplicate_worker_id():
+    state = cyc.ManagerState()
+    table = Table([lease(0, "me", counter=3)], [migration("CLIENT_VERSION_3X"), LEADER])
+    run(state, table, 0.0, worked={SHARDS[0].shard_id})
+    table.leases[SHARDS[1].shard_id] = lease(1, "me", counter=4, checkpointOwner="java-1")  # a hand-off to us
+    run(state, table, 20.0, worked={SHARDS[0].shard_id})
+    table.leases[SHARDS[1].shard_id] = lease(1, "me", counter=6)  # Java's holder assigned it: done
+    result = run(state, table, 40.0, worked={SHARDS[0].shard_id})
+    assert result.duplicate_worker_id == [] and state.duplicate_worker_id_sightings == 0
+    assert result.spawned == [SHARDS[1].shard_id]
+
+
+def test_adoptions_wait_out_a_live_previous_holder_but_not_a_free_lease_or_a_finished_hand_off():
+    now = [lease(0, "me"), lease(1, "me"), lease(2, "me"), lease(3, "me", checkpointOwner="java-1")]
+    previous = {SHARDS[0].shard_id: lease(0, None), SHARDS[1].shard_id: lease(1, "me", checkpointOwner="java-1"),
+                SHARDS[2].shard_id: lease(2, "java-1")}
+    assert [(adopted.lease_key, stolen) for adopted, stolen in fleet_mode.adoptions("me", now, (), previous)] == [
+        (SHARDS[0].shard_id, False), (SHARDS[1].shard_id, False), (SHARDS[2].shard_id, True)]
+    # a hand-off still pending (checkpointOwner) is not adopted: the previous holder has not checkpointed yet
+
+
+def test_between_cycles_a_follower_wakes_for_a_lease_assigned_to_it_not_for_a_peers_expiry():
+    state = cyc.ManagerState(shards=SHARDS, fleet=FleetView(lease_table=MigrationState("CLIENT_VERSION_3X")))
+    settings = cyc.CycleSettings("me", Checkpoint(TRIM_HORIZON), 10.0, 1, 10)
+    table = Table([lease(0, "java-1")], [migration("CLIENT_VERSION_3X")])
+    state.ages.observe(list(table.leases.values()), 0.0)
+    woke = fx.drive(cyc.watch_for_expiry(state, settings, frozenset()), lambda e: table.handle(e, 100.0))
+    assert woke is False  # expired, but a leader's failover is the leader's
+    table.leases[SHARDS[1].shard_id] = lease(1, "me")
+    assert fx.drive(cyc.watch_for_expiry(state, settings, frozenset()), lambda e: table.handle(e, 101.0)) is True
+
+
+def test_a_malformed_migration_item_at_run_time_keeps_the_last_known_mode():
+    view = fleet_mode.scanned(FleetView(), [migration("CLIENT_VERSION_3X")])
+    broken = {k: v for k, v in migration("CLIENT_VERSION_3X").items() if k != "cv"}
+    after = fleet_mode.scanned(view, [broken])
+    assert after.mode is FleetMode.FOLLOWER and "'cv'" in after.problem
+
+
+def test_an_unknown_client_version_appearing_at_run_time_is_followed_never_fought():
+    assert fleet_mode.scanned(FleetView(), [migration("CLIENT_VERSION_4X")]).mode is FleetMode.FOLLOWER
+
+
+# -- the separate layout: the manager's watch, once a minute --------------------------------------------------------
+
+class Client:
+    """The three reads of the separate table's watch (describe, get), scripted; counts the reads."""
+
+    def __init__(self, version):
+        self.version = version
+        self.fail = False
+        self.reads = 0
+
+    def describe_table(self, **request):
+        self.reads += 1
+        if self.fail:
+            raise ConnectionError("the endpoint is unreachable")
+        return {"Table": {"TableName": request["TableName"]}}
+
+    def get_item(self, TableName, Key, ConsistentRead):  # noqa: N803 - boto3's names
+        if Key["key"]["S"] == "Migration3.0" and self.version:
+            # MigrationState in KCL 3.0–3.4's table (hash key `key`): cv, mb, mts.
+            return {"Item": {"key": {"S": "Migration3.0"}, "cv": {"S": self.version}, "mb": {"S": "java-1"},
+                             "mts": {"N": "1732441200000"}}}
+        return {}
+
+
+def test_the_separate_tables_migration_state_is_re_read_every_minute_and_a_flip_is_seen():
+    client = Client("CLIENT_VERSION_UPGRADE_FROM_2X")
+    view = kcl3_tables.watch(client, "app", "app", FleetView(), 0.0)
+    assert view.layout is Layout.SEPARATE_TABLES and view.mode is FleetMode.LEADERLESS and client.reads == 1
+    client.version = "CLIENT_VERSION_3X_WITH_ROLLBACK"
+    assert kcl3_tables.watch(client, "app", "app", view, 59.0) is view and client.reads == 1  # not yet due
+    view = kcl3_tables.watch(client, "app", "app", view, 60.0)
+    assert view.mode is FleetMode.FOLLOWER and client.reads == 2
+
+
+def test_a_failed_watch_keeps_the_mode_and_tries_again_a_minute_later():
+    client = Client("CLIENT_VERSION_3X")
+    view = kcl3_tables.watch(client, "app", "app", FleetView(), 0.0)
+    client.fail = True
+    kept = kcl3_tables.watch(client, "app", "app", view, 60.0)
+    assert kept.mode is FleetMode.FOLLOWER and "unreachable" in kept.problem and kept.watched_at == 60.0
+
+
+@pytest.mark.parametrize("version, mode", [(None, FleetMode.LEADERLESS), ("CLIENT_VERSION_INIT", FleetMode.LEADERLESS),
+                                           ("CLIENT_VERSION_2X", FleetMode.LEADERLESS),
+                                           ("CLIENT_VERSION_3X_WITH_ROLLBACK", FleetMode.FOLLOWER)])
+def test_the_mode_of_each_client_version(version, mode):
+    assert fleet_mode.mode_of(MigrationState(version) if version else None) is mode
