@@ -93,7 +93,8 @@ def test_fleet_observation_has_fixed_keys_and_the_lease_table(setup):
     (observation,) = [e for e in result.asset_events if isinstance(e, AssetObservation)]
     meta = observation.metadata
     assert set(meta) == {"total_leases", "total_shards", "unclaimed_leases", "worker_leases", "leases_held",
-                         "consumers", "max_lag_ms", "leases"}
+                         "consumers", "max_lag_ms", "leases", "lease_workers_on_host", "lease_workers_pss_mib",
+                         "lease_worker_pss_max_mib", "lease_worker_uss_max_mib", "worker_start_method"}
     assert isinstance(meta["leases"], TableMetadataValue)
     assert [c.name for c in meta["leases"].schema.columns] == ["lease", "owner", "counter", "checkpoint", "lag_ms"]
     assert meta["total_shards"].value == 2 and meta["leases_held"].value == 0

@@ -123,3 +123,23 @@ def test_a_live_process_named_as_a_lease_worker_is_measured():
     finally:
         child.kill()
         child.wait()
+
+
+def test_the_sensors_observation_keys_are_fixed_and_say_how_workers_start(tmp_path, monkeypatch):
+    from kcl_pipeline.kcl.shells import worker_processes
+    from kcl_pipeline.kcl.shells.memory import host_metadata
+    from kcl_pipeline.kcl.shells.worker_processes import StartMethod
+
+    keys = {"lease_workers_on_host", "lease_workers_pss_mib", "lease_worker_pss_max_mib", "lease_worker_uss_max_mib",
+            "worker_start_method"}
+    monkeypatch.setattr(worker_processes, "_last_readied", None)
+    proc = fake_proc(tmp_path, {41: (WORKER_PROCESS_NAME, ROLLUP)})
+    assert host_metadata(proc) == {"lease_workers_on_host": 1, "lease_workers_pss_mib": 30.0,
+                                   "lease_worker_pss_max_mib": 30.0, "lease_worker_uss_max_mib": 14.0,
+                                   "worker_start_method": "-"}
+    monkeypatch.setattr(worker_processes, "_last_readied", StartMethod("forkserver", "spawn", False, "OSError: x"))
+    unavailable = host_metadata(str(tmp_path / "nowhere"))
+    assert set(unavailable) == keys and unavailable["lease_workers_on_host"] == -1
+    assert unavailable["worker_start_method"] == "spawn (fell back: OSError: x)"
+    monkeypatch.setattr(worker_processes, "_last_readied", StartMethod("forkserver", "forkserver", True))
+    assert host_metadata(proc)["worker_start_method"] == "forkserver"

@@ -117,6 +117,7 @@ def test_workers_start_preloaded_or_fresh_with_their_own_randomness(method):
     ctx = procs.context()
     assert ctx.get_start_method() == method
     assert procs.start_method == StartMethod(method, method, method == "forkserver")
+    assert wp.readied_start_method() == procs.start_method  # what the sensor's observation reports
     results = procs.ipc_context.Queue()
     children = [ctx.Process(target=_report_state, args=(results,), daemon=True) for _ in range(2)]
     for child in children:

@@ -35,6 +35,7 @@ from dagster_aws.s3 import S3Resource
 
 from ...kcl.core.streams import StreamScope
 from ...kcl.shells.manager import CycleReport
+from ...kcl.shells.memory import host_metadata
 from ...kcl.shells.shards import StreamNotFound
 from ...landing.completeness import WindowStatus
 from ...landing.fleet_view import lease_counts, lease_lags, observation_due
@@ -426,6 +427,7 @@ def _fleet_metadata(cycle: CycleReport, progress: Mapping[str, ShardProgress], l
         "consumers": len(cycle.owners),
         "max_lag_ms": max(known) if known else 0,
         "leases": MetadataValue.table(rows, schema=LEASE_TABLE_SCHEMA),
+        **host_metadata(),  # this host's lease workers' memory (PSS in all, the largest), how they start
     }
 
 

@@ -173,3 +173,20 @@ def host_report(proc: str = PROC) -> str:
         text += (f"; {servers.count} forkserver{'s' if servers.count != 1 else ''} (what they share): "
                  f"PSS {_mib(servers.pss_sum):.1f} MiB")
     return text
+
+
+def host_metadata(proc: str = PROC) -> dict[str, float | int | str]:
+    """Fixed keys for a sensor's observation (they plot over time): this host's lease workers' memory (MiB; -1
+    when it cannot be read here) and how this process's workers start."""
+    from .worker_processes import readied_start_method
+
+    workers = lease_workers_memory(proc)
+    method = readied_start_method()
+    started = "-" if method is None else method.as_metadata()["start_method"] + (
+        f" (fell back: {method.detail})" if method.fell_back else "")
+    if not workers.available:
+        return {"lease_workers_on_host": -1, "lease_workers_pss_mib": -1.0, "lease_worker_pss_max_mib": -1.0,
+                "lease_worker_uss_max_mib": -1.0, "worker_start_method": started}
+    return {"lease_workers_on_host": workers.count, "lease_workers_pss_mib": _mib(workers.pss_sum),
+            "lease_worker_pss_max_mib": _mib(workers.pss_max), "lease_worker_uss_max_mib": _mib(workers.uss_max),
+            "worker_start_method": started}

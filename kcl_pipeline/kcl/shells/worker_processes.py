@@ -131,9 +131,11 @@ class WorkerProcesses:
     def context(self) -> Context:
         """The context to start a worker in: on the first call, starts and probes the forkserver (or falls
         back to spawn, see the module's docstring)."""
+        global _last_readied
         with self._lock:
             if self._ready is None:
                 self._ready = self._prepare()
+                _last_readied = self._ready[1]
             return self._ready[0]
 
     def _prepare(self) -> tuple[Context, StartMethod]:
@@ -162,6 +164,14 @@ class WorkerProcesses:
                   "itself (about twice the memory); set worker_start_method='spawn' to choose spawn outright",
                   reason)
         return multiprocessing.get_context("spawn"), StartMethod(FORKSERVER, SPAWN, False, reason)
+
+
+_last_readied: StartMethod | None = None
+
+
+def readied_start_method() -> StartMethod | None:
+    """How this process's lease workers start, as its last manager readied them (None before any worker)."""
+    return _last_readied
 
 
 def start_server() -> None:
