@@ -413,17 +413,18 @@ def initiate_handoff_write(key: str, new_owner: str, holder: str, observed_count
 
 
 def cancel_handoff_write(key: str, new_owner: str, holder: str, counter: int, claim: str) -> Write:
-    """Give the lease back to `holder` exactly as it was (same counter), while the hand-off this process
-    asked for (its claim) is unfinished."""
-    values = {":me": {"S": new_owner}, ":holder": {"S": holder}, ":mine": {"N": str(counter)},
-              ":claim": {"S": claim}}
+    """Give the lease back to `holder`, counter untouched, while the hand-off this process asked for (its claim)
+    is unfinished (`checkpointOwner` still names the holder). Not fenced on the counter the ask left (`counter`,
+    kept for callers' logs): a Java holder goes on renewing while asked, and its renewals then match the table."""
+    del counter
+    values = {":me": {"S": new_owner}, ":holder": {"S": holder}, ":claim": {"S": claim}}
     return Write("update_item", key, {
         "Key": item_key(key),
         "UpdateExpression": f"SET leaseOwner = :holder REMOVE {HANDOFF_ATTRIBUTE}",
-        "ConditionExpression": (f"leaseOwner = :me AND leaseCounter = :mine AND {HANDOFF_ATTRIBUTE} = :holder "
-                                f"AND {CLAIM_ATTRIBUTE} = :claim"),
+        "ConditionExpression": f"leaseOwner = :me AND {HANDOFF_ATTRIBUTE} = :holder AND {CLAIM_ATTRIBUTE} = :claim",
         "ExpressionAttributeValues": values},
-        lambda seen: _holds(seen, holder, counter) and HANDOFF_ATTRIBUTE not in seen.extra)
+        lambda seen: (seen is not None and seen.lease_owner == holder and HANDOFF_ATTRIBUTE not in seen.extra
+                      and seen.extra.get(CLAIM_ATTRIBUTE) == claim))
 
 
 def finish_handoff_write(key: str, holder: str, counter: int, checkpoint: Checkpoint | None) -> Write:

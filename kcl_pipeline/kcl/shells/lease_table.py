@@ -227,8 +227,9 @@ class LeaseTable:
 
     def cancel_handoff(self, key: str, new_owner: str, holder: str, counter: int, claim: str) -> bool:
         """Withdraw a hand-off this process asked for and the holder has not finished: the lease is the
-        holder's again exactly as it was (same counter, so its renewals go on). False when the holder
-        finished meanwhile (or the lease moved on)."""
+        holder's again, its counter untouched (so its renewals go on; a Java holder's renewals moved it while
+        it was asked, which is why `counter` does not fence this write). False when the holder finished
+        meanwhile (or the lease moved on)."""
         return self._write(cancel_handoff_write(key, new_owner, holder, counter, claim)).applied
 
     def finish_handoff(self, key: str, holder: str, counter: int, checkpoint: Checkpoint | None = None) -> bool:
