@@ -3,10 +3,18 @@
 Ground truth the consumer cannot see: which process made every applied write, when it sent it, every
 user record the stream holds, every delivery and every landed copy. Checked at every step:
 
-* at most one of our workers delivers a shard: once another worker started delivering it, an earlier
-  one never delivers it again;
-* a worker delivers only while the table shows the lease as its own, or within the expiry after sending
-  the last write of it the table applied (its validity; the margin absorbs clock drift);
+* no two holders deliver a shard at once, counting Java KCL peers: once another holder (a worker of ours,
+  or a Java peer's tenure of the lease) started delivering it, an earlier one never delivers it again. A
+  new holder re-delivering what an earlier one delivered after its last checkpoint is the documented
+  at-least-once window, not a violation;
+* a holder never delivers after its validity: its last check before a delivery happens, on its own clock,
+  less than expiry − margin after it sent the last write of its own that DynamoDB applied (not the last
+  it believes applied); the delivery itself follows that check within the pause the margin tolerates;
+* the fencing token never goes back: a lease's counter only grows (a peer that saw a value before would
+  take a live lease for expired);
+* after a graceful stop, when the stopped consumer's process exits, none of its workers still holds a
+  lease: each let go of what it held (released, ended or handed over), none left it to expire — unless
+  the world froze it or cut its network during the stop;
 * no checkpoint goes back; none passes an undelivered record; SHARD_END only after every record;
 * no record of a child shard before every record of its parents;
 * a write the table applied is never reported as not applied (ambiguous outcomes are read back);
@@ -46,7 +54,7 @@ def _order(cp: Checkpoint) -> tuple:
 class Checker:
     def __init__(self, *, stream: SimStream, store: SimZoneStore, items: Mapping[str, dict],
                  foreign: Mapping[str, dict], fleet: FleetView, config: ConsumerConfig, liveness_slack: float,
-                 now: Callable[[], float], note: Callable[[str], None]):
+                 now: Callable[[], float], note: Callable[[str], None], validity_slack: float = 1e-9):
         self.stream = stream
         self.store = store
         self.items = items          # the lease table's items, live (our leases and everyone else's)
@@ -60,13 +68,19 @@ class Checker:
         self.delivered: dict[str, set] = {}
         self.prefix: dict[str, int] = {}
         self.started: set[str] = set()
-        self.deliverers: dict[str, list[int]] = {}
+        self.deliverers: dict[str, list[tuple[tuple[str, int | None], str]]] = {}  # holders, in order
         self.holder: dict[str, Any] = {}
         self.unworked_since: dict[str, tuple[float, tuple]] = {}
         self.able_before: frozenset[int] = frozenset()
         self.most_orphans = 0
         self.deliveries = 0
         self.redelivered = 0
+        self.table_name = config.lease_table
+        self.validity_slack = validity_slack
+        self.applied_sent: dict[int, float] = {}  # worker serial → send time of its last applied hold write
+        self.stops: dict[int, dict[str, Any]] = {}  # id(consumer) → lease → its worker, held when stopped
+        self.let_go: dict[tuple[int, str], str] = {}  # (id(consumer), lease) → how its worker let it go
+        self.late_owned: set[str] = set()  # leases owned by a write applied after its worker's process ended
 
     def violation(self, message: str) -> None:
         if not self.violations:
@@ -74,7 +88,10 @@ class Checker:
         self.violations.append(f"t={self.now():.3f}: {message}")
 
     # -- the lease table -----------------------------------------------------------------------------------
-    def on_write(self, table: str, key: str, before: dict | None, after: dict | None, actor: Any) -> None:
+    def on_write(self, table: str, key: str, before: dict | None, after: dict | None, actor: Any,
+                 sent_at: float = 0.0) -> None:
+        if table != self.table_name:
+            return  # the worker metrics table: no lease in it
         if key in self.foreign:
             self.violation(f"{actor} changed {key}, an item this consumer does not own: {before} -> {after}")
             return
@@ -93,6 +110,10 @@ class Checker:
             self.violation(f"{actor} acquired {key}, whose shard had already ended (SHARD_END)")
         if old is not None and _order(new.checkpoint) < _order(old.checkpoint):
             self.violation(f"{actor}: the checkpoint of {key} went back from {old.checkpoint} to {new.checkpoint}")
+        if old is not None and new.lease_counter < old.lease_counter:
+            self.violation(f"{actor}: the counter of {key} went back from {old.lease_counter} to {new.lease_counter} "
+                           f"(a write sent at t={sent_at:.3f}): a peer that saw it before takes a live lease for "
+                           f"expired")
         cp = new.checkpoint
         if cp.is_shard_end:
             if old is None or not old.checkpoint.is_shard_end:
@@ -104,35 +125,38 @@ class Checker:
             if bisect.bisect_right(shard.positions, cp.key()) > self.prefix.get(key, 0):
                 self.violation(f"{actor} checkpointed {key} at {cp}, past an undelivered record")
         if old is None or (old.lease_owner, old.lease_counter) != (new.lease_owner, new.lease_counter):
+            previous = self.holder.get(key)
             if worker is not None and new.lease_owner == worker.worker_id:
                 self.holder[key] = worker
-                worker.applied_sent_true = worker.inflight_sent_true
+                if old is None or old.lease_counter != new.lease_counter:
+                    # A write of its hold (acquire, heartbeat): its validity counts from when it was sent.
+                    self.applied_sent[worker.serial] = max(sent_at, self.applied_sent.get(worker.serial, sent_at))
+                if worker.finished:
+                    self.late_owned.add(key)  # applied after its process ended: no stop could release it
+                else:
+                    self.late_owned.discard(key)
             else:
                 # A worker writing a lease it does not own (its release, or its last write of a hand-off)
                 # leaves nobody known to hold it until the owner's own write.
                 self.holder[key] = actor if new.lease_owner is not None and worker is None else None
+                self.late_owned.discard(key)
+            self._note_let_go(key, previous, actor, new.lease_owner)
 
     # -- deliveries ----------------------------------------------------------------------------------------
-    def on_deliver(self, worker: Any, shard_id: str, records, java: bool = False) -> None:
+    def on_deliver(self, worker: Any, shard_id: str, records, java: bool = False, tenure: int | None = None) -> None:
+        """A delivery to a processor: one of our workers' (`worker.paused` seconds after its last check), or a
+        Java peer's (`java`, in its `tenure` of the lease)."""
         now = self.now()
         positions = [r.position() for r in records] if not java else list(records)
         if not java:
-            holder = self.holder.get(shard_id)
-            if holder is not worker:
-                sent = worker.applied_sent_true
-                expiry = worker.config.lease_expiry_seconds
-                if sent is None or now >= sent + expiry:
-                    self.violation(
-                        f"{worker!r} delivered {shard_id} {positions[0][1]}/{positions[0][2]} while the table shows "
-                        f"the lease as {holder!r}'s, "
-                        + ("without any write of its own applied" if sent is None else
-                           f"{now - sent:.2f}s after sending its last applied write (expiry {expiry}s)"))
-            serials = self.deliverers.setdefault(shard_id, [])
-            if not serials or serials[-1] != worker.serial:
-                if worker.serial in serials:
-                    self.violation(f"{worker!r} delivered {shard_id} again after worker {serials[-1]} started "
-                                   f"delivering it: two workers delivered one shard at once")
-                serials.append(worker.serial)
+            self._check_validity(worker, shard_id, positions[0], now)
+        who = ("java", tenure) if java else ("ours", worker.serial)
+        deliverers = self.deliverers.setdefault(shard_id, [])
+        if not deliverers or deliverers[-1][0] != who:
+            if any(seen == who for seen, _ in deliverers):
+                self.violation(f"{worker!r} delivered {shard_id} {positions[0][1]}/{positions[0][2]} again after "
+                               f"{deliverers[-1][1]} started delivering it: two holders delivered one shard at once")
+            deliverers.append((who, repr(worker)))
         shard = self.stream.shards[shard_id]
         if shard_id not in self.started:
             self.started.add(shard_id)
@@ -154,6 +178,71 @@ class Checker:
         while prefix < len(all_positions) and all_positions[prefix] in delivered:
             prefix += 1
         self.prefix[shard_id] = prefix
+
+    def _check_validity(self, worker: Any, shard_id: str, position: tuple, now: float) -> None:
+        sent = self.applied_sent.get(worker.serial)
+        timing = worker.timing
+        decided = now - worker.paused  # its last check: the world paused it between that check and this call
+        if sent is None:
+            self.violation(f"{worker!r} delivered {shard_id} {position[1]}/{position[2]} without any write of its "
+                           f"own applied")
+            return
+        elapsed = (decided - sent) * worker.host.rate  # on the holder's own clock
+        validity = timing.expiry_seconds - timing.margin_seconds
+        if elapsed >= validity + self.validity_slack:
+            self.violation(f"{worker!r} delivered {shard_id} {position[1]}/{position[2]} after its validity: its "
+                           f"last check came {elapsed:.3f}s (its clock) after it sent its last write DynamoDB applied "
+                           f"(expiry {timing.expiry_seconds}s − margin {timing.margin_seconds}s = {validity}s)")
+
+    # -- graceful stops --------------------------------------------------------------------------------------
+    def on_graceful_stop(self, consumer: Any) -> None:
+        """SIGTERM to `consumer`: what its workers hold now must be let go by them before it exits."""
+        self.stops[id(consumer)] = {key: holder for key, holder in self.holder.items()
+                                    if getattr(holder, "consumer", None) is consumer}
+
+    def _note_let_go(self, key: str, previous: Any, actor: Any, owner: str | None) -> None:
+        consumer = getattr(previous, "consumer", None)
+        if consumer is None or id(consumer) not in self.stops or key not in self.stops[id(consumer)]:
+            return
+        if (id(consumer), key) in self.let_go:
+            return
+        if actor is previous:
+            self.let_go[(id(consumer), key)] = "released"
+        elif previous.working():
+            self.let_go[(id(consumer), key)] = f"taken by {actor!r} from its working holder"
+        else:
+            self.let_go[(id(consumer), key)] = f"expired: taken by {actor!r} after {previous!r} stopped"
+
+    def on_consumer_exit(self, consumer: Any) -> None:
+        """The stopped consumer's process exits: none of its workers may still hold a lease, and what they
+        held at the stop went by their own writes (or to a taker while they still worked it), not by expiry."""
+        held = self.stops.pop(id(consumer), None)
+        if held is None or self._disturbed(consumer):
+            return
+        for key, holder in self.holder.items():
+            if getattr(holder, "consumer", None) is consumer and key not in self.late_owned:
+                item = self.items.get(key)
+                lease = lease_from_item(item) if item is not None else None
+                if lease is not None and not lease.is_ended and lease.lease_owner == consumer.worker_id:
+                    self.violation(f"{consumer!r} exited after a graceful stop with lease {key} still held by "
+                                   f"{holder!r}: it was not released (peers wait for it to expire)")
+                    return
+        for key in held:
+            how = self.let_go.pop((id(consumer), key), None)
+            if how is not None and how.startswith("expired"):
+                self.violation(f"{consumer!r} stopped gracefully, yet its lease {key} was not released: {how}")
+                return
+
+    def _disturbed(self, consumer: Any) -> bool:
+        """The world froze the stopping consumer or one of its workers, or cut its network: a lease it could
+        not release is the world's doing."""
+        since = consumer.stopped_at
+        faults = consumer.host.faults
+        if not faults.healthy() or faults.healthy_since > since - 30.0:
+            return True
+        if max(consumer.group.frozen_until, consumer.manager_scope.frozen_until) > since:
+            return True
+        return any(worker.scope.frozen_until > since for worker in self.fleet.workers_of(consumer))
 
     def on_land(self, shard_id: str, positions) -> None:
         landed = self.store.landed

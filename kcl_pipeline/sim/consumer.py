@@ -1,49 +1,73 @@
-"""Our consumer in the world: the lease manager's and the workers' I/O shells, in virtual time.
+"""Our consumer in the world: the processes that run the shipped shells, in virtual time.
 
-These shells do what manager.py and worker.py do — the I/O — and nothing else: every decision is made by
-the coroutines they drive (kcl/cycle.py's `manager_cycle` and `watch_for_expiry`, kcl/lease_life.py's
-`lease_life` and `heartbeat_once`), over the real `LeaseTable` (its requests evaluated by the simulated
-DynamoDB) and the real `ShardReader` (over the simulated Kinesis). Each I/O call runs at one instant
-(its linearisation point, shortly after it is sent) and its answer arrives after the latency its client
-accumulated (retries, back-off, timeouts included); a frozen process receives nothing until it thaws.
+A `SimConsumer` is one consumer process. It runs the shipped `LeaseManager` (kcl/shells/manager.py) — its
+effect handlers, its cycles and the waits between them, its reaping, spawning, keep-alive and shutdown —
+as an engine task: `LeaseManager.consume`, what `kcl-pipeline consume` runs. A `SimWorkerProcess` is one
+lease worker process: it runs the shipped `LeaseWorker` (kcl/shells/worker.py) — every handler of a lease's
+life, its fenced writes through `HeldLease`, its heartbeat, its checkpointer, its stop conditions — as
+engine tasks. Nothing here decides anything or answers an effect: both are the shells' *transports*
+(kcl/shells/transport.py), and answer only the transport's steps, in virtual time:
+
+* `Call`: the request reaches the service shortly after it is sent (and runs there at one instant, even if
+  the sender freezes or dies meanwhile, unless an attempt times out and is applied late); its answer comes
+  back after the latency its client accumulated (retries, back-off, timeouts included); a frozen process
+  receives nothing until it thaws. The clients are the simulated DynamoDB's and Kinesis'.
+* `Sleep`, `AwaitLoss`, `NextResult`, `Join`: waits on the host's drifting clock, woken early by a stop, a
+  changed hold, a worker's result or its exit.
+* `Exclusive`, `Background`: the engine's lock and tasks.
+
+Between a shell's steps the world may pause a process as a garbage collector or a busy host would
+(`Pauses`): before a delivery (processing that the last validity check did not see), before a check, and
+in the heartbeat.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..kcl.config import ConsumerConfig
-from ..kcl.core import cycle as cyc
 from ..kcl.core import effects as fx
-from ..kcl.core import lease_life as life
-from ..kcl.core.balance import ThroughputMeter, reported_load
-from ..kcl.core.lease_codec import encode_value
-from ..kcl.core.lease_hold import LeaseHold, LeaseTiming, Outcome
-from ..kcl.core.lease_rules import HANDOFF_ATTRIBUTE, check_heartbeat_attributes
-from ..kcl.core.model import Lease
-from ..kcl.processor import InitializationInput, ProcessRecordsInput
+from ..kcl.core.lease_hold import LeaseTiming
+from ..kcl.core.model import Checkpoint, Lease
+from ..kcl.records.kpl import KplStats
 from ..kcl.shells.lease_table import LeaseTable
+from ..kcl.shells.manager import LeaseManager
+from ..kcl.shells.metrics import Metrics
 from ..kcl.shells.reader import ShardReader
-from ..kcl.shells.shards import list_shards
-from ..kcl.shells.worker import LEASE_TABLE_ATTEMPTS, lease_table_read_timeout
+from ..kcl.shells.transport import (
+    KINESIS,
+    AwaitLoss,
+    Background,
+    Call,
+    Join,
+    NextResult,
+    Sleep,
+    Step,
+)
+from ..kcl.shells.worker import LEASE_TABLE_ATTEMPTS, LeaseWorker, WorkerResult, lease_table_read_timeout
+from ..kcl.shells.worker_processes import HeapTrimmer
 from .dynamodb import SimDynamoDBClient, retry_budget
-from .engine import Host, Later, Lock, Scope, Task
+from .engine import Host, Later, Lock, Scope, Task, Waiters
 from .kinesis import SimKinesisClient
 from .landing import SimLandingProcessor
 
 if TYPE_CHECKING:
     from .stage import Stage
 
+
 def lease_table_client(world: "Stage", host: Host, config: ConsumerConfig, actor: Any) -> SimDynamoDBClient:
     """The simulated twin of worker.lease_table_client: same attempts and read timeout."""
     return SimDynamoDBClient(world.dynamodb, world.child_rng(), host.faults, actor=actor,
-                             max_attempts=LEASE_TABLE_ATTEMPTS, read_timeout=lease_table_read_timeout(config))
+                             max_attempts=LEASE_TABLE_ATTEMPTS, read_timeout=lease_table_read_timeout(config),
+                             now=lambda: world.now, later=world.apply_later)
 
 
-_WRITES = frozenset({"acquire", "heartbeat", "checkpoint", "end", "release", "create", "delete", "handoff",
-                     "finish-handoff", "cancel-handoff"})
+# What a write is called in the shells' `Call` steps: a write the table applied must never be reported as
+# not applied (an ambiguous outcome read as a lost race).
+WRITES = frozenset({"acquire", "heartbeat", "checkpoint", "end", "release", "create", "delete", "initiate-handoff",
+                    "finish-handoff", "cancel-handoff"})
 
 
-class _Paced(Exception):
+class Paced(Exception):
     """The reader asked to sleep before its next call (virtual time: the world waits instead)."""
 
     def __init__(self, seconds: float):
@@ -51,50 +75,174 @@ class _Paced(Exception):
 
 
 def _raise_paced(seconds: float) -> None:
-    raise _Paced(seconds)
+    raise Paced(seconds)
+
+
+class SimStop:
+    """A process's stop event (threading.Event's part the shells use): setting it wakes its waiters."""
+
+    def __init__(self, world: "Stage"):
+        self.world = world
+        self._set = False
+        self.waiters: list[Waiters] = []
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        if not self._set:
+            self._set = True
+            for waiters in self.waiters:
+                waiters.wake(self.world)
+
+
+class _NoGuard:
+    """The hold's guard in one thread: nothing to exclude (writes are ordered by `Exclusive`)."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_NO_GUARD = _NoGuard()
+
+
+class _Silent:
+    """A throughput meter that reports nothing (a fleet without throughput reports: Java's count balance)."""
+
+    def add(self, delivered_bytes: int) -> None:
+        pass
+
+    def take(self, now: float) -> None:
+        return None
 
 
 class Process:
-    """What a consumer's manager and workers share: the world, the host, a way to call the table."""
+    """What a consumer's manager and its workers share: the world, the host, and the transport's steps."""
 
     world: "Stage"
     host: Host
     scope: Scope
+    client: SimDynamoDBClient
+    kinesis: SimKinesisClient
+    table: LeaseTable
+    stop: SimStop
+    driver: str  # "worker" or "manager": the coverage's name for who answered an effect
 
-    def io(self, client: SimDynamoDBClient | SimKinesisClient, call: Callable[[], Any], what: str,
-           actor: Any, finish: Callable[[Any, BaseException | None], Any] | None = None) -> Later:
-        """One I/O call: it reaches the service shortly after it is sent (and runs there at one instant, even
-        if the sender freezes or dies meanwhile); its answer comes back after the latency its client
-        accumulated. `finish(value, error)` turns the outcome into the effect's answer when it arrives."""
+    def monotonic(self) -> float:
+        return self.host.monotonic()
+
+    def wall(self) -> float:
+        return self.host.wall()
+
+    def run(self, coroutine: Any) -> Any:
+        raise NotImplementedError("a simulated process runs its steps as engine tasks, never synchronously "
+                                  "(the simulated processor checkpoints on heartbeats only)")
+
+    # -- the engine task's handler: effects go to the shell, steps are answered here ------------------------
+    def answer(self, task: Task, item: Any) -> Any:
+        if isinstance(item, Step):
+            return self.step(task, item)
+        self.world.effects_handled[(self.driver, type(item).__name__)] += 1
+        return self.effect(task, item)
+
+    def effect(self, task: Task, effect: Any) -> Any:
+        raise NotImplementedError
+
+    def step(self, task: Task, step: Step) -> Any:
+        kind = type(step)
+        if kind is Call:
+            return self.call(step)  # type: ignore[arg-type]
+        if kind is Sleep:
+            return Later(self.host.true_delay(step.seconds) + self.sleep_extra(task, step.seconds),  # type: ignore
+                         self.stop.is_set, waiters=self.stop_waiters)
+        if kind is Background:
+            return self.background(task, step)  # type: ignore[arg-type]
+        if kind is Join:
+            handle = step.handle  # type: ignore[attr-defined]
+            if not handle_alive(handle):
+                return None
+            return Later(self.host.true_delay(step.seconds), lambda: None, waiters=handle.exited)  # type: ignore
+        if kind is AwaitLoss:
+            if step.lost():  # type: ignore[attr-defined]
+                return None
+            return Later(self.host.true_delay(step.seconds), lambda: None, waiters=self.hold_waiters,  # type: ignore
+                         counted=False)
+        if kind is NextResult:
+            return self.next_result(step)  # type: ignore[arg-type]
+        raise TypeError(f"no transport step {step!r}")
+
+    stop_waiters: Waiters
+    hold_waiters: Waiters
+
+    def sleep_extra(self, task: Task, seconds: float) -> float:
+        return 0.0
+
+    def background(self, task: Task, step: Background) -> Any:
+        raise TypeError(f"{self!r} starts no concurrent activity")
+
+    def next_result(self, step: NextResult) -> Any:
+        raise TypeError(f"{self!r} has no worker results")
+
+    def call(self, step: Call) -> Later:
+        """One request: it reaches the service shortly after it is sent (and runs there at one instant, even if
+        the sender freezes or dies meanwhile); its answer comes back after the latency its client
+        accumulated. The reader's pacing sleeps first, in the process."""
         world = self.world
+        kinesis = step.service == KINESIS
+        client: Any = self.kinesis if kinesis else self.client
+        sent = world.now
         outbound = world.rng.random() * 0.004 * self.host.faults.slow
+        what = step.what
 
-        def execute():
+        def execute() -> Any:
             client.elapsed = 0.0
-            applied = getattr(client, "applied_writes", 0)
+            applied = 0 if kinesis else client.applied_writes
+            if not kinesis:
+                client.sent_at = sent
             try:
-                value, error = call(), None
+                value, error = step.request(), None
+            except Paced as paced:
+                # The reader sleeps before it sends: in the process, which may freeze meanwhile.
+                return Later(self.host.true_delay(paced.seconds) + 1e-6, lambda: self.call(step))
             except Exception as exc:
                 value, error = None, exc
-            if error is None and what in _WRITES and getattr(client, "applied_writes", 0) > applied \
-                    and (value is False or value is None):
+            finally:
+                if not kinesis:
+                    client.sent_at = None
+            if (error is None and what in WRITES and not kinesis and client.applied_writes > applied
+                    and (value is False or value is None)):
                 world.checker.violation(
-                    f"{actor}: {what} was applied by DynamoDB but reported as not applied (an ambiguous outcome "
+                    f"{self!r}: {what} was applied by DynamoDB but reported as not applied (an ambiguous outcome "
                     f"read as a lost race)")
             elapsed = client.elapsed
 
-            def answer():
-                if finish is not None:
-                    return finish(value, error)
+            def answer() -> Any:
                 if error is not None:
                     raise error
+                if what == "scan" and self.table.scan_page_size and world.rng.random() < 0.5:
+                    # A scan of many pages reads its items over its whole duration, the last page just before
+                    # it returns: half the time it is linearised there instead of at its first page.
+                    return LeaseTable(self.table.table_name, world.reader, scan_page_size=None).scan()
                 return value
             return Later(elapsed, answer)
         return Later(outbound, execute, network=True)
 
 
-class SimWorker(Process):
-    """One lease worker process (worker.py's shell)."""
+def handle_alive(handle: Any) -> bool:
+    """A joined activity (a Task) or process (SimWorkerProcess) still running."""
+    if isinstance(handle, Task):
+        return not handle.finished and handle.scope.alive()
+    return bool(handle.is_alive())
+
+
+class SimWorkerProcess(Process):
+    """One lease worker process running the shipped `LeaseWorker`; to its manager, a worker process (pid,
+    terminate, kill, exit code); to the checker, a worker (fleet.WorkerView)."""
+
+    driver = "worker"
 
     def __init__(self, consumer: "SimConsumer", observed: Lease, stolen: bool, handoff: bool = False):
         self.consumer = consumer
@@ -102,31 +250,34 @@ class SimWorker(Process):
         self.host = consumer.host
         self.config = consumer.config
         self.key = observed.lease_key
-        self.observed = observed
         self.serial = world.next_serial()
+        self.pid = self.serial
+        self.exitcode: int | None = None
         self.scope = Scope(f"worker {self.serial}", consumer.group)
-        self.timing = LeaseTiming(self.config.lease_expiry_seconds, self.config.validity_margin)
-        self.settings = life.LifeSettings(self.timing, self.config.initial_position.checkpoint(),
-                                          self.config.heartbeat_seconds, self.config.parent_drained_attribute, stolen,
-                                          observed.lease_owner if handoff else None)
+        self.lock = Lock()
+        self.stop = SimStop(world)
+        self.stop_waiters = Waiters()
+        self.hold_waiters = Waiters()
+        self.stop.waiters.append(self.stop_waiters)
+        self.exited = Waiters()
+        self.finished = False
         self.client = lease_table_client(world, self.host, self.config, self)
         self.table = LeaseTable(self.config.lease_table, self.client)
         self.kinesis = SimKinesisClient(world.stream, world.child_rng(), world.scenario.kinesis_throttle)
+        self.metrics = Metrics(None, None, self.config.application, self.config.worker_id, clock=self.host.wall)
+        self.heap = HeapTrimmer(trim=lambda pad: 0)  # no process heap to give back
+        self.guard = _NO_GUARD
         self.processor = SimLandingProcessor(world.store, flush_records=world.scenario.flush_records,
                                              pipeline_commits=world.scenario.pipeline_period is not None)
-        self.hold: LeaseHold | None = None
-        self.lock = Lock()
-        self.reader: ShardReader | None = None
-        self.pending = None
-        self.checkpointed = None
-        self.shard_end_reached = False
-        self.end_requested = False
-        self.stop = False
-        self.finished = False
-        self.throughput = ThroughputMeter(smoothed=reported_load(observed))  # worker.py's
-        self.inflight_sent_true = 0.0   # true time the fenced write in flight was sent (ground truth)
-        self.applied_sent_true = None   # ... of its last write the table applied
-        self.checkpointer = _Checkpointer(self)
+        self.checked_at = 0.0  # when its last check before the delivery in progress was answered (true time)
+        self.paused = 0.0  # true seconds from that check to the delivery
+        self.heartbeat_pause_until = 0.0  # the world stalls this worker's heartbeat until then (true time)
+        self.task: Task | None = None
+        self.worker = LeaseWorker(self.config, observed, self.processor, keepalive=lambda: consumer.keepalive_at,
+                                  keepalive_timeout=consumer.keepalive_timeout, stolen=stolen, handoff=handoff,
+                                  transport=self, claim=f"w{self.serial}")
+        if not world.scenario.report_throughput:
+            self.worker.throughput = _Silent()  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         return f"worker {self.serial} ({self.consumer.worker_id}, {self.key})"
@@ -135,331 +286,179 @@ class SimWorker(Process):
     def worker_id(self) -> str:
         return self.consumer.worker_id
 
+    @property
+    def hold(self) -> Any:
+        return self.worker.lease.hold if self.worker.lease is not None else None
+
     def working(self) -> bool:
         """Alive, not frozen, and holding its lease as far as it knows (ground truth for the checker)."""
+        hold = self.hold
         return (not self.finished and self.scope.alive() and self.scope.thaw_time() <= self.world.now
-                and self.hold is not None and self.hold.lost is None and not self.hold.ended)
+                and hold is not None and hold.lost is None and not hold.ended)
 
-    def start(self, delay: float) -> None:
-        Task(self.world, self.scope, life.lease_life(self.observed, self.settings, self.worker_id), self.handle,
-             lock=self.lock,
-             on_done=self._done, name=f"{self!r}").start(delay)
+    def frozen(self) -> bool:
+        return self.scope.thaw_time() > self.world.now
 
-    def _done(self, result: life.LifeResult) -> None:
-        self.finished = True
-        self.world.note(f"{self!r}: {result.outcome} {result.detail}")
-        self.world.stats[f"worker {result.outcome}"] += 1
-        self.consumer.worker_finished(self, result)
+    # -- the transport (worker.WorkerTransport) -----------------------------------------------------------
+    def bind(self, handle: Callable[[Any], Any]) -> None:
+        self.shell_handle = handle
 
-    def kill(self) -> None:
-        """SIGKILL from its manager: no more events, nothing released."""
-        self.scope.dead = True
-        self.finished = True
+    def parent_alive(self) -> bool:
+        # The manager's process: its death is what os.getppid() shows a worker.
+        return self.consumer.manager_scope.alive()
 
-    def stopping(self) -> bool:
-        if not self.consumer.manager_scope.alive() and not self.stop:
-            self.stop = True  # the parent died: the worker notices (os.getppid()) and stops gracefully
-        return self.stop
-
-    def local(self) -> float:
-        return self.host.monotonic()
-
-    # -- the effects (worker.py's handlers, in virtual time) ---------------------------------------------
-    def handle(self, task: Task, effect: Any) -> Any:
-        return self.HANDLERS[type(effect)](self, effect)
-
-    def _acquire(self, effect):
-        sent, observed = self.local(), effect.observed or self.observed
-
-        def finish(lease, error):
-            if error is not None:
-                raise error
-            if lease is not None:
-                self.hold = LeaseHold.acquired(lease, sent, self.timing)
-                self.world.note(f"{self!r}: acquired (counter {lease.lease_counter}, previous {observed.lease_owner})")
-            return lease
-        self.inflight_sent_true = self.world.now
-        return self.io(self.client, lambda: self.table.acquire(self.key, self.worker_id, observed.lease_owner,
-                                                               observed.lease_counter, claim=f"w{self.serial}"),
-                       "acquire", self, finish)
-
-    def _initiate_handoff(self, effect):
-        observed = self.observed
-
-        def finish(asked, error):
-            if error is not None:
-                raise error
-            if asked is not None:
-                self.world.note(f"{self!r}: asked {observed.lease_owner} for a hand-off")
-            return asked
-        self.inflight_sent_true = self.world.now
-        return self.io(self.client, lambda: self.table.initiate_handoff(
-            self.key, self.worker_id, observed.lease_owner, observed.lease_counter, f"w{self.serial}"),
-            "handoff", self, finish)
-
-    def _finish_handoff(self, effect):
-        counter = self.hold.counter
-        return self.io(self.client, lambda: self.table.finish_handoff(self.key, self.worker_id, counter,
-                                                                      effect.checkpoint), "finish-handoff", self)
-
-    def _cancel_handoff(self, effect):
-        asked = effect.asked
-        return self.io(self.client, lambda: self.table.cancel_handoff(
-            self.key, self.worker_id, asked.extra.get(HANDOFF_ATTRIBUTE), asked.lease_counter, f"w{self.serial}"),
-            "cancel-handoff", self)
-
-    def _release_observed(self, effect):
-        counter = effect.lease.lease_counter
-        return self.io(self.client, lambda: self.table.release(self.key, self.worker_id, counter), "release", self)
-
-    def _now(self, effect):
-        return self.local()
-
-    def _stopping(self, effect):
-        return self.stopping()
-
-    def _read_leases(self, effect):
-        return self.io(self.client, lambda: {k: self.table.get(k) for k in effect.keys}, "get", self)
-
-    def _get_lease(self, effect):
-        return self.io(self.client, lambda: self.table.get(self.key), "get", self)
-
-    def _check(self, effect):
-        now = self.local()
-        self.hold = self.hold.held(now)
-        return fx.Status(now, self.hold, self.stopping())
-
-    def _wait(self, effect):
-        return Later(self.host.true_delay(effect.seconds), lambda: None)
-
-    def _wait_for_change(self, effect):
-        return Later(self.host.true_delay(effect.seconds), lambda: self.hold.lost is not None)
-
-    def _start_heartbeats(self, effect):
-        self._schedule_heartbeat()
-
-    def _schedule_heartbeat(self) -> None:
-        period = self.config.heartbeat_seconds * self.consumer.heartbeat_slowness
-
-        def tick():
-            if self.finished or not life.heartbeats_continue(self.hold):
-                return
-            Task(self.world, self.scope, life.heartbeat_once(), self.handle, lock=self.lock,
-                 on_done=lambda _: self._after_heartbeat(), name=f"{self!r} heartbeat").start()
-        self.world.schedule(self.host.true_delay(period), tick, self.scope)
-
-    def _after_heartbeat(self) -> None:
-        if not self.finished and life.heartbeats_continue(self.hold):
-            self._schedule_heartbeat()
-
-    def _begin(self, effect):
-        lease = effect.lease
-        self.processor.initialize(InitializationInput(self.key, self.worker_id, lease.checkpoint,
-                                                      lease.child_shard_ids, dict(lease.extra)))
-        start = life.start_position(lease.checkpoint, self.processor.resume_position())
+    def open_reader(self, stream: str, shard_id: str, start: Checkpoint, kpl_stats: KplStats) -> ShardReader:
         c = self.config
-        self.reader = ShardReader(self.kinesis, c.stream, self.key, start, polling_interval=c.polling_interval_seconds,
-                                  idle_interval=c.idle_interval_seconds, max_records=c.max_records_per_call,
-                                  sleep=_raise_paced, monotonic=self.local, clock=self.host.wall,
-                                  rng=self.world.child_rng())
+        return ShardReader(self.kinesis, stream, shard_id, start, polling_interval=c.polling_interval_seconds,
+                           idle_interval=c.idle_interval_seconds, max_records=c.max_records_per_call,
+                           kpl_stats=kpl_stats, sleep=_raise_paced, monotonic=self.host.monotonic,
+                           clock=self.host.wall, rng=self.world.child_rng(), max_bytes_per_call=c.prefetch_bytes)
 
-    def _poll(self, effect):
-        def attempt():
-            self.kinesis.elapsed = 0.0
-            try:
-                batch = self.reader.poll()
-            except _Paced as paced:
-                return Later(self.host.true_delay(paced.seconds) + 1e-6, attempt)
-            return Later(self.kinesis.elapsed, lambda: batch)
-        return Later(0.0, attempt)
+    def hold_changed(self) -> None:
+        self.hold_waiters.wake(self.world)
 
-    def _deliver(self, effect):
+    def effect(self, task: Task, effect: Any) -> Any:
+        kind = type(effect)
+        pauses = self.world.pauses
+        if kind is fx.Deliver:
+            # Processing the last check did not see (a GC, a busy host), within what the margin tolerates. The
+            # check was answered at this very instant. A freeze of the world's (SIGSTOP) waits until the
+            # delivery was made: stopped between the check and the delivery, no holder can keep within its
+            # validity, and the documented tolerance says so (core/tolerance.py).
+            self.checked_at = self.world.now
+            pause = pauses.before_delivery(self.timing)
+            if pause > 0.0:
+                return Later(pause, lambda: self._deliver(effect), network=True)
+            return self._deliver(effect)
+        if kind is fx.Check:
+            pause = pauses.before_check()  # a GC pause of the whole process, up to past the expiry: seen here
+            if pause > 0.0:
+                self.scope.frozen_until = max(self.scope.frozen_until, self.world.now + pause)
+                return Later(0.0, lambda: self.shell_handle(effect))
+        return self.shell_handle(effect)
+
+    @property
+    def timing(self) -> LeaseTiming:
+        return self.worker.timing
+
+    def _deliver(self, effect: fx.Deliver) -> Any:
+        if not self.scope.alive():
+            return Later(0.0, lambda: None)  # killed meanwhile: never resumed
         batch = effect.batch
-        self.throughput.add(batch.bytes)
+        self.paused = self.world.now - self.checked_at
         if batch.records:
             self.world.checker.on_deliver(self, self.key, batch.records)
-        if batch.shard_ended:
-            self.shard_end_reached = True
-        self.processor.process_records(ProcessRecordsInput(batch.records, batch.millis_behind_latest,
-                                                           self.checkpointer, batch.service_time_ms))
+        self.shell_handle(effect)
+        processing = self.world.pauses.processing()
+        return Later(processing, lambda: None) if processing > 0.0 else None
 
-    def _shard_ended(self, effect):
-        self.end_requested = False
-        self.processor.shard_ended(self.checkpointer)
-        return self.end_requested
+    def sleep_extra(self, task: Task, seconds: float) -> float:
+        if task.kind != "heartbeat":
+            return 0.0
+        # A starved heartbeat timer (the slow-heartbeats fault), a stalled heartbeat (the world's, e.g. while a
+        # hand-off is asked of this holder), a GC pause.
+        extra = self.host.true_delay(seconds) * (self.consumer.heartbeat_slowness - 1.0)
+        extra += max(0.0, self.heartbeat_pause_until - self.world.now)
+        return extra + self.world.pauses.in_heartbeat()
 
-    def _notify(self, effect):
-        if effect.event is fx.Notification.LEASE_LOST:
-            self.processor.lease_lost()
-        else:
-            self.processor.shutdown_requested(self.checkpointer)
+    def background(self, task: Task, step: Background) -> Task:
+        return Task(self.world, self.scope, step.body, self.answer, lock=self.lock, name=f"{self!r} {step.name}",
+                    kind="heartbeat", on_error=self._heartbeat_failed).start()
 
-    def _fenced(self, what: str, write: Callable[[int], bool], after: Callable[[LeaseHold, Outcome, float], LeaseHold],
-                refused_if_lost: bool = True, quiet: bool = False):
-        """A fenced write through the hold (worker.py's _HeldLease): conditioned on the counter the hold has,
-        the hold moved on by the outcome. `quiet`: a failure reads as not applied, the hold unchanged."""
-        if refused_if_lost and not life.may_write(self.hold, self.local()):
-            self.hold = self.hold.held(self.local())
-            return Outcome.REFUSED
-        sent, counter = self.local(), self.hold.counter
-        self.inflight_sent_true = self.world.now
+    def _heartbeat_failed(self, exc: BaseException) -> None:
+        # A thread that raises ends alone (its traceback printed); the process goes on without it.
+        self.world.stats[f"heartbeat raised {type(exc).__name__}"] += 1
+        self.world.note(f"{self!r}: its heartbeat raised {type(exc).__name__}: {exc}")
 
-        def finish(applied, error):
-            if error is not None:
-                if quiet:
-                    return False
-                self.hold = after(self.hold, Outcome.ERROR, sent)
-                raise error
-            outcome = Outcome.APPLIED if applied else Outcome.REFUSED
-            self.hold = after(self.hold, outcome, sent)
-            return applied if quiet else outcome
-        return self.io(self.client, lambda: write(counter), what, self, finish)
+    # -- the process ----------------------------------------------------------------------------------------
+    def start(self, delay: float) -> None:
+        self.task = Task(self.world, self.scope, self.worker.work(), self.answer, lock=self.lock,
+                         on_done=self._done, on_error=self._task_failed, name=f"{self!r}")
+        self.task.start(delay)
 
-    def _renew(self, effect):
-        key, me, attributes, cp = self.key, self.worker_id, effect.attributes, effect.checkpoint
-        kbps = self.throughput.take(self.local()) if self.world.scenario.report_throughput else None
-        return self._fenced("heartbeat", lambda c: self.table.heartbeat(key, me, c, attributes, checkpoint=cp,
-                                                                        throughput_kbps=kbps),
-                            lambda hold, outcome, sent: life.renewed(hold, outcome, sent, self.timing, self.local()))
+    def _done(self, result: WorkerResult) -> None:
+        self.world.note(f"{self!r}: {result.outcome} {result.detail}")
+        self.world.stats[f"worker {result.outcome}"] += 1
+        self.consumer.worker_result(result)  # worker_main puts it on the results queue, then exits
+        self._exit(0)
 
-    def _end(self, effect):
-        return self._fenced("end", lambda c: self.table.end(self.key, self.worker_id, c),
-                            lambda hold, outcome, sent: life.finished_end(hold, outcome)
-                            if outcome is not Outcome.ERROR else hold)
+    def _task_failed(self, exc: BaseException) -> None:
+        # worker_main has no handler above run(): an exception that escapes it ends the process (exit code 1).
+        self.world.stats[f"worker raised {type(exc).__name__}"] += 1
+        self.world.note(f"{self!r}: raised {type(exc).__name__}: {exc}")
+        self._exit(1)
 
-    def _release(self, effect):
-        if self.hold is None:
-            return False
-        return self._fenced("release", lambda c: self.table.release(self.key, self.worker_id, c, effect.unsettled),
-                            lambda hold, outcome, sent: life.finished_release(hold, outcome),
-                            refused_if_lost=False, quiet=True)
+    def _exit(self, code: int) -> None:
+        if not self.finished:
+            self.finished = True
+            self.exitcode = code
+            self.scope.dead = True  # its other activities (the heartbeat) end with it
+            self.exited.wake(self.world)
 
-    def _reinstate(self, effect):
-        hold = life.reinstated(self.hold, effect.current)
-        if hold is not None:
-            self.hold = hold
-        return hold is not None
+    # -- the manager's view (transport.WorkerHandle) --------------------------------------------------------
+    def is_alive(self) -> bool:
+        return not self.finished and self.scope.alive()
 
-    def _mark_ended(self, effect):
-        self.hold = self.hold.ended_by_pipeline()
+    def terminate(self) -> None:
+        """SIGTERM: the signal watcher sets the stop event (once the process runs)."""
+        if self.is_alive():
+            self.stop.set()
 
-    def _ownerless(self, effect):
-        return self.io(self.client, lambda: self.table.checkpoint(
-            self.key, effect.checkpoint, unless_held_by_another=self.worker_id), "checkpoint", self)
+    def kill(self) -> None:
+        """SIGKILL: no more events, nothing released."""
+        if self.is_alive():
+            self.finished = True
+            self.exitcode = -9
+            self.scope.dead = True
+            self.exited.wake(self.world)
 
-    def _checkpointed(self, effect):
-        self.checkpointed = effect.checkpoint
-
-    def _take_pending(self, effect):
-        cp, self.pending = self.pending, None
-        return cp
-
-    def _restore_pending(self, effect):
-        if effect.checkpoint is not None and self.pending is None:
-            self.pending = effect.checkpoint
-
-    def _attributes(self, effect):
-        try:
-            attrs = self.processor.heartbeat_attributes()
-            if attrs:
-                check_heartbeat_attributes(attrs)
-                for value in attrs.values():
-                    encode_value(value)
-            return attrs
-        except Exception:
-            self.world.stats["heartbeat attribute errors"] += 1
-            return None
-
-    def _list_shards(self, effect):
-        return self.io(self.kinesis, lambda: list_shards(self.kinesis, self.config.stream), "list", self)
-
-    def _scan(self, effect):
-        sent = self.local()
-
-        def finish(leases, error):
-            if error is not None:
-                raise error
-            return fx.Scanned(leases, sent, self.local())
-        return self.io(self.client, self.table.scan, "scan", self, finish)
-
-    def _create(self, effect):
-        return self.io(self.client, lambda: self.table.create(effect.lease), "create", self)
-
-    HANDLERS: dict[type, Callable] = {}  # every LifeEffect but Locked, which the engine's Task runs itself
-
-
-def _counter(name: str):
-    def handler(self, effect):
-        self.world.stats[name] += 1
-    return handler
-
-
-SimWorker.HANDLERS = {
-    fx.Acquire: SimWorker._acquire, fx.ReadLeases: SimWorker._read_leases, fx.GetLease: SimWorker._get_lease,
-    fx.Check: SimWorker._check, fx.Wait: SimWorker._wait, fx.WaitForChange: SimWorker._wait_for_change,
-    fx.StartHeartbeats: SimWorker._start_heartbeats, fx.Begin: SimWorker._begin, fx.Poll: SimWorker._poll,
-    fx.Deliver: SimWorker._deliver, fx.ShardEnded: SimWorker._shard_ended, fx.Notify: SimWorker._notify,
-    fx.Renew: SimWorker._renew, fx.End: SimWorker._end, fx.Release: SimWorker._release,
-    fx.Reinstate: SimWorker._reinstate, fx.MarkEnded: SimWorker._mark_ended,
-    fx.OwnerlessCheckpoint: SimWorker._ownerless, fx.Checkpointed: SimWorker._checkpointed,
-    fx.TakePending: SimWorker._take_pending, fx.RestorePending: SimWorker._restore_pending,
-    fx.Attributes: SimWorker._attributes, fx.AttributesRejected: _counter("heartbeat attributes rejected"),
-    fx.HeartbeatFailed: _counter("heartbeat errors"), fx.ListShards: SimWorker._list_shards,
-    fx.ScanTable: SimWorker._scan, fx.Create: SimWorker._create, fx.InitiateHandoff: SimWorker._initiate_handoff,
-    fx.FinishHandoff: SimWorker._finish_handoff, fx.Now: SimWorker._now, fx.Stopping: SimWorker._stopping,
-    fx.CancelHandoff: SimWorker._cancel_handoff, fx.ReleaseObserved: SimWorker._release_observed,
-}
-
-
-class _Checkpointer:
-    """worker.py's checkpointer, as the landing processor uses it (checkpoints ride on heartbeats)."""
-
-    def __init__(self, worker: SimWorker):
-        self.worker = worker
-
-    def checkpoint(self, sequence_number=None, sub_sequence_number=0) -> bool:
-        raise NotImplementedError("the simulated processor checkpoints on heartbeats only")
-
-    def checkpoint_at_next_heartbeat(self, sequence_number=None, sub_sequence_number=0) -> None:
-        from ..kcl.core.model import Checkpoint
-        self.worker.pending = Checkpoint(sequence_number, sub_sequence_number)
-
-    def end_shard(self) -> None:
-        if not self.worker.shard_end_reached:
-            raise RuntimeError("end_shard() is only valid once every record of the shard was delivered")
-        self.worker.end_requested = True
+    def join(self, timeout: float | None = None) -> None:
+        if timeout:
+            raise RuntimeError("a simulated process is joined through the Join step")
 
 
 class SimConsumer(Process):
-    """One consumer process (manager.py's shell): its manager cycles, its workers, its lifecycle."""
+    """One consumer process running the shipped `LeaseManager`'s `consume` (start, cycles, shutdown); its
+    workers are `SimWorkerProcess`es in its process group."""
 
-    def __init__(self, world: "Stage", host: Host, worker_id: str, config: ConsumerConfig, name: str):
+    driver = "manager"
+
+    def __init__(self, world: "Stage", host: Host, worker_id: str, config: ConsumerConfig, name: str,
+                 keepalive_timeout: float | None = None):
         self.world = world
         self.host = host
         self.worker_id = worker_id
         self.config = config
         self.name = name
+        self.keepalive_timeout = keepalive_timeout  # None: a headless consumer; else a hosted one's (the sensor)
         self.group = Scope(f"{name} group")
         self.manager_scope = Scope(f"{name} manager", self.group)
         self.scope = self.manager_scope
-        self.settings = cyc.CycleSettings.of(config)
-        self.state = cyc.ManagerState()
-        self.rng = world.child_rng()
         self.client = lease_table_client(world, host, config, self)
         # Small scan pages stand for a big table: a scan is many requests, each with its latency.
         self.table = LeaseTable(config.lease_table, self.client, scan_page_size=world.scenario.scan_page_items)
         self.kinesis = SimKinesisClient(world.stream, world.child_rng())
-        self.workers: dict[str, SimWorker] = {}
-        self.results: list[tuple[str, str]] = []
-        self.cycling = False
-        self.token = 0
+        self.metrics = Metrics(None, None, config.application, worker_id, clock=host.wall)
+        self.stop = SimStop(world)
+        self.stop_waiters = Waiters()
+        self.hold_waiters = Waiters()
+        self.result_waiters = Waiters()
+        self.stop.waiters += [self.stop_waiters, self.result_waiters]
+        self.results: list[WorkerResult] = []
+        self.keepalive_at = host.wall()
         self.stopping = False
+        self.exited = False
         self.cycles = 0
         self.heartbeat_slowness = 1.0  # a fault: heartbeat timers firing late (a starved process)
-        self.cycle_now = 0.0           # the manager's clock when its current cycle started
+        self.manager = LeaseManager(config, rng=world.child_rng(), clock=host.monotonic, transport=self)
+        self.stopped_at: float | None = None  # when it was asked to stop gracefully (true time)
 
     def __repr__(self) -> str:
         return f"consumer {self.name} ({self.worker_id})"
+
+    @property
+    def workers(self) -> dict[str, Any]:
+        return self.manager.workers
 
     def alive(self) -> bool:
         return self.group.alive() and self.manager_scope.alive()
@@ -474,160 +473,76 @@ class SimConsumer(Process):
                                                                 faults.connect_timeout))
 
     def start(self, delay: float = 0.0) -> None:
-        self.world.schedule(delay, self._run_cycle_now, self.manager_scope)
+        Task(self.world, self.manager_scope, self.manager.consume(self.stop), self.answer, on_done=self._exit,
+             on_error=self._failed, name=f"{self!r}").start(delay)
 
-    # -- the manager loop (run_forever / _wait_next_cycle) --------------------------------------------------
-    def _run_cycle_now(self) -> None:
-        if self.cycling or self.stopping or not self.alive():
-            return
-        self.cycling = True
-        self.token += 1
-        cyc.note_results(self.state, self.results)
-        self.results = []
-        Task(self.world, self.manager_scope,
-             cyc.manager_cycle(self.state, self.settings, frozenset(self.workers), self.rng), self.handle,
-             on_done=self._cycle_done, on_error=self._cycle_failed, name=f"{self!r} cycle").resume(None, None)
+    # -- the transport (manager.ManagerTransport) ---------------------------------------------------------
+    def bind(self, handle: Callable[[Any], Any]) -> None:
+        self.shell_handle = handle
 
-    def _cycle_done(self, result: cyc.CycleResult) -> None:
+    def effect(self, task: Task, effect: Any) -> Any:
+        return self.shell_handle(effect)
+
+    def refresh_keepalive(self) -> None:
+        self.keepalive_at = self.host.wall()
         self.cycles += 1
         self.world.stats["cycles"] += 1
-        if result.created:
-            self.world.stats["leases created by a manager"] += len(result.created)
-        if result.deleted:
-            self.world.stats["leases deleted"] += len(result.deleted)
-        if result.stolen:
+
+    def start_worker(self, lease: Lease, stolen: bool, handoff: bool) -> SimWorkerProcess:
+        worker = SimWorkerProcess(self, lease, stolen, handoff)
+        self.world.workers.append(worker)
+        if stolen and lease.lease_owner is not None:
             self.world.stats["steals"] += 1
             self.world.steal_times.append(self.world.now)
-        self._wait_next_cycle()
+            if not handoff:  # a cold steal waits out an expiry: a stop may come meanwhile
+                self.world.stop_while_taking(self, self.config.lease_expiry_seconds, 0.15)
+        how = " (hand-off)" if handoff else " (steal)" if stolen else ""
+        self.world.note(f"{self!r}: spawn {worker!r}{how}")
+        worker.start(self.world.rng.uniform(0.2, 1.0))  # a spawned process takes a moment to start
+        return worker
 
-    def _cycle_failed(self, error: BaseException) -> None:
-        self.world.stats["failed cycles"] += 1
-        self.world.note(f"{self!r}: cycle failed: {type(error).__name__}: {error}")
-        self._wait_next_cycle()
+    def worker_result(self, result: WorkerResult) -> None:
+        self.results.append(result)
+        self.result_waiters.wake(self.world)
 
-    def _wait_next_cycle(self) -> None:
-        self.cycling = False
-        token = self.token
-        self.world.schedule(self.host.true_delay(self.config.cycle_seconds),
-                            lambda: token == self.token and self._run_cycle_now(), self.manager_scope)
-        self._schedule_watch(token)
+    def collect_results(self) -> list[WorkerResult]:
+        results, self.results = self.results, []
+        return results
 
-    def _schedule_watch(self, token: int) -> None:
-        def watch():
-            if token != self.token or self.cycling or self.stopping:
-                return
-            Task(self.world, self.manager_scope, cyc.watch_for_expiry(self.state, self.settings, frozenset(self.workers)),
-                 self.handle, on_done=lambda expired: self._after_watch(token, expired),
-                 name=f"{self!r} watch").resume(None, None)
-        self.world.schedule(self.host.true_delay(cyc.watch_interval(self.settings)), watch, self.manager_scope)
+    def next_result(self, step: NextResult) -> Any:
+        if self.results:
+            return self.results.pop(0)
+        if step.stop.is_set():
+            return None
+        # An idle look that found nothing is no step of the system.
+        return Later(self.host.true_delay(step.seconds), lambda: self.results.pop(0) if self.results else None,
+                     waiters=self.result_waiters, counted=False)
 
-    def _after_watch(self, token: int, expired: bool) -> None:
-        if token != self.token or self.cycling:
-            return
-        if expired:
-            self._run_cycle_now()
-        else:
-            self._schedule_watch(token)
+    # -- the process ----------------------------------------------------------------------------------------
+    def _exit(self, results: list[WorkerResult]) -> None:
+        """`consume` returned: the process exits (daemonic workers still running die with it)."""
+        self.exited = True
+        self.world.note(f"{self!r}: exited after its shutdown ({len(results)} worker results)")
+        self.world.consumer_exited(self)
+        self.group.dead = True
 
-    def worker_finished(self, worker: SimWorker, result: life.LifeResult) -> None:
-        if self.workers.get(worker.key) is worker:
-            del self.workers[worker.key]
-        self.results.append((result.lease_key, result.outcome))
-        if self.stopping and not self.workers:
-            self.group.dead = True  # every worker is done: the process exits
-            self.world.note(f"{self!r}: stopped")
-        elif cyc.wakes_manager(result.outcome) and self.alive():
-            self.world.schedule(0.0, self._run_cycle_now, self.manager_scope)
+    def _failed(self, error: BaseException) -> None:
+        self.world.stats["consumers failed"] += 1
+        self.world.note(f"{self!r}: exited with {type(error).__name__}: {error}")
+        self.group.dead = True
+        self.world.consumer_failed(self)
 
     # -- lifecycle faults -----------------------------------------------------------------------------------
     def graceful_stop(self) -> None:
-        """SIGTERM: stop cycling; every worker stops gracefully (flush, release); then the process exits."""
+        """SIGTERM: the manager stops cycling and shuts its workers down (each releases); then it exits."""
         self.stopping = True
-        self.token += 1
-        for worker in self.workers.values():
-            worker.stop = True
-        if not self.workers:
-            self.group.dead = True
+        self.stopped_at = self.world.now
+        self.world.checker.on_graceful_stop(self)
+        self.stop.set()
 
     def kill(self, whole_group: bool) -> None:
         """SIGKILL of the process group, or of the manager alone (its workers notice and stop gracefully)."""
         (self.group if whole_group else self.manager_scope).dead = True
 
-    # -- the manager's effects (manager.py's handlers) ----------------------------------------------------------
-    def handle(self, task: Task, effect: Any) -> Any:
-        handler = self.HANDLERS.get(type(effect))
-        if handler is None:
-            raise TypeError(f"the simulated manager cannot handle {effect!r}")
-        return handler(self, effect)
 
-    def _now(self, effect):
-        self.cycle_now = self.host.monotonic()
-        return self.cycle_now
-
-    def _scan(self, effect):
-        sent = self.host.monotonic()
-        return self.io(self.client, self.table.scan, "scan", self,
-                       lambda leases, error: self._scanned(leases, error, sent))
-
-    def _list_shards(self, effect):
-        return self.io(self.kinesis, lambda: list_shards(self.kinesis, self.config.stream), "list", self)
-
-    def _delete(self, effect):
-        lease = effect.lease
-        return self.io(self.client, lambda: self.table.delete(lease.lease_key, lease.lease_counter), "delete", self)
-
-    def _create(self, effect):
-        return self.io(self.client, lambda: self.table.create(effect.lease), "create", self)
-
-    def _spawn_effect(self, effect):
-        self._spawn(effect.lease, effect.stolen, effect.handoff)
-
-    def _duplicate_worker_id(self, effect):
-        self.world.stats["duplicate worker id detected"] += 1
-
-    def _abandon(self, effect):
-        worker = self.workers.pop(effect.lease.lease_key, None)
-        if worker is not None:
-            worker.kill()
-            self.world.stats["stuck workers killed"] += 1
-            self.world.note(f"{self!r}: killed {worker!r}: its lease was not renewed within the expiry")
-
-    # The worker metrics table, as the world's dict (worker id → last update, on the true clock: hosts'
-    # wall clocks are NTP-synced; their drift is the monotonic one). A partitioned host reaches neither.
-    def _publish_worker_metrics(self, effect):
-        if not self.host.faults.partitioned:
-            self.world.worker_metrics[self.worker_id] = self.world.now
-            self.world.stats["worker metrics published"] += 1
-
-    def _read_worker_metrics(self, effect):
-        if self.host.faults.partitioned:
-            return None
-        return fx.PeerMetrics(dict(self.world.worker_metrics), self.world.now)
-
-    HANDLERS: dict[type, Callable] = {
-        fx.Now: _now, fx.ScanTable: _scan, fx.ListShards: _list_shards, fx.Delete: _delete, fx.Create: _create,
-        fx.Spawn: _spawn_effect, fx.DuplicateWorkerId: _duplicate_worker_id, fx.Abandon: _abandon,
-        fx.PublishWorkerMetrics: _publish_worker_metrics, fx.ReadWorkerMetrics: _read_worker_metrics,
-    }
-
-    def _scanned(self, leases, error, sent):
-        if error is not None:
-            raise error
-        if self.table.scan_page_size and self.world.rng.random() < 0.5:
-            # A scan of many pages reads its items over its whole duration, the last page just before it
-            # returns: half the time the sim linearises it there instead of at its first page.
-            leases = LeaseTable(self.table.table_name, self.world.reader, scan_page_size=None).scan()
-        if self.world.ages_stamped_at_cycle_start:  # a mutation: the defect the manager once had
-            return fx.Scanned(leases, sent, self.cycle_now if self.cycling else sent)
-        return fx.Scanned(leases, sent, self.host.monotonic())
-
-    def _spawn(self, lease: Lease, stolen: bool, handoff: bool = False) -> None:
-        worker = SimWorker(self, lease, stolen, handoff)
-        self.workers[lease.lease_key] = worker
-        self.world.workers.append(worker)
-        how = " (hand-off)" if handoff else " (steal)" if stolen else ""
-        self.world.note(f"{self!r}: spawn {worker!r}{how}")
-        worker.start(self.world.rng.uniform(0.2, 1.0))  # a spawned process takes a moment to start
-
-
-__all__ = ["SimConsumer", "SimWorker"]
+__all__ = ["Paced", "SimConsumer", "SimStop", "SimWorkerProcess", "WRITES"]

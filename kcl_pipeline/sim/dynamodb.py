@@ -11,9 +11,12 @@ mode (8 attempts, jittered exponential back-off capped at 20 s), and per-attempt
 after the write was applied (a reset is seen at once, a silent loss after the 20 s read timeout), and a
 partition (nothing gets through). A lost response is retried like botocore does, so a conditional write can
 be applied by one attempt and fail its condition on the next (ConditionalCheckFailed with RetryAttempts > 0),
-or be applied twice. Virtual time spent in calls accumulates in `elapsed`, which the world turns into
-latency; `applied_writes` counts the attempts the service applied, the ground truth against which the
-consumer's reading of an ambiguous outcome is judged.
+or be applied twice. An attempt that timed out may also be applied *late* (`late_application`): DynamoDB
+applies a request its client gave up on after the client's retry, and after other clients' writes, as
+AWS's does. Virtual time spent in calls accumulates in `elapsed`, which the world turns into latency;
+`applied_writes` counts the attempts the service applied while the call lasted, the ground truth against
+which the consumer's reading of an ambiguous outcome is judged. Observers see every applied write with
+the time its attempt was sent (`sent_at`).
 """
 from __future__ import annotations
 
@@ -36,12 +39,34 @@ from .expressions import (
 MAX_ITEM_BYTES = 400 * 1024
 ENDPOINT = "http://dynamodb.sim"
 
-WriteObserver = Callable[[str, str, "dict | None", "dict | None", Any], None]
+# (table, key, before, after, actor, sent_at): an applied write, and when its attempt was sent (true time)
+WriteObserver = Callable[[str, str, "dict | None", "dict | None", Any, float], None]
+
+
+class ResourceNotFoundException(ClientError):
+    """botocore's modelled error class of the code (`client.exceptions.ResourceNotFoundException`)."""
+
+
+class ResourceInUseException(ClientError):
+    """botocore's modelled error class of the code."""
+
+
+_MODELLED: dict[str, type[ClientError]] = {"ResourceNotFoundException": ResourceNotFoundException,
+                                           "ResourceInUseException": ResourceInUseException}
+
+
+class _Exceptions:
+    """`client.exceptions`, as botocore's clients carry it."""
+
+    ResourceNotFoundException = ResourceNotFoundException
+    ResourceInUseException = ResourceInUseException
+    ClientError = ClientError
 
 
 def _client_error(code: str, message: str, operation: str, status: int = 400, retries: int = 0) -> ClientError:
-    return ClientError({"Error": {"Code": code, "Message": message},
-                        "ResponseMetadata": {"HTTPStatusCode": status, "RetryAttempts": retries}}, operation)
+    return _MODELLED.get(code, ClientError)({"Error": {"Code": code, "Message": message},
+                                             "ResponseMetadata": {"HTTPStatusCode": status, "RetryAttempts": retries}},
+                                            operation)
 
 
 def _operation_name(method: str) -> str:
@@ -71,23 +96,26 @@ class SimTable:
 
 
 class SimDynamoDB:
-    """The service. `observers` see every applied write: (table, key, before, after, actor)."""
+    """The service. `observers` see every applied write: (table, key, before, after, actor, sent_at)."""
 
     def __init__(self) -> None:
         self.tables: dict[str, SimTable] = {}
         self.observers: list[WriteObserver] = []
         self.applied = 0
+        self._sent_at = 0.0  # the attempt being applied was sent then
         # A mutation's rewrite of a request before it is evaluated (mutations.py); None in normal runs.
         self.rewrite: Callable[[str, dict, Any], dict] | None = None
 
     # -- dispatch ----------------------------------------------------------------------------------------
-    def execute(self, method: str, request: Mapping[str, Any], actor: Any = None) -> dict:
-        """One request; raises ClientError as DynamoDB would answer it."""
+    def execute(self, method: str, request: Mapping[str, Any], actor: Any = None,
+                sent_at: float = 0.0) -> dict:
+        """One request (its attempt sent at `sent_at`); raises ClientError as DynamoDB would answer it."""
         handler = getattr(self, "_" + method, None)
         if handler is None:
             raise NotImplementedError(f"the simulated DynamoDB has no {method}")
         if self.rewrite is not None:
             request = self.rewrite(method, dict(request), actor)
+        self._sent_at = sent_at
         try:
             return handler(request, actor)
         except ExpressionError as exc:
@@ -113,7 +141,8 @@ class SimDynamoDB:
         check_placeholders(parsed, request.get("ExpressionAttributeNames"), request.get("ExpressionAttributeValues"))
         if not text:
             return True
-        ctx = Context(item, request.get("ExpressionAttributeNames") or {}, request.get("ExpressionAttributeValues") or {})
+        ctx = Context(item, request.get("ExpressionAttributeNames") or {},
+                      request.get("ExpressionAttributeValues") or {})
         return evaluate(parsed[0].tree, ctx)
 
     def _write(self, table: SimTable, key: str, after: dict | None, actor: Any) -> None:
@@ -124,7 +153,7 @@ class SimDynamoDB:
             table.items[key] = after
         self.applied += 1
         for observe in self.observers:
-            observe(table.name, key, before, after, actor)
+            observe(table.name, key, before, after, actor, self._sent_at)
 
     # -- control plane -------------------------------------------------------------------------------------
     def _create_table(self, request, actor):
@@ -224,6 +253,7 @@ class NetworkFaults:
     lost_request: float = 0.0         # never reached the service
     lost_response: float = 0.0        # applied, but the answer never came back
     silent_loss: float = 0.2          # of lost responses, those noticed only at the read timeout (else a reset)
+    late_application: float = 0.0     # of timed-out attempts, those DynamoDB applies later (after the retry)
     partitioned: bool = False
     slow: float = 1.0                 # latency multiplier (a congested path)
     connect_timeout: float = 5.0      # kcl/shells/aws.py's client setting
@@ -261,9 +291,12 @@ class SimDynamoDBClient:
         endpoint_url = ENDPOINT
 
     meta = _Meta()
+    exceptions = _Exceptions()
 
     def __init__(self, service: SimDynamoDB, rng: random.Random, faults: NetworkFaults | None = None,
-                 actor: Any = None, max_attempts: int = 8, read_timeout: float = 20.0):
+                 actor: Any = None, max_attempts: int = 8, read_timeout: float = 20.0,
+                 now: Callable[[], float] | None = None,
+                 later: Callable[[float, Callable[[], None]], None] | None = None):
         self.service = service
         self.max_attempts = max_attempts  # botocore's standard retry mode
         self.read_timeout = read_timeout
@@ -271,8 +304,12 @@ class SimDynamoDBClient:
         self.faults = faults or NetworkFaults()
         self.actor = actor          # who the service sees writing (the world's ground truth)
         self.elapsed = 0.0          # virtual seconds spent in calls since the world last reset it
-        self.applied_writes = 0     # attempts the service applied (a duplicated retry counts twice)
+        self.applied_writes = 0     # attempts the service applied while the call lasted (a duplicate counts twice)
         self.attempts = 0
+        self.late_attempts = 0      # attempts the service applied after the call gave up on them
+        self.now = now or (lambda: 0.0)
+        self.later = later          # schedules the late application of a timed-out attempt (None: never late)
+        self.sent_at: float | None = None  # when the call in progress was sent (set by its sender), else now()
 
     def put_item(self, **request):
         return self._call("put_item", request)
@@ -330,10 +367,16 @@ class SimDynamoDBClient:
                                           "allowed throughput", operation, retries=retries)
                 elif outcome == "lost_request":
                     error = ConnectionClosedError(endpoint_url=ENDPOINT)
+                elif outcome == "timeout" and self.later is not None and rng.random() < f.late_application:
+                    # The request sits in DynamoDB and is applied after the client gave up: after its retry,
+                    # and after other clients' writes.
+                    self._apply_late(method, request, self.read_timeout * rng.uniform(0.1, 2.5))
+                    self.elapsed += self.read_timeout
+                    error = ReadTimeoutError(endpoint_url=ENDPOINT, error="Read timed out")
                 else:
                     applied_before = self.service.applied
                     try:
-                        response = self.service.execute(method, request, self.actor)
+                        response = self.service.execute(method, request, self.actor, self._sent())
                         failure = None
                     except ClientError as exc:
                         response, failure = None, exc
@@ -354,10 +397,27 @@ class SimDynamoDBClient:
             # botocore's standard mode: full jitter, base 2, capped at 20 s.
             self.elapsed += min(rng.random() * 2 ** retries, 20.0)
 
+    def _sent(self) -> float:
+        return self.sent_at if self.sent_at is not None else self.now()
+
+    def _apply_late(self, method: str, request: dict, delay: float) -> None:
+        sent, later = self._sent(), self.later
+        assert later is not None
+
+        def apply() -> None:
+            applied_before = self.service.applied
+            try:
+                self.service.execute(method, request, self.actor, sent)
+            except ClientError:
+                pass  # its condition failed by then: nobody is told, as nobody waits for it
+            self.late_attempts += self.service.applied - applied_before
+        later(delay, apply)
+
 
 def retry_budget(max_attempts: int, read_timeout: float, connect_timeout: float = 5.0) -> float:
     """The longest a call can take when every attempt times out (botocore's back-off at its largest)."""
     return max_attempts * max(read_timeout, connect_timeout) + sum(min(2.0 ** i, 20.0) for i in range(max_attempts - 1))
 
 
-__all__ = ["NetworkFaults", "retry_budget", "SimDynamoDB", "SimDynamoDBClient", "SimTable", "item_size"]
+__all__ = ["NetworkFaults", "ResourceInUseException", "ResourceNotFoundException", "retry_budget", "SimDynamoDB",
+           "SimDynamoDBClient", "SimTable", "item_size"]

@@ -1,5 +1,6 @@
 """The simulation's machinery: virtual time, one event queue, hosts with drifting clocks, processes that can
-be frozen or killed, and the driver that runs a sans-I/O coroutine across virtual time.
+be frozen or killed, and the driver that runs a shell's coroutines (the core's effects, the shells' handlers
+and their transport steps) across virtual time.
 
 Determinism: one `random.Random` per world (children derived from it), one heap ordered by (time, insertion
 number); nothing reads a real clock. The same seed replays the same history, event for event.
@@ -10,9 +11,10 @@ import heapq
 import itertools
 import random
 from collections import deque
+from types import GeneratorType
 from typing import Any, Callable, Generator
 
-from ..kcl.core.effects import Locked
+from ..kcl.shells.transport import Exclusive
 
 
 class Violation(AssertionError):
@@ -49,21 +51,26 @@ class Scope:
         return t
 
 
-class Host:
-    """A machine: its clocks run at `rate` (drift) from `offset`; its path to DynamoDB has its own faults."""
+EPOCH = 1_700_000_000.0  # the true time 0 on wall clocks
 
-    def __init__(self, world: "Engine", name: str, rate: float, offset: float, faults: Any):
+
+class Host:
+    """A machine: its monotonic clock runs at `rate` (drift) from `offset`; its wall clock is NTP-synced (true
+    time within `skew`); its path to DynamoDB has its own faults."""
+
+    def __init__(self, world: "Engine", name: str, rate: float, offset: float, faults: Any, skew: float = 0.0):
         self.world = world
         self.name = name
         self.rate = rate
         self.offset = offset
         self.faults = faults
+        self.skew = skew
 
     def monotonic(self) -> float:
         return self.offset + self.world.now * self.rate
 
     def wall(self) -> float:
-        return 1_700_000_000.0 + self.monotonic()
+        return EPOCH + self.world.now + self.skew
 
     def true_delay(self, local_seconds: float) -> float:
         """How long `local_seconds` on this host's clock last in true time."""
@@ -72,14 +79,36 @@ class Host:
 
 class Later:
     """A handler's answer that takes time: after `delay` true seconds, `then()` gives the answer (or raises,
-    or returns another Later)."""
+    or returns another Later, or a generator to run). With `waiters`, it may come early: when they are woken
+    (a stop, a result, a changed hold). `counted`: the wait counts as a step of the system (an idle look
+    that found nothing does not)."""
 
-    __slots__ = ("delay", "then", "network")
+    __slots__ = ("delay", "then", "network", "waiters", "counted")
 
-    def __init__(self, delay: float, then: Callable[[], Any], network: bool = False):
+    def __init__(self, delay: float, then: Callable[[], Any], network: bool = False,
+                 waiters: "Waiters | None" = None, counted: bool = True):
         self.delay = delay
         self.then = then
         self.network = network  # runs even while the process is frozen or dead (a request already on the wire)
+        self.waiters = waiters
+        self.counted = counted
+
+
+class Waiters:
+    """Tasks waiting for something that may come before their timeout (`wake`)."""
+
+    __slots__ = ("entries",)
+
+    def __init__(self) -> None:
+        self.entries: list[list] = []  # [task, then, done]
+
+    def wake(self, world: "Engine") -> None:
+        entries, self.entries = self.entries, []
+        for entry in entries:
+            if not entry[2]:
+                entry[2] = True
+                task, then = entry[0], entry[1]
+                world.schedule(0.0, lambda task=task, then=then: task.continue_with(then), task.scope)
 
 
 class Lock:
@@ -94,16 +123,18 @@ class Lock:
 
 
 class Task:
-    """Runs one coroutine of effects in virtual time. `handle(task, effect)` answers an effect at once
-    (a value, or an exception it raises) or with a `Later`. `Locked` effects run their body under
-    `lock` (one task at a time). `on_done(value)` / `on_error(exc)` when the coroutine finishes."""
+    """Runs one coroutine in virtual time: a shell's, yielding the core's effects and the transport's steps.
+    `handle(task, item)` answers an item at once (a value, or an exception it raises), with a `Later`, or
+    with a generator, run in place (a shell's handler). `Exclusive` steps run their body under `lock` (one
+    task at a time, re-entrant). `on_done(value)` / `on_error(exc)` when the coroutine finishes; `exited`
+    wakes whoever joins it."""
 
     __slots__ = ("world", "scope", "stack", "locked_levels", "handle", "lock", "on_done", "on_error", "name",
-                 "finished")
+                 "finished", "kind", "exited")
 
     def __init__(self, world: "Engine", scope: Scope, coroutine: Generator, handle, *, lock: Lock | None = None,
                  on_done: Callable[[Any], None] | None = None, on_error: Callable[[BaseException], None] | None = None,
-                 name: str = ""):
+                 name: str = "", kind: str = ""):
         self.world = world
         self.scope = scope
         self.stack = [coroutine]
@@ -113,7 +144,9 @@ class Task:
         self.on_done = on_done
         self.on_error = on_error
         self.name = name
+        self.kind = kind  # what the transport knows the task as (a worker's "heartbeat", say)
         self.finished = False
+        self.exited = Waiters()
 
     def start(self, delay: float = 0.0) -> "Task":
         self.world.schedule(delay, lambda: self.resume(None, None), self.scope)
@@ -137,8 +170,8 @@ class Task:
                     return
                 answer, error = None, exc
                 continue
-            if type(effect) is Locked:
-                if not self._lock_for(effect, queue_last=True):
+            if type(effect) is Exclusive:
+                if not self._lock_for(effect.body, queue_last=True):
                     return
                 answer, error = None, None
                 continue
@@ -147,20 +180,33 @@ class Task:
             except Exception as exc:
                 answer, error = None, exc
                 continue
-            if type(result) is Later:
+            kind = type(result)
+            if kind is Later:
                 world.defer(result, self)
                 return
+            if kind is GeneratorType:
+                self.stack.append(result)
+                answer, error = None, None
+                continue
             answer, error = result, None
 
     def continue_with(self, then: Callable[[], Any]) -> None:
-        """Evaluate a Later's continuation and resume with its answer (or chain another Later)."""
+        """Evaluate a Later's continuation and resume with its answer (or chain another Later, or run the
+        generator it gives)."""
+        if self.finished:
+            return
         try:
             result = then()
         except Exception as exc:
             self.resume(None, exc)
             return
-        if type(result) is Later:
+        kind = type(result)
+        if kind is Later:
             self.world.defer(result, self)
+            return
+        if kind is GeneratorType:
+            self.stack.append(result)
+            self.resume(None, None)
             return
         self.resume(result, None)
 
@@ -175,31 +221,39 @@ class Task:
             if lock.depth == 0:
                 lock.holder = None
                 if lock.waiters:
-                    waiter, effect = lock.waiters.popleft()
-                    self.world.schedule(0.0, lambda: waiter._enter(effect), waiter.scope)
+                    waiter, body = lock.waiters.popleft()
+                    self.world.schedule(0.0, lambda: waiter._enter(body), waiter.scope)
         return not self.stack
 
-    def _enter(self, effect: Locked) -> None:
-        if self._lock_for(effect, queue_last=False):
+    def _enter(self, body: Generator) -> None:
+        if self.finished:
+            return
+        if self._lock_for(body, queue_last=False):
             self.resume(None, None)
 
-    def _lock_for(self, effect: Locked, queue_last: bool) -> bool:
+    def _lock_for(self, body: Generator, queue_last: bool) -> bool:
         """Take the lock and push the locked body (True), or queue for the lock (False)."""
         lock = self.lock
+        if lock is None:
+            raise RuntimeError(f"{self.name}: an Exclusive step in a task without a lock")
         if lock.holder is not None and lock.holder is not self:
-            if queue_last:
-                lock.waiters.append((self, effect))
+            if lock.holder.finished or not lock.holder.scope.alive():
+                lock.holder, lock.depth = None, 0  # its process died holding it
             else:
-                lock.waiters.appendleft((self, effect))  # woken but beaten to it: stay first in line
-            return False
+                if queue_last:
+                    lock.waiters.append((self, body))
+                else:
+                    lock.waiters.appendleft((self, body))  # woken but beaten to it: stay first in line
+                return False
         lock.holder = self
         lock.depth += 1
-        self.stack.append(effect.body)
+        self.stack.append(body)
         self.locked_levels.append(len(self.stack) - 1)
         return True
 
     def _finish(self, value: Any, error: BaseException | None) -> None:
         self.finished = True
+        self.exited.wake(self.world)
         if error is not None:
             if isinstance(error, Violation) or self.on_error is None:
                 raise error
@@ -242,8 +296,20 @@ class Engine:
         if later.network:
             # The request is on the wire: it reaches the service whatever happens to its sender.
             self.schedule(later.delay, lambda: task.continue_with(later.then), None)
+        elif later.waiters is not None:
+            entry = [task, later.then, False]
+            waiters = later.waiters
+            waiters.entries.append(entry)
+
+            def timeout() -> None:
+                if not entry[2]:
+                    entry[2] = True
+                    if entry in waiters.entries:
+                        waiters.entries.remove(entry)
+                    task.continue_with(later.then)
+            self.schedule(later.delay, timeout, task.scope, counted=later.counted)
         else:
-            self.schedule(later.delay, lambda: task.continue_with(later.then), task.scope)
+            self.schedule(later.delay, lambda: task.continue_with(later.then), task.scope, counted=later.counted)
 
     def note(self, text: str) -> None:
         self.trace.append(f"t={self.now:9.3f} {text}")
@@ -268,4 +334,4 @@ class Engine:
         return not self._queue
 
 
-__all__ = ["Engine", "Host", "Later", "Lock", "Scope", "Task", "Violation"]
+__all__ = ["EPOCH", "Engine", "Host", "Later", "Lock", "Scope", "Task", "Violation", "Waiters"]

@@ -11,14 +11,31 @@ from typing import TYPE_CHECKING, Protocol, Sequence
 
 if TYPE_CHECKING:
     from ..kcl.config import ConsumerConfig
+    from ..kcl.core.lease_hold import LeaseTiming
+    from .engine import Host, Scope
+
+
+class ConsumerView(Protocol):
+    worker_id: str
+    host: Host
+    group: Scope
+    manager_scope: Scope
+    stopped_at: float | None        # when it was asked to stop gracefully (true time)
+
+    def able(self) -> bool:
+        """Could take over a lease now (alive, not frozen or stopping, reaching DynamoDB long enough)."""
+        ...
 
 
 class WorkerView(Protocol):
     """One of our lease worker processes, as the checker follows it."""
 
     serial: int                     # this process's number in the world (a restarted worker gets a new one)
-    inflight_sent_true: float       # true time its fenced write in flight was sent
-    applied_sent_true: float | None  # ... of its last write the table applied (the checker records it)
+    paused: float                   # true seconds the world paused it between its last check and this delivery
+    finished: bool                  # its process has ended
+    host: Host                      # its clock's rate
+    scope: Scope
+    consumer: ConsumerView
 
     @property
     def worker_id(self) -> str: ...
@@ -26,14 +43,11 @@ class WorkerView(Protocol):
     @property
     def config(self) -> ConsumerConfig: ...
 
+    @property
+    def timing(self) -> LeaseTiming: ...
+
     def working(self) -> bool:
         """Alive, not frozen, and holding its lease as far as it knows."""
-        ...
-
-
-class ConsumerView(Protocol):
-    def able(self) -> bool:
-        """Could take over a lease now (alive, not frozen or stopping, reaching DynamoDB long enough)."""
         ...
 
 
@@ -56,6 +70,10 @@ class FleetView(Protocol):
 
     def worker_of(self, actor: object) -> WorkerView | None:
         """`actor` (who made a write) as one of our workers; None for a manager, the pipeline, a Java peer."""
+        ...
+
+    def workers_of(self, consumer: ConsumerView) -> Sequence[WorkerView]:
+        """Every worker process `consumer` ever started."""
         ...
 
     def live_worker_ids(self) -> set[str]:

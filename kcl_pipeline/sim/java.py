@@ -39,6 +39,7 @@ POLL_EVERY = 1.0
 class _Held:
     counter: int
     renewed_at: float          # local clock when the last renewal's answer arrived
+    tenure: int = 0            # this hold of the lease, as the checker tells holders apart
     position: int = -1         # index of the last delivered user record in the shard (-1: none yet)
     started: bool = False
 
@@ -51,7 +52,8 @@ class JavaPeer:
         self.host = host
         self.worker_id = worker_id
         self.group = Scope(f"java {worker_id}")
-        self.client = SimDynamoDBClient(world.dynamodb, world.child_rng(), host.faults, actor=self)
+        self.client = SimDynamoDBClient(world.dynamodb, world.child_rng(), host.faults, actor=self,
+                                        now=lambda: world.now, later=world.apply_later)
         self.held: dict[str, _Held] = {}
         self.seen: dict[str, tuple[int, str | None, float]] = {}
 
@@ -127,7 +129,7 @@ class JavaPeer:
             except Exception:
                 continue
             if taken:
-                self.held[key] = _Held(lease.lease_counter + 1, self.host.monotonic())
+                self.held[key] = _Held(lease.lease_counter + 1, self.host.monotonic(), self.world.next_serial())
                 self.world.stats["java takes"] += 1
 
     # -- renewer -------------------------------------------------------------------------------------------
@@ -176,7 +178,7 @@ class JavaPeer:
                 held.started = True
             positions = shard.positions[held.position + 1:held.position + 11]
             if positions:
-                world.checker.on_deliver(self, key, positions, java=True)
+                world.checker.on_deliver(self, key, positions, java=True, tenure=held.tenure)
                 last = positions[-1]
                 if not self._checkpoint(key, held, {":seq": {"S": last[1]}, ":sub": {"N": str(last[2])}},
                                         "checkpoint = :seq, checkpointSubSequenceNumber = :sub, "):

@@ -3,19 +3,34 @@ sends), and the simulation must catch it within `within` seeds. A mutation the s
 means its invariants or its faults have gone blind.
 
 Every mutation patches the real modules for the length of one run (`active`), so what is tested is
-exactly what ships minus one guard. Mutations of a request's condition rewrite what `LeaseTable` sent
-before the simulated DynamoDB evaluates it, and only for our consumers (a Java peer's requests are its own).
+exactly what ships minus one guard. Most are single-point edits of the shipped source (`_edited`: one
+fragment of one function replaced, the function recompiled in its module's namespace), in the pure core
+or in the shells alike; a shell handler is patched in its handler table. Mutations of a request's
+condition rewrite what `LeaseTable` sent before the simulated DynamoDB evaluates it, and only for our
+consumers (a Java peer's requests are its own).
+
+The classes, as the issue that asked for them names them: fencing (`no-counter-fence`, `acquire-ended`,
+`ambiguous-as-lost`), late writes (`heartbeat-fenced-by-owner`), validity and its margin
+(`validity-from-response`, `shell-validity-from-response`, `shell-acquire-validity-from-response`,
+`deliver-until-full-expiry`, `no-check-before-delivery`), steals (`steal-waits-a-heartbeat`,
+`shell-spawn-forgets-steal`), hand-offs (`handoff-without-wait`, `handoff-timeout-taken-warm`), release and
+shutdown (`shutdown-without-release`, `shell-shutdown-without-terminate`), and the manager's and the
+landing's own (`ages-stamped-early`, `no-parent-gate`, `land-without-fence`, `delete-foreign`).
 """
 from __future__ import annotations
+import __future__
 
 import contextlib
+import inspect
 import re
+import sys
+import textwrap
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 from unittest import mock
 
-from ..kcl.core import cycle, effects, lease_life, planner
-from ..kcl.shells import lease_table
+from ..kcl.core import cycle, effects, lease_hold, lease_life, planner
+from ..kcl.shells import lease_table, manager, worker
 from ..landing import exclusion
 from . import landing
 
@@ -29,33 +44,80 @@ class Mutation:
 
 
 MUTATIONS: dict[str, Mutation] = {m.name: m for m in (
+    # -- fencing
     Mutation("no-counter-fence", "writes fenced by leaseOwner only: the leaseCounter condition is dropped", 60),
+    Mutation("acquire-ended", "an ended (SHARD_END) lease can be acquired", 500, ("reshard", "crash")),
+    Mutation("ambiguous-as-lost", "a write whose response was lost is reported as a lost race", 100,
+             ("lost-responses", "throttling", "crash")),
+    # -- late writes
+    Mutation("heartbeat-fenced-by-owner", "heartbeats fenced by leaseOwner only (the counter fence of the "
+             "heartbeat alone dropped): a heartbeat applied late takes the counter back", 200),
+    # -- validity and its margin
+    Mutation("validity-from-response", "validity measured from when a write's answer arrived, not when it "
+             "was sent (in the core's transition)", 400,
+             ("slow-dynamodb", "lost-responses", "throttling", "freeze-worker", "crash")),
+    Mutation("shell-validity-from-response", "the worker shell's fenced write takes its send time after the "
+             "answer (HeldLease)", 400),
+    Mutation("shell-acquire-validity-from-response", "the worker shell's acquire takes its send time after the "
+             "answer", 400),
+    Mutation("deliver-until-full-expiry", "the validity margin ignored: a holder delivers until the whole "
+             "expiry after its last write", 400),
+    Mutation("no-check-before-delivery", "validity checked before the poll only, not again right before "
+             "delivering what it returned", 400),
+    # -- steals
+    Mutation("steal-waits-a-heartbeat", "a stealer waits one heartbeat before delivering instead of one expiry",
+             400),
+    Mutation("shell-spawn-forgets-steal", "the manager shell spawns a stolen lease's worker as if the lease "
+             "were free (no wait)", 400),
+    # -- hand-offs
+    Mutation("handoff-without-wait", "a graceful hand-off's new owner delivers without waiting for the old "
+             "holder to step aside", 60),
+    Mutation("handoff-timeout-taken-warm", "a hand-off the holder did not answer in time is taken warm (no "
+             "wait), as if the holder had stepped aside", 400),
+    # -- release and shutdown
+    Mutation("shutdown-without-release", "a worker asked to stop says it released its lease without "
+             "releasing it", 100, ("graceful-stop", "crash")),
+    Mutation("shell-shutdown-without-terminate", "the manager shell's shutdown never asks its workers to stop: "
+             "they are killed at the timeout, holding their leases", 100, ("graceful-stop", "crash")),
+    # -- the manager and the landing
     Mutation("ages-stamped-early", "lease ages stamped when the cycle started, not when the scan returned", 400,
              ("slow-dynamodb", "throttling", "crash")),
     Mutation("no-parent-gate", "children acquired and read before their parents finished", 400),
-    Mutation("ambiguous-as-lost", "a write whose response was lost is reported as a lost race", 100,
-             ("lost-responses", "throttling", "crash")),
     Mutation("land-without-fence", "landing ignores the zone: no resume after the last landed record, no "
              "exclusion of what landed batches hold", 60),
     Mutation("delete-foreign", "leases of other streams and applications treated as this stream's", 20),
-    Mutation("validity-from-response", "validity measured from when a write's answer arrived, not when it "
-             "was sent", 400, ("slow-dynamodb", "lost-responses", "throttling", "freeze-worker", "crash")),
-    Mutation("acquire-ended", "an ended (SHARD_END) lease can be acquired", 500, ("reshard", "crash")),
-    Mutation("handoff-without-wait", "a graceful hand-off's new owner delivers without waiting for the old "
-             "holder to step aside", 60),
 )}
+
+
+class MutationStale(RuntimeError):
+    """A mutation's fragment is no longer in the shipped source: update the mutation with the code."""
+
+
+def _edited(func: Callable[..., Any], old: str, new: str) -> Callable[..., Any]:
+    """`func` with one single-point edit of its source (`old`, which must occur exactly once, replaced by
+    `new`), compiled in its module's namespace: the shipped code with one bug planted."""
+    source = textwrap.dedent(inspect.getsource(func))
+    if source.count(old) != 1:
+        raise MutationStale(f"{func.__qualname__}: the fragment {old!r} occurs {source.count(old)} times")
+    namespace = dict(vars(sys.modules[func.__module__]))
+    code = compile(source.replace(old, new), inspect.getsourcefile(func) or func.__module__, "exec",
+                   flags=__future__.annotations.compiler_flag, dont_inherit=True)
+    exec(code, namespace)  # noqa: S102 - the shipped source with one planted edit, for one simulated run
+    return namespace[func.__name__]
 
 
 class _Rewrite:
     """A condition rewrite applied to our consumers' requests (installed on the simulated service)."""
 
-    def __init__(self, pattern: str, replacement: Callable[[re.Match], str]):
+    def __init__(self, pattern: str, replacement: Callable[[re.Match], str],
+                 only: Callable[[dict], bool] | None = None):
         self.pattern = re.compile(pattern)
         self.replacement = replacement
+        self.only = only
 
     def __call__(self, method: str, request: dict, actor: Any) -> dict:
         text = request.get("ConditionExpression")
-        if not text or getattr(actor, "is_java_peer", False):
+        if not text or getattr(actor, "is_java_peer", False) or (self.only is not None and not self.only(request)):
             return request
         return {**request, "ConditionExpression": self.pattern.sub(self.replacement, text)}
 
@@ -65,6 +127,16 @@ _NO_COUNTER = _Rewrite(r"leaseCounter = (:\w+)", lambda m: f"{m.group(1)} = {m.g
 # The acquire's `checkpoint <> :SHARD_END` (heartbeats keep theirs: only the take is mutated).
 _ACQUIRE_ENDED = _Rewrite(r"leaseCounter = :observed AND checkpoint <> :SHARD_END",
                           lambda m: "leaseCounter = :observed AND :SHARD_END = :SHARD_END")
+
+
+def _is_heartbeat(request: dict) -> bool:
+    """A holder's heartbeat (its checkpoint riding along or not): the counter moves on, the owner stays."""
+    update = request.get("UpdateExpression", "")
+    return (update.startswith("SET leaseCounter = :next") and "leaseOwner" not in update
+            and "checkpointOwner" not in update)
+
+
+_HEARTBEAT_BY_OWNER = _Rewrite(r"leaseCounter = :mine", lambda m: ":mine = :mine", only=_is_heartbeat)
 
 
 def _settle_ambiguity_as_lost(self, write, exc):
@@ -90,6 +162,75 @@ def _handoff_without_wait(me, settings):
     return current, False
 
 
+def _patch(stack: contextlib.ExitStack, owner: Any, name: str, old: str, new: str) -> None:
+    """Plant an edit of `owner.name` (a module's function or a class's method)."""
+    stack.enter_context(mock.patch.object(owner, name, _edited(getattr(owner, name), old, new)))
+
+
+def _patch_handler(stack: contextlib.ExitStack, shell: Any, effect: type, old: str, new: str) -> None:
+    """Plant an edit of the shell's handler of `effect` (its handler table is built at class creation)."""
+    stack.enter_context(mock.patch.dict(shell.HANDLERS, {effect: _edited(shell.HANDLERS[effect], old, new)}))
+
+
+def _plant(name: str, stack: contextlib.ExitStack, world: Any) -> None:
+    if name == "no-counter-fence":
+        world.dynamodb.rewrite = _NO_COUNTER
+    elif name == "acquire-ended":
+        world.dynamodb.rewrite = _ACQUIRE_ENDED
+    elif name == "heartbeat-fenced-by-owner":
+        world.dynamodb.rewrite = _HEARTBEAT_BY_OWNER
+    elif name == "ambiguous-as-lost":
+        stack.enter_context(mock.patch.object(lease_table.LeaseTable, "_settle", _settle_ambiguity_as_lost))
+    elif name == "validity-from-response":
+        stack.enter_context(mock.patch.object(lease_life, "renewed", _renewed_from_answer(lease_life.renewed)))
+    elif name == "shell-validity-from-response":
+        _patch(stack, worker.HeldLease, "_renew",
+               "        outcome = Outcome.APPLIED if (yield send(self._hold.counter)) else Outcome.REFUSED\n",
+               "        outcome = Outcome.APPLIED if (yield send(self._hold.counter)) else Outcome.REFUSED\n"
+               "        sent_at = self._monotonic()\n")
+    elif name == "shell-acquire-validity-from-response":
+        _patch_handler(stack, worker.LeaseWorker, effects.Acquire,
+                       "    if lease is not None:\n",
+                       "    sent_at = self.monotonic()\n    if lease is not None:\n")
+    elif name == "deliver-until-full-expiry":
+        _patch(stack, lease_hold.LeaseTiming, "valid_until", "sent_at + self.expiry_seconds - self.margin_seconds",
+               "sent_at + self.expiry_seconds")
+    elif name == "no-check-before-delivery":
+        _patch(stack, lease_life, "lease_life", "            status = yield Check()  # checked again right before",
+               "            pass  # checked again right before")
+    elif name == "steal-waits-a-heartbeat":
+        _patch(stack, lease_life, "lease_life", "deliver_from = status.now + settings.timing.expiry_seconds",
+               "deliver_from = status.now + settings.heartbeat_seconds")
+    elif name == "shell-spawn-forgets-steal":
+        _patch_handler(stack, manager.LeaseManager, effects.Spawn, "stolen=effect.stolen", "stolen=False")
+    elif name == "handoff-without-wait":
+        stack.enter_context(mock.patch.object(lease_life, "_await_handoff", _handoff_without_wait))
+    elif name == "handoff-timeout-taken-warm":
+        _patch(stack, lease_life, "_await_handoff", "return current, True  # no answer",
+               "return current, False  # no answer")
+    elif name == "shutdown-without-release":
+        _patch(stack, lease_life, "_shutdown", "released = yield Release(unsettled)", "released = True")
+    elif name == "shell-shutdown-without-terminate":
+        _patch(stack, manager.LeaseManager, "stopping", "proc.terminate()", "pass")
+    elif name == "ages-stamped-early":
+        _patch(stack, cycle, "manager_cycle", "    state.ages.observe(leases, scanned.returned_at)\n    unknown",
+               "    state.ages.observe(leases, result.started_at)\n    unknown")
+    elif name == "no-parent-gate":
+        never_blocked = lambda *args, **kwargs: []  # noqa: E731
+        stack.enter_context(mock.patch.object(lease_life, "blocked_on_parents", never_blocked))
+        stack.enter_context(mock.patch.object(planner, "blocked_on_parents", never_blocked))
+    elif name == "land-without-fence":
+        stack.enter_context(mock.patch.object(landing.SimLandingProcessor, "resume_position", lambda self: None))
+        stack.enter_context(mock.patch.object(
+            exclusion, "exclude_landed",
+            lambda records, prev, landed: exclusion.Exclusion([exclusion.Run(prev, records)] if records else [],
+                                                              [], None)))
+    elif name == "delete-foreign":
+        stack.enter_context(mock.patch.object(cycle, "scoped_leases", lambda leases, shards: list(leases)))
+    else:
+        raise ValueError(f"mutation {name!r} has no planting")
+
+
 @contextlib.contextmanager
 def active(name: str | None, world: Any) -> Iterator[None]:
     """Run `world` with mutation `name` (None: the shipped code as it is)."""
@@ -99,35 +240,11 @@ def active(name: str | None, world: Any) -> Iterator[None]:
     if name not in MUTATIONS:
         raise ValueError(f"unknown mutation {name!r} (known: {', '.join(MUTATIONS)})")
     with contextlib.ExitStack() as stack:
-        if name == "no-counter-fence":
-            world.dynamodb.rewrite = _NO_COUNTER
-        elif name == "acquire-ended":
-            world.dynamodb.rewrite = _ACQUIRE_ENDED
-        elif name == "ages-stamped-early":
-            world.ages_stamped_at_cycle_start = True
-        elif name == "no-parent-gate":
-            never_blocked = lambda *args, **kwargs: []  # noqa: E731
-            stack.enter_context(mock.patch.object(lease_life, "blocked_on_parents", never_blocked))
-            stack.enter_context(mock.patch.object(planner, "blocked_on_parents", never_blocked))
-        elif name == "ambiguous-as-lost":
-            stack.enter_context(mock.patch.object(lease_table.LeaseTable, "_settle", _settle_ambiguity_as_lost))
-        elif name == "land-without-fence":
-            stack.enter_context(mock.patch.object(landing.SimLandingProcessor, "resume_position", lambda self: None))
-            stack.enter_context(mock.patch.object(
-                exclusion, "exclude_landed",
-                lambda records, prev, landed: exclusion.Exclusion([exclusion.Run(prev, records)] if records else [],
-                                                                  [], None)))
-        elif name == "delete-foreign":
-            stack.enter_context(mock.patch.object(cycle, "scoped_leases", lambda leases, shards: list(leases)))
-        elif name == "handoff-without-wait":
-            stack.enter_context(mock.patch.object(lease_life, "_await_handoff", _handoff_without_wait))
-        elif name == "validity-from-response":
-            stack.enter_context(mock.patch.object(lease_life, "renewed", _renewed_from_answer(lease_life.renewed)))
+        _plant(name, stack, world)
         try:
             yield
         finally:
             world.dynamodb.rewrite = None
-            world.ages_stamped_at_cycle_start = False
 
 
-__all__ = ["MUTATIONS", "Mutation", "active"]
+__all__ = ["MUTATIONS", "Mutation", "MutationStale", "active"]

@@ -8,9 +8,11 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable
 
+from ..kcl.core.tolerance import CLOCK_RATE_TOLERANCE
+
 FAULTS = ("crash", "restart-same-id", "graceful-stop", "freeze-consumer", "freeze-worker", "partition",
           "slow-dynamodb", "slow-heartbeats", "duplicate-id", "lost-responses", "throttling", "clock-drift",
-          "java-peer", "reshard")
+          "java-peer", "reshard", "late-writes", "pauses")
 
 
 @dataclass(frozen=True, order=True)
@@ -42,6 +44,9 @@ class Scenario:
     settle_seconds: float = 240.0
     hot: int = 1  # the first shard's traffic, in multiples of the others' (load-aware balance)
     report_throughput: bool = True  # holders write throughputKBps (False: Java KCL 2.x's count balance)
+    hosted: bool = False  # consumers hosted by the Dagster sensor: their workers have a keep-alive
+    pauses: bool = False  # GC-like pauses and processing time in our processes (sim/pauses.py)
+    late_application: float = 0.0  # of timed-out DynamoDB attempts, those applied late (after the retry)
 
     @classmethod
     def generate(cls, seed: int, steps: int, faults: Iterable[str] = FAULTS) -> "Scenario":
@@ -50,25 +55,29 @@ class Scenario:
         if unknown:
             raise ValueError(f"unknown fault kinds: {', '.join(sorted(unknown))} (known: {', '.join(FAULTS)})")
         rng = random.Random(f"scenario-{seed}")
-        strike = [k for k in FAULTS if k in faults and k not in ("clock-drift", "java-peer", "restart-same-id")]
+        strike = [k for k in FAULTS if k in faults
+                  and k not in ("clock-drift", "java-peer", "restart-same-id", "late-writes", "pauses")]
         count = rng.randint(0, 6) if strike else 0
         events = sorted(FaultEvent(rng.randint(steps // 10, max(steps // 10, steps * 6 // 10)),
                                    rng.choice(strike), rng.random()) for _ in range(count))
         if "reshard" in faults:
             events = sorted(events + [FaultEvent(rng.randint(steps // 20, steps * 7 // 10), "reshard", rng.random())
                                       for _ in range(rng.randint(0, 3))])
-        java = "java-peer" in faults and rng.random() < 0.2
+        java = "java-peer" in faults and rng.random() < 0.25
         # The landing pipeline commits checkpoints in half the worlds; never beside a Java peer, which reads
         # shards without landing them (a pipeline waiting for those records would wait for ever).
         pipeline_period = rng.choice([None, rng.uniform(3.0, 20.0)])
         return cls(seed=seed, steps=steps, faults=faults, consumers=rng.randint(1, 4),
                    java=java, shards=rng.randint(1, 6),
                    rate=rng.uniform(0.2, 0.9), retention=rng.uniform(150.0, 300.0),
-                   drift=0.01 if "clock-drift" in faults else 0.0, leases_to_acquire=rng.choice([1, 1, 2]),
+                   drift=CLOCK_RATE_TOLERANCE if "clock-drift" in faults else 0.0,
+                   leases_to_acquire=rng.choice([1, 1, 2]),
                    flush_records=rng.choice([1, 3, 8]), kinesis_throttle=rng.choice([0.0, 0.0, 0.05]),
                    noise="lost-responses" in faults and rng.random() < 0.5, events=tuple(events),
                    scan_page_items=rng.choice([None, None, 1, 2]),
-                   pipeline_period=None if java else pipeline_period, hot=rng.choice([1, 1, 1, 5]))
+                   pipeline_period=None if java else pipeline_period, hot=rng.choice([1, 1, 1, 5]),
+                   hosted=rng.random() < 0.3, pauses="pauses" in faults,
+                   late_application=0.5 if "late-writes" in faults else 0.0)
 
     def describe(self) -> str:
         kinds = Counter(e.kind for e in self.events)

@@ -6,13 +6,14 @@ can import the cast without the cast importing the world back.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import Any, Callable
 
 from .checker import Checker
 from .dynamodb import SimDynamoDB, SimDynamoDBClient
 from .engine import Engine
 from .kinesis import SimStream
 from .landing import SimZoneStore
+from .pauses import Pauses
 from .scenario import Scenario
 
 
@@ -25,13 +26,29 @@ class Stage(Engine):
     store: SimZoneStore
     checker: Checker                # deliveries and unsound answers are reported to it as they happen
     stats: Counter
-    workers: list[Any]              # every worker process ever spawned (consumer.SimWorker), in spawn order
+    effects_handled: Counter        # (driver, effect type) answered by the shells: the coverage's effects
+    workers: list[Any]              # every worker process ever spawned (consumer.SimWorkerProcess), in spawn order
     steal_times: list[float]        # when a manager planned a steal (virtual seconds)
-    worker_metrics: dict[str, float]  # the worker metrics table: worker id → last update (true time)
-    ages_stamped_at_cycle_start: bool  # set by a mutation (mutations.py)
+    pauses: Pauses                  # the pauses the world puts into processes
 
     def next_serial(self) -> int:
         """A new process number (the checker tells worker processes apart by it)."""
+        raise NotImplementedError
+
+    def apply_later(self, delay: float, apply: Callable[[], None]) -> None:
+        """DynamoDB applies a request its client gave up on, `delay` seconds from now."""
+        raise NotImplementedError
+
+    def consumer_exited(self, consumer: Any) -> None:
+        """A consumer's process exited after its graceful stop."""
+        raise NotImplementedError
+
+    def consumer_failed(self, consumer: Any) -> None:
+        """A consumer's process died of an error."""
+        raise NotImplementedError
+
+    def stop_while_taking(self, consumer: Any, within: float, probability: float) -> None:
+        """Maybe stop `consumer` gracefully within `within` seconds (it just started to take a lease)."""
         raise NotImplementedError
 
 

@@ -10,19 +10,27 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from dataclasses import dataclass, replace
-from typing import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterable
 
 from ..kcl.config import ConsumerConfig
+from ..kcl.core import coverage
+from ..kcl.core.lease_codec import lease_from_item
+from ..kcl.core.lease_life import handoff_timeout
+from ..kcl.core.lease_rules import HANDOFF_ATTRIBUTE
+from ..kcl.core.worker_metrics import HASH_KEY as METRICS_HASH_KEY
+from ..kcl.core.worker_metrics import worker_metrics_table
 from ..kcl.shells.lease_table import LeaseTable
+from ..kcl.shells.manager import shutdown_timeout
 from . import mutations
 from .checker import Checker
-from .consumer import SimConsumer, SimWorker
-from .dynamodb import NetworkFaults, SimDynamoDB, SimDynamoDBClient
+from .consumer import SimConsumer, SimWorkerProcess
+from .dynamodb import NetworkFaults, SimDynamoDB, SimDynamoDBClient, SimTable
 from .engine import Host
 from .java import JavaPeer
 from .kinesis import SimStream
 from .landing import SimPipeline, SimZoneStore
+from .pauses import Pauses
 from .scenario import FAULTS, FaultEvent, Scenario
 from .stage import Stage
 
@@ -54,6 +62,8 @@ class Result:
     trace: list[str]
     records: int = 0
     deliveries: int = 0
+    branches: Counter = field(default_factory=Counter)  # named branches hit (core/coverage.py)
+    effects: Counter = field(default_factory=Counter)   # (driver, effect) answered by the shells
 
     @property
     def ok(self) -> bool:
@@ -68,32 +78,38 @@ def base_config(worker_id: str, leases_to_acquire: int) -> ConsumerConfig:
 
 
 class World(Stage):
-    def __init__(self, scenario: Scenario, mutation: str | None = None):
+    def __init__(self, scenario: Scenario, mutation: str | None = None, pauses: Pauses | None = None):
         super().__init__(scenario.seed)
         self.scenario = scenario
         self.mutation = mutation
-        self.ages_stamped_at_cycle_start = False  # set by a mutation (mutations.py)
         self.config = base_config("template", scenario.leases_to_acquire)
         self.table_name = self.config.lease_table
         self.stats: Counter = Counter()
+        self.effects_handled: Counter = Counter()
         self.steal_times: list[float] = []  # when a manager planned a steal (virtual seconds)
-        self.worker_metrics: dict[str, float] = {}  # the worker metrics table: worker id → last update
         self._serials = 0
+        self.pauses = pauses if pauses is not None else (
+            Pauses(self.child_rng(), scenario.drift) if scenario.pauses else Pauses.none())
         self.dynamodb = SimDynamoDB()
         LeaseTable(self.table_name, SimDynamoDBClient(self.dynamodb, self.child_rng())).ensure_table()
         table = self.dynamodb.tables[self.table_name]
         foreign = {item["leaseKey"]["S"]: item for item in FOREIGN_ITEMS}
         table.items.update(foreign)
+        # KCL 3.x's worker metrics table, which the managers read and write (kcl3_tables, as they ship).
+        metrics_table = worker_metrics_table(self.config.application)
+        self.dynamodb.tables[metrics_table] = SimTable(metrics_table, METRICS_HASH_KEY)
         self.reader = SimDynamoDBClient(self.dynamodb, self.child_rng())  # instant, faultless reads (the sim's)
         self.stream = SimStream(STREAM, self.child_rng(), scenario.shards, lambda: self.now, scenario.retention)
         self.store = SimZoneStore(STREAM)
         self.consumers: list[SimConsumer] = []
         self.java_peers: list[JavaPeer] = []
-        self.workers: list[SimWorker] = []
+        self.workers: list[SimWorkerProcess] = []
         # The checker sees the stream, the store, the table's items and this world as a fleet view (fleet.py).
         self.checker = Checker(stream=self.stream, store=self.store, items=table.items, foreign=foreign, fleet=self,
                                config=self.config, liveness_slack=scenario.liveness_slack, now=lambda: self.now,
                                note=self.note)
+        # The world's own reaction first: it needs the holder as it was before the write.
+        self.dynamodb.observers.append(self._on_handoff_asked)
         self.dynamodb.observers.append(self.checker.on_write)
         self.store.on_land = self.checker.on_land
         self.producing = True
@@ -110,26 +126,73 @@ class World(Stage):
         faults = NetworkFaults()
         if self.scenario.noise:
             faults.lost_response, faults.silent_loss, faults.lost_request, faults.throttle = 0.01, 0.0, 0.005, 0.01
-        host = Host(self, name, 1.0 + self.rng.uniform(-drift, drift), self.rng.uniform(0, 1e6), faults)
+        faults.late_application = self.scenario.late_application
+        # Clock rates up to the documented tolerance (core/tolerance.py), a third of the hosts at its edges.
+        rate = 1.0 + (self.rng.choice([-drift, drift]) if self.rng.random() < 0.33 else self.rng.uniform(-drift, drift))
+        host = Host(self, name, rate, self.rng.uniform(0, 1e6), faults, skew=self.rng.uniform(-0.5, 0.5))
         host.baseline = replace(faults)
         return host
 
     def add_consumer(self, worker_id: str | None = None, host: Host | None = None, delay: float = 0.0) -> SimConsumer:
         index = len(self.consumers)
         worker_id = worker_id or f"consumer-{index}"
+        # A hosted consumer (the Dagster sensor's) gives its workers a keep-alive: 3 sensor intervals.
+        keepalive = 3 * self.config.cycle_seconds if self.scenario.hosted else None
         consumer = SimConsumer(self, host or self.new_host(f"host-{index}"), worker_id,
-                               replace(self.config, worker_id=worker_id), f"c{index}")
+                               replace(self.config, worker_id=worker_id), f"c{index}", keepalive_timeout=keepalive)
         self.consumers.append(consumer)
         consumer.start(delay)
         self.note(f"start {consumer!r}")
         return consumer
 
+    def apply_later(self, delay: float, apply: Callable[[], None]) -> None:
+        """DynamoDB applies a request its client gave up on, `delay` seconds from now."""
+        self.stats["writes applied late"] += 1
+        self.at(self.now + delay, apply)
+
+    def consumer_exited(self, consumer: SimConsumer) -> None:
+        """Its `consume` returned after a graceful stop: the shutdown invariant is checked now."""
+        self.checker.on_consumer_exit(consumer)
+
+    def consumer_failed(self, consumer: SimConsumer) -> None:
+        """It died of an error (a start that could not reach the services): an orchestrator starts it again."""
+        if not consumer.stopping and (self.producing or self.settling):
+            self.at(self.now + self.rng.uniform(5.0, 20.0), lambda: self.add_consumer(host=consumer.host))
+
+    def _on_handoff_asked(self, table: str, key: str, before: dict | None, after: dict | None, actor: Any,
+                          sent_at: float) -> None:
+        """A holder asked for a hand-off is often the one that answers late or never: it is overloaded (that
+        is why its lease is moved), its heartbeat starved, or it freezes. The world makes it so, often
+        enough that every path of the hand-off runs in most hundred-seed batches."""
+        if after is None or HANDOFF_ATTRIBUTE not in after or (before is not None and HANDOFF_ATTRIBUTE in before):
+            return
+        holder = self.checker.holder.get(key)
+        if not isinstance(holder, SimWorkerProcess) or holder.finished:
+            return  # most hand-offs come while the fleet settles, rebalancing: they get late holders too
+        timeout = handoff_timeout(holder.worker.settings)
+        draw = self.rng.random()
+        if draw < 0.35:
+            holder.heartbeat_pause_until = self.now + self.rng.uniform(0.5, 2.5) * timeout
+            self.stats["hand-off holders answering late"] += 1
+        elif draw < 0.5:
+            holder.scope.frozen_until = max(holder.scope.frozen_until,
+                                            self.now + self.rng.uniform(0.6, 2.5) * self.config.lease_expiry_seconds)
+            self.stats["hand-off holders frozen"] += 1
+        lease = lease_from_item(after)
+        self.note(f"hand-off of {key} asked of {holder!r} by {lease.lease_owner if lease else '?'}")
+        asker = actor.consumer if isinstance(actor, SimWorkerProcess) else None
+        if asker is not None:
+            self.stop_while_taking(asker, 1.0, 0.3)  # most often before the holder has answered
+
     # -- the fleet, as the checker sees it (fleet.FleetView) -----------------------------------------------
-    def workers_by_key(self, key: str) -> list[SimWorker]:
+    def workers_by_key(self, key: str) -> list[SimWorkerProcess]:
         return [w for w in self.workers if w.key == key and not w.finished]
 
-    def worker_of(self, actor: object) -> SimWorker | None:
-        return actor if isinstance(actor, SimWorker) else None
+    def worker_of(self, actor: object) -> SimWorkerProcess | None:
+        return actor if isinstance(actor, SimWorkerProcess) else None
+
+    def workers_of(self, consumer: object) -> list[SimWorkerProcess]:
+        return [w for w in self.workers if w.consumer is consumer]
 
     def live_worker_ids(self) -> set[str]:
         return {c.worker_id for c in self.consumers if c.alive() and not c.stopping}
@@ -139,8 +202,11 @@ class World(Stage):
 
     # -- running -------------------------------------------------------------------------------------------
     def run(self) -> Result:
-        with mutations.active(self.mutation, self):
-            return self._run()
+        with mutations.active(self.mutation, self), coverage.recording() as branches:
+            result = self._run()
+        result.branches = Counter(branches)
+        result.effects = Counter(self.effects_handled)
+        return result
 
     def _run(self) -> Result:
         sc = self.scenario
@@ -171,6 +237,8 @@ class World(Stage):
         main_steps = self.steps
         if not violated():
             self._settle()
+        self.stats["writes applied late (took effect)"] += sum(
+            getattr(c.client, "late_attempts", 0) for c in [*self.consumers, *self.workers])
         return Result(sc, main_steps, self.steps - main_steps, self.now, list(self.checker.violations), self.stats,
                       list(self.trace), self.stream.user_records, self.checker.deliveries)
 
@@ -200,9 +268,11 @@ class World(Stage):
         self._restores.clear()
         for consumer in self.consumers:
             consumer.group.frozen_until = min(consumer.group.frozen_until, self.now)
+            consumer.manager_scope.frozen_until = min(consumer.manager_scope.frozen_until, self.now)
             consumer.heartbeat_slowness = 1.0
         for worker in self.workers:
             worker.scope.frozen_until = min(worker.scope.frozen_until, self.now)
+            worker.heartbeat_pause_until = min(worker.heartbeat_pause_until, self.now)
         if not any(c.alive() and not c.stopping for c in self.consumers):
             self.add_consumer()
         deadline = self.now + self.scenario.settle_seconds
@@ -251,18 +321,31 @@ class World(Stage):
                 self.at(self.now + rng.uniform(1.0, 20.0),
                         lambda: self.add_consumer(victim.worker_id if same else None, victim.host))
         elif kind == "graceful-stop":
-            victim.graceful_stop()
-            if last or rng.random() < 0.7:
-                self.at(self.now + rng.uniform(1.0, 20.0), lambda: self.add_consumer(host=victim.host))
+            if rng.random() < 0.25:
+                # One of its workers hangs (a long GC, a stuck processor) past the shutdown's timeout: the
+                # manager's shutdown must kill it rather than wait for ever.
+                workers = [w for w in victim.workers.values() if w.is_alive()]
+                if workers:
+                    hung = rng.choice(workers)
+                    hung.scope.frozen_until = self.now + rng.uniform(1.1, 2.0) * shutdown_timeout(victim.config)
+                    self.note(f"{hung!r} hangs through its consumer's shutdown")
+            self._stop_gracefully(victim, rng, last)
         elif kind == "freeze-consumer":
             seconds = rng.choice([rng.uniform(1.0, 5.0), rng.uniform(1.2, 3.0) * self.config.lease_expiry_seconds])
-            victim.group.frozen_until = self.now + seconds
-            self.note(f"{victim!r} frozen for {seconds:.1f}s")
+            if rng.random() < 0.3:
+                # Its manager alone (a code server stuck in a long tick): its workers go on until the keep-alive
+                # goes stale, when it has one.
+                seconds = rng.uniform(1.0, 6.0) * self.config.cycle_seconds
+                victim.manager_scope.frozen_until = self.now + seconds
+                self.note(f"{victim!r}'s manager frozen for {seconds:.1f}s")
+            else:
+                victim.group.frozen_until = self.now + seconds
+                self.note(f"{victim!r} frozen for {seconds:.1f}s")
         elif kind == "freeze-worker":
             workers = [w for w in victim.workers.values() if not w.finished]
             if workers:
                 worker = rng.choice(workers)
-                seconds = rng.uniform(1.2, 3.0) * self.config.lease_expiry_seconds
+                seconds = rng.uniform(1.2, 3.0) * self.config.lease_expiry_seconds * rng.choice([1, 1, 2])
                 worker.scope.frozen_until = self.now + seconds
                 self.note(f"{worker!r} frozen for {seconds:.1f}s")
         elif kind == "duplicate-id":
@@ -270,6 +353,28 @@ class World(Stage):
             self.note(f"a second process runs under {victim.worker_id}")
         else:
             self._network_fault(kind, victim, rng)
+
+    def _stop_gracefully(self, victim: SimConsumer, rng: random.Random, last: bool) -> None:
+        """SIGTERM; an operator (an orchestrator) usually starts another consumer on the host."""
+        victim.graceful_stop()
+        if last or rng.random() < 0.7:
+            self.at(self.now + rng.uniform(1.0, 20.0), lambda: self.add_consumer(host=victim.host))
+
+    def stop_while_taking(self, consumer: SimConsumer, within: float, probability: float) -> None:
+        """A consumer that just started to take a lease (a hand-off asked, a steal waiting out its expiry) is
+        sometimes stopped right then: a rolling deploy meets a rebalance. Its taker must give the lease back
+        (withdraw the hand-off, release unsettled)."""
+        if "graceful-stop" not in self.scenario.faults or not self.producing or self.rng.random() >= probability:
+            return
+        rng = random.Random(f"{self.seed}-stop-while-taking-{self.now}")
+        self.stats["stopped while taking a lease"] += 1
+
+        def stop() -> None:
+            if consumer.alive() and not consumer.stopping and self.producing:
+                live = [c for c in self.consumers if c.alive() and not c.stopping]
+                self.note(f"FAULT graceful-stop of {consumer!r} while it takes a lease")
+                self._stop_gracefully(consumer, rng, len(live) == 1)
+        self.at(self.now + rng.uniform(0.2, within), stop)
 
     def _network_fault(self, kind: str, victim: SimConsumer, rng: random.Random) -> None:
         faults = victim.host.faults
@@ -281,7 +386,7 @@ class World(Stage):
         elif kind == "slow-dynamodb":
             changed = {"slow": rng.uniform(20.0, 250.0), "throttle": 0.3}
         elif kind == "lost-responses":
-            changed = {"lost_response": rng.uniform(0.05, 0.3), "silent_loss": rng.choice([0.0, 0.2])}
+            changed = {"lost_response": rng.uniform(0.05, 0.3), "silent_loss": rng.choice([0.2, 0.5, 1.0])}
         elif kind == "throttling":
             changed = {"throttle": rng.uniform(0.2, 0.6)}
         elif kind == "slow-heartbeats":

@@ -1,19 +1,26 @@
-"""Every effect a coroutine may yield has a handler in every driver of its family: a driver that leaves an
-effect type unhandled fails here, not the first time a worker or a manager yields it."""
+"""One shell, two transports: every effect a coroutine may yield has a handler in its shell (worker.py's
+`LeaseWorker`, manager.py's `LeaseManager`) — the one table production and the simulation both run — and
+every transport step those handlers yield is answered by both transports (production's `Blocking`, the
+simulation's processes). A shell or a transport that leaves one out fails here, not the first time a worker
+or a manager meets it."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import threading
+from pathlib import Path
 
 import pytest
 
 from kcl_pipeline.kcl.core import effects as fx
+from kcl_pipeline.kcl.shells import manager as manager_shell
+from kcl_pipeline.kcl.shells import transport
+from kcl_pipeline.kcl.shells import worker as worker_shell
 from kcl_pipeline.kcl.shells.manager import LeaseManager
 from kcl_pipeline.kcl.shells.worker import LeaseWorker
-from kcl_pipeline.sim.consumer import SimConsumer, SimWorker
+from kcl_pipeline.sim import consumer as sim_consumer
 
-# The simulation's Task takes the lease's write lock and runs a Locked body itself (sim/engine.py), so its
-# worker's table has no entry for it.
-RUN_BY_THE_ENGINE = frozenset({fx.Locked})
+SIM = Path(sim_consumer.__file__).parent
 
 
 def concrete_effects() -> set[type[fx.Effect]]:
@@ -28,9 +35,9 @@ def concrete_effects() -> set[type[fx.Effect]]:
     return found
 
 
-def unhandled(handlers, family: type[fx.Effect], exempt=frozenset()) -> set[type[fx.Effect]]:
+def unhandled(handlers, family: type[fx.Effect]) -> set[type[fx.Effect]]:
     """The effects of `family` a handler table leaves out."""
-    return {effect for effect in concrete_effects() if issubclass(effect, family)} - set(handlers) - exempt
+    return {effect for effect in concrete_effects() if issubclass(effect, family)} - set(handlers)
 
 
 def test_every_effect_belongs_to_a_family_and_is_an_effects_module_class():
@@ -40,17 +47,63 @@ def test_every_effect_belongs_to_a_family_and_is_an_effects_module_class():
     assert {effect.__module__ for effect in effects} == {fx.__name__}
 
 
-@pytest.mark.parametrize("driver, family, exempt", [
-    (LeaseWorker, fx.LifeEffect, frozenset()),
-    (SimWorker, fx.LifeEffect, RUN_BY_THE_ENGINE),
-    (LeaseManager, fx.CycleEffect, frozenset()),
-    (SimConsumer, fx.CycleEffect, frozenset()),
-], ids=["worker", "sim-worker", "manager", "sim-consumer"])
-def test_every_driver_handles_every_effect_of_its_family_and_nothing_else(driver, family, exempt):
-    assert unhandled(driver.HANDLERS, family, exempt) == set()
-    assert all(issubclass(effect, family) for effect in driver.HANDLERS)
+@pytest.mark.parametrize("shell, family", [(LeaseWorker, fx.LifeEffect), (LeaseManager, fx.CycleEffect)],
+                         ids=["worker", "manager"])
+def test_every_shell_handles_every_effect_of_its_family_and_nothing_else(shell, family):
+    assert unhandled(shell.HANDLERS, family) == set()
+    assert all(issubclass(effect, family) for effect in shell.HANDLERS)
 
 
 def test_a_table_missing_an_effect_is_caught():
     handlers = {effect: handler for effect, handler in LeaseManager.HANDLERS.items() if effect is not fx.Spawn}
     assert unhandled(handlers, fx.CycleEffect) == {fx.Spawn}
+
+
+def steps_yielded_by(module) -> set[str]:
+    """The transport steps a shell module's handlers yield (by name, from its source)."""
+    source = inspect.getsource(module)
+    return {step.__name__ for step in transport.STEPS if f"{step.__name__}(" in source}
+
+
+def test_the_shells_yield_only_steps_of_the_transport():
+    used = steps_yielded_by(worker_shell) | steps_yielded_by(manager_shell)
+    assert used == {step.__name__ for step in transport.STEPS}
+
+
+def test_production_answers_every_transport_step():
+    """Blocking (threads, real calls) answers each step; an unknown step is refused."""
+    stop = threading.Event()
+    results = __import__("queue").Queue()
+    results.put("a result")
+    driver = transport.Blocking(lambda effect: None, stop=stop, results=results)
+
+    def body():
+        return "locked"
+        yield
+
+    thread = driver.step(transport.Background(body(), "t"))
+    driver.step(transport.Join(thread, 5))
+    answers = [driver.step(transport.Call("x", lambda: 42)), driver.step(transport.Exclusive(body())),
+               driver.step(transport.AwaitLoss(0.01, lambda: True)), driver.step(transport.NextResult(1, stop))]
+    stop.set()
+    answers.append(driver.step(transport.Sleep(5)))
+    assert answers == [42, "locked", None, "a result", True]
+    with pytest.raises(TypeError, match="no transport step"):
+        driver.step(transport.Step())
+
+
+def test_the_simulation_answers_every_transport_step():
+    """The simulated processes answer the same steps (Exclusive is the engine task's own: its lock)."""
+    answered = {step.__name__ for step in transport.STEPS
+                if f"kind is {step.__name__}" in inspect.getsource(sim_consumer.Process.step)}
+    assert answered | {"Exclusive"} == {step.__name__ for step in transport.STEPS}
+    assert "is Exclusive" in inspect.getsource(__import__("kcl_pipeline.sim.engine", fromlist=["Task"]).Task.resume)
+
+
+def test_nothing_of_the_shells_is_re_implemented_in_the_simulation():
+    """The simulation answers transport steps only: no effect handler of its own, no copy of a shell's."""
+    for path in SIM.glob("*.py"):
+        source = path.read_text()
+        assert "HANDLERS" not in source or path.name == "mutations.py", f"{path.name} has a handler table"
+        for name in ("lease_life.may_write", "life.renewed(", "finished_release(", "LeaseHold.acquired("):
+            assert name not in source, f"{path.name} re-implements the shell's fenced writes ({name})"

@@ -217,15 +217,20 @@ def test_the_manager_notices_a_second_process_under_its_worker_id():
 def test_a_worker_past_its_validity_never_renews_its_lease():
     """A worker that thaws after its validity passed must not renew: if nobody took the lease yet the renew
     succeeds, and every peer then waits one more expiry for a lease this worker no longer works."""
+    from kcl_pipeline.kcl.shells.transport import Blocking, Call
     from kcl_pipeline.kcl.shells.worker import HeldLease
 
     clock = [0.0]
     hold = LeaseHold.acquired(Lease("shardId-000000000001", Checkpoint("5"), "me", 3), 0.0, TIMING)
     held = HeldLease(hold, TIMING, monotonic=lambda: clock[0])
     writes: list[int] = []
-    assert held.renew(lambda counter: writes.append(counter) or True) is Outcome.APPLIED
+    driver = Blocking(lambda effect: None)  # production's transport: the request runs on the calling thread
+
+    def heartbeat(counter: int) -> Call:
+        return Call("heartbeat", lambda: writes.append(counter) or True)
+    assert driver.run(held.renew(heartbeat)) is Outcome.APPLIED
     clock[0] = 30.0  # frozen well past the validity (sent at 0 + 10 - 1)
-    assert held.renew(lambda counter: writes.append(counter) or True) is Outcome.REFUSED
+    assert driver.run(held.renew(heartbeat)) is Outcome.REFUSED
     assert writes == [3], "a renew was sent after the lease's validity had passed"
     assert held.hold.lost is not None
     assert not life.may_write(hold, 9.5) and life.may_write(hold, 8.5)

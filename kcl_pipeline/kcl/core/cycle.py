@@ -14,7 +14,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Generator, Iterable, Sequence
 
-from . import fleet_mode
+from . import coverage, fleet_mode
 from .balance import confirmed_overloaded, reported_load, still_overloaded
 from .effects import (
     Abandon,
@@ -216,9 +216,12 @@ def manager_cycle(state: ManagerState, settings: CycleSettings, locally_worked: 
     state.overloaded_since = still_overloaded(state.overloaded_since, plan.overloaded, now)
     for lease in plan.take:
         # A lease released before its stealer's wait was over: wait one expiry as the stealer would have.
+        if lease.extra.get(UNSETTLED_ATTRIBUTE):
+            coverage.hit("cycle.take-unsettled-waits")
         yield Spawn(lease, stolen=bool(lease.extra.get(UNSETTLED_ATTRIBUTE)))
         result.spawned.append(lease.lease_key)
     if plan.steal is not None:
+        coverage.hit("cycle.steal")
         # A holder with a fresh worker metrics item runs this protocol (or KCL 3.x's), which hands a lease
         # over gracefully; a KCL 2.x holder publishes none and is stolen from cold, as Java steals.
         yield Spawn(plan.steal, stolen=True, handoff=plan.steal.lease_owner in state.live_peers)

@@ -38,8 +38,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, replace
-from typing import Any, Generator, Sequence, TypeGuard
+from typing import Any, Generator, Sequence
 
+from . import coverage
 from .effects import (
     Acquire,
     Attributes,
@@ -216,39 +217,40 @@ def _await_handoff(me: str, settings: LifeSettings) -> Generator[LifeEffect, Any
     """Initiate a hand-off and wait for it: (the lease to acquire, whether the holder may still deliver),
     or None when the lease went elsewhere (or the worker was asked to stop).
 
-    Handed over is judged from the item's owner and `checkpointOwner`, not from counter arithmetic: the lease
-    still names this worker as its owner, with this worker's claim, and the holder removed `checkpointOwner`.
-    This protocol's holder steps aside with one write (+1); a Java KCL 3.x holder keeps renewing while its
-    processor shuts down (+1 each: its renewal is fenced by the counter alone), checkpoints (+1) and then
-    assigns the lease to its new owner (+1, removing `checkpointOwner`). The claim proves nobody else took the
-    lease meanwhile: every acquire writes its own (another process under the same worker id, or this one after
-    a freeze, would have replaced it)."""
+    The lease is still the one asked for only while it carries this worker's claim: another process under
+    the same worker id (or this one, after a freeze) may have taken and worked it meanwhile."""
     asked = yield InitiateHandoff()
     if asked is None:
         return None
+    coverage.hit("life.handoff.asked")
     claim = asked.extra.get(CLAIM_ATTRIBUTE)
     now = yield Now()
     stop = yield Stopping()
     deadline = now + handoff_timeout(settings)
     while not stop:
         current = yield GetLease()
-        if not _still_asked_by(me, claim, current):
+        if (current is None or current.is_ended or current.lease_owner != me
+                or current.extra.get(CLAIM_ATTRIBUTE) != claim):
+            coverage.hit("life.handoff.overtaken")
             return None
         if current.extra.get(HANDOFF_ATTRIBUTE) is None:
-            return current, False  # the holder checkpointed and stepped aside: it delivers no more
+            if current.lease_counter == asked.lease_counter + 1:
+                coverage.hit("life.handoff.warm")
+                return current, False  # the holder checkpointed and stepped aside: it delivers no more
+            coverage.hit("life.handoff.overtaken")
+            return None  # moved on more than the holder's one last write: not ours to take as handed over
+        if current.lease_counter != asked.lease_counter:
+            coverage.hit("life.handoff.overtaken")
+            return None
         if now >= deadline:
+            coverage.hit("life.handoff.timed-out-cold")
             return current, True  # no answer: take it from cold, which fences the holder
         yield Wait(min(wait_between_polls_for_end(settings), deadline - now))
         now = yield Now()
         stop = yield Stopping()
+    coverage.hit("life.handoff.withdrawn")
     yield from _withdraw_handoff(me, asked)
     return None
-
-
-def _still_asked_by(me: str, claim: Any, current: Lease | None) -> TypeGuard[Lease]:
-    """The lease is still the one this worker asked for: not ended, owned by it, with its claim."""
-    return (current is not None and not current.is_ended and current.lease_owner == me
-            and current.extra.get(CLAIM_ATTRIBUTE) == claim)
 
 
 def _withdraw_handoff(me: str, asked: Lease) -> Generator[LifeEffect, Any, None]:
@@ -259,7 +261,8 @@ def _withdraw_handoff(me: str, asked: Lease) -> Generator[LifeEffect, Any, None]
         if (yield CancelHandoff(asked)):
             return
         current = yield GetLease()
-        if _still_asked_by(me, claim, current) and HANDOFF_ATTRIBUTE not in current.extra:
+        if (current is not None and current.lease_owner == me and current.extra.get(CLAIM_ATTRIBUTE) == claim
+                and HANDOFF_ATTRIBUTE not in current.extra and current.lease_counter == asked.lease_counter + 1):
             yield ReleaseObserved(current)
     except Exception:  # unreachable: the lease expires
         return
@@ -284,6 +287,7 @@ def lease_life(observed: Lease, settings: LifeSettings, me: str | None = None) -
             target, stolen = handed
         lease = yield Acquire(target)
         if lease is None:
+            coverage.hit("life.acquire.not-acquired")
             return LifeResult(key, LifeOutcome.NOT_ACQUIRED,
                               "the lease changed since it was observed (another consumer moved it first, or it ended)")
         acquired = True
@@ -306,11 +310,13 @@ def lease_life(observed: Lease, settings: LifeSettings, me: str | None = None) -
             deliver_from = status.now + settings.timing.expiry_seconds
             while status.now < deliver_from:
                 if status.stop:
+                    coverage.hit("life.steal.stopped-while-waiting-released-unsettled")
                     return (yield from _shutdown(key, status, unsettled))
                 if not status.hold.may_deliver(status.now):
                     return (yield from _lost(key, status.hold))
                 yield Wait(min(deliver_from - status.now, settings.heartbeat_seconds))
                 status = yield Check()
+            coverage.hit("life.steal.waited-an-expiry")
             unsettled = False
         yield Begin(lease)
         while True:
@@ -318,6 +324,7 @@ def lease_life(observed: Lease, settings: LifeSettings, me: str | None = None) -
             if status.stop:
                 return (yield from _shutdown(key, status))
             if not status.hold.may_deliver(status.now):
+                coverage.hit("life.validity.passed-before-poll")
                 return (yield from _lost(key, status.hold))
             batch = yield Poll()
             status = yield Check()  # checked again right before delivering: a freeze may sit in between
@@ -325,6 +332,7 @@ def lease_life(observed: Lease, settings: LifeSettings, me: str | None = None) -
                 # Records fetched but not delivered are re-read by the next owner (not checkpointed).
                 return (yield from _shutdown(key, status))
             if not status.hold.may_deliver(status.now):
+                coverage.hit("life.validity.passed-before-delivery")
                 return (yield from _lost(key, status.hold))
             yield Deliver(batch)
             if batch.shard_ended:
@@ -383,6 +391,7 @@ def _shutdown(key: str, status: Status, unsettled: bool = False) -> Life:
     yield Notify(Notification.SHUTDOWN_REQUESTED if status.hold.may_deliver(status.now) else Notification.LEASE_LOST)
     yield from flush_pending()
     released = yield Release(unsettled)
+    coverage.hit("life.shutdown.released" if released else "life.shutdown.release-refused")
     if not released and (yield from _hand_off_on_shutdown(status.hold)):
         return LifeResult(key, LifeOutcome.SHUTDOWN, "handed_off")
     return LifeResult(key, LifeOutcome.SHUTDOWN, f"released={released}")
@@ -410,6 +419,7 @@ def _release_if_given_back(hold: LeaseHold, current: Lease | None) -> Generator[
     owned by a worker that is gone until it expires."""
     if (current is not None and not current.is_ended and current.lease_owner == hold.owner
             and current.lease_counter == hold.counter and HANDOFF_ATTRIBUTE not in current.extra):
+        coverage.hit("life.lost.released-given-back")
         yield ReleaseObserved(current)
 
 
@@ -435,9 +445,11 @@ def _lost(key: str, hold: LeaseHold) -> Life:
         except Exception:
             handed = False
         if handed:
+            coverage.hit("life.handoff.holder-finished")
             if cp is not None:
                 yield Checkpointed(cp)
             return LifeResult(key, LifeOutcome.HANDED_OFF, f"to {current.lease_owner}")
+        coverage.hit("life.handoff.holder-too-late")
         yield RestorePending(cp)
         yield from flush_pending()
         try:
@@ -468,6 +480,7 @@ def flush_pending() -> Generator[LifeEffect, Any, None]:
         except LeaseLost:
             pass
     if (yield OwnerlessCheckpoint(cp)):
+        coverage.hit("life.lost.flushed-ownerless")
         yield Checkpointed(cp)
 
 
@@ -481,7 +494,9 @@ def write_checkpoint(cp: Checkpoint) -> Generator[LifeEffect, Any, bool]:
         return True
     # Refused: not ours any more, or the checkpoint is not ahead of the table's: tell them apart.
     if (yield Reinstate((yield GetLease()))):
+        coverage.hit("life.checkpoint.refused-then-reinstated")
         return False
+    coverage.hit("life.checkpoint.refused-lease-lost")
     status = yield Check()
     raise LeaseLost(f"checkpoint refused: {status.hold.lost or 'the lease is no longer ours'}")
 
@@ -515,8 +530,10 @@ def _heartbeat_locked(pending: Checkpoint | None) -> Generator[LifeEffect, Any, 
     elif outcome is Outcome.REFUSED and pending is not None:
         # Not holder, or the checkpoint is not ahead of the table's: tell them apart.
         if (yield Reinstate((yield GetLease()))):
+            coverage.hit("life.checkpoint.refused-then-reinstated")
             yield Renew(attributes, None)
         else:
+            coverage.hit("life.checkpoint.refused-lease-lost")
             yield RestorePending(pending)  # flushed when the delivery loop sees the loss: the records were processed
 
 

@@ -1,7 +1,7 @@
 """A headless consumer: one lease manager driven on its own timer until SIGTERM/SIGINT.
 
 Shutdown: stop cycling, ask every worker to stop (each checkpoints what it processed and releases its
-lease), wait for them, exit 0.
+lease), wait for them (killing those still running after `manager.shutdown_timeout`), exit 0.
 """
 from __future__ import annotations
 
@@ -22,12 +22,8 @@ def run_consumer(config: ConsumerConfig, spec: ProcessorSpec, stop: threading.Ev
     if install_signal_handlers:
         stop_on_signals(stop, lambda name: log.info("signal %s: stopping consumer %s", name, config.worker_id))
     manager = LeaseManager(config, spec)
-    manager.start()
-    log.info("consumer %s on stream %s, lease table %s", config.worker_id, config.stream, config.lease_table)
-    try:
-        manager.run_forever(stop)
-    finally:
-        results = manager.shutdown(timeout=max(30.0, 3 * config.heartbeat_seconds))
-        for r in results:
-            log.info("worker %s stopped: %s %s", r.lease_key, r.outcome, r.detail)
+    # Start, cycles until stopped, shutdown (ask, then kill past its timeout): the simulation runs these steps.
+    results = manager.transport.run(manager.consume(stop))
+    for r in results:
+        log.info("worker %s stopped: %s %s", r.lease_key, r.outcome, r.detail)
     return 0

@@ -1,23 +1,30 @@
 """The lease manager: one cycle = scan, list shards, delete, create, decide, spawn.
 
-Every consumer runs one; none is a leader. The cycle itself is the coroutine of cycle.py (the
-deterministic simulation drives the same one) over planner.py's pure decisions; this module only does
-their I/O and keeps one worker process per lease it works (daemonic, so workers die with a reloaded or killed
-host), forked from a preloaded server or spawned (worker_processes.py). The same manager backs
-`kcl-pipeline consume` (driven by `run_forever`) and the Dagster sensor (one `run_cycle` per tick).
+Every consumer runs one; none is a leader. The cycle itself is the coroutine of cycle.py over planner.py's
+pure decisions; `LeaseManager` is its shell: it answers the cycle's effects, waits between cycles (waking
+when a worker ended a shard or a peer's lease expired), reaps finished workers, spawns one worker per lease
+it works, kills a stuck one, and stops them all on shutdown (asked, then killed once the timeout passed).
+
+One shell, two transports (transport.py). In production `Processes` runs it: one worker process per lease
+(daemonic, so workers die with a reloaded or killed host), forked from a preloaded server or spawned
+(worker_processes.py), a results queue and a keep-alive they share, the real clients. The deterministic
+simulation (sim/consumer.py) runs these very handlers with simulated services, engine tasks and virtual
+time. The same manager backs `kcl-pipeline consume` (`consume`: start, cycles until stopped, shutdown) and
+the Dagster sensor (one `run_cycle` per tick).
 """
 from __future__ import annotations
 
+import functools
 import logging
-import multiprocessing
 import queue
 import random
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Mapping
+from typing import Any, Callable, ClassVar, Generator, Mapping, Protocol
 
 from ..config import ConsumerConfig
+from ..core import coverage
 from ..core import cycle as cyc
 from ..core import effects as fx
 from ..core.lease_life import LifeOutcome
@@ -29,10 +36,13 @@ from .aws import client
 from .lease_table import LeaseTable
 from .metrics import Metrics
 from .shards import describe_stream_summary, list_application_shards
+from .transport import KINESIS, Blocking, Call, Join, NextResult, StopFlag, WorkerHandle
 from .worker import ProcessorSpec, WorkerResult, lease_table_client, worker_main
 from .worker_processes import WorkerProcesses, preload_modules
 
 log = logging.getLogger(__name__)
+
+Steps = Generator[Any, Any, Any]
 
 
 @dataclass
@@ -64,11 +74,47 @@ class CycleReport:
         return " ".join(parts)
 
 
+def shutdown_timeout(config: ConsumerConfig) -> float:
+    """How long a stopping consumer waits for its workers to release before killing them: long enough for
+    a release caught by a slow table (three heartbeats), never under 30 s."""
+    return max(30.0, 3 * config.heartbeat_seconds)
+
+
+class ManagerTransport(Protocol):
+    """What a manager's shell needs of the machinery it runs on (production: `Processes`; the simulation's
+    consumer process). Besides these, it answers the steps of transport.py."""
+
+    table: LeaseTable
+    kinesis: Any
+    metrics: Metrics
+
+    def bind(self, handle: Callable[[Any], Any]) -> None: ...
+
+    def run(self, coroutine: Steps) -> Any:
+        """Run steps synchronously on the calling thread."""
+        ...
+
+    def monotonic(self) -> float: ...
+
+    def wall(self) -> float: ...
+
+    def refresh_keepalive(self) -> None:
+        """Tell this manager's workers it is alive (they stop once it goes stale)."""
+
+    def start_worker(self, lease: Lease, stolen: bool, handoff: bool) -> WorkerHandle:
+        """Start a worker process for the lease (it acquires it itself)."""
+        ...
+
+    def collect_results(self) -> list[WorkerResult]:
+        """The results workers reported since the last call (without waiting)."""
+        ...
+
+
 class LeaseManager:
-    def __init__(self, config: ConsumerConfig, spec: ProcessorSpec, *, keepalive_timeout: float | None = None,
-                 rng: random.Random | None = None, worker_log_level: int = logging.INFO,
-                 clock: Callable[[], float] = time.monotonic,
-                 predecessor: Callable[[str], bool] | None = None):
+    def __init__(self, config: ConsumerConfig, spec: ProcessorSpec | None = None, *,
+                 keepalive_timeout: float | None = None, rng: random.Random | None = None,
+                 worker_log_level: int = logging.INFO, clock: Callable[[], float] = time.monotonic,
+                 predecessor: Callable[[str], bool] | None = None, transport: ManagerTransport | None = None):
         self.config = config
         self.spec = spec
         self.keepalive_timeout = keepalive_timeout
@@ -78,33 +124,54 @@ class LeaseManager:
         self.settings = cyc.CycleSettings.of(config)
         self.state = cyc.ManagerState()
         self.worker_log_level = worker_log_level
-        # Workers start in worker_processes' context (a forkserver by default); the queue and the keep-alive
-        # reach them the same way under either method.
-        self.worker_processes = WorkerProcesses(config.worker_start_method, preload_modules(spec.target))
-        self._ctx = self.worker_processes.ipc_context
-        self._results = self._ctx.Queue()
-        self._keepalive = self._ctx.Value("d", time.time(), lock=False)
-        self.workers: dict[str, multiprocessing.process.BaseProcess] = {}
+        if transport is None:
+            if spec is None:
+                raise ValueError("a lease manager of worker processes needs a processor spec")
+            transport = Processes(config, spec, keepalive_timeout, worker_log_level)
+        self.transport: ManagerTransport = transport
+        self.transport.bind(self._handle)
+        self.workers: dict[str, WorkerHandle] = {}
         self._pending: list[WorkerResult] = []
-        self.kinesis = client("kinesis", config.aws)
-        self.table = LeaseTable(config.lease_table, lease_table_client(config))
-        cw = client("cloudwatch", config.aws, max_attempts=2) if config.metrics_namespace else None
-        self.metrics = Metrics(config.metrics_namespace, cw, config.application, config.worker_id,
-                               naming=config.metrics_naming)
+        self.table = self.transport.table
+        self.kinesis = self.transport.kinesis
+        self.metrics = self.transport.metrics
+
+    @property
+    def worker_processes(self) -> WorkerProcesses | None:
+        """How this manager's workers start (production's transport only)."""
+        return getattr(self.transport, "worker_processes", None)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
         """Fail fast with a clear error when the stream is missing or a KCL 3.x fleet runs in 3.x mode; create the
         lease table when missing."""
+        self.transport.run(self.starting())
+
+    def starting(self) -> Steps:
         if self.config.multi_stream:  # a missing stream fails here, with its name (later it only waits)
             for stream in self.config.streams:
-                describe_stream_summary(self.kinesis, stream)
-        self.shards = self._list_shards()
+                yield Call("describe-stream", functools.partial(describe_stream_summary, self.kinesis, stream), KINESIS)
+        self.shards = yield Call("list-shards", self._list_shards, KINESIS)
         # Before the lease table is created or touched: the mode a KCL 3.x fleet on this application runs in.
-        self.state.fleet = kcl3_tables.start_watch(self.table.client, self.config.application, self.config.lease_table,
-                                                   self.clock())
-        if self.table.ensure_table():
+        self.state.fleet = yield Call("coordinator-state", lambda: kcl3_tables.start_watch(
+            self.table.client, self.config.application, self.config.lease_table, self.clock()))
+        if (yield Call("ensure-table", self.table.ensure_table)):
             log.info("created lease table %s", self.config.lease_table)
+
+    def consume(self, stop: StopFlag) -> Steps:
+        """A consumer's whole life (`kcl-pipeline consume`): start, cycles until `stop` is set, shutdown (every
+        worker asked to stop, then killed past `shutdown_timeout`). Returns the workers' last results."""
+        yield from self.starting()
+        log.info("consumer %s on stream %s, lease table %s", self.config.worker_id, self.config.stream,
+                 self.config.lease_table)
+        try:
+            yield from self.cycles(stop)
+        except GeneratorExit:
+            raise
+        except BaseException:
+            yield from self.stopping(shutdown_timeout(self.config))
+            raise
+        return (yield from self.stopping(shutdown_timeout(self.config)))
 
     # What the manager knows, kept in its ManagerState (the sensor and tests read these).
     @property
@@ -140,29 +207,32 @@ class LeaseManager:
     def _now(self, _effect: fx.Now) -> float:
         return self.clock()
 
-    def _scan(self, _effect: fx.ScanTable) -> fx.Scanned:
+    def _scan(self, _effect: fx.ScanTable) -> Steps:
         sent_at = self.clock()
-        leases = self.table.scan()
+        leases = yield Call("scan", self.table.scan)
+        # Stamped when the scan returned, never earlier: a slow scan must not age what it saw.
         return fx.Scanned(leases, sent_at, self.clock())
 
-    def _list_shards_effect(self, _effect: fx.ListShards) -> list[Shard]:
-        return self._list_shards()
+    def _list_shards_effect(self, _effect: fx.ListShards) -> Steps:
+        return (yield Call("list-shards", self._list_shards, KINESIS))
 
-    def _delete(self, effect: fx.Delete) -> bool:
-        return self.table.delete(effect.lease.lease_key, effect.lease.lease_counter)
+    def _delete(self, effect: fx.Delete) -> Steps:
+        lease = effect.lease
+        return (yield Call("delete", lambda: self.table.delete(lease.lease_key, lease.lease_counter)))
 
-    def _create(self, effect: fx.Create) -> bool:
-        return self.table.create(effect.lease)
+    def _create(self, effect: fx.Create) -> Steps:
+        return (yield Call("create", lambda: self.table.create(effect.lease)))
 
     def _spawn_effect(self, effect: fx.Spawn) -> None:
         self._spawn(effect.lease, stolen=effect.stolen, handoff=effect.handoff)
 
-    def _abandon(self, effect: fx.Abandon) -> None:
+    def _abandon(self, effect: fx.Abandon) -> Steps:
         key = effect.lease.lease_key
         proc = self.workers.pop(key, None)
         if proc is not None:
             proc.kill()  # SIGKILL: a stopped (SIGSTOP) process ignores SIGTERM until it is continued
-            proc.join(timeout=5)
+            yield Join(proc, 5)
+            coverage.hit("shell.manager.abandoned-a-stuck-worker")
             self.metrics.count_many({"stuck_workers_killed": 1}, None)
             log.error("killed the worker of lease %s (pid %s): its lease was not renewed for longer than the "
                       "expiry (%.0fs); the lease is taken again", key, proc.pid, self.config.lease_expiry_seconds)
@@ -173,22 +243,23 @@ class LeaseManager:
                   "must be unique per process: this consumer will not touch those leases",
                   self.config.worker_id, ", ".join(effect.lease_keys))
 
-    def _read_worker_metrics(self, _effect: fx.ReadWorkerMetrics) -> fx.PeerMetrics | None:
+    def _read_worker_metrics(self, _effect: fx.ReadWorkerMetrics) -> Steps:
         try:
-            updates = kcl3_tables.read_last_updates(self.table.client, self.config.application,
-                                                    self.state.fleet.layout, self.config.lease_table)
+            updates = yield Call("read-worker-metrics", lambda: kcl3_tables.read_last_updates(
+                self.table.client, self.config.application, self.state.fleet.layout, self.config.lease_table))
         except Exception as exc:  # the balance keeps the peers it knew; the next period reads again
             self.metrics.count_many({"worker_metrics_failed": 1}, None)
             log.warning("could not read the fleet's worker metrics (%s): %s: %s",
                         worker_metrics_table(self.config.application), type(exc).__name__, exc)
             return None
-        return fx.PeerMetrics(updates, time.time())
+        return fx.PeerMetrics(updates, self.transport.wall())
 
-    def _publish_worker_metrics(self, effect: fx.PublishWorkerMetrics) -> None:
+    def _publish_worker_metrics(self, effect: fx.PublishWorkerMetrics) -> Steps:
         try:
-            kcl3_tables.publish(self.table.client, self.config.application, self.config.worker_id,
-                                int(time.time()), effect.throughput_kbps, self.state.fleet.layout,
-                                self.config.lease_table)
+            now = int(self.transport.wall())
+            yield Call("publish-worker-metrics", lambda: kcl3_tables.publish(
+                self.table.client, self.config.application, self.config.worker_id, now, effect.throughput_kbps,
+                self.state.fleet.layout, self.config.lease_table))
         except Exception as exc:  # metrics never stop consuming; the next period writes again
             self.metrics.count_many({"worker_metrics_failed": 1}, None)
             log.warning("could not write this consumer's worker metrics (%s): %s: %s",
@@ -206,12 +277,16 @@ class LeaseManager:
         return list_application_shards(self.kinesis, self.config.streams, self.config.multi_stream)
 
     def run_cycle(self) -> CycleReport:
-        self._keepalive.value = time.time()
+        return self.transport.run(self.cycle())
+
+    def cycle(self) -> Steps:
+        """One cycle: the keep-alive refreshed, finished workers reaped, the cycle's decisions carried out."""
+        self.transport.refresh_keepalive()
         report = CycleReport(finished=self._reap())
-        self.state.fleet = kcl3_tables.watch(self.table.client, self.config.application,  # once a minute, as Java
-                                             self.config.lease_table, self.state.fleet, self.clock())
-        result = fx.drive(cyc.manager_cycle(self.state, self.settings, frozenset(self.workers), self.rng,
-                                         self.predecessor), self._handle)
+        self.state.fleet = yield Call("coordinator-state", lambda: kcl3_tables.watch(  # once a minute, as Java
+            self.table.client, self.config.application, self.config.lease_table, self.state.fleet, self.clock()))
+        result = yield from cyc.manager_cycle(self.state, self.settings, frozenset(self.workers), self.rng,
+                                              self.predecessor)
         report.total_shards = result.total_shards
         report.deleted, report.created, report.spawned = result.deleted, result.created, result.spawned
         report.stolen = result.stolen
@@ -235,48 +310,56 @@ class LeaseManager:
         report.worker_leases = len(self.workers)
 
     def run_forever(self, stop: threading.Event) -> None:
+        self.transport.run(self.cycles(stop))
+
+    def cycles(self, stop: StopFlag) -> Steps:
         while not stop.is_set():
             try:
-                self.run_cycle()
+                yield from self.cycle()
             except Exception as exc:  # a failed cycle (throttling, network) is retried next cycle
                 log.error("lease manager cycle failed: %s: %s", type(exc).__name__, exc)
-            self._wait_next_cycle(stop)
+            yield from self._wait_next_cycle(stop)
 
-    def _wait_next_cycle(self, stop: threading.Event) -> None:
+    def _wait_next_cycle(self, stop: StopFlag) -> Steps:
         """Sleep a cycle, waking at once when a local worker ended a shard (its children are ready) or
         when a peer's lease expired (the table is re-scanned every `cycle.watch_interval`, reads only)."""
-        now = time.monotonic()
+        monotonic = self.transport.monotonic
+        now = monotonic()
         deadline = now + self.config.cycle_seconds
         interval = cyc.watch_interval(self.settings)
         next_watch = now + interval
-        while not stop.is_set() and time.monotonic() < deadline:
-            try:
-                result = self._results.get(timeout=min(0.5, max(0.01, min(deadline, next_watch) - time.monotonic())))
+        while not stop.is_set() and monotonic() < deadline:
+            result = yield NextResult(max(0.01, min(deadline, next_watch) - monotonic()), stop)
+            if result is not None:
                 self._pending.append(result)
                 if cyc.wakes_manager(result.outcome):
                     return
-            except queue.Empty:
-                pass
-            if time.monotonic() >= next_watch:
-                next_watch = time.monotonic() + interval
-                if self._peer_lease_expired():
+            if monotonic() >= next_watch:
+                next_watch = monotonic() + interval
+                if (yield from self._peer_lease_expired()):
                     return
 
-    def _peer_lease_expired(self) -> bool:
-        return fx.drive(cyc.watch_for_expiry(self.state, self.settings, frozenset(self.workers)), self._handle)
+    def _peer_lease_expired(self) -> Steps:
+        return (yield from cyc.watch_for_expiry(self.state, self.settings, frozenset(self.workers)))
 
     def shutdown(self, timeout: float = 30.0) -> list[WorkerResult]:
         """Ask every worker to stop gracefully (SIGTERM: checkpoint, release), then wait for them."""
+        return self.transport.run(self.stopping(timeout))
+
+    def stopping(self, timeout: float) -> Steps:
+        """Every worker asked to stop (it checkpoints and releases), waited for up to `timeout`, killed after."""
         for proc in self.workers.values():
             if proc.is_alive():
+                coverage.hit("shell.manager.shutdown-terminated")
                 proc.terminate()
-        deadline = time.monotonic() + timeout
+        deadline = self.transport.monotonic() + timeout
         for key, proc in list(self.workers.items()):
-            proc.join(max(0.1, deadline - time.monotonic()))
+            yield Join(proc, max(0.1, deadline - self.transport.monotonic()))
             if proc.is_alive():
                 log.warning("worker %s did not stop within %.0fs; killing it", key, timeout)
+                coverage.hit("shell.manager.shutdown-killed-a-straggler")
                 proc.kill()
-                proc.join(5)
+                yield Join(proc, 5)
         results = self._reap()
         self.workers.clear()
         self.metrics.flush()
@@ -284,24 +367,14 @@ class LeaseManager:
 
     # -- workers -----------------------------------------------------------------------------
     def _spawn(self, lease: Lease, stolen: bool = False, handoff: bool = False) -> None:
-        proc = self.worker_processes.context().Process(
-            target=worker_main,
-            args=(self.config, lease, self.spec, self._results),
-            kwargs={"keepalive": self._keepalive, "keepalive_timeout": self.keepalive_timeout,
-                    "log_level": self.worker_log_level, "stolen": stolen, "handoff": handoff},
-            name=f"kcl-worker-{lease.lease_key}", daemon=True)
-        proc.start()
+        proc = self.transport.start_worker(lease, stolen, handoff)
         self.workers[lease.lease_key] = proc
         log.info("spawned worker pid %s for %s (previous owner %s)", proc.pid, lease.lease_key, lease.lease_owner)
 
     def _reap(self) -> list[WorkerResult]:
         finished = self._pending
         self._pending = []
-        while True:
-            try:
-                finished.append(self._results.get_nowait())
-            except queue.Empty:
-                break
+        finished.extend(self.transport.collect_results())
         cyc.note_results(self.state, [(result.lease_key, result.outcome) for result in finished])
         for result in finished:
             if result.outcome is LifeOutcome.FAILED:
@@ -313,4 +386,65 @@ class LeaseManager:
                 if proc.exitcode not in (0, None):
                     log.warning("worker for %s exited with code %s", key, proc.exitcode)
                 del self.workers[key]
+        if finished:
+            coverage.hit("shell.manager.reaped")
         return finished
+
+
+class Processes:
+    """Production's transport for a lease manager: one worker process per lease, the results queue and the
+    keep-alive they share, the real clients."""
+
+    def __init__(self, config: ConsumerConfig, spec: ProcessorSpec, keepalive_timeout: float | None,
+                 worker_log_level: int):
+        self.config = config
+        self.spec = spec
+        self.keepalive_timeout = keepalive_timeout
+        self.worker_log_level = worker_log_level
+        # Workers start in worker_processes' context (a forkserver by default); the queue and the keep-alive
+        # reach them the same way under either method.
+        self.worker_processes = WorkerProcesses(config.worker_start_method, preload_modules(spec.target))
+        self._ctx = self.worker_processes.ipc_context
+        self._results = self._ctx.Queue()
+        self._keepalive = self._ctx.Value("d", time.time(), lock=False)
+        self.kinesis = client("kinesis", config.aws)
+        self.table = LeaseTable(config.lease_table, lease_table_client(config))
+        cw = client("cloudwatch", config.aws, max_attempts=2) if config.metrics_namespace else None
+        self.metrics = Metrics(config.metrics_namespace, cw, config.application, config.worker_id,
+                               naming=config.metrics_naming)
+        self._driver: Blocking | None = None
+
+    def bind(self, handle: Callable[[Any], Any]) -> None:
+        self._driver = Blocking(handle, results=self._results)
+
+    def run(self, coroutine: Steps) -> Any:
+        if self._driver is None:
+            raise RuntimeError("the transport is not bound to a manager")
+        return self._driver.run(coroutine)
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def wall(self) -> float:
+        return time.time()
+
+    def refresh_keepalive(self) -> None:
+        self._keepalive.value = time.time()
+
+    def start_worker(self, lease: Lease, stolen: bool, handoff: bool) -> WorkerHandle:
+        proc = self.worker_processes.context().Process(
+            target=worker_main,
+            args=(self.config, lease, self.spec, self._results),
+            kwargs={"keepalive": self._keepalive, "keepalive_timeout": self.keepalive_timeout,
+                    "log_level": self.worker_log_level, "stolen": stolen, "handoff": handoff},
+            name=f"kcl-worker-{lease.lease_key}", daemon=True)
+        proc.start()
+        return proc
+
+    def collect_results(self) -> list[WorkerResult]:
+        results = []
+        while True:
+            try:
+                results.append(self._results.get_nowait())
+            except queue.Empty:
+                return results

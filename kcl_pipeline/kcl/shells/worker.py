@@ -1,11 +1,17 @@
 """The lease worker: one process per lease (acquire · heartbeat · read · deliver · checkpoint · end · release).
 
-Every decision of a lease's life is made by the coroutines of lease_life.py (the deterministic simulation
-runs the same ones); this module is their I/O: the lease table, the shard reader, the processor, a
-heartbeat thread and a lock. The heartbeat runs on its own thread, independent of record processing, so a
-slow processor never lets the lease expire. Delivery is gated on the lease being valid: once a heartbeat
-fails (condition failed: someone took the lease, or the shard was ended) or none succeeded within the
-expiry, the worker stops delivering at once and tells the processor `lease_lost`.
+Every decision of a lease's life is made by the coroutines of lease_life.py; `LeaseWorker` is their shell:
+it answers each effect (the handlers below) with the lease table, the shard reader and the processor. The
+heartbeat runs concurrently with the delivery loop, so a slow processor never lets the lease expire.
+Delivery is gated on the lease being valid: once a heartbeat fails (condition failed: someone took the
+lease, or the shard was ended) or none succeeded within the expiry, the worker stops delivering at once and
+tells the processor `lease_lost`.
+
+One shell, two transports (transport.py). Where a handler needs the machinery it runs on — a request to a
+service, a sleep, the lease's write lock, the heartbeat's concurrency — it yields a transport step instead
+of doing it. In production `Threads` answers them: the real clients, a heartbeat thread, a re-entrant
+lock. The deterministic simulation (sim/consumer.py) runs these very handlers with simulated services,
+engine tasks and virtual time: nothing of this module is re-implemented there.
 
 A worker also stops by itself (gracefully: shutdown_requested, release) when its manager stops
 refreshing the keep-alive, or when its parent process dies (the host, or the forkserver it was forked from,
@@ -21,9 +27,10 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Mapping
+from typing import Any, Callable, ClassVar, Generator, Mapping, Protocol
 
 from ..config import ConsumerConfig
+from ..core import coverage
 from ..core import effects as fx
 from ..core import lease_life as life
 from ..core.balance import ThroughputMeter, reported_load
@@ -41,9 +48,25 @@ from .metrics import Metrics
 from .reader import ShardReader
 from .shards import list_shards, stream_scope
 from .signals import stop_on_signals
+from .transport import (
+    KINESIS,
+    AwaitLoss,
+    Background,
+    Blocking,
+    Call,
+    Exclusive,
+    Guard,
+    Join,
+    Sleep,
+    Step,
+    StopFlag,
+    returning,
+)
 from .worker_processes import HeapTrimmer, detach_from_server
 
 log = logging.getLogger(__name__)
+
+Steps = Generator[Any, Any, Any]
 
 
 @dataclass(frozen=True)
@@ -82,23 +105,63 @@ def lease_table_client(config: ConsumerConfig):
 WorkerResult = LifeResult
 
 
-class HeldLease:
-    """The worker's lease (a pure LeaseHold) shared by the heartbeat thread and the delivery loop.
+class WorkerTransport(Protocol):
+    """What a worker's shell needs of the machinery it runs on (production: `Threads`; the simulation's
+    worker process). Besides these, it answers the steps of transport.py."""
 
-    Every fenced write goes through it, one at a time (`writing()`): each is conditioned on the counter the
-    previous one left, so two writes in flight would fence each other out.
+    table: LeaseTable
+    kinesis: Any
+    metrics: Metrics
+    heap: HeapTrimmer
+
+    @property
+    def stop(self) -> StopFlag: ...
+
+    @property
+    def guard(self) -> Guard:
+        """Guards the hold against the other thread (re-entrant)."""
+        ...
+
+    def bind(self, handle: Callable[[Any], Any]) -> None:
+        """The shell's handler of effects (the transport hands effects its sub-steps yield back to it)."""
+
+    def monotonic(self) -> float: ...
+
+    def wall(self) -> float: ...
+
+    def parent_alive(self) -> bool: ...
+
+    def open_reader(self, stream: str, shard_id: str, start: Checkpoint, kpl_stats: KplStats) -> ShardReader:
+        """The shard's reader from `start`, its sleeps interruptible by stop, on this transport's clocks."""
+        ...
+
+    def hold_changed(self) -> None:
+        """Wake whoever awaits a change of the hold (`AwaitLoss`)."""
+
+    def run(self, coroutine: Steps) -> Any:
+        """Run steps synchronously on the calling thread (a processor's `checkpoint()`)."""
+        ...
+
+
+class HeldLease:
+    """The worker's lease (a pure LeaseHold) shared by the heartbeat and the delivery loop.
+
+    Every fenced write goes through it, one at a time under the lease's write lock (`Exclusive`): each is
+    conditioned on the counter the previous one left, so two writes in flight would fence each other out.
+    Its send time is taken before the request, and the hold moves on by the pure transitions of lease_life.
     """
 
-    def __init__(self, hold: LeaseHold, timing: LeaseTiming, monotonic: Callable[[], float] = time.monotonic):
+    def __init__(self, hold: LeaseHold, timing: LeaseTiming, monotonic: Callable[[], float] = time.monotonic,
+                 guard: Guard | None = None, changed: Callable[[], None] | None = None):
         self._hold = hold
         self._timing = timing
         self._monotonic = monotonic
-        self._lock = threading.RLock()  # serialises fenced writes and guards _hold
-        self._changed = threading.Condition(self._lock)
+        self._guard = guard if guard is not None else threading.RLock()
+        self._changed = changed if changed is not None else (lambda: None)
 
     @property
     def hold(self) -> LeaseHold:
-        with self._lock:
+        with self._guard:
             return self._hold
 
     @property
@@ -107,7 +170,7 @@ class HeldLease:
 
     def current(self) -> tuple[float, LeaseHold]:
         """The clock and the hold as of now (lost once its validity passed)."""
-        with self._lock:
+        with self._guard:
             now = self._monotonic()
             self._set(self._hold.held(now))
             return now, self._hold
@@ -116,61 +179,62 @@ class HeldLease:
         now, hold = self.current()
         return hold.may_deliver(now)
 
-    def renew(self, write: Callable[[int], bool]) -> Outcome:
-        """Run one fenced counter-moving write `write(counter) -> applied`; errors pass through."""
-        with self._lock:
-            if not life.may_write(self._hold, self._monotonic()):
-                self._set(self._hold.held(self._monotonic()))
-                return Outcome.REFUSED
-            sent_at = self._monotonic()
-            try:
-                outcome = Outcome.APPLIED if write(self._hold.counter) else Outcome.REFUSED
-            except Exception:
-                self._set(life.renewed(self._hold, Outcome.ERROR, sent_at, self._timing, self._monotonic()))
-                raise
-            self._set(life.renewed(self._hold, outcome, sent_at, self._timing, self._monotonic()))
-            return outcome
+    def renew(self, send: Callable[[int], Step]) -> Steps:
+        """One fenced counter-moving write, `send(counter)` its request (→ applied); errors pass through."""
+        return (yield Exclusive(self._renew(send)))
 
-    def end(self, write: Callable[[int], bool]) -> Outcome:
-        with self._lock:
-            if not life.may_write(self._hold, self._monotonic()):
-                self._set(self._hold.held(self._monotonic()))
-                return Outcome.REFUSED
-            outcome = Outcome.APPLIED if write(self._hold.counter) else Outcome.REFUSED
-            self._set(life.finished_end(self._hold, outcome))
-            return outcome
+    def _renew(self, send: Callable[[int], Step]) -> Steps:
+        if not life.may_write(self._hold, self._monotonic()):
+            coverage.hit("shell.renew.not-sent-past-validity")
+            self._set(self._hold.held(self._monotonic()))
+            return Outcome.REFUSED
+        sent_at = self._monotonic()  # before the request: validity counts from the send, never the answer
+        try:
+            outcome = Outcome.APPLIED if (yield send(self._hold.counter)) else Outcome.REFUSED
+        except Exception:
+            coverage.hit("shell.renew.error")
+            self._set(life.renewed(self._hold, Outcome.ERROR, sent_at, self._timing, self._monotonic()))
+            raise
+        coverage.hit("shell.renew.applied" if outcome is Outcome.APPLIED else "shell.renew.refused")
+        self._set(life.renewed(self._hold, outcome, sent_at, self._timing, self._monotonic()))
+        return outcome
 
-    def release(self, write: Callable[[int], bool]) -> bool:
-        with self._lock:
-            applied = write(self._hold.counter)
-            self._set(life.finished_release(self._hold, Outcome.APPLIED if applied else Outcome.REFUSED))
-            return applied
+    def end(self, send: Callable[[int], Step]) -> Steps:
+        return (yield Exclusive(self._end(send)))
 
-    def writing(self):
-        """Hold the write lock across a decision and its writes (e.g. a refusal and the re-read after it)."""
-        return self._lock
+    def _end(self, send: Callable[[int], Step]) -> Steps:
+        if not life.may_write(self._hold, self._monotonic()):
+            coverage.hit("shell.end.not-sent-past-validity")
+            self._set(self._hold.held(self._monotonic()))
+            return Outcome.REFUSED
+        outcome = Outcome.APPLIED if (yield send(self._hold.counter)) else Outcome.REFUSED
+        self._set(life.finished_end(self._hold, outcome))
+        return outcome
+
+    def release(self, send: Callable[[int], Step]) -> Steps:
+        return (yield Exclusive(self._release(send)))
+
+    def _release(self, send: Callable[[int], Step]) -> Steps:
+        applied = yield send(self._hold.counter)
+        coverage.hit("shell.release.applied" if applied else "shell.release.refused")
+        self._set(life.finished_release(self._hold, Outcome.APPLIED if applied else Outcome.REFUSED))
+        return applied
 
     def reinstate(self, current: Lease | None) -> bool:
-        with self._lock:
+        with self._guard:
             hold = life.reinstated(self._hold, current)
             if hold is not None:
                 self._set(hold)
             return hold is not None
 
     def mark_ended(self) -> None:
-        with self._lock:
+        with self._guard:
             self._set(self._hold.ended_by_pipeline())
-
-    def wait_lost(self, timeout: float) -> bool:
-        with self._lock:
-            if self._hold.lost is None:
-                self._changed.wait(timeout)
-            return self._hold.lost is not None
 
     def _set(self, hold: LeaseHold) -> None:
         if hold != self._hold:
             self._hold = hold
-            self._changed.notify_all()
+            self._changed()
 
 
 class _Checkpointer:
@@ -206,38 +270,39 @@ class _Checkpointer:
 
 
 class LeaseWorker:
-    """Works one lease in the current process. `run()` returns a WorkerResult; it never raises.
+    """Works one lease: the shell of a lease's life. `run()` returns a WorkerResult; it never raises.
 
     `observed` is the lease as the manager's scan saw it: acquire is conditioned on its owner and counter.
     `stolen`: it was taken from a live holder (see LifeSettings.stolen); `handoff`: by asking that holder
-    for a graceful hand-off first (LifeSettings.handoff_from).
+    for a graceful hand-off first (LifeSettings.handoff_from). `transport`: what it runs on (production's
+    threads and real clients by default); `claim`: its acquire claim (unique per process by default).
     """
 
     def __init__(self, config: ConsumerConfig, observed: Lease, processor: RecordProcessor, *,
                  keepalive: Callable[[], float] | None = None, keepalive_timeout: float | None = None,
                  stop: threading.Event | None = None, monotonic: Callable[[], float] = time.monotonic,
-                 stolen: bool = False, handoff: bool = False):
+                 stolen: bool = False, handoff: bool = False, transport: WorkerTransport | None = None,
+                 claim: str | None = None):
         self.config = config
         self.lease_key = observed.lease_key
         self.observed = observed
         self.scope = scope_of(config.streams, observed.lease_key)  # its stream, and the shard id the API knows
         # Unique to this worker process: an ambiguous acquire is ours only if the item carries it.
-        self.claim = uuid.uuid4().hex
+        self.claim = claim or uuid.uuid4().hex
         self.processor = processor
         self.keepalive = keepalive
         self.keepalive_timeout = keepalive_timeout
-        self.stop = stop or threading.Event()
-        self.monotonic = monotonic
+        self.transport: WorkerTransport = transport if transport is not None else Threads(config, stop, monotonic)
+        self.transport.bind(self._handle)
+        self.stop = self.transport.stop
+        self.monotonic = self.transport.monotonic
         self.timing = LeaseTiming(config.lease_expiry_seconds, config.validity_margin)
         self.settings = LifeSettings(self.timing, config.initial_position.checkpoint(), config.heartbeat_seconds,
                                      config.parent_drained_attribute, stolen,
                                      observed.lease_owner if handoff else None)
-        self.kinesis = client("kinesis", config.aws)
-        self.table = LeaseTable(config.lease_table, lease_table_client(config))
-        # Few retries for metrics: a CloudWatch outage must not stall delivery.
-        cw = client("cloudwatch", config.aws, max_attempts=2) if config.metrics_namespace else None
-        self.metrics = Metrics(config.metrics_namespace, cw, config.application, config.worker_id,
-                               naming=config.metrics_naming)
+        self.kinesis = self.transport.kinesis
+        self.table = self.transport.table
+        self.metrics = self.transport.metrics
         self.kpl_stats = KplStats()
         self._counted: dict[str, int] = {}
         self.lease: HeldLease | None = None
@@ -252,24 +317,31 @@ class LeaseWorker:
         # delivered bytes → throughputKBps on heartbeats (balance.py), continuing the previous holder's average
         self.throughput = ThroughputMeter(smoothed=reported_load(observed))
         self._throughput_lock = threading.Lock()
-        self._heartbeat_thread: threading.Thread | None = None
+        self._heartbeats: Any = None  # the heartbeat's concurrent activity, once started
         self._checkpointer = _Checkpointer(self)
-        self.heap = HeapTrimmer()
-        self._parent_pid = os.getppid()
+        self.heap = self.transport.heap
 
     # -- the lease's life ----------------------------------------------------------------------
     def run(self) -> WorkerResult:
         try:
-            result = self._drive(life.lease_life(self.observed, self.settings, self.config.worker_id))
+            return self.transport.run(self.work())
+        finally:
+            self.stop.set()
+
+    def work(self) -> Steps:
+        """The worker process's whole work: the lease's life, then the heartbeat stopped; a failure of the I/O
+        itself still gives the lease back."""
+        try:
+            result = yield from life.lease_life(self.observed, self.settings, self.config.worker_id)
         except Exception as exc:  # a bug in the I/O itself: still say why, and give the lease back
             log.exception("worker for %s failed", self.lease_key)
-            self._release_quietly()
+            coverage.hit("shell.worker.failed-released")
+            yield from self._release_quietly()
             result = WorkerResult(self.lease_key, LifeOutcome.FAILED, f"{type(exc).__name__}: {exc}")
-        finally:
-            self.stop.set()  # stops the heartbeat thread
-            if self._heartbeat_thread is not None:
-                self._heartbeat_thread.join(timeout=self.config.heartbeat_seconds + 5)
-            self.metrics.flush()
+        self.stop.set()  # stops the heartbeat
+        if self._heartbeats is not None:
+            yield Join(self._heartbeats, self.config.heartbeat_seconds + 5)
+        self.metrics.flush()
         if result.outcome is LifeOutcome.FAILED:
             log.error("worker for %s failed: %s", self.lease_key, result.detail)
         elif result.outcome is LifeOutcome.LEASE_LOST:
@@ -277,9 +349,6 @@ class LeaseWorker:
         else:
             log.info("%s: %s %s (checkpoint %s)", self.lease_key, result.outcome, result.detail, self.checkpointed)
         return result
-
-    def _drive(self, coroutine):
-        return fx.drive(coroutine, self._handle)
 
     def _handle(self, effect: fx.LifeEffect) -> Any:
         return self.HANDLERS[type(effect)](self, effect)
@@ -291,44 +360,48 @@ class LeaseWorker:
             raise RuntimeError(f"{self.lease_key}: the lease was not acquired")
         return self.lease
 
-    def _locked(self, effect: fx.Locked):
-        with self.held.writing():
-            return self._drive(effect.body)
+    def _locked(self, effect: fx.Locked) -> Steps:
+        return (yield Exclusive(effect.body))
 
-    def _acquire(self, effect: fx.Acquire) -> Lease | None:
+    def _acquire(self, effect: fx.Acquire) -> Steps:
         observed = effect.observed or self.observed
         sent_at = self.monotonic()
-        lease = self.table.acquire(self.lease_key, self.config.worker_id, observed.lease_owner,
-                                   observed.lease_counter, claim=self.claim)
+        lease = yield Call("acquire", lambda: self.table.acquire(self.lease_key, self.config.worker_id,
+                                                                 observed.lease_owner, observed.lease_counter,
+                                                                 claim=self.claim))
         if lease is not None:
-            self.lease = HeldLease(LeaseHold.acquired(lease, sent_at, self.timing), self.timing, self.monotonic)
+            self.lease = HeldLease(LeaseHold.acquired(lease, sent_at, self.timing), self.timing, self.monotonic,
+                                   self.transport.guard, self.transport.hold_changed)
             log.info("acquired lease %s (counter %d, checkpoint %s, previous owner %s)", self.lease_key,
                      lease.lease_counter, lease.checkpoint, self.observed.lease_owner)
         return lease
 
-    def _initiate_handoff(self, _effect: fx.InitiateHandoff) -> Lease | None:
+    def _initiate_handoff(self, _effect: fx.InitiateHandoff) -> Steps:
         holder = self.observed.lease_owner
         if holder is None:  # a hand-off is asked of a live holder only (LifeSettings.handoff_from)
             raise ValueError(f"{self.lease_key}: a hand-off needs a holder, the lease was observed free")
-        asked = self.table.initiate_handoff(self.lease_key, self.config.worker_id, holder,
-                                            self.observed.lease_counter, self.claim)
+        asked = yield Call("initiate-handoff", lambda: self.table.initiate_handoff(
+            self.lease_key, self.config.worker_id, holder, self.observed.lease_counter, self.claim))
         if asked is not None:
             log.info("%s: asked %s for a graceful hand-off", self.lease_key, holder)
         return asked
 
-    def _finish_handoff(self, effect: fx.FinishHandoff) -> bool:
+    def _finish_handoff(self, effect: fx.FinishHandoff) -> Steps:
         _, hold = self.held.current()
-        return self.table.finish_handoff(self.lease_key, self.config.worker_id, hold.counter, effect.checkpoint)
+        return (yield Call("finish-handoff", lambda: self.table.finish_handoff(
+            self.lease_key, self.config.worker_id, hold.counter, effect.checkpoint)))
 
-    def _cancel_handoff(self, effect: fx.CancelHandoff) -> bool:
+    def _cancel_handoff(self, effect: fx.CancelHandoff) -> Steps:
         asked = effect.asked
         holder = asked.extra.get(HANDOFF_ATTRIBUTE)
         if not isinstance(holder, str):  # the asked lease names its holder: the hand-off's request wrote it
             raise ValueError(f"{self.lease_key}: the hand-off asked for names no holder")
-        return self.table.cancel_handoff(self.lease_key, self.config.worker_id, holder, asked.lease_counter, self.claim)
+        return (yield Call("cancel-handoff", lambda: self.table.cancel_handoff(
+            self.lease_key, self.config.worker_id, holder, asked.lease_counter, self.claim)))
 
-    def _release_observed(self, effect: fx.ReleaseObserved) -> bool:
-        return self.table.release(self.lease_key, self.config.worker_id, effect.lease.lease_counter)
+    def _release_observed(self, effect: fx.ReleaseObserved) -> Steps:
+        counter = effect.lease.lease_counter
+        return (yield Call("release", lambda: self.table.release(self.lease_key, self.config.worker_id, counter)))
 
     def _now(self, _effect: fx.Now) -> float:
         return self.monotonic()
@@ -336,44 +409,48 @@ class LeaseWorker:
     def _stopping(self, _effect: fx.Stopping) -> bool:
         return self._should_stop()
 
-    def _read_leases(self, effect: fx.ReadLeases) -> dict[str, Lease | None]:
-        return {key: self.table.get(key) for key in effect.keys}
+    def _read_leases(self, effect: fx.ReadLeases) -> Steps:
+        return (yield Call("get", lambda: {key: self.table.get(key) for key in effect.keys}))
 
-    def _get_lease(self, _effect: fx.GetLease) -> Lease | None:
-        return self.table.get(self.lease_key)
+    def _get_lease(self, _effect: fx.GetLease) -> Steps:
+        return (yield Call("get", lambda: self.table.get(self.lease_key)))
 
-    def _check(self, _effect: fx.Check) -> fx.Status:
+    def _check(self, _effect: fx.Check) -> Steps:
+        # Under the write lock: a write in flight (a heartbeat) decides the hold this check reads.
+        return (yield Exclusive(returning(self._status)))
+
+    def _status(self) -> fx.Status:
         now, hold = self.held.current()
         return fx.Status(now, hold, self._should_stop())
 
-    def _wait(self, effect: fx.Wait) -> bool:
-        return self.stop.wait(effect.seconds)
+    def _wait(self, effect: fx.Wait) -> Steps:
+        return (yield Sleep(effect.seconds))
 
-    def _wait_for_change(self, effect: fx.WaitForChange) -> bool:
-        return self.held.wait_lost(effect.seconds)
+    def _wait_for_change(self, effect: fx.WaitForChange) -> Steps:
+        held = self.held
+        yield AwaitLoss(effect.seconds, lambda: held.hold.lost is not None)
+        return held.hold.lost is not None
 
-    def _start_heartbeats(self, _effect: fx.StartHeartbeats) -> None:
-        self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name=f"heartbeat-{self.lease_key}",
-                                                  daemon=True)
-        self._heartbeat_thread.start()
+    def _start_heartbeats(self, _effect: fx.StartHeartbeats) -> Steps:
+        self._heartbeats = yield Background(self._heartbeat_loop(), f"heartbeat-{self.lease_key}")
 
-    def _begin(self, effect: fx.Begin) -> None:
+    def _begin(self, effect: fx.Begin) -> Steps:
         lease = effect.lease
         scope = self.scope
         shard_id = scope.shard_id(self.lease_key)
-        if scope.identifier is not None and not scope.pinned and stream_scope(self.kinesis, scope.stream) != scope:
-            # The stream was deleted and re-created: its shard ids repeat, but this lease's checkpoint is of
-            # the old stream. Fail (the lease is released); the new stream's leases carry its new creation time.
-            raise StreamRecreated(f"stream {scope.name} is no longer {scope.identifier} (deleted or re-created): "
-                                  f"lease {self.lease_key} is not read")
+        if scope.identifier is not None and not scope.pinned:  # a pinned identifier is the application's
+            current = yield Call("describe-stream", lambda: stream_scope(self.kinesis, scope.stream), KINESIS)
+            if current != scope:
+                # The stream was deleted and re-created: its shard ids repeat, but this lease's checkpoint is
+                # of the old stream. Fail (the lease is released); the new stream's leases carry its new
+                # creation time.
+                coverage.hit("shell.begin.stream-recreated")
+                raise StreamRecreated(f"stream {scope.name} is no longer {scope.identifier} (deleted or "
+                                      f"re-created): lease {self.lease_key} is not read")
         self.processor.initialize(InitializationInput(
             shard_id, self.config.worker_id, lease.checkpoint, lease.child_shard_ids, dict(lease.extra),
             stream=scope.identifier))
-        self.reader = ShardReader(self.kinesis, scope.stream, shard_id, self._start_position(lease),
-                                  polling_interval=self.config.polling_interval_seconds,
-                                  idle_interval=self.config.idle_interval_seconds,
-                                  max_records=self.config.max_records_per_call, kpl_stats=self.kpl_stats,
-                                  sleep=self._interruptible_sleep, max_bytes_per_call=self.config.prefetch_bytes)
+        self.reader = self.transport.open_reader(scope.stream, shard_id, self._start_position(lease), self.kpl_stats)
 
     def _start_position(self, lease: Lease) -> Checkpoint:
         resume = getattr(self.processor, "resume_position", None)
@@ -384,10 +461,11 @@ class LeaseWorker:
                      self.lease_key, start, lease.checkpoint)
         return start
 
-    def _poll(self, _effect: fx.Poll):
-        if self.reader is None:
+    def _poll(self, _effect: fx.Poll) -> Steps:
+        reader = self.reader
+        if reader is None:
             raise RuntimeError(f"{self.lease_key}: polled before the reader was opened")
-        return self.reader.poll()
+        return (yield Call("get-records", reader.poll, KINESIS))
 
     def _deliver(self, effect: fx.Deliver) -> None:
         batch = effect.batch
@@ -419,18 +497,19 @@ class LeaseWorker:
         else:
             self.processor.shutdown_requested(self._checkpointer)
 
-    def _renew(self, effect: fx.Renew) -> Outcome:
+    def _renew(self, effect: fx.Renew) -> Steps:
         key, me, attributes, cp = self.lease_key, self.config.worker_id, effect.attributes, effect.checkpoint
         with self._throughput_lock:
             kbps = self.throughput.take(self.monotonic())
-        return self.held.renew(lambda counter: self.table.heartbeat(key, me, counter, attributes, checkpoint=cp,
-                                                                    throughput_kbps=kbps))
+        return (yield from self.held.renew(lambda counter: Call("heartbeat", lambda: self.table.heartbeat(
+            key, me, counter, attributes, checkpoint=cp, throughput_kbps=kbps))))
 
-    def _end(self, _effect: fx.End) -> Outcome:
-        return self.held.end(lambda counter: self.table.end(self.lease_key, self.config.worker_id, counter))
+    def _end(self, _effect: fx.End) -> Steps:
+        return (yield from self.held.end(lambda counter: Call("end", lambda: self.table.end(
+            self.lease_key, self.config.worker_id, counter))))
 
-    def _release(self, effect: fx.Release) -> bool:
-        return self._release_quietly(effect.unsettled)
+    def _release(self, effect: fx.Release) -> Steps:
+        return (yield from self._release_quietly(effect.unsettled))
 
     def _reinstate(self, effect: fx.Reinstate) -> bool:
         return self.held.reinstate(effect.current)
@@ -438,8 +517,9 @@ class LeaseWorker:
     def _mark_ended(self, _effect: fx.MarkEnded) -> None:
         self.held.mark_ended()
 
-    def _ownerless_checkpoint(self, effect: fx.OwnerlessCheckpoint) -> bool:
-        return self.table.checkpoint(self.lease_key, effect.checkpoint, unless_held_by_another=self.config.worker_id)
+    def _ownerless_checkpoint(self, effect: fx.OwnerlessCheckpoint) -> Steps:
+        return (yield Call("checkpoint", lambda: self.table.checkpoint(
+            self.lease_key, effect.checkpoint, unless_held_by_another=self.config.worker_id)))
 
     def _checkpointed(self, effect: fx.Checkpointed) -> None:
         self.checkpointed = effect.checkpoint
@@ -465,19 +545,19 @@ class LeaseWorker:
     def write_checkpoint(self, cp: Checkpoint) -> bool:
         """The holder's synchronous checkpoint: a fenced heartbeat carrying it. False when it would not
         advance; LeaseLost when the lease is no longer ours."""
-        return self._locked(fx.Locked(life.write_checkpoint(cp)))
+        return self.transport.run(self._locked(fx.Locked(life.write_checkpoint(cp))))
 
-    def _release_quietly(self, unsettled: bool = False) -> bool:
+    def _release_quietly(self, unsettled: bool = False) -> Steps:
         if self.lease is None:
             return False
         try:
-            return self.lease.release(
-                lambda counter: self.table.release(self.lease_key, self.config.worker_id, counter, unsettled))
+            return (yield from self.lease.release(lambda counter: Call("release", lambda: self.table.release(
+                self.lease_key, self.config.worker_id, counter, unsettled))))
         except Exception as exc:
             log.warning("%s: could not release the lease: %s", self.lease_key, exc)
             return False
 
-    # -- heartbeat thread ----------------------------------------------------------------------
+    # -- heartbeats ------------------------------------------------------------------------------
     def _heartbeat_attributes(self) -> Mapping[str, Any] | None:
         """The processor's progress attributes; on any failure none (a plain heartbeat), counted and logged."""
         attrs_fn = getattr(self.processor, "heartbeat_attributes", None)
@@ -512,15 +592,18 @@ class LeaseWorker:
                     exc, max(0.0, hold.valid_until - now))
 
     def _heartbeat_once(self) -> None:
-        """One heartbeat (lease_life.heartbeat_once)."""
-        self._drive(life.heartbeat_once())
+        """One heartbeat (lease_life.heartbeat_once), on the calling thread."""
+        self.transport.run(life.heartbeat_once())
 
-    def _heartbeat_loop(self) -> None:
+    def _heartbeat_loop(self) -> Steps:
+        """The heartbeat's own activity: one heartbeat per period until the worker stops or the hold is
+        lost or ended."""
         period = self.config.heartbeat_seconds
-        while not self.stop.wait(period):
-            self._heartbeat_once()
+        while not (yield Sleep(period)):
+            yield from life.heartbeat_once()
             if not life.heartbeats_continue(self.held.hold):
                 return
+        coverage.hit("shell.heartbeats.stopped-with-the-worker")
 
     def _restore_pending(self, effect: fx.RestorePending) -> None:
         with self.pending_lock:
@@ -528,33 +611,33 @@ class LeaseWorker:
                 self.pending_checkpoint = effect.checkpoint
 
     # -- what the life asks of the table and the stream beyond its lease --------------------------------
-    def _list_shards(self, _effect: fx.ListShards) -> list:
-        return self.scope.shards(list_shards(self.kinesis, self.scope.stream))
+    def _list_shards(self, _effect: fx.ListShards) -> Steps:
+        return (yield Call("list-shards", lambda: self.scope.shards(list_shards(self.kinesis, self.scope.stream)),
+                           KINESIS))
 
-    def _scan(self, _effect: fx.ScanTable) -> fx.Scanned:
+    def _scan(self, _effect: fx.ScanTable) -> Steps:
         sent_at = self.monotonic()
-        leases = self.table.scan()
+        leases = yield Call("scan", self.table.scan)
         return fx.Scanned(leases, sent_at, self.monotonic())
 
-    def _create(self, effect: fx.Create) -> bool:
-        return self.table.create(effect.lease)
+    def _create(self, effect: fx.Create) -> Steps:
+        return (yield Call("create", lambda: self.table.create(effect.lease)))
 
     # -- stopping ----------------------------------------------------------------------------------
     def _should_stop(self) -> bool:
         if self.stop.is_set():
             return True
-        if os.getppid() != self._parent_pid:
+        if not self.transport.parent_alive():
             log.warning("%s: parent process died; stopping", self.lease_key)
+            coverage.hit("shell.worker.stops-when-its-parent-dies")
             self.stop.set()
         elif self.keepalive is not None and self.keepalive_timeout is not None:
-            if time.time() - self.keepalive() > self.keepalive_timeout:
+            if self.transport.wall() - self.keepalive() > self.keepalive_timeout:
                 log.warning("%s: manager stopped refreshing the keep-alive for %.0fs; stopping",
                             self.lease_key, self.keepalive_timeout)
+                coverage.hit("shell.worker.stops-on-a-stale-keep-alive")
                 self.stop.set()
         return self.stop.is_set()
-
-    def _interruptible_sleep(self, seconds: float) -> None:
-        self.stop.wait(seconds)
 
     # Every effect a lease's life may yield, and the method that answers it (one per effect type: a test
     # checks this covers every LifeEffect).
@@ -571,6 +654,53 @@ class LeaseWorker:
         fx.ListShards: _list_shards, fx.ScanTable: _scan, fx.Create: _create, fx.Locked: _locked,
     }
 
+
+class Threads:
+    """Production's transport for a worker process: the real clients, a heartbeat thread, a re-entrant lock
+    (the lease's write lock, which also guards the hold), the parent process and the wall clock."""
+
+    def __init__(self, config: ConsumerConfig, stop: threading.Event | None = None,
+                 monotonic: Callable[[], float] = time.monotonic):
+        self.config = config
+        self.stop: threading.Event = stop or threading.Event()
+        self.monotonic = monotonic
+        self.kinesis = client("kinesis", config.aws)
+        self.table = LeaseTable(config.lease_table, lease_table_client(config))
+        # Few retries for metrics: a CloudWatch outage must not stall delivery.
+        cw = client("cloudwatch", config.aws, max_attempts=2) if config.metrics_namespace else None
+        self.metrics = Metrics(config.metrics_namespace, cw, config.application, config.worker_id,
+                               naming=config.metrics_naming)
+        self.heap = HeapTrimmer()
+        self._driver: Blocking | None = None
+        self.guard = threading.RLock()
+        self._parent_pid = os.getppid()
+
+    def bind(self, handle: Callable[[Any], Any]) -> None:
+        self._driver = Blocking(handle, stop=self.stop, lock=self.guard)
+
+    def run(self, coroutine: Steps) -> Any:
+        if self._driver is None:
+            raise RuntimeError("the transport is not bound to a worker")
+        return self._driver.run(coroutine)
+
+    def wall(self) -> float:
+        return time.time()
+
+    def parent_alive(self) -> bool:
+        return os.getppid() == self._parent_pid
+
+    def open_reader(self, stream: str, shard_id: str, start: Checkpoint, kpl_stats: KplStats) -> ShardReader:
+        c = self.config
+        return ShardReader(self.kinesis, stream, shard_id, start, polling_interval=c.polling_interval_seconds,
+                           idle_interval=c.idle_interval_seconds, max_records=c.max_records_per_call,
+                           kpl_stats=kpl_stats, sleep=self._interruptible_sleep, max_bytes_per_call=c.prefetch_bytes)
+
+    def hold_changed(self) -> None:
+        if self._driver is not None:
+            self._driver.hold_changed()
+
+    def _interruptible_sleep(self, seconds: float) -> None:
+        self.stop.wait(seconds)
 
 # What `ps -o comm` / `top` show for a lease worker (Linux; 15 characters at most), so an operator tells
 # them apart from the other spawned processes of a code server (Dagster's run workers are spawned too).

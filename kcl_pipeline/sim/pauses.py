@@ -1,0 +1,67 @@
+"""Pauses the world puts into our processes, as a garbage collector, a busy host or a slow processor would.
+
+Where each goes, and how long it may be:
+
+* between the last validity check and the delivery (the processor called): up to what the validity margin
+  tolerates (core/tolerance.py: `tolerated_pause` at the world's clock drift). Nothing can notice such a
+  pause, so the margin is all that keeps the delivery before a peer's take by expiry: a margin cut short
+  (a mutation) delivers late;
+* before a check, and in the heartbeat: anything, up to and beyond the margin and the expiry: the next
+  check must see it and stop the holder;
+* after a delivery (processing time): a little, so the next check comes later than the poll pacing says.
+
+`Pauses.none()` never pauses (the balance world, tests).
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from ..kcl.core.lease_hold import LeaseTiming
+from ..kcl.core.tolerance import tolerated_pause
+
+
+@dataclass
+class Pauses:
+    rng: random.Random | None
+    rate_tolerance: float  # the world's clock drift: the bound before a delivery depends on it
+    before_delivery_probability: float = 0.05
+    before_check_probability: float = 0.01
+    in_heartbeat_probability: float = 0.05
+    processing_probability: float = 0.1
+
+    @classmethod
+    def none(cls) -> "Pauses":
+        return cls(None, 0.0)
+
+    def before_delivery(self, timing: LeaseTiming) -> float:
+        """True seconds between the last check and the delivery: within the tolerance, often near it."""
+        rng = self.rng
+        if rng is None or rng.random() >= self.before_delivery_probability:
+            return 0.0
+        # Measured on the slowest clock the tolerance allows, so that the pause stays within it in any case.
+        limit = tolerated_pause(timing.expiry_seconds, timing.margin_seconds, self.rate_tolerance)
+        return limit * (1.0 - rng.random() ** 3) * 0.999  # skewed towards the limit
+
+    def before_check(self) -> float:
+        rng = self.rng
+        if rng is None or rng.random() >= self.before_check_probability:
+            return 0.0
+        if rng.random() < 0.8:
+            return rng.uniform(0.05, 1.5)
+        return rng.uniform(0.5, 1.5) * 10.0  # a pause past the margin and the validity: the check must stop it
+
+    def in_heartbeat(self) -> float:
+        rng = self.rng
+        if rng is None or rng.random() >= self.in_heartbeat_probability:
+            return 0.0
+        return rng.uniform(0.0, 6.0)
+
+    def processing(self) -> float:
+        rng = self.rng
+        if rng is None or rng.random() >= self.processing_probability:
+            return 0.0
+        return rng.uniform(0.0, 0.3)
+
+
+__all__ = ["Pauses"]
