@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, replace
-from typing import Any, Generator, Sequence
+from typing import Any, Generator, Sequence, TypeGuard
 
 from . import coverage
 from .effects import (
@@ -217,8 +217,13 @@ def _await_handoff(me: str, settings: LifeSettings) -> Generator[LifeEffect, Any
     """Initiate a hand-off and wait for it: (the lease to acquire, whether the holder may still deliver),
     or None when the lease went elsewhere (or the worker was asked to stop).
 
-    The lease is still the one asked for only while it carries this worker's claim: another process under
-    the same worker id (or this one, after a freeze) may have taken and worked it meanwhile."""
+    Handed over is judged from the item's owner and `checkpointOwner`, not from counter arithmetic: the lease
+    still names this worker as its owner, with this worker's claim, and the holder removed `checkpointOwner`.
+    This protocol's holder steps aside with one write (+1); a Java KCL 3.x holder keeps renewing while its
+    processor shuts down (+1 each: its renewal is fenced by the counter alone), checkpoints (+1) and then
+    assigns the lease to its new owner (+1, removing `checkpointOwner`). The claim proves nobody else took the
+    lease meanwhile: every acquire writes its own (another process under the same worker id, or this one after
+    a freeze, would have replaced it)."""
     asked = yield InitiateHandoff()
     if asked is None:
         return None
@@ -229,19 +234,12 @@ def _await_handoff(me: str, settings: LifeSettings) -> Generator[LifeEffect, Any
     deadline = now + handoff_timeout(settings)
     while not stop:
         current = yield GetLease()
-        if (current is None or current.is_ended or current.lease_owner != me
-                or current.extra.get(CLAIM_ATTRIBUTE) != claim):
+        if not _still_asked_by(me, claim, current):
             coverage.hit("life.handoff.overtaken")
             return None
         if current.extra.get(HANDOFF_ATTRIBUTE) is None:
-            if current.lease_counter == asked.lease_counter + 1:
-                coverage.hit("life.handoff.warm")
-                return current, False  # the holder checkpointed and stepped aside: it delivers no more
-            coverage.hit("life.handoff.overtaken")
-            return None  # moved on more than the holder's one last write: not ours to take as handed over
-        if current.lease_counter != asked.lease_counter:
-            coverage.hit("life.handoff.overtaken")
-            return None
+            coverage.hit("life.handoff.warm")
+            return current, False  # the holder checkpointed and stepped aside: it delivers no more
         if now >= deadline:
             coverage.hit("life.handoff.timed-out-cold")
             return current, True  # no answer: take it from cold, which fences the holder
@@ -253,6 +251,12 @@ def _await_handoff(me: str, settings: LifeSettings) -> Generator[LifeEffect, Any
     return None
 
 
+def _still_asked_by(me: str, claim: Any, current: Lease | None) -> TypeGuard[Lease]:
+    """The lease is still the one this worker asked for: not ended, owned by it, with its claim."""
+    return (current is not None and not current.is_ended and current.lease_owner == me
+            and current.extra.get(CLAIM_ATTRIBUTE) == claim)
+
+
 def _withdraw_handoff(me: str, asked: Lease) -> Generator[LifeEffect, Any, None]:
     """Asked to stop while waiting: give the holder its lease back, or release it once handed over (the
     holder stepped aside: nobody else delivers). A lease SIGTERM leaves owned waits out an expiry."""
@@ -261,8 +265,7 @@ def _withdraw_handoff(me: str, asked: Lease) -> Generator[LifeEffect, Any, None]
         if (yield CancelHandoff(asked)):
             return
         current = yield GetLease()
-        if (current is not None and current.lease_owner == me and current.extra.get(CLAIM_ATTRIBUTE) == claim
-                and HANDOFF_ATTRIBUTE not in current.extra and current.lease_counter == asked.lease_counter + 1):
+        if _still_asked_by(me, claim, current) and HANDOFF_ATTRIBUTE not in current.extra:
             yield ReleaseObserved(current)
     except Exception:  # unreachable: the lease expires
         return
