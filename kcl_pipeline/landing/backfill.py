@@ -41,8 +41,9 @@ from ..kcl.processor import InitializationInput, ProcessRecordsInput
 from ..kcl.shells.aws import AwsSettings, client
 from ..kcl.shells.reader import MAX_CALLS_PER_SECOND, MAX_READ_BYTES_PER_SECOND, ShardReader
 from ..kcl.shells.shards import describe_stream_summary, list_shards
+from .batch import parse_position
 from .completeness import window_complete
-from .layout import MINUTE_MS
+from .layout import LINK_PREFIX, MINUTE_MS, START_DIR, minute_of, minute_prefix, parse_batch_key, split_batch_keys
 from .progress import progress_from_leases
 from .sink import LandingProcessor
 from .store import ZoneStore, open_store
@@ -207,14 +208,85 @@ class _NoCheckpoints:
 
 
 class _BackfillLanding(LandingProcessor):
-    """The live landing writer, without the resume-after-the-last-landed-record shortcut.
+    """The live landing writer, without the resume-after-the-last-landed-record shortcuts.
 
-    A live worker skips everything up to the shard's last landed record; a backfill must offer every record
-    of its range to the exclusion, so that records missing from the zone are landed whatever came after them.
+    A live worker skips everything up to the shard's last landed record (found from a hint, or by following
+    its chain from its start link); a backfill must offer every record of its range to the exclusion, so that
+    records missing from the zone are landed whatever came after them.
     """
 
     def _find_last_landed(self, hint):  # noqa: D401 - see the class docstring
         return None
+
+    def _follow_chain(self, start):  # noqa: D401 - see the class docstring
+        return None
+
+    def follows(self, position: Checkpoint, key: str | None) -> None:
+        """The batch ending at `position` (the first delivered record's predecessor) is `key`: the first batch
+        names it, as the live writer's did."""
+        if key is not None:
+            self._tail = (position, key)
+
+
+# How far back the batch ending at a refill's predecessor is looked for (one LIST a minute, stopping at the
+# first minute below it): a live chain's consecutive batches are at most a few idle minutes apart.
+PREDECESSOR_LOOKBACK_MINUTES = 60
+
+
+def live_predecessor(store: ZoneStore, directory: str, shard_id: str,
+                     first: UserRecord) -> tuple[Checkpoint, str | None] | None:
+    """The position the live chain says precedes `first` (a backfill's first record, read from AT_TIMESTAMP,
+    which tells no predecessor), and the key of the batch ending there when the zone holds it; None when no
+    live link claims the batch starting at `first` (nothing was landed there, or its links are gone too).
+
+    Every landed batch was claimed by the link `after=<its predecessor>` in its own minute (layout.link_key),
+    and links outlive a lost batch. `first` is the first record of its minute (a range starts on a minute), so
+    the predecessor is the greatest link position of that minute below it: its successor is `first` (a record
+    between them would be in that minute, before `first`). The first batch of a chain is claimed by a start
+    link instead (`_start/<shard>/after=TRIM_HORIZON_0` …): one GET per start link of the shard tells whether
+    it names a batch starting at `first`. With the predecessor known, a refill goes through the live link:
+    it lands exactly the lost batch, under its own key, and the live successor's footer names it again."""
+    minute = minute_of(first.approximate_arrival_timestamp_ms)
+    prefix = f"{minute_prefix(directory, minute)}{shard_id}/"
+    names = list(store.list_keys(prefix))
+    below = [p for p in (_link_position(name[len(prefix):]) for name in names)
+             if p is not None and not p.is_sentinel and p.key() < first.position()]
+    if below:
+        position = max(below, key=Checkpoint.key)
+        return position, _batch_ending_at(store, directory, shard_id, position, minute, names)
+    start_prefix = f"{directory}/{START_DIR}/{shard_id}/"
+    for name in store.list_keys(start_prefix):
+        sentinel = _link_position(name[len(start_prefix):])
+        body = store.get_optional(name)
+        owner = parse_batch_key(body.decode("utf-8", "replace")) if body is not None else None
+        if sentinel is not None and owner is not None and owner.first == first.checkpoint:
+            return sentinel, None  # a starting position: the first batch of its chain names no batch
+    return None
+
+
+def _link_position(leaf: str) -> Checkpoint | None:
+    if not leaf.startswith(LINK_PREFIX):
+        return None
+    try:
+        return parse_position(leaf[len(LINK_PREFIX):])
+    except ValueError:
+        return None  # `after=none` (an unknown predecessor) or not a link of this layout
+
+
+def _batch_ending_at(store: ZoneStore, directory: str, shard_id: str, position: Checkpoint, minute: int,
+                     names: list[str] | None = None) -> str | None:
+    """The key of the shard's landed batch whose last record is `position`, looked for from `minute` back
+    (`names`: that minute's listing, when the caller has it)."""
+    for m in range(minute, minute - PREDECESSOR_LOOKBACK_MINUTES * MINUTE_MS, -MINUTE_MS):
+        listed = names if m == minute and names is not None else list(
+            store.list_keys(f"{minute_prefix(directory, m)}{shard_id}/"))
+        batches = [b for b in split_batch_keys(listed).batches if b.shard_id == shard_id]
+        for b in batches:
+            if b.last == position:
+                return b.key()
+        if batches and max(b.last.key() for b in batches) < position.key():
+            return None  # this minute is wholly before the position: the batch ending there is gone
+    return None
 
 
 def backfill_range(stream: str, start_ms: int, end_ms: int, zone: str | ZoneStore, *,
@@ -281,6 +353,28 @@ def live_shards(start_ms: int, end_ms: int, shards, leases: Sequence[Lease], gra
     return {shard_id: status.reasons.get(shard_id, "") for shard_id in status.waiting_on}
 
 
+def _start_sink(store: ZoneStore, directory: str, shard_id: str, worker_id: str, first: UserRecord,
+                start: Checkpoint, compression: str, monotonic: Callable[[], float]) -> _BackfillLanding:
+    """The sink of a shard's range, started after the first record's predecessor: the last record skipped
+    before the range (a TRIM_HORIZON read), or else the one the live chain's links name (an AT_TIMESTAMP read
+    tells none). Starting there, the first batch goes through the live link — a lost batch is refilled exactly,
+    under its own key — instead of starting a chain of its own that no live link fences. Only where no live
+    link claims the first record (nothing landed there yet) does it start after AT_TIMESTAMP."""
+    prev_key = None
+    if start.sequence_number == AT_TIMESTAMP:
+        found = live_predecessor(store, directory, shard_id, first)
+        if found is not None:
+            start, prev_key = found
+    elif not start.is_sentinel:
+        prev_key = _batch_ending_at(store, directory, shard_id, start, minute_of(
+            first.approximate_arrival_timestamp_ms))
+    sink = _BackfillLanding(store, directory, compression=compression, monotonic=monotonic)
+    sink.initialize(InitializationInput(shard_id, worker_id, start))
+    if not start.is_sentinel:
+        sink.follows(start, prev_key)
+    return sink
+
+
 def _backfill_shard(kinesis, store: ZoneStore, stream: str, directory: str, shard_id: str, start: Checkpoint,
                     start_ms: int,
                     end_ms: int, worker_id: str, deadline: float | None, pace: BackfillPace,
@@ -303,10 +397,8 @@ def _backfill_shard(kinesis, store: ZoneStore, stream: str, directory: str, shar
         last_before = cut.last_before or last_before
         if cut.deliver:
             if sink is None:
-                # The sink starts after the last record skipped before the range (a TRIM_HORIZON read), so
-                # the first batch names its true predecessor; from AT_TIMESTAMP the predecessor is unknown.
-                sink = _BackfillLanding(store, directory, compression=compression)
-                sink.initialize(InitializationInput(shard_id, worker_id, last_before or start))
+                sink = _start_sink(store, directory, shard_id, worker_id, cut.deliver[0], last_before or start,
+                                   compression, monotonic)
             result.records_in_range += len(cut.deliver)
             result.first = result.first or cut.deliver[0].checkpoint
             result.last = cut.deliver[-1].checkpoint

@@ -1,0 +1,114 @@
+"""A backfill refills a lost batch exactly, under the live chain's link (issue 20, item 8).
+
+A backfill reads from AT_TIMESTAMP and so does not know the record before its first one: when the lost batch
+started its minute (the range's first), the refill landed under a start chain of its own, fenced by no live
+link, cut where its own buffer happened to flush; the live successor still named the lost key, and the
+chain was reported broken for ever with no record missing. The fuzz below lands a live chain, deletes a
+batch, refills it, and asks the whole-history chain (and the rows) to come out whole."""
+from __future__ import annotations
+
+import random
+
+from kcl_pipeline.kcl.core.model import Checkpoint, UserRecord
+from kcl_pipeline.kcl.processor import ProcessRecordsInput
+from kcl_pipeline.landing.backfill import BackfillPace, backfill_range, live_predecessor
+from kcl_pipeline.landing.layout import MINUTE_MS, minute_of
+from kcl_pipeline.landing.sink import LandingProcessor
+from kcl_pipeline.landing.verify import list_batches, read_batches, verify_zone
+
+from .fake_kinesis import FakeKinesis, Ticking
+from .helpers import SHARD, STREAM, T0, Clock, RecordingCheckpointer, init, make_records
+
+PACE = BackfillPace(reads_per_second=4)
+
+
+def land_live(store, records: list[UserRecord], rng: random.Random) -> None:
+    """The live worker: random polls, random batch sizes, and flushes at random points (its age limit)."""
+    p = LandingProcessor(store, STREAM, max_batch_records=rng.randint(2, 9), clock=Clock(T0).time)
+    init(p)
+    checkpointer = RecordingCheckpointer()
+    i = 0
+    while i < len(records):
+        n = rng.randint(1, 10)
+        p.process_records(ProcessRecordsInput(records[i:i + n], 1000, checkpointer))
+        i += n
+        if rng.random() < 0.3:
+            p.flush()
+    p.shutdown_requested(checkpointer)
+
+
+def rows(store) -> list[tuple[str, int]]:
+    table = read_batches(store, STREAM)
+    return sorted(zip(table.column("sequence_number").to_pylist(), table.column("sub_sequence_number").to_pylist(),
+                      strict=True))
+
+
+def refill_case(seed: int, zone) -> str | None:
+    """One fuzzed refill; None when the zone comes out whole, else what went wrong."""
+    rng = random.Random(seed)
+    store = zone
+    records = make_records(rng.randint(30, 90), per_minute=rng.choice([5, 8, 12, 20]), aggregate_every=1, seed=seed)
+    land_live(store, records, rng)
+    assert verify_zone(store.uri, store=store).ok
+    before = rows(store)
+    batches = list_batches(store, STREAM)
+    lost = rng.choice(batches)
+    store.delete([lost.key()])
+    # The range starts at the lost batch's minute (the case that broke), or a few minutes earlier.
+    start = lost.minute_ms - rng.choice([0, 0, 1, 2]) * MINUTE_MS
+    end = minute_of(records[-1].approximate_arrival_timestamp_ms) + MINUTE_MS
+    report = backfill_range(STREAM, max(start, T0), end, store, kinesis=FakeKinesis(STREAM, {SHARD: records}, rng),
+                            now_ms=end + MINUTE_MS, pace=PACE, monotonic=Ticking())
+    if rows(store) != before:
+        return f"seed {seed}: rows differ after the refill of {lost.key()}"
+    verified = verify_zone(store.uri, store=store)
+    if not verified.ok:
+        return f"seed {seed}: chain broken after the refill of {lost.key()}: {verified.lines()[1:4]}"
+    if lost.key() not in {b.key() for b in list_batches(store, STREAM)}:
+        return f"seed {seed}: {lost.key()} was refilled under other keys ({report.records_landed} records landed)"
+    return None
+
+
+def test_fuzzed_refills_of_a_lost_batch_leave_the_chain_whole(memory_zone, tmp_path):
+    from kcl_pipeline.landing.store import open_store
+
+    broken = []
+    for seed in range(40):
+        zone = open_store(f"memory://refill-{seed}-{tmp_path.name}")
+        zone.ensure_zone(create=True)
+        try:
+            found = refill_case(seed, zone)
+        finally:
+            zone.drop()  # type: ignore[attr-defined]
+        if found:
+            broken.append(found)
+    assert not broken, f"{len(broken)} of 40 refills broke the chain:\n" + "\n".join(broken)
+
+
+def test_the_live_predecessor_of_a_ranges_first_record_is_read_from_the_links(memory_zone):
+    store = memory_zone.store
+    records = make_records(40, per_minute=10, aggregate_every=1)
+    p = LandingProcessor(store, STREAM, max_batch_records=4, clock=Clock(T0).time)
+    init(p)
+    for i in range(0, 40, 5):
+        p.process_records(ProcessRecordsInput(records[i:i + 5], 1000, RecordingCheckpointer()))
+    p.shutdown_requested(RecordingCheckpointer())
+    ending_19 = next(b.key() for b in list_batches(store, STREAM) if b.last == records[19].checkpoint)
+    assert live_predecessor(store, STREAM, SHARD, records[20]) == (records[19].checkpoint, ending_19)
+    store.delete([b.key() for b in list_batches(store, STREAM, T0 + 2 * MINUTE_MS, T0 + 3 * MINUTE_MS)])
+    assert live_predecessor(store, STREAM, SHARD, records[20]) == (records[19].checkpoint, ending_19)  # links stay
+    store.delete([ending_19])
+    assert live_predecessor(store, STREAM, SHARD, records[20]) == (records[19].checkpoint, None)  # its batch is gone
+    # The shard's first record follows its start link's position.
+    assert live_predecessor(store, STREAM, SHARD, records[0]) == (Checkpoint("TRIM_HORIZON"), None)
+
+
+def test_a_record_no_live_link_claims_has_no_live_predecessor(memory_zone):
+    store = memory_zone.store
+    records = make_records(20, per_minute=10, aggregate_every=1)
+    assert live_predecessor(store, STREAM, SHARD, records[10]) is None  # nothing landed at all
+    p = LandingProcessor(store, STREAM, clock=Clock(T0).time)
+    init(p)
+    p.process_records(ProcessRecordsInput(records[:10], 1000, RecordingCheckpointer()))
+    p.shutdown_requested(RecordingCheckpointer())
+    assert live_predecessor(store, STREAM, SHARD, records[10]) is None  # the live chain has not reached it
