@@ -51,6 +51,10 @@ def _echo_keepalive(keepalive, results) -> None:
     results.put(keepalive.value)
 
 
+def _report_environ(results, names) -> None:
+    results.put({name: os.environ.get(name) for name in names})
+
+
 def _watch_parent(out: str) -> None:
     """As a worker starts (worker_main) and tests its parent (worker.py `_should_stop`): it changed since."""
     wp.detach_from_server()
@@ -150,6 +154,21 @@ def test_the_keepalive_value_reaches_a_worker_under_both_methods(method):
     time.sleep(0.2)
     keepalive.value = 42.0
     assert results.get(timeout=120) == 42.0
+    child.join(30)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_worker_runs_with_its_hosts_environment_as_of_its_start(method, monkeypatch):
+    """The server's environment is the host's when the server started; a worker sees the host's of now."""
+    procs = WorkerProcesses(method, preload_modules(None))
+    ctx = procs.context()  # the server runs (in this test process, maybe since an earlier test)
+    monkeypatch.setenv("KCL_TEST_SET_AFTER_THE_SERVER", "yes")
+    monkeypatch.delenv("KCL_TEST_GONE", raising=False)
+    results = procs.ipc_context.Queue()
+    child = ctx.Process(target=_report_environ, args=(results, ["KCL_TEST_SET_AFTER_THE_SERVER", "KCL_TEST_GONE"]),
+                        daemon=True)
+    child.start()
+    assert results.get(timeout=120) == {"KCL_TEST_SET_AFTER_THE_SERVER": "yes", "KCL_TEST_GONE": None}
     child.join(30)
 
 

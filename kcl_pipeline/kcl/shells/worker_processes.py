@@ -22,6 +22,7 @@ What holds as under spawn:
   change (worker.py `_should_stop`) and stops gracefully, so a killed or reloaded host leaves no worker
   behind. Killing the server alone stops its workers the same way; the next worker starts a new server.
 * Keep-alive and results: the shared value and the queue reach a worker as before.
+* Environment: a worker runs with its host's environment as of its start (WorkerProcess), not the server's.
 * Names: the server is `kcl-forkserver`, the workers `kcl-lease` (worker.WORKER_PROCESS_NAME); workers are
   the server's children, so the host's grandchildren.
 
@@ -43,7 +44,7 @@ import os
 import sys
 import threading
 from dataclasses import dataclass
-from multiprocessing.context import ForkServerContext, SpawnContext
+from multiprocessing.context import ForkServerContext, ForkServerProcess, SpawnContext
 from typing import Callable, Sequence
 
 from ..config import WORKER_START_METHODS
@@ -66,6 +67,29 @@ SERVER_PROCESS_NAME = "kcl-forkserver"
 # A probe forked from a freshly started server waits for the server's imports (a few seconds on a busy host).
 PROBE_TIMEOUT_SECONDS = 120.0
 PROBE_NOT_PRELOADED = 3  # the probe's exit code when the server lacks the warm-up module
+
+
+class WorkerProcess(ForkServerProcess):
+    """A process forked from the server that runs with its host's environment as of `start()`, as a spawned one
+    does (the server's own is the host's when the server started: a variable set since would be missing)."""
+
+    _environ: dict[str, str] | None = None
+
+    def start(self) -> None:
+        self._environ = dict(os.environ)
+        super().start()
+
+    def run(self) -> None:
+        if self._environ is not None and self._environ != dict(os.environ):
+            os.environ.clear()
+            os.environ.update(self._environ)
+        super().run()
+
+
+class WorkerContext(ForkServerContext):
+    """The forkserver context whose processes carry their host's environment (WorkerProcess)."""
+
+    Process = WorkerProcess
 
 
 class WorkerStartError(RuntimeError):
@@ -142,9 +166,10 @@ class WorkerProcesses:
         if self.requested == SPAWN:
             return multiprocessing.get_context("spawn"), StartMethod(SPAWN, SPAWN, False)
         try:
-            ctx = multiprocessing.get_context("forkserver")
+            multiprocessing.get_context("forkserver")
         except ValueError as exc:
             return self._fall_back(f"this platform has no forkserver ({exc})")
+        ctx = WorkerContext()
         ctx.set_forkserver_preload(self.preload)
         try:
             start_server()
