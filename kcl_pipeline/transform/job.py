@@ -57,7 +57,7 @@ from .datasource import (
     use_native_reader,
 )
 from .decoders import DecoderFn, get_decoder
-from .manifest import WindowCommit, commit_key
+from .manifest import WindowCommit, commit_key, pending_commit_key
 
 RECORD_KEY = ("shard_id", "sequence_number", "sub_sequence_number")
 _CARRIED = ("partition_key", "approximate_arrival_timestamp", "data")
@@ -233,13 +233,16 @@ def transform_window(
     s3_options: S3Options | None = None,
     max_partition_bytes: int | None = None,
     landing_reader: str = "auto",
+    publish: bool = True,
 ) -> TransformReport:
     """Transform the window [window_start_ms, window_end_ms) of `stream` landed in `zone` into `output_uri`.
 
     Raises ZoneNotFoundError when the zone (bucket or directory) or the output bucket does not exist,
     ValueError for a window that is not whole minutes or an unknown decoder. `landing_reader`: "native" reads
     the batches with Spark's own Parquet reader (a directory zone under "auto"; s3:// needs s3a on the
-    cluster), "datasource" through the Python data source (boto3 on the executors: any cluster, any S3)."""
+    cluster), "datasource" through the Python data source (boto3 on the executors: any cluster, any S3).
+    `publish=False`: the commit is left pending for the window's rows_reconcile check to publish (the pipeline;
+    manifest.py), so a window that does not reconcile never counts as materialised."""
     check_window(window_start_ms, window_end_ms)
     native = use_native_reader(zone, landing_reader)
     decode_fn = get_decoder(decoder)
@@ -256,7 +259,7 @@ def transform_window(
         options["max_partition_bytes"] = str(max_partition_bytes)
     # The window is un-materialised from here until this run's commit is written (last, below); the
     # listing fixed now is exactly what the reader reads and what the commit names.
-    out_store.delete([commit_key(window_start_ms)])
+    out_store.delete([commit_key(window_start_ms), pending_commit_key(window_start_ms)])
     batches = WindowRead.from_options(options).list_batches()
     options[BATCHES_OPTION] = batches_option(batches)
 
@@ -295,7 +298,8 @@ def transform_window(
                           "files": dataset_manifest["files"], "rows": dataset_manifest["rows"]}
     commit = WindowCommit(window_start_ms, window_end_ms, datasets[TRANSFORMED]["job_id"],
                           frozenset(b.key for b in batches), datasets)
-    out_store.put(commit_key(window_start_ms), commit.to_json())  # last: the window is now materialised
+    # last: the window is now materialised (or, pending, once its rows_reconcile check publishes it)
+    out_store.put(commit_key(window_start_ms) if publish else pending_commit_key(window_start_ms), commit.to_json())
 
     rows_in = sum(r["rows_in"] for r in shard_rows)
     distinct_rows = sum(r["distinct"] for r in shard_rows)

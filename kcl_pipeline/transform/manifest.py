@@ -12,6 +12,11 @@ place:
 A run deletes the window's commit before it writes anything, so a run that fails leaves the window
 un-materialised (it was transformed before, but from now on it is being replaced).
 
+In the pipeline a run does not publish its commit itself: it leaves it pending
+(`_commits/pending/window=….json`), and the window's rows_reconcile check publishes it once the window
+reconciles (landing/window_commit.py). A window whose check fails, or never runs, has no commit, so no
+checkpoint run — of this window or of any later one — passes its batches.
+
 "Materialised through" is per batch, not per window: a landed batch counts only when a committed manifest
 names it. A batch that lands in a window after its run listed the zone (a late batch: a slow worker, a
 backfill) is not in the manifest, so the checkpoint plan stops before it, and `reopened_windows` reports
@@ -27,6 +32,7 @@ from typing import Iterable, Mapping
 from ..landing.errors import ZoneNotFoundError
 
 COMMITS = "_commits"
+PENDING = f"{COMMITS}/pending"  # commits written by a run, not yet published by its rows_reconcile check
 _NAME_FORMAT = "window=%Y%m%dT%H%M%SZ"
 
 
@@ -65,6 +71,24 @@ def commit_key(window_start_ms: int) -> str:
     """`_commits/window=20240501T120000Z.json`, relative to the output root."""
     start = datetime.fromtimestamp(window_start_ms / 1000, tz=timezone.utc)
     return f"{COMMITS}/{start:{_NAME_FORMAT}}.json"
+
+
+def pending_commit_key(window_start_ms: int) -> str:
+    """`_commits/pending/window=20240501T120000Z.json`: a run's commit before its window reconciled."""
+    return f"{PENDING}/{commit_key(window_start_ms)[len(COMMITS) + 1:]}"
+
+
+def publish_commit(output, window_start_ms: int) -> WindowCommit | None:
+    """Move the window's pending commit into place (None: there is none). Put first, then the pending copy
+    goes: a crash in between leaves both, and a later publish of the same bytes changes nothing."""
+    pending = pending_commit_key(window_start_ms)
+    raw = output.get_optional(pending)
+    if raw is None:
+        return None
+    commit = WindowCommit.from_json(raw, f"{output.uri}/{pending}")
+    output.put(commit_key(window_start_ms), raw)
+    output.delete([pending])
+    return commit
 
 
 def is_commit_key(key: str) -> bool:
@@ -135,5 +159,6 @@ def read_materialised(output) -> Materialised:
     return Materialised.from_commits(WindowCommit.from_json(output.get(k), f"{output.uri}/{k}") for k in keys)
 
 
-__all__ = ["COMMITS", "CommitFormatError", "Materialised", "WindowCommit", "batch_materialised", "commit_key",
-           "is_commit_key", "late_batches", "read_materialised", "reopened_windows"]
+__all__ = ["COMMITS", "PENDING", "CommitFormatError", "Materialised", "WindowCommit", "batch_materialised",
+           "commit_key", "is_commit_key", "late_batches", "pending_commit_key", "publish_commit", "read_materialised",
+           "reopened_windows"]

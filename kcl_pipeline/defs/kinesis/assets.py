@@ -211,7 +211,8 @@ def build_transformed_records(partitions_def: TimeWindowPartitionsDefinition, wi
             report = transform_window(spark, zone=consumer.landing_uri, stream=directory,
                                       window_start_ms=start, window_end_ms=start + window_ms,
                                       output_uri=output_uri, decoder=consumer.decoder,
-                                      s3_options=s3_options, landing_reader=consumer.landing_reader)
+                                      s3_options=s3_options, landing_reader=consumer.landing_reader,
+                                      publish=False)  # the window's rows_reconcile check publishes the commit
             context.log.info(f"window {start}: {report.rows_in} rows in, {report.rows_out} out, "
                              f"{report.duplicates_dropped} duplicates, {report.quarantined} quarantined")
             reports.append((start, report))

@@ -1,7 +1,8 @@
 """Asset checks = the lineage audit (landing/audit.py), per window partition.
 
 * landed_records / chain_unbroken              every shard's batches chain without gap or overlap
-* transformed_records / rows_reconcile         landed = transformed + duplicates + quarantined
+* transformed_records / rows_reconcile         landed = transformed + duplicates + quarantined; publishes the
+                                               window's commit when it holds (landing/window_commit.py)
 * kinesis_checkpoints / checkpoint_within_materialised   no checkpoint beyond materialised records
 * transformed_records / windows_not_stalled    no reported window left unmaterialised past its end + overdue;
                                                evaluated by the kinesis_consumer sensor on every change (a run
@@ -24,6 +25,7 @@ from dagster import (
 from dagster_aws.s3 import S3Resource
 
 from ...landing.audit import CheckOutcome, audit_window
+from ...landing.window_commit import reconcile_window
 from ...landing.window_followup import stall_description
 from .assets import CHECKPOINTS, LANDED, SINGLE, TRANSFORMED, landing_store, live_leases, output_store, window_range
 from .resources import AwsResource, KinesisConsumerResource
@@ -93,15 +95,19 @@ class _Audit:
             directory = self.target.directory(consumer, aws.settings())
         outcomes: list[CheckOutcome] = []
         for start in span.starts:
-            outcomes += audit_window(store, output, directory, start, start + self.window_ms, checks=[check],
-                                     **kwargs)
+            if check == "counts":  # and publishes the commit its run left pending, once the window reconciles
+                outcomes += reconcile_window(store, output, directory, start, start + self.window_ms, **kwargs)
+            else:
+                outcomes += audit_window(store, output, directory, start, start + self.window_ms, checks=[check],
+                                         **kwargs)
         for o in outcomes:
             context.log.info(f"{o.check} {'OK' if o.ok else 'FAILED'}: {o.summary}")
         return check_result(outcomes)
 
 
 # The two checks that guard checkpoints block: when either fails in a window run, the run stops before
-# kinesis_checkpoints, so no checkpoint moves past a broken chain or an unreconciled window.
+# kinesis_checkpoints. rows_reconcile also publishes the window's commit (landing/window_commit.py): a window
+# that does not reconcile has none, so no later run's checkpoints pass it either.
 
 def _chain_unbroken(audit: _Audit):
     @asset_check(asset=audit.target.key(LANDED), name="chain_unbroken", partitions_def=audit.partitions_def,
