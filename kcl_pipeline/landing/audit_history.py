@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Iterable, Mapping, Sequence, TypeVar
+from typing import Iterable, Mapping, Sequence
 
 from ..kcl.core.model import Lease
 from ..transform.manifest import COMMITS, CommitFormatError, WindowCommit, is_commit_key
@@ -41,7 +41,6 @@ from .window_scan import window_floor
 
 log = logging.getLogger(__name__)
 
-_Fact = TypeVar("_Fact", BatchFacts, CommitFacts)
 DEFAULT_WORKERS = 16  # concurrent reads: S3 answers each in milliseconds; the audit waits on the network
 
 
@@ -85,21 +84,28 @@ def audit_history(store: ZoneStore, output: ZoneStore, directory: str, window_ms
         raise ValueError(f"transform_grace_ms must be >= 0, got {transform_grace_ms}")
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     store.ensure_zone(create=False)
-    batch_versions, malformed = _landed(store, directory)
-    commit_versions = _commits(output)
     key = index_key(directory)
     old, note = _load_index(output, key, store.uri, directory, full)
     facts = AuditIndex(store.uri, directory, audited_at_ms=now_ms)
-    unread_batches = _reuse({k: v.tag for k, (_b, v) in batch_versions.items()}, old.batches, facts.batches)
-    unread_commits = _reuse({k: v.tag for k, v in commit_versions.items()}, old.commits, facts.commits)
-    with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="audit") as pool:
-        facts.batches.update(zip(unread_batches, pool.map(
-            lambda k: _batch_facts(store, batch_versions[k][0], batch_versions[k][1].tag), unread_batches),
-            strict=True))
-        facts.commits.update(zip(unread_commits, pool.map(
-            lambda k: _commit_facts(output, k, commit_versions[k].tag), unread_commits), strict=True))
+    # Both listings run at once, and each object to read is read as soon as its page is listed: the reads
+    # overlap the listings (the pool's first two workers list; `workers` more read).
+    with ThreadPoolExecutor(max_workers=max(1, workers) + 2, thread_name_prefix="audit") as pool:
+        landing = pool.submit(_gather_batches, store, directory, old.batches, pool)
+        outputs = pool.submit(_gather_commits, output, old.commits, pool)
+        batch_versions, malformed, reused_batches, batch_reads = landing.result()
+        commit_versions, reused_commits, commit_reads = outputs.result()
+        facts.batches.update(reused_batches)
+        facts.batches.update({k: f.result() for k, f in batch_reads.items()})
+        facts.commits.update(reused_commits)
+        facts.commits.update({k: f.result() for k, f in commit_reads.items()})
+    unread_batches, unread_commits = list(batch_reads), list(commit_reads)
     if save and (full or old.batches != facts.batches or old.commits != facts.commits or old.zone != facts.zone):
-        output.put(key, facts.to_bytes())
+        try:
+            output.put(key, facts.to_bytes())
+        except ZoneNotFoundError as exc:
+            # Nothing was ever transformed (the output's directory or bucket is not there yet): the audit
+            # stands, and the next one reads what it read again.
+            note = "; ".join(filter(None, [note, f"index not saved: {exc}"]))
     batches = {k: (batch_versions[k][0], f) for k, f in facts.batches.items()}
     commits = {commit_window(k): f for k, f in facts.commits.items()}
     duplicates = _duplicates(store, batches, commits, window_ms)
@@ -115,19 +121,47 @@ def audit_history(store: ZoneStore, output: ZoneStore, directory: str, window_ms
 
 # -- I/O --------------------------------------------------------------------------------------------------------
 
-def _landed(store: ZoneStore, directory: str) -> tuple[dict[str, tuple[BatchKey, ObjectVersion]], list[str]]:
-    """The stream's landed batches with their versions, and its `.parquet` objects that are not batch keys."""
-    versions = {v.key: v for v in store.list_versions(f"{directory}/") if v.key.endswith(".parquet")}
-    listing = split_batch_keys(versions)
-    return ({b.key(): (b, versions[b.key()]) for b in listing.batches if b.stream == directory},
-            listing.malformed)
+def _gather_batches(store: ZoneStore, directory: str, known: Mapping[str, BatchFacts], pool: Executor):
+    """List the stream's landed batches; each one the index has no facts for under its listed tag is read at
+    once (in `pool`). Returns (key -> (batch, version), malformed .parquet keys, facts reused, key -> read)."""
+    versions: dict[str, tuple[BatchKey, ObjectVersion]] = {}
+    malformed: list[str] = []
+    reused: dict[str, BatchFacts] = {}
+    reads: dict[str, Future[BatchFacts]] = {}
+    for version in store.list_versions(f"{directory}/"):
+        if not version.key.endswith(".parquet"):
+            continue  # fencing links, start links
+        listing = split_batch_keys([version.key])
+        if not listing.batches or listing.batches[0].stream != directory:
+            malformed.append(version.key)
+            continue
+        batch = listing.batches[0]
+        versions[version.key] = (batch, version)
+        fact = known.get(version.key)
+        if fact is not None and version.tag and fact.tag == version.tag:
+            reused[version.key] = fact
+        else:
+            reads[version.key] = pool.submit(_batch_facts, store, batch, version.tag)
+    return versions, malformed, reused, reads
 
 
-def _commits(output: ZoneStore) -> dict[str, ObjectVersion]:
+def _gather_commits(output: ZoneStore, known: Mapping[str, CommitFacts], pool: Executor):
+    """The same for the output's window commits: (key -> version, facts reused, key -> read)."""
+    versions: dict[str, ObjectVersion] = {}
+    reused: dict[str, CommitFacts] = {}
+    reads: dict[str, Future[CommitFacts]] = {}
     try:
-        return {v.key: v for v in output.list_versions(f"{COMMITS}/") if is_commit_key(v.key)}
+        listed = [v for v in output.list_versions(f"{COMMITS}/") if is_commit_key(v.key)]
     except ZoneNotFoundError:
-        return {}  # nothing was ever transformed
+        listed = []  # nothing was ever transformed
+    for version in listed:
+        versions[version.key] = version
+        fact = known.get(version.key)
+        if fact is not None and version.tag and fact.tag == version.tag:
+            reused[version.key] = fact
+        else:
+            reads[version.key] = pool.submit(_commit_facts, output, version.key, version.tag)
+    return versions, reused, reads
 
 
 def _load_index(output: ZoneStore, key: str, zone: str, directory: str, full: bool) -> tuple[AuditIndex, str]:
@@ -148,18 +182,6 @@ def _load_index(output: ZoneStore, key: str, zone: str, directory: str, full: bo
     if (index.zone, index.directory) != (zone, directory):
         return empty, f"the index was of {index.zone} {index.directory}: every object read"
     return index, ""
-
-
-def _reuse(tags: Mapping[str, str], known: Mapping[str, _Fact], into: dict[str, _Fact]) -> list[str]:
-    """Copy into `into` the facts still true (same, known tag); return the keys to read, in key order."""
-    unread = []
-    for key, tag in sorted(tags.items()):
-        fact = known.get(key)
-        if fact is not None and tag and fact.tag == tag:
-            into[key] = fact
-        else:
-            unread.append(key)
-    return unread
 
 
 def _batch_facts(store: ZoneStore, key: BatchKey, tag: str) -> BatchFacts:

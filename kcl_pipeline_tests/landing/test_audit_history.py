@@ -214,3 +214,53 @@ def test_the_command_audits_the_whole_history_and_fails_on_an_old_stalled_window
     full = CliRunner(env=emulators.env()).invoke(main, args + ["--full", "--json"])
     body = json.loads(full.stdout)
     assert full.exit_code == 1 and body["ok"] is False and body["scopes"][0]["read_batches"] == WINDOWS
+
+
+def test_an_output_not_created_yet_is_a_history_never_transformed(local_zone, tmp_path):
+    store = local_zone.store
+    land(store, minutes=3)
+    from kcl_pipeline.landing.store import open_store
+
+    missing = open_store(str(tmp_path / "no-output"))
+    report = run(store, missing, now_ms=T0 + W - 1)  # no window is overdue yet
+    assert report.ok and report.scopes[0].windows == 3 and "index not saved" in report.scopes[0].note
+    assert failed(run(store, missing, now_ms=NOW)) == {(0, "counts"), (1, "counts"), (2, "counts")}
+
+
+def test_unreadable_batches_and_commits_and_foreign_keys_fail_naming_them(history):
+    store, output, records = history
+    victim = list_batches(store, STREAM, T0 + 4 * W, T0 + 5 * W)[0]
+    store.delete([victim.key()])
+    store.put_if_absent(victim.key(), b"not parquet")  # a batch the zone holds but nobody can read
+    output.put(commit_key(T0 + 9 * W), b'{"window_start_ms": ')  # a truncated commit
+    store.put_if_absent(f"{STREAM}/dt=2026-11-22/hh=03/mm=12/{SHARD}/stray.parquet", b"x")
+    report = run(store, output)
+    assert failed(report) == {(4, "chain"), (4, "counts"), (9, "counts")}
+    text = "\n".join(report.lines())
+    assert f"unreadable: {victim.key()}" in text and "cannot be read, their rows not counted" in text
+    assert f"{commit_key(T0 + 9 * W)}: not a window commit" in text
+    assert "1 .parquet objects are not batch keys" in text and "stray.parquet" in text
+
+
+def test_records_landed_twice_fail_the_chain_and_are_counted_as_duplicates(history):
+    from kcl_pipeline.landing.batch import encode_batch
+
+    store, output, records = history
+    copy = encode_batch(STREAM, SHARD, records[41:43], records[40].checkpoint)  # two records of window 10 again
+    store.put_if_absent(copy.key.key(), copy.body)
+    batches = list_batches(store, STREAM, T0 + 10 * W, T0 + 11 * W)
+    write_commit(output, T0 + 10 * W, T0 + 11 * W, batches, 4, 0, manifests=False)  # 6 landed, 2 duplicates
+    report = run(store, output)
+    assert failed(report) == {(10, "chain")} and "overlap" in "\n".join(report.lines())
+    counts = next(o for o in report.outcomes if o.check == "counts" and o.whole_history)
+    assert counts.ok
+
+
+def test_an_index_of_another_format_is_not_used(history):
+    import gzip
+    import json
+
+    store, output, _ = history
+    output.put(index_key(STREAM), gzip.compress(json.dumps({"format": 99}).encode()))
+    report = run(store, output)
+    assert report.ok and "index format 99, this audit reads 1" in report.scopes[0].note

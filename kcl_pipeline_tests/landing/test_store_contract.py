@@ -247,3 +247,68 @@ def test_a_memory_store_never_leaves_its_process():
     store = MemoryZoneStore("pickled")
     with pytest.raises(TypeError, match="cannot be sent to another"):
         pickle.dumps(store)
+
+
+# -- failure paths of the sweep and the memory store ----------------------------------------------------------
+
+def test_an_s3_sweep_skips_uploads_that_finish_or_vanish_while_it_looks():
+    """Another sweeper (or the writer's own completion) can end an upload between the listing and the abort:
+    that upload is nobody's leftover any more, not an error."""
+    from datetime import datetime, timezone
+
+    import boto3
+    from botocore.stub import Stubber
+
+    from kcl_pipeline.landing.layout import Zone
+    from kcl_pipeline.landing.store import S3ZoneStore
+
+    s3 = boto3.client("s3", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="y")
+    old = datetime(2020, 1, 1, tzinfo=timezone.utc)
+    stub = Stubber(s3)
+    uploads = [{"Key": f"p/w/{name}", "UploadId": name, "Initiated": old} for name in ("gone", "done", "left")]
+    stub.add_response("list_multipart_uploads", {"Uploads": uploads})
+    stub.add_client_error("list_parts", service_error_code="NoSuchUpload", http_status_code=404)  # gone
+    stub.add_response("list_parts", {"Parts": [{"PartNumber": 1, "LastModified": old, "ETag": "e", "Size": 5}]})
+    stub.add_client_error("abort_multipart_upload", service_error_code="NoSuchUpload", http_status_code=404)
+    stub.add_response("list_parts", {"Parts": []})
+    stub.add_response("abort_multipart_upload", {})
+    stub.activate()
+    store = S3ZoneStore(Zone.parse("s3://b/p"), s3)
+    assert store.sweep_temporaries("w/", older_than_seconds=60) == ["w/left (upload left)"]
+    stub.assert_no_pending_responses()
+
+
+def test_a_local_sweep_that_cannot_remove_a_temporary_names_it(local_zone, monkeypatch):
+    uri, store = local_zone
+    os.makedirs(os.path.join(uri, "s"))
+    temp = os.path.join(uri, "s", f".b.parquet.{uuid.uuid4().hex}.tmp")
+    with open(temp, "wb") as f:
+        f.write(b"half")
+    os.utime(temp, (0, 0))
+    real_unlink = os.unlink
+
+    def refuse(path, *args, **kwargs):
+        if str(path) == temp:
+            raise PermissionError(13, "Permission denied", path)
+        return real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", refuse)
+    with pytest.raises(LandingError, match=f"cannot remove the temporary s/{os.path.basename(temp)}"):
+        store.sweep_temporaries()
+
+
+@pytest.mark.parametrize("name", ["", "a/b"])
+def test_a_memory_zone_name_is_one_segment(name):
+    with pytest.raises(ValueError, match="memory zone name"):
+        MemoryZoneStore(name)
+
+
+def test_a_dropped_memory_zone_is_gone_for_every_store_on_it():
+    first = open_store("memory://dropped-zone")
+    first.ensure_zone(create=True)
+    first.put("k", b"v")
+    second = open_store("memory://dropped-zone")
+    assert second.get("k") == b"v"  # one zone, shared by name
+    first.drop()
+    with pytest.raises(ZoneNotFoundError, match="memory://dropped-zone"):
+        second.get("k")

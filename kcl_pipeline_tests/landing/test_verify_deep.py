@@ -48,3 +48,17 @@ def test_a_deep_verify_still_counts_rows_landed_twice_across_batches(local_zone)
         store.put_if_absent(copy.key.key(), copy.body)
     report = verify.verify_zone(uri, deep=True).streams[STREAM][SHARD]
     assert report.duplicate_rows == 4 + 7 + 1 and report.overlaps and not report.row_errors
+
+
+def test_a_deep_verify_reports_an_unreadable_batch_and_goes_on(local_zone):
+    uri, store = local_zone
+    records = make_records(30, per_minute=30)
+    p = LandingProcessor(uri, STREAM, max_batch_records=10, clock=Clock(T0).time)
+    init(p)
+    p.shutdown_requested(deliver(p, records, 10))
+    middle = sorted(verify.list_batches(store, STREAM), key=lambda b: b.first.key())[1]
+    store.delete([middle.key()])
+    store.put_if_absent(middle.key(), b"not parquet at all")
+    report = verify.verify_zone(uri, deep=True).streams[STREAM][SHARD]
+    assert not report.ok and list(report.corrupt) == [middle.key()] and report.duplicate_rows == 0
+    assert report.rows == 20 and report.batches == 3

@@ -118,3 +118,13 @@ def test_the_command_verifies_an_older_window_of_a_multi_stream_application(loca
         "landing", "verify", "--landing", uri, "--window", "2026-11-22T03:00/PT1M", "--application", application])
     assert result.exit_code == 0, result.output
     assert "lease table: 1 leases cross-checked" in result.output
+
+
+def test_an_incarnation_directory_of_one_name_in_two_accounts_is_refused():
+    leases = [Lease(f"{account}:orders:1700000000:{SHARD}", Checkpoint("TRIM_HORIZON"))
+              for account in ("123456789012", "210987654321")]
+    with pytest.raises(ValueError, match="cannot tell whose leases to cross-check"):
+        leases_of_directory(DIRECTORY, leases)
+    assert leases_of_directory("orders@1700000001", leases) == []  # another incarnation: none of these
+    single = [Lease(SHARD, Checkpoint("TRIM_HORIZON"))]
+    assert leases_of_directory(STREAM, single) == single  # a single stream's leases are named by shard already
