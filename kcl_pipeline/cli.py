@@ -590,7 +590,9 @@ def landing() -> None:
 @click.option("--landing", "zone", required=True, help="s3://bucket/prefix or a local directory.")
 @click.option("--window", default=None,
               help="START (one hour), START/END or START/PT15M, ISO 8601 UTC (default: everything).")
-@click.option("--stream", default=None, help="Only this stream (default: every stream in the zone).")
+@click.option("--stream", default=None,
+              help="Only this stream's directory (a multi-stream application's: <name>@<creationEpoch>) "
+                   "[default: every stream in the zone].")
 @click.option("--shard", default=None, help="Only this shard.")
 @click.option("--deep", is_flag=True, help="Read every batch's rows, not only footers and keys.")
 @click.option("--application", default=None,
