@@ -59,16 +59,20 @@ class OutputCounts:
     transformed_rows: int
     quarantined_rows: int
     batches: frozenset[str] | None = None
+    files: frozenset[str] = frozenset()  # the datasets' files the commit names, keys relative to the output root
 
     @classmethod
     def from_commit(cls, commit: WindowCommit, where: str) -> "OutputCounts":
-        """The rows the commit records for both datasets; a commit without them is a CommitFormatError."""
+        """The rows and files the commit records for both datasets; a commit without them is a
+        CommitFormatError."""
         try:
             rows = [int(commit.datasets[name]["rows"]) for name in (TRANSFORMED, QUARANTINE)]
+            files = frozenset(f"{name}/{output_partition(commit.window_start_ms)}/{str(file)}"
+                              for name in (TRANSFORMED, QUARANTINE) for file in commit.datasets[name]["files"])
         except (KeyError, TypeError, ValueError) as exc:
-            raise CommitFormatError(f"{where}: no row count for the {TRANSFORMED} and {QUARANTINE} datasets "
-                                    f"({type(exc).__name__}: {exc})") from exc
-        return cls(rows[0], rows[1], commit.batches)
+            raise CommitFormatError(f"{where}: no row count or files for the {TRANSFORMED} and {QUARANTINE} "
+                                    f"datasets ({type(exc).__name__}: {exc})") from exc
+        return cls(rows[0], rows[1], commit.batches, files)
 
 
 @dataclass(frozen=True)
@@ -165,11 +169,12 @@ def check_chain(t0: int, t1: int, reports: Mapping[str, ChainReport],
 def check_counts(t0: int, t1: int, landed_rows: int, duplicate_rows: int, output: OutputCounts | None,
                  transform: Mapping[str, int] | None = None, overdue_ms: int | None = None, *,
                  late: Sequence[str] = (), missing: Sequence[str] = (), unreadable: Sequence[str] = (),
-                 output_error: str | None = None) -> CheckOutcome:
+                 output_error: str | None = None, missing_files: Sequence[str] = ()) -> CheckOutcome:
     """landed = transformed + duplicates + quarantined. With a commit (`output`), `landed_rows` and
     `duplicate_rows` count the batches it names; `missing`: the ones the zone no longer holds (their records are
     lost); `unreadable`: the ones whose rows cannot be counted; `late`: batches of the window it does not name
-    (landed after its run). `output_error`: the window's commit could not be read. `transform`: the transform's
+    (landed after its run). `output_error`: the window's commit could not be read; `missing_files`: output files
+    the commit names that the output no longer holds (their rows are lost). `transform`: the transform's
     own report (rows_in, rows_out, duplicates_dropped, quarantined), checked against the zone and the commit.
     `overdue_ms`: how long past its deadline (window end + transform grace) the window is, when it is."""
     meta: dict[str, Any] = {"landed_rows": landed_rows, "duplicate_rows": duplicate_rows}
@@ -185,11 +190,15 @@ def check_counts(t0: int, t1: int, landed_rows: int, duplicate_rows: int, output
         return CheckOutcome("counts", t0, t1, True, f"{landed_rows} rows landed; window not transformed yet",
                             (), meta)
     meta.update(transformed_rows=output.transformed_rows, quarantined_rows=output.quarantined_rows,
-                late_batches=len(late), missing_batches=len(missing))
+                late_batches=len(late), missing_batches=len(missing), missing_files=len(missing_files))
     problems = []
     if missing:
         problems.append(f"the window's commit names {len(missing)} batches the zone no longer holds (their records "
                         f"are lost): {', '.join(sorted(missing)[:5])}" + (" …" if len(missing) > 5 else ""))
+    if missing_files:
+        problems.append(f"the window's commit names {len(missing_files)} output files the output no longer holds "
+                        f"(their rows are lost): {', '.join(sorted(missing_files)[:5])}"
+                        + (" …" if len(missing_files) > 5 else ""))
     if unreadable:
         problems.append(f"{len(unreadable)} batches the commit names cannot be read, their rows not counted: "
                         f"{', '.join(sorted(unreadable)[:5])}" + (" …" if len(unreadable) > 5 else ""))
@@ -339,7 +348,7 @@ def audit_window(store: ZoneStore, output: ZoneStore, stream: str, t0: int, t1: 
     if "counts" in checks:
         deadline = t1 + transform_grace_ms
         overdue = now_ms - deadline if now_ms is not None and now_ms >= deadline else None
-        outcomes.append(_window_counts(store, t0, t1, batches, infos, corrupt, output_counts, output_error,
+        outcomes.append(_window_counts(store, output, t0, t1, batches, infos, corrupt, output_counts, output_error,
                                        transform, overdue))
     if "checkpoints" in checks:
         if leases is None:
@@ -351,9 +360,9 @@ def audit_window(store: ZoneStore, output: ZoneStore, stream: str, t0: int, t1: 
     return outcomes
 
 
-def _window_counts(store: ZoneStore, t0: int, t1: int, batches: Sequence[BatchKey], infos: Mapping[str, BatchInfo],
-                   corrupt: Mapping[str, str], output: OutputCounts | None, output_error: str | None,
-                   transform: Mapping[str, int] | None, overdue: int | None) -> CheckOutcome:
+def _window_counts(store: ZoneStore, output_store: ZoneStore, t0: int, t1: int, batches: Sequence[BatchKey],
+                   infos: Mapping[str, BatchInfo], corrupt: Mapping[str, str], output: OutputCounts | None,
+                   output_error: str | None, transform: Mapping[str, int] | None, overdue: int | None) -> CheckOutcome:
     """The counts check of one window from its batches' footers and its commit."""
     held = {b.key(): b for b in batches}
     named = set(held) if output is None or output.batches is None else set(output.batches)
@@ -364,7 +373,19 @@ def _window_counts(store: ZoneStore, t0: int, t1: int, batches: Sequence[BatchKe
         return check_counts(t0, t1, landed, duplicates, None, transform, overdue, output_error=output_error)
     return check_counts(t0, t1, landed, duplicates, output, transform, overdue,
                         late=sorted(set(held) - named), missing=sorted(named - set(held)),
-                        unreadable=sorted(b.key() for b in counted if b.key() in corrupt))
+                        unreadable=sorted(b.key() for b in counted if b.key() in corrupt),
+                        missing_files=sorted(output.files - _output_files(output_store, t0)))
+
+
+def _output_files(output: ZoneStore, window_start_ms: int) -> set[str]:
+    """The files both datasets hold for the window (one LIST each)."""
+    found: set[str] = set()
+    for dataset in (TRANSFORMED, QUARANTINE):
+        try:
+            found.update(output.list_keys(f"{dataset}/{output_partition(window_start_ms)}/"))
+        except ZoneNotFoundError:
+            pass
+    return found
 
 
 def _duplicate_rows(store: ZoneStore, batches: Sequence[BatchKey]) -> int:

@@ -4,9 +4,10 @@ The audit once looked at the newest 24 windows only, so a window that stalled (o
 passed for ever. Now every run covers every window the zone or the output holds, and its cost follows what
 changed, not how long the history is:
 
-1. **List** the stream's landing directory and the output's commits with their version tags (one LIST per
-   1,000 objects; the only requests whose number grows with the history). The listing is what makes the
-   audit whole: a batch deleted from an old window, a commit removed or rewritten, is seen here.
+1. **List** the stream's landing directory, the output's commits (with their version tags) and the output's
+   dataset files (one LIST per 1,000 objects; the only requests whose number grows with the history). The
+   listing is what makes the audit whole: a batch deleted from an old window, a commit removed or rewritten,
+   an output file gone, is seen here.
 2. **Read** only the objects the index (audit_index.py, in the output zone) has no facts for under the same
    tag: after the first audit, the new batches' footers and the new or rewritten commits (reads run in
    parallel, `workers` at a time).
@@ -25,11 +26,20 @@ import time
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Iterable, Mapping, Sequence
+from typing import Collection, Iterable, Mapping, Sequence
 
 from ..kcl.core.model import Lease
 from ..transform.manifest import COMMITS, CommitFormatError, WindowCommit, is_commit_key
-from .audit import CHECKS, AuditReport, CheckOutcome, OutputCounts, check_counts, commit_window
+from .audit import (
+    CHECKS,
+    QUARANTINE,
+    TRANSFORMED,
+    AuditReport,
+    CheckOutcome,
+    OutputCounts,
+    check_counts,
+    commit_window,
+)
 from .audit_index import AuditIndex, BatchFacts, CommitFacts, IndexFormatError, index_key
 from .batch import BatchInfo, format_position, parse_position, read_batch_info
 from .errors import CorruptBatchError, ZoneNotFoundError
@@ -92,12 +102,14 @@ def audit_history(store: ZoneStore, output: ZoneStore, directory: str, window_ms
     with ThreadPoolExecutor(max_workers=max(1, workers) + 2, thread_name_prefix="audit") as pool:
         landing = pool.submit(_gather_batches, store, directory, old.batches, pool)
         outputs = pool.submit(_gather_commits, output, old.commits, pool)
+        files = [pool.submit(_output_files, output, dataset) for dataset in (TRANSFORMED, QUARANTINE)]
         batch_versions, malformed, reused_batches, batch_reads = landing.result()
         commit_versions, reused_commits, commit_reads = outputs.result()
         facts.batches.update(reused_batches)
         facts.batches.update({k: f.result() for k, f in batch_reads.items()})
         facts.commits.update(reused_commits)
         facts.commits.update({k: f.result() for k, f in commit_reads.items()})
+        output_files = set().union(*(f.result() for f in files))
     unread_batches, unread_commits = list(batch_reads), list(commit_reads)
     if save and (full or old.batches != facts.batches or old.commits != facts.commits or old.zone != facts.zone):
         try:
@@ -111,7 +123,7 @@ def audit_history(store: ZoneStore, output: ZoneStore, directory: str, window_ms
     duplicates = _duplicates(store, batches, commits, window_ms)
     outcomes, windows = judge_history(batches, commits, window_ms, leases=leases, now_ms=now_ms,
                                       transform_grace_ms=transform_grace_ms, first_window_ms=first_window_ms,
-                                      duplicates=duplicates, malformed=malformed)
+                                      duplicates=duplicates, malformed=malformed, output_files=output_files)
     scope = HistoryScope(directory, len(windows), windows[0] if windows else None,
                          windows[-1] + window_ms if windows else None, len(batches), len(commits),
                          len(unread_batches), len(unread_commits), f"{output.uri}/{key}", note)
@@ -202,7 +214,15 @@ def _commit_facts(output: ZoneStore, key: str, tag: str) -> CommitFacts:
         counts = OutputCounts.from_commit(commit, where)
     except CommitFormatError as exc:
         return CommitFacts(tag, error=str(exc))  # the window's counts check fails naming it
-    return CommitFacts(tag, commit.batches, counts.transformed_rows, counts.quarantined_rows)
+    return CommitFacts(tag, commit.batches, counts.transformed_rows, counts.quarantined_rows, files=counts.files)
+
+
+def _output_files(output: ZoneStore, dataset: str) -> set[str]:
+    """Every file of a dataset (the listing proves the files the commits name are still there)."""
+    try:
+        return set(output.list_keys(f"{dataset}/"))
+    except ZoneNotFoundError:
+        return set()
 
 
 def _duplicates(store: ZoneStore, batches: Mapping[str, tuple[BatchKey, BatchFacts]],
@@ -228,14 +248,16 @@ def _duplicates(store: ZoneStore, batches: Mapping[str, tuple[BatchKey, BatchFac
 def judge_history(batches: Mapping[str, tuple[BatchKey, BatchFacts]], commits: Mapping[int, CommitFacts],
                   window_ms: int, *, leases: Sequence[Lease] | None, now_ms: int, transform_grace_ms: int,
                   first_window_ms: int | None = None, duplicates: Mapping[int, int] | None = None,
-                  malformed: Sequence[str] = ()) -> tuple[list[CheckOutcome], list[int]]:
+                  malformed: Sequence[str] = (), output_files: Collection[str] | None = None,
+                  ) -> tuple[list[CheckOutcome], list[int]]:
     """Every window's three checks from the facts: the outcomes of the failed ones, then one summary per check
-    over the history; and the windows judged (every window with a landed batch or a commit), in order."""
+    over the history; and the windows judged (every window with a landed batch or a commit), in order.
+    `output_files`: the output's dataset files (None: not listed, the commits' files are not checked)."""
     windows = sorted({window_floor(k.minute_ms, window_ms) for k, _ in batches.values()} | set(commits))
     failed: dict[str, dict[int, list[str]]] = {check: {} for check in CHECKS}
     _judge_chains(batches, window_ms, failed["chain"])
     counts = _judge_counts(batches, commits, windows, window_ms, now_ms, transform_grace_ms, first_window_ms,
-                           duplicates or {})
+                           duplicates or {}, output_files)
     if leases is not None:
         _judge_checkpoints(batches, commits, leases, window_ms, first_window_ms, failed["checkpoints"])
     outcomes = [o for o in counts if not o.ok]
@@ -321,7 +343,7 @@ def _judge_chains(batches: Mapping[str, tuple[BatchKey, BatchFacts]], window_ms:
 
 def _judge_counts(batches: Mapping[str, tuple[BatchKey, BatchFacts]], commits: Mapping[int, CommitFacts],
                   windows: Sequence[int], window_ms: int, now_ms: int, grace_ms: int, first_window_ms: int | None,
-                  duplicates: Mapping[int, int]) -> list[CheckOutcome]:
+                  duplicates: Mapping[int, int], output_files: Collection[str] | None) -> list[CheckOutcome]:
     held: dict[int, list[str]] = {}
     for key, _f in batches.values():
         held.setdefault(window_floor(key.minute_ms, window_ms), []).append(key.key())
@@ -345,7 +367,8 @@ def _judge_counts(batches: Mapping[str, tuple[BatchKey, BatchFacts]], commits: M
             w, w + window_ms, sum(batches[k][1].rows for k in named if not batches[k][1].error),
             duplicates.get(w, 0), OutputCounts(commit.transformed, commit.quarantined, commit.batches), None, overdue,
             late=sorted(set(mine) - commit.batches), missing=sorted(commit.batches - set(mine)),
-            unreadable=sorted(k for k in named if batches[k][1].error)))
+            unreadable=sorted(k for k in named if batches[k][1].error),
+            missing_files=() if output_files is None else sorted(commit.files - set(output_files))))
     return out
 
 

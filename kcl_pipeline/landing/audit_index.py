@@ -4,7 +4,7 @@ audit reads only the objects that are new or replaced.
     <output>/_audit/<stream directory>.json.gz    {"format", "zone", "directory", "audited_at_ms",
                                                    "batches": {key: [tag, prev, prev_key, rows, error]},
                                                    "commits": {key: [tag, [batch keys], transformed,
-                                                                     quarantined, error]}}
+                                                                     quarantined, error, [output files]]}}
 
 Per object, the facts its audit needs — a batch's footer (its predecessor position and key, its rows, or why
 it is unreadable), a window commit's named batches and row counts (or why it cannot be read) — under the
@@ -14,7 +14,8 @@ check is re-judged on the whole history each run, from facts that are each read 
 beyond the tag: `kcl-pipeline audit --full` ignores the index and reads every object again.
 
 An index that cannot be read (truncated, another format, another zone's) is ignored with a note, and the
-audit reads everything: it is a cache, never a source of truth.
+audit reads everything: it is a cache, never a source of truth. It is written whole (`put`): two audits at
+once each write an index of facts true under their tags, and whichever is written last serves the next.
 """
 from __future__ import annotations
 
@@ -56,6 +57,7 @@ class CommitFacts:
     transformed: int = 0
     quarantined: int = 0
     error: str = ""  # why the commit could not be read ("" when it was)
+    files: frozenset[str] = frozenset()  # the datasets' files it names, keys relative to the output root
 
 
 @dataclass
@@ -71,7 +73,7 @@ class AuditIndex:
             "format": INDEX_FORMAT, "zone": self.zone, "directory": self.directory,
             "audited_at_ms": self.audited_at_ms,
             "batches": {k: [f.tag, f.prev, f.prev_key, f.rows, f.error] for k, f in sorted(self.batches.items())},
-            "commits": {k: [f.tag, sorted(f.batches), f.transformed, f.quarantined, f.error]
+            "commits": {k: [f.tag, sorted(f.batches), f.transformed, f.quarantined, f.error, sorted(f.files)]
                         for k, f in sorted(self.commits.items())},
         }
         # mtime=0: the same index always compresses to the same bytes
@@ -87,7 +89,8 @@ class AuditIndex:
             batches = {str(k): BatchFacts(str(v[0]), str(v[1]), str(v[2]), int(v[3]), str(v[4]))
                        for k, v in body["batches"].items()}
             commits = {str(k): CommitFacts(str(v[0]), frozenset(str(b) for b in v[1]), int(v[2]), int(v[3]),
-                                           str(v[4])) for k, v in body["commits"].items()}
+                                           str(v[4]), frozenset(str(f) for f in v[5]))
+                       for k, v in body["commits"].items()}
             return cls(str(body["zone"]), str(body["directory"]), batches, commits, int(body["audited_at_ms"]))
         except IndexFormatError:
             raise

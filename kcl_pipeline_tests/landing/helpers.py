@@ -175,8 +175,9 @@ class ForwardingStore(ZoneStore):
 
 def write_commit(output: ZoneStore, start_ms: int, end_ms: int, batches, transformed: int, quarantined: int,
                  *, manifests: bool = True) -> None:
-    """What a transform run leaves for a window: each dataset's `_manifest.json`, then (last) the window's commit
-    naming `batches` (keys or BatchKeys) and both datasets' rows (docs/transform-commits.md)."""
+    """What a transform run leaves for a window: each dataset's file and `_manifest.json`, then (last) the
+    window's commit naming `batches` (keys or BatchKeys), both datasets' rows and files
+    (docs/transform-commits.md)."""
     import json
     from datetime import datetime, timezone
 
@@ -185,7 +186,8 @@ def write_commit(output: ZoneStore, start_ms: int, end_ms: int, batches, transfo
     partition = f"window={datetime.fromtimestamp(start_ms / 1000, tz=timezone.utc):%Y%m%dT%H%M%SZ}"
     datasets = {}
     for dataset, rows in (("transformed", transformed), ("quarantine", quarantined)):
-        manifest = {"job_id": "job-1", "run": "run=job-1", "files": [], "rows": rows}
+        manifest = {"job_id": "job-1", "run": "run=job-1", "files": ["run=job-1/part-0.parquet"], "rows": rows}
+        output.put(f"{dataset}/{partition}/run=job-1/part-0.parquet", b"PAR1 rows PAR1")
         if manifests:
             output.put(f"{dataset}/{partition}/_manifest.json", json.dumps(manifest).encode())
         datasets[dataset] = manifest

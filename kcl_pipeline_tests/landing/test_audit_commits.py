@@ -6,7 +6,6 @@ import pytest
 
 from kcl_pipeline.kcl.core.model import Checkpoint, Lease
 from kcl_pipeline.landing.audit import (
-    OutputCounts,
     audit_window,
     check_checkpoints,
     materialised_windows,
@@ -115,7 +114,7 @@ EMPTY_COMMIT = b'{"window_start_ms": %d, "window_end_ms": %d, "run_id": "r", "ba
 
 @pytest.mark.parametrize("body,error", [
     (b'{"window_start_ms": 1, "window_end', "not a window commit"),  # truncated: once a raw JSONDecodeError
-    (EMPTY_COMMIT % (T0, T0 + W), "no row count for the transformed and quarantine datasets"),
+    (EMPTY_COMMIT % (T0, T0 + W), "no row count or files for the transformed and quarantine datasets"),
     (EMPTY_COMMIT % (T0 + W, T0 + 2 * W), "the commit of window"),
 ])
 def test_an_unreadable_commit_fails_the_counts_check_naming_the_object(zone, body, error):
@@ -133,8 +132,9 @@ def test_a_truncated_dataset_manifest_is_not_what_the_audit_reads(zone):
     store, output, _ = zone
     write_commit(output, T0, T0 + W, list_batches(store, STREAM, T0, T0 + W), 110, 10)
     output.put("transformed/window=20261122T030000Z/_manifest.json", b'{"rows": 1')
-    assert read_output_counts(output, T0) == OutputCounts(110, 10, frozenset(
-        b.key() for b in list_batches(store, STREAM, T0, T0 + W)))
+    counts = read_output_counts(output, T0)
+    assert counts is not None and (counts.transformed_rows, counts.quarantined_rows) == (110, 10)
+    assert counts.batches == frozenset(b.key() for b in list_batches(store, STREAM, T0, T0 + W))
     assert checks(store, output)["counts"].ok
 
 
@@ -150,3 +150,14 @@ def test_the_checkpoints_check_takes_the_commits_batch_list():
     assert not check_checkpoints(T0, T0 + W, [a, b], leases, {}, {b.key()}).ok
     assert check_checkpoints(T0, T0 + W, [a, b], [Lease(SHARD, Checkpoint(seq(9)))], {}, True).ok
     assert not check_checkpoints(T0, T0 + W, [a, b], [Lease(SHARD, Checkpoint(seq(9)))], {}, {a.key()}).ok
+
+
+def test_output_files_the_commit_names_that_are_gone_fail_the_counts(zone):
+    """The commit says the window is materialised; its transformed rows lie in the files it names. A dataset
+    removed after the run (a cleanup gone wrong) is records lost, though the commit is still there."""
+    store, output, _ = zone
+    write_commit(output, T0, T0 + W, list_batches(store, STREAM, T0, T0 + W), 110, 10)
+    output.delete_prefix("transformed/")
+    outcome = checks(store, output)["counts"]
+    assert not outcome.ok and "names 1 output files the output no longer holds" in outcome.summary
+    assert "transformed/window=20261122T030000Z/run=job-1/part-0.parquet" in outcome.summary

@@ -264,3 +264,11 @@ def test_an_index_of_another_format_is_not_used(history):
     output.put(index_key(STREAM), gzip.compress(json.dumps({"format": 99}).encode()))
     report = run(store, output)
     assert report.ok and "index format 99, this audit reads 1" in report.scopes[0].note
+
+
+def test_an_old_windows_output_files_removed_after_its_audit_fail_the_next_one(history):
+    store, output, _ = history
+    assert run(store, output).ok
+    output.delete_prefix("quarantine/window=20261122T030600Z/")
+    report = run(store, output)
+    assert failed(report) == {(6, "counts")} and "output no longer holds" in "\n".join(report.lines())
