@@ -201,3 +201,15 @@ def test_a_failed_watch_keeps_the_mode_and_tries_again_a_minute_later():
                                            ("CLIENT_VERSION_3X_WITH_ROLLBACK", FleetMode.FOLLOWER)])
 def test_the_mode_of_each_client_version(version, mode):
     assert fleet_mode.mode_of(MigrationState(version) if version else None) is mode
+
+
+def test_a_follower_never_adopts_a_lease_another_process_under_its_worker_id_took_and_renews():
+    """Found by the simulation (a duplicate worker id, in 3.x mode): both processes adopted the lease the leader
+    assigned to their id, one after the other's acquire, and delivered it at once. A lease whose last take was
+    this id's own is adopted only once its counter stood still for the expiry (nobody renews it)."""
+    ours = lease(0, "me", counter=7, leaseClaimOwner="me")  # another process under our id took it
+    assert fleet_mode.adoptions("me", [ours], (), {}, {SHARDS[0].shard_id: 3.0}, 10.0) == []
+    # Not renewed for the expiry: nobody works it (the leader gave back a lease we had let expire).
+    assert fleet_mode.adoptions("me", [ours], (), {}, {SHARDS[0].shard_id: 12.0}, 10.0) == [(ours, True)]
+    assigned = lease(1, "me", counter=7, leaseClaimOwner="java-1")  # the leader's assignment: not our take
+    assert fleet_mode.adoptions("me", [assigned], (), {}, {SHARDS[1].shard_id: 0.0}, 10.0) == [(assigned, True)]

@@ -199,7 +199,8 @@ def manager_cycle(state: ManagerState, settings: CycleSettings, locally_worked: 
                                                       fresh_seconds(settings)))
     if follower:
         # A 3.x leader assigns: take nothing, steal nothing; work what it assigned to us.
-        for lease, stolen in fleet_mode.adoptions(settings.worker_id, leases, locally_worked, previous):
+        for lease, stolen in fleet_mode.adoptions(settings.worker_id, leases, locally_worked, previous,
+                                                  state.ages.ages(now), settings.expiry_seconds):
             yield Spawn(lease, stolen=stolen)
             result.spawned.append(lease.lease_key)
         state.overloaded_since = {}
@@ -276,7 +277,8 @@ def watch_for_expiry(state: ManagerState, settings: CycleSettings,
         return True  # the fleet's mode changed: the cycle acts on it now
     if state.fleet.mode is fleet_mode.FleetMode.FOLLOWER:
         # A leader's failover is its business; a lease it assigned to us is ours to work at once.
-        return fleet_mode.assigned_to(settings.worker_id, leases, locally_worked)
+        return fleet_mode.assigned_to(settings.worker_id, leases, locally_worked, state.ages.ages(now),
+                                      settings.expiry_seconds)
     return any(not lease.is_ended and lease.lease_key not in locally_worked
                and state.ages.expired(lease.lease_key, now, settings.expiry_seconds)
                for lease in leases) or bool(

@@ -38,7 +38,7 @@ from .coordinator_state import (
     lease_table_migration,
     lease_table_table_migration,
 )
-from .lease_rules import HANDOFF_ATTRIBUTE
+from .lease_rules import CLAIM_OWNER_ATTRIBUTE, HANDOFF_ATTRIBUTE
 from .model import Lease
 
 # Java's ClientVersionChangeMonitor polls the migration state once a minute.
@@ -138,21 +138,29 @@ def change(before: FleetView, after: FleetView) -> str | None:
 
 
 def adoptions(worker_id: str, leases: Sequence[Lease], locally_worked: Collection[str],
-              previous: Mapping[str, Lease]) -> list[tuple[Lease, bool]]:
+              previous: Mapping[str, Lease], ages: Mapping[str, float] | None = None,
+              expiry_seconds: float = 0.0) -> list[tuple[Lease, bool]]:
     """The leases the leader assigned to this worker that no local worker works yet, each with whether its
     worker must wait out one expiry before delivering (`stolen`).
 
     Assigned: `leaseOwner` is our worker id, no `checkpointOwner` (a graceful hand-off to us is still pending:
-    the previous holder has not checkpointed yet; Java's discoverer waits for it too), not ended. The wait is
-    skipped only when the previous holder cannot still be delivering: the lease was free when last seen, or
-    it was a graceful hand-off to us (then our owner with a `checkpointOwner`: the holder stepped aside before
-    the assignment removed it). A lease assigned away from a live holder — the leader's assignment is not
-    conditioned on the counter — waits, as a steal does, until that holder's renewal has failed."""
+    the previous holder has not checkpointed yet; Java's discoverer waits for it too), not ended. A lease whose
+    last take was this worker id's own (`leaseClaimOwner` is us) may be held by another process under the same
+    id (a duplicate worker id: it renews it): it is adopted only once its counter has stood still for the expiry
+    (`ages`: seconds since this consumer saw its counter or owner change), as after the leader reassigned us a
+    lease we had let expire. The wait is skipped only when the previous holder cannot still be delivering: the
+    lease was free when last seen, or it was a graceful hand-off to us (then our owner with a `checkpointOwner`:
+    the holder stepped aside before the assignment removed it). A lease assigned away from a live holder — the
+    leader's assignment is not conditioned on the counter — waits, as a steal does, until that holder's renewal
+    has failed."""
     found = []
     for lease in leases:
         if (lease.lease_owner != worker_id or lease.is_ended or lease.lease_key in locally_worked
                 or HANDOFF_ATTRIBUTE in lease.extra):
             continue
+        if lease.extra.get(CLAIM_OWNER_ATTRIBUTE) == worker_id and (
+                ages is None or ages.get(lease.lease_key, 0.0) <= expiry_seconds):
+            continue  # ours by our own take: maybe another process under our id renews it
         before = previous.get(lease.lease_key)
         handed = (before is not None and before.lease_owner == worker_id
                   and before.extra.get(HANDOFF_ATTRIBUTE) is not None)
@@ -161,9 +169,10 @@ def adoptions(worker_id: str, leases: Sequence[Lease], locally_worked: Collectio
     return found
 
 
-def assigned_to(worker_id: str, leases: Sequence[Lease], locally_worked: Collection[str]) -> bool:
+def assigned_to(worker_id: str, leases: Sequence[Lease], locally_worked: Collection[str],
+                ages: Mapping[str, float] | None = None, expiry_seconds: float = 0.0) -> bool:
     """Whether any lease waits to be adopted (a reason for the manager to run its cycle now)."""
-    return bool(adoptions(worker_id, leases, locally_worked, {}))
+    return bool(adoptions(worker_id, leases, locally_worked, {}, ages, expiry_seconds))
 
 
 __all__ = [
