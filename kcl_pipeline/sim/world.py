@@ -22,7 +22,7 @@ from ..kcl.core.worker_metrics import HASH_KEY as METRICS_HASH_KEY
 from ..kcl.core.worker_metrics import worker_metrics_table
 from ..kcl.shells.lease_table import LeaseTable
 from ..kcl.shells.manager import shutdown_timeout
-from . import mutations
+from . import java3, mutations
 from .checker import Checker
 from .consumer import SimConsumer, SimWorkerProcess
 from .dynamodb import NetworkFaults, SimDynamoDB, SimDynamoDBClient, SimTable
@@ -216,6 +216,7 @@ class World(Stage):
             peer = JavaPeer(self, self.new_host("java-host"), "java-peer-0")
             self.java_peers.append(peer)
             peer.start(self.rng.uniform(0.0, 5.0))
+        java3.join(self)  # a KCL 3.x peer, in the worlds whose seed gives one (sim/java3.py)
         self.every(1.0, self.produce)
         self.every(5.0, self._trim)
         self.every(2.0, self.checker.audit)
