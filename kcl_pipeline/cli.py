@@ -473,6 +473,9 @@ def _pipeline_settings():
               help="START, START/END or START/PT15M (ISO 8601 UTC); default: the whole history, incrementally "
                    "(an index in the output zone keeps what earlier audits read).")
 @click.option("--full", is_flag=True, help="Without --window: read every object again, ignoring the index.")
+@click.option("--sweep-temporaries", is_flag=True,
+              help="First remove what killed writers left in the landing zone and the output (temporary files, "
+                   "incomplete multipart uploads) older than 6 hours.")
 @click.option("--landing", "zone", default=None, help="Landing zone URI [default: KCL_PIPELINE_LANDING_URI].")
 @click.option("--output", default=None, help="Transform output URI [default: KCL_PIPELINE_OUTPUT_URI].")
 @click.option("--stream", default=None, help="[default: KCL_PIPELINE_STREAM]")
@@ -484,8 +487,8 @@ def _pipeline_settings():
 @click.option("--json", "as_json", is_flag=True, help="One JSON object (every check's outcome), for scripts.")
 @aws_options
 @friendly_errors
-def audit(window, full, zone, output, stream, application, window_minutes, transform_grace, as_json, region,
-          endpoint_url):
+def audit(window, full, sweep_temporaries, zone, output, stream, application, window_minutes, transform_grace, as_json,
+          region, endpoint_url):
     """The lineage audit: chain per shard, landed = transformed + duplicates + quarantined, checkpoints ≤
     materialised; over the whole history unless --window. Exit 1 when a check fails."""
     import os
@@ -502,6 +505,18 @@ def audit(window, full, zone, output, stream, application, window_minutes, trans
     options = dict(window=parse_window(window) if window else None, aws=aws, full=full,
                    transform_grace_ms=int(transform_grace * 1000),
                    first_window_ms=int(start.timestamp() * 1000) if start is not None else None)
+    if sweep_temporaries:
+        from .landing.errors import ZoneNotFoundError
+        from .landing.store import open_store
+
+        for uri in (zone or settings.landing_uri, output or settings.output_uri):
+            try:
+                swept = open_store(uri, aws).sweep_temporaries()
+            except ZoneNotFoundError as exc:
+                click.echo(f"{uri}: nothing to sweep ({exc})", err=True)  # an output nothing was written to yet
+                continue
+            click.echo(f"{uri}: swept {len(swept)} leftovers of killed writers" + "".join(f"\n  {k}" for k in swept),
+                       err=True)
     if len(settings.streams) == 1:
         report = run_audit(zone or settings.landing_uri, output or settings.output_uri, stream or settings.stream,
                            window_ms, application=application or settings.application, **options)

@@ -272,3 +272,32 @@ def test_an_old_windows_output_files_removed_after_its_audit_fail_the_next_one(h
     output.delete_prefix("quarantine/window=20261122T030600Z/")
     report = run(store, output)
     assert failed(report) == {(6, "counts")} and "output no longer holds" in "\n".join(report.lines())
+
+
+def test_the_command_sweeps_killed_writers_leftovers_in_both_zones_when_asked(local_zone, tmp_path, emulators,
+                                                                               dynamodb_client, unique_name):
+    import os
+    import uuid
+
+    from click.testing import CliRunner
+
+    from kcl_pipeline.cli import main
+    from kcl_pipeline.kcl.shells.lease_table import LeaseTable
+
+    application = unique_name("audit")
+    LeaseTable(application, dynamodb_client).ensure_table()
+    uri, store = local_zone
+    land(store, minutes=2)
+    leftovers = []
+    for root in (uri, str(tmp_path / "out" / "transformed")):
+        os.makedirs(root, exist_ok=True)
+        leftovers.append(os.path.join(root, f".part-0.parquet.{uuid.uuid4().hex}.tmp"))
+        with open(leftovers[-1], "wb") as f:
+            f.write(b"half")
+        os.utime(leftovers[-1], (0, 0))
+    args = ["audit", "--landing", uri, "--output", str(tmp_path / "out"), "--stream", STREAM, "--window-minutes", "1",
+            "--application", application, "--sweep-temporaries"]
+    result = CliRunner(env=emulators.env()).invoke(main, args)
+    assert "swept 1 leftovers of killed writers" in result.stderr and not any(map(os.path.exists, leftovers))
+    missing = CliRunner(env=emulators.env()).invoke(main, args[:4] + [str(tmp_path / "none")] + args[5:])
+    assert "nothing to sweep" in missing.stderr, missing.output
