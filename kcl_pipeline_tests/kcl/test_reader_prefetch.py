@@ -78,10 +78,13 @@ def test_a_prefetch_must_be_positive(kinesis, clock):
         reader(kinesis, clock, max_bytes_per_call=0)
 
 
-def test_the_worker_reads_with_its_configured_prefetch():
-    """The worker hands ConsumerConfig.prefetch_bytes to its reader (worker.py `_begin`)."""
-    import inspect
+def test_the_worker_reads_with_its_configured_prefetch(kinesis, clock):
+    """The worker's reader (retrieval.open_reader, what the worker opens) is bounded by
+    ConsumerConfig.prefetch_bytes, not by what a GetRecords response may carry."""
+    from kcl_pipeline.kcl.config import ConsumerConfig
+    from kcl_pipeline.kcl.shells.retrieval import open_reader
 
-    from kcl_pipeline.kcl.shells.worker import LeaseWorker
-
-    assert "max_bytes_per_call=self.config.prefetch_bytes" in inspect.getsource(LeaseWorker)
+    config = ConsumerConfig(stream=STREAM, application="app").with_(prefetch_bytes=3 * MiB)
+    opened = open_reader(config, kinesis, STREAM, SHARD, Checkpoint(TRIM_HORIZON), kpl_stats=None,
+                         sleep=clock.sleep)
+    assert isinstance(opened, ShardReader) and opened.max_bytes_per_call == 3 * MiB
