@@ -294,11 +294,18 @@ class LandingProcessor:
     def _buffer_records(self, records) -> None:
         if not isinstance(records, UserRecordBatch):  # a list of UserRecords (tests, other readers)
             records = UserRecordBatch.from_records(self.shard_id, records)
+        rest: UserRecordBatch | None = records
+        while rest is not None:
+            rest = self._buffer_poll(rest)
+
+    def _buffer_poll(self, records: UserRecordBatch) -> UserRecordBatch | None:
+        """Buffer (and flush) a delivered poll; returns the records still to buffer when a flush learned that
+        another writer landed beyond some of them (they are then taken like a new poll)."""
         if self._skip_key is not None or (
                 self._last_delivered is not None and records[0].position() <= self._last_delivered.position()):
             records = self._drop_landed(records)
         if not len(records):
-            return
+            return None
         s = self.settings
         cum, per = _cumulative_sizes(records)
         # Cut where the arrival minute changes (only at a Kinesis record's boundary), where the byte budget
@@ -315,6 +322,11 @@ class LandingProcessor:
         for begin, stop, minute in pieces:
             pos = begin
             while pos < stop:
+                if self._overtaken(records, pos):
+                    # A flush just learned that another writer landed beyond records still to come in this
+                    # poll: take the rest as a new poll, so they are dropped like any landed record and the
+                    # buffer never holds records with a hole after them (see `_drop_landed`).
+                    return records[pos:]
                 if self._buffer_count and minute != self._buffer_minute:
                     self._flush("minute")
                 if not self._buffer_count:
@@ -343,16 +355,34 @@ class LandingProcessor:
                     self._flush("records")
                 elif pos < stop:
                     self._flush("bytes")
+        return None
+
+    def _overtaken(self, records: UserRecordBatch, pos: int) -> bool:
+        """Whether records[pos] is at or below what another writer is known to have landed (a flush of this
+        poll found it)."""
+        return self._skip_key is not None and records[pos].position() <= self._skip_key
 
     def _drop_landed(self, records: UserRecordBatch) -> UserRecordBatch:
         """After a resume: drop the records at or below the resume point (or already delivered). Records come
-        in shard order, so those are a prefix, found by binary search."""
+        in shard order, so those are a prefix, found by binary search.
+
+        The buffer must stay consecutive, from the record after `_buffer_prev` to the last delivered: a batch's
+        predecessor (its link, its footer) is read off it. Records dropped because another writer landed them
+        lie after everything buffered, so what is buffered is landed too: it goes as well, and the next
+        buffer starts after the last record dropped. (Before, the buffer stayed and the records after the
+        hole took a buffered record as their predecessor: a link after the wrong position, which let a
+        second writer land the same records again.)"""
         floor = self._skip_key
-        if self._last_delivered is not None:
-            delivered = self._last_delivered.position()
+        delivered = self._last_delivered.position() if self._last_delivered is not None else None
+        if delivered is not None:
             floor = delivered if floor is None or delivered > floor else floor
         if floor is None:  # nothing resumed from and nothing delivered yet: nothing to drop
             return records
+        if self._buffer_count and delivered is not None and floor > delivered:
+            self.stats.records_already_landed += self._buffer_count
+            log.info("%s: %d buffered records were landed by another writer meanwhile", self.shard_id,
+                     self._buffer_count)
+            self._set_buffer(None)
         lo, hi = 0, len(records)
         while lo < hi:
             mid = (lo + hi) // 2
