@@ -213,6 +213,28 @@ def test_a_worker_sees_its_parent_die_when_its_host_is_killed(method, tmp_path):
             host.wait()
 
 
+def test_a_killed_server_stops_its_workers_and_the_next_worker_starts_a_new_server(tmp_path):
+    procs = WorkerProcesses("forkserver", preload_modules(None))
+    ctx = procs.context()
+    out = tmp_path / "watch"
+    watcher = ctx.Process(target=_watch_parent, args=(str(out),), daemon=True)
+    watcher.start()
+    started = Path(str(out) + ".started")
+    _wait_for(started.exists, 120, "the worker to start")
+    server = json.loads(started.read_text())["ppid"]
+    assert process_name(server) == SERVER_PROCESS_NAME
+    os.kill(server, signal.SIGKILL)
+    _wait_for(out.exists, 60, "the worker to notice its server died")
+    assert out.read_text() == "parent gone"
+    results = procs.ipc_context.Queue()
+    child = ctx.Process(target=_report_state, args=(results,), daemon=True)
+    child.start()
+    state = results.get(timeout=120)
+    assert state["ppid"] != server and process_name(state["ppid"]) == SERVER_PROCESS_NAME
+    assert WARM_UP_MODULE in state["modules"], "the new server lacks the preloads"
+    child.join(30)
+
+
 def _zombie(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:

@@ -6,9 +6,10 @@ each before it reads a record. Under `forkserver` one server process loads all t
 the worker, the landing sink, the processor's module, boto3/botocore, pyarrow, then the warm-up module,
 which parses botocore's data for the services workers use, encodes one Parquet row and calls `gc.freeze()`
 so a worker's garbage collector never writes to the pages it shares), and every worker is forked from it:
-what is shared stays shared, copy-on-write. The server is a separate, single-threaded process, started with
-the manager's sys.path before the first worker; forking from it is safe wherever the manager runs, in a
-Dagster code server's threads too (forking the threaded host itself would not be).
+what is shared stays shared, copy-on-write. The server is a separate process, started with the manager's
+sys.path before the first worker, that runs no thread of ours (pyarrow's allocator keeps one, which its fork
+handlers account for); forking from it is safe wherever the manager runs, in a Dagster code server's threads
+too (forking the threaded host itself would not be).
 
 Nothing that talks to AWS crosses the fork: the server holds data only (botocore's models and endpoints,
 read through aws.py's one loader); each worker builds its own sessions, credentials, clients and
@@ -18,9 +19,11 @@ uuid4 reads the OS) and its own lease claim.
 What holds as under spawn:
 
 * Parent death: a worker's parent is the server, and the server exits as soon as the process that started
-  it is gone (multiprocessing closes its "alive" pipe then, whatever killed it); the worker sees its parent
-  change (worker.py `_should_stop`) and stops gracefully, so a killed or reloaded host leaves no worker
-  behind. Killing the server alone stops its workers the same way; the next worker starts a new server.
+  it is gone, whatever killed it (its "alive" pipe closes; every worker gives back the copy of that pipe
+  multiprocessing hands it, `detach_from_server`, or the server would live on with its workers); the worker
+  sees its parent change (worker.py `_should_stop`) and stops gracefully, so a killed or reloaded host leaves
+  no worker behind. Killing the server alone stops its workers the same way; the next worker starts a new
+  server (multiprocessing restarts it, with the same preloads).
 * Keep-alive and results: the shared value and the queue reach a worker as before.
 * Environment: a worker runs with its host's environment as of its start (WorkerProcess), not the server's.
 * Names: the server is `kcl-forkserver`, the workers `kcl-lease` (worker.WORKER_PROCESS_NAME); workers are
@@ -28,7 +31,7 @@ What holds as under spawn:
 
 When the forkserver cannot be used (this platform has none, the server does not start, or a probe forked
 from it does not come back), the manager falls back to spawn: it logs an error saying why, and its
-`StartMethod` (in `kcl-pipeline leases`' neighbours: the sensor's observation) says spawn with the reason.
+`StartMethod` says spawn with the reason (the sensor's observation reports it: `readied_start_method`).
 Consuming goes on; only memory grows. A server another part of the same process started earlier without
 these preloads is used as it is (workers then load what they need themselves), with a warning.
 Choose spawn outright with `ConsumerConfig(worker_start_method="spawn")`.
