@@ -27,5 +27,11 @@ class CorruptBatchError(LandingError):
     disagrees with its key). Landing stops rather than trust or overwrite it."""
 
 
+class ChainStartTaken(LandingError):
+    """Another holder claimed the shard's start link (TRIM_HORIZON, LATEST, AT_TIMESTAMP) while this one read
+    other first records. Not a fault of the zone: the lease is given back, and its next start follows (or
+    completes) that chain. Nothing landed is lost."""
+
+
 class LandingConfigError(ValueError):
     """A landing setting is invalid; the message names it and says what is allowed."""

@@ -41,12 +41,12 @@ from itertools import accumulate
 from operator import add
 from typing import Any, Callable, Mapping, Sequence
 
-from ..kcl.core.model import Checkpoint, UserRecord
+from ..kcl.core.model import AT_TIMESTAMP, Checkpoint, UserRecord
 from ..kcl.processor import Checkpointer, InitializationInput, ProcessRecordsInput
 from ..kcl.records.record_batch import UserRecordBatch
 from ..kcl.shells.aws import AwsSettings
 from .batch import COMPRESSIONS, BatchInfo, encode_batch, read_batch_info
-from .errors import CorruptBatchError, LandingConfigError, LandingError
+from .errors import ChainStartTaken, CorruptBatchError, LandingConfigError, LandingError
 from .exclusion import exclude_landed
 from .layout import (
     MINUTE_MS,
@@ -155,6 +155,8 @@ class LandingProcessor:
         self._skip_key: tuple | None = None  # records at or below it were landed before: dropped
         self._start_prev: Checkpoint | None = None
         self._tail: tuple[Checkpoint, str] | None = None  # the last landed batch we know: (its last, its key)
+        self._adopt: BatchKey | None = None  # the start link's batch, claimed by a holder that never wrote it
+        self._holder = ""  # named in the start links this holder claims (who claimed a chain's start)
         self._last_delivered: UserRecord | None = None
         # The buffer: columnar slices of the delivered batches (never one Python object per record).
         self._segments: list[UserRecordBatch] = []
@@ -172,6 +174,7 @@ class LandingProcessor:
 
     def initialize(self, init: InitializationInput) -> None:
         self.shard_id = init.shard_id
+        self._holder = init.worker_id
         if init.stream is not None:  # a multi-stream application: one directory per stream incarnation
             self.stream = stream_directory(init.stream)
         if self.store is None:  # built with a URI: this (worker) process opens its own store
@@ -201,14 +204,21 @@ class LandingProcessor:
             if start.is_starting_sentinel or key.last.key() > start.key():
                 self._resume = key.last
                 self._start_prev = key.last
+        if self._adopt is not None:
+            # Read from the claimed batch's minute (AT_TIMESTAMP: the reader delivers from there); the records
+            # before its first are dropped, and its first follows the starting position, like the claimer's.
+            self._resume = Checkpoint(AT_TIMESTAMP, self._adopt.minute_ms)
+            log.info("%s: the start link after %s names %s, never written (its claimer died): landing it",
+                     self.shard_id, start, self._adopt.key())
         if self._resume is None and not start.is_starting_sentinel:
             self._resume = start
-        self._skip_key = self._resume.key() if self._resume is not None else None
+        self._skip_key = self._resume.key() if self._resume is not None and not self._resume.is_sentinel else None
         log.info("%s: landing into %s; lease checkpoint %s, last landed %s -> resume after %s",
                  self.shard_id, self.store.uri, start, found[0].last if found else None, self._resume)
 
     def resume_position(self) -> Checkpoint | None:
-        """Where the reader should start (after): the later of the lease checkpoint and the last landed record."""
+        """Where the reader should start (after): the later of the lease checkpoint and the last landed record
+        (or AT_TIMESTAMP, from where a batch claimed after the start and never written can be read again)."""
         return self._resume
 
     def process_records(self, batch: ProcessRecordsInput) -> None:
@@ -301,6 +311,8 @@ class LandingProcessor:
     def _buffer_poll(self, records: UserRecordBatch) -> UserRecordBatch | None:
         """Buffer (and flush) a delivered poll; returns the records still to buffer when a flush learned that
         another writer landed beyond some of them (they are then taken like a new poll)."""
+        if self._adopt is not None:
+            records = self._adopt_start(records, self._adopt)
         if self._skip_key is not None or (
                 self._last_delivered is not None and records[0].position() <= self._last_delivered.position()):
             records = self._drop_landed(records)
@@ -356,6 +368,24 @@ class LandingProcessor:
                 elif pos < stop:
                     self._flush("bytes")
         return None
+
+    def _adopt_start(self, records: UserRecordBatch, claimed: BatchKey) -> UserRecordBatch:
+        """Records from the first of the claimed start batch on (a prefix before it is dropped: the reader
+        started at its minute). Its first record must be among them: a stream that no longer serves it
+        (trimmed by retention since the claim) leaves a batch nobody can land, which stops landing with a
+        message naming the link (docs/landing.md, known limits)."""
+        first = claimed.first.key()
+        lo = bisect_right(range(len(records)), False, key=lambda i: records[i].position() >= first)
+        if lo == len(records):
+            return records[lo:]  # the minute's earlier records: the claimed first comes in a later poll
+        if records[lo].position() != first:
+            store = self._zone_store()
+            raise CorruptBatchError(
+                f"landing zone {store.uri}: the start link after {self._start_prev} of {self.shard_id} names "
+                f"{claimed.key()}, never written, and the stream no longer serves its first record (it serves "
+                f"{records[lo].checkpoint} first): no holder can land that batch; move the link away to resume")
+        self._adopt = None  # from here the claimed batch is landed like any batch after the start
+        return records[lo:]
 
     def _overtaken(self, records: UserRecordBatch, pos: int) -> bool:
         """Whether records[pos] is at or below what another writer is known to have landed (a flush of this
@@ -501,10 +531,20 @@ class LandingProcessor:
         store = self._zone_store()
         encoded = encode_batch(self.stream, self.shard_id, records, prev, self.settings.compression, prev_key)
         link = link_key(self.stream, encoded.key.minute_ms, self.shard_id, prev)
-        if store.put_if_absent(link, encoded.key.key().encode()):
+        starts = prev is not None and prev.is_starting_sentinel
+        # A start link names its claimer too: who began the chain, when a person looks at a stuck shard.
+        if store.put_if_absent(link, link_body(encoded.key.key(), self._holder if starts else None)):
             return self._put_batch(encoded), len(records)
         owner_text = link_target(store.get(link))
         owner = parse_batch_key(owner_text)
+        if starts and owner is not None and owner.shard_id == self.shard_id and owner.first != records[0].checkpoint:
+            # Another holder claimed the chain's start meanwhile, from other first records (LATEST read at
+            # another moment, a trim horizon that moved): records after that start cannot follow ours. Give
+            # the lease back; its next start follows that chain, or lands the claimed batch (`_follow_chain`).
+            raise ChainStartTaken(
+                f"landing zone {store.uri}: the start link {link} names {owner.key()} (another holder's start, "
+                f"claimed meanwhile), which does not start at {records[0].checkpoint}; re-reading from that "
+                f"chain on the lease's next start")
         if owner is None or owner.shard_id != self.shard_id or owner.first != records[0].checkpoint:
             raise CorruptBatchError(
                 f"landing zone {store.uri}: link {link} names {owner_text!r}, not a batch of {self.shard_id} "
@@ -598,10 +638,19 @@ class LandingProcessor:
 
     def _follow_chain(self, start: Checkpoint) -> tuple[BatchKey, BatchInfo] | None:
         """The last batch of the chain that begins at the starting position `start`, followed link by link
-        (one GET per link and one LIST per minute the chain spans, once per lease start without a hint)."""
-        cur = self._linked(link_key(self.stream, 0, self.shard_id, start))
-        if cur is None:
+        (one GET per link and one LIST per minute the chain spans, once per lease start without a hint).
+
+        A start link naming a batch that was never written (its claimer died between link and batch) is
+        adopted: this holder reads from that batch's minute and lands exactly that batch (`_adopt_start`).
+        Reading from its own start instead (LATEST now, or the trim horizon that moved) would give it other
+        first records, which can never be landed after that link: every later holder stopped there."""
+        claim = self._claimed(link_key(self.stream, 0, self.shard_id, start))
+        if claim is None:
             return None
+        if not self._zone_store().exists(claim.key()):
+            self._adopt = claim
+            return None
+        cur = claim
         now_minute = minute_of(int(self._clock() * 1000))
         minute, empty = cur.minute_ms, 0
         # Stopping early only UNDER-estimates the resume point (safe: re-read records meet the links and the
@@ -619,6 +668,11 @@ class LandingProcessor:
 
     def _linked(self, link: str) -> BatchKey | None:
         """The batch a link names, if that batch is landed (a claimed but unwritten one ends the chain)."""
+        key = self._claimed(link)
+        return key if key is not None and self._zone_store().exists(key.key()) else None
+
+    def _claimed(self, link: str) -> BatchKey | None:
+        """The batch a link names, landed or not (None: no such link)."""
         store = self._zone_store()
         try:
             text = link_target(store.get(link))
@@ -630,7 +684,7 @@ class LandingProcessor:
         if key is None or key.shard_id != self.shard_id:
             raise CorruptBatchError(f"landing zone {store.uri}: link {link} names {text!r}, not a batch of "
                                     f"{self.shard_id}; move it away to resume landing")
-        return key if store.exists(key.key()) else None
+        return key
 
     def _walk(self, start_minute: int, now_minute: int) -> BatchKey | None:
         """The furthest batch of the shard from `start_minute` on (see the module docstring)."""
