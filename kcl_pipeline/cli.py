@@ -9,7 +9,7 @@ import sys
 import click
 from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError, NoRegionError
 
-from .kcl.config import JAVA_COMPATIBLE_TIMINGS, ConfigError, ConsumerConfig, InitialPosition
+from .kcl.config import JAVA_COMPATIBLE_TIMINGS, RETRIEVALS, ConfigError, ConsumerConfig, InitialPosition
 from .kcl.shells.aws import AwsSettings, client
 
 log = logging.getLogger("kcl_pipeline")
@@ -155,7 +155,7 @@ def main(verbose: int, log_format: str) -> None:
 # consume's flags that are ConsumerConfig fields of the same name.
 _CONSUMER_FLAGS = ("stream", "application", "table_name", "worker_id", "max_leases", "leases_to_acquire",
                    "heartbeat_seconds", "lease_expiry_seconds", "cycle_seconds", "worker_metrics_period_seconds",
-                   "metrics_namespace", "metrics_naming")
+                   "metrics_namespace", "metrics_naming", "retrieval")
 
 
 def consumer_config_from_cli(ctx: click.Context, properties_file: str | None, java_compatible: bool, *,
@@ -232,6 +232,11 @@ def _default(name: str):
 @click.option("--metrics-namespace", default=None, help="Publish metrics to this CloudWatch namespace.")
 @click.option("--metrics-naming", type=click.Choice(["pipeline", "kcl"]), default=_default("metrics_naming"),
               show_default=True, help="kcl: Java KCL's metric names and dimensions (its dashboards carry over).")
+@click.option("--retrieval", type=click.Choice(RETRIEVALS), default=_default("retrieval"), show_default=True,
+              envvar="KCL_PIPELINE_RETRIEVAL", show_envvar=True,
+              help="polling: GetRecords (the shard's 5 reads/s and 2 MB/s shared with every application); fanout: "
+                   "enhanced fan-out, SubscribeToShard through a stream consumer named after the application, "
+                   "registered if missing (2 MB/s per shard of its own; billed by AWS; docs/fanout.md).")
 @click.option("--sink", default=None,
               help="jsonl:DIR — one JSON line per record in DIR/<lease key>.jsonl (the shard id of a single stream).")
 @click.option("--landing", default=None,
@@ -249,7 +254,7 @@ def _default(name: str):
 @friendly_errors
 def consume(ctx, properties_file, stream, application, table_name, initial_position, timestamp, worker_id,
             max_leases, leases_to_acquire, heartbeat_seconds, lease_expiry_seconds, java_compatible, cycle_seconds,
-            worker_metrics_period_seconds, metrics_namespace, metrics_naming, sink, landing, checkpoint_by,
+            worker_metrics_period_seconds, metrics_namespace, metrics_naming, retrieval, sink, landing, checkpoint_by,
             batch_seconds, batch_mb, region, endpoint_url):
     """Run a headless consumer: a full peer of the fleet sharing the lease table. Stops on SIGTERM/SIGINT."""
     from .kcl.jsonl_sink import parse_sink
@@ -493,7 +498,7 @@ def audit(window, full, sweep_temporaries, zone, output, stream, application, wi
     materialised; over the whole history unless --window. Exit 1 when a check fails."""
     import os
 
-    from .landing.audit import audit as run_audit
+    from .landing.stream_audit import audit as run_audit
     from .landing.verify import parse_window
 
     settings = _pipeline_settings()

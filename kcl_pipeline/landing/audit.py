@@ -24,19 +24,17 @@ is audited incrementally by `audit_history.py` (`kcl-pipeline audit`).
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Collection, Iterable, Mapping, Sequence
 
 from ..kcl.core.model import Checkpoint, Lease
-from ..kcl.shells.aws import AwsSettings
 from ..transform.manifest import COMMITS, CommitFormatError, WindowCommit, commit_key, is_commit_key
 from .batch import BatchInfo, read_batch_info
 from .errors import CorruptBatchError, ZoneNotFoundError
 from .layout import BatchKey
 from .progress import ShardProgress, progress_from_leases
-from .store import ZoneStore, open_store
+from .store import ZoneStore
 from .verify import ChainReport, list_batches, verify_batches, verify_chain
 
 TRANSFORMED = "transformed"
@@ -414,48 +412,6 @@ def commit_window(key: str) -> int:
     """The window start (epoch millis) a commit key names (`is_commit_key` holds)."""
     start = datetime.strptime(key[len(COMMITS) + 1:-len(".json")], "window=%Y%m%dT%H%M%SZ")
     return int(start.replace(tzinfo=timezone.utc).timestamp() * 1000)
-
-
-def audit(zone_uri: str, output_uri: str, stream: str, window_ms: int, *,
-          window: tuple[int, int] | None = None, application: str | None = None, aws: AwsSettings | None = None,
-          store: ZoneStore | None = None, output: ZoneStore | None = None, leases: Sequence[Lease] | None = None,
-          now_ms: int | None = None, transform_grace_ms: int = 300_000, full: bool = False,
-          first_window_ms: int | None = None, workers: int | None = None) -> AuditReport:
-    """Audit the windows of `window` (split into `window_ms` windows), or else the whole history of `stream`
-    (its landing directory), incrementally (audit_history.py; `full`: read every object again, ignoring the
-    index). Untransformed windows older than their end + `transform_grace_ms` at `now_ms` (default: now) fail.
-
-    The lease table of `application` is scanned for the checkpoints check (read only); without an
-    application (and no `leases`) that check is skipped.
-    """
-    if transform_grace_ms < 0:
-        raise ValueError(f"transform_grace_ms must be >= 0, got {transform_grace_ms}")
-    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-    if window_ms <= 0 or window_ms % 60_000:
-        raise ValueError(f"window_ms must be a positive whole number of minutes, got {window_ms}")
-    store = store or open_store(zone_uri, aws)
-    output = output or open_store(output_uri, aws, what="transform output")
-    store.ensure_zone(create=False)
-    if window is not None:
-        t0, t1 = window
-        if t0 % window_ms or t1 % window_ms or t1 <= t0:
-            raise ValueError(f"window [{t0}, {t1}) must be whole {window_ms // 60_000}-minute windows of the pipeline")
-    if leases is None and application:
-        from ..kcl.shells.aws import client
-        from ..kcl.shells.lease_table import LeaseTable
-
-        leases = LeaseTable(application, client("dynamodb", aws)).scan()
-    if window is None:
-        from .audit_history import DEFAULT_WORKERS, audit_history  # it builds on this module
-
-        return audit_history(store, output, stream, window_ms, leases=leases, now_ms=now_ms,
-                             transform_grace_ms=transform_grace_ms, full=full, first_window_ms=first_window_ms,
-                             workers=workers or DEFAULT_WORKERS)
-    report = AuditReport()
-    for start in range(window[0], window[1], window_ms):
-        report.outcomes += audit_window(store, output, stream, start, start + window_ms, leases=leases,
-                                        now_ms=now_ms, transform_grace_ms=transform_grace_ms)
-    return report
 
 
 def _iso(ms: int) -> str:

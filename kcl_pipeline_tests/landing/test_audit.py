@@ -9,7 +9,6 @@ from kcl_pipeline.kcl.core.model import Checkpoint, Lease
 from kcl_pipeline.landing.audit import (
     AuditReport,
     OutputCounts,
-    audit,
     audit_window,
     check_chain,
     check_checkpoints,
@@ -18,6 +17,7 @@ from kcl_pipeline.landing.audit import (
     output_partition,
     read_output_counts,
 )
+from kcl_pipeline.landing.stream_audit import audit
 from kcl_pipeline.landing.layout import MINUTE_MS, BatchKey
 from kcl_pipeline.landing.progress import ShardProgress
 from kcl_pipeline.landing.sink import LandingProcessor

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kcl_pipeline.kcl.core.model import Checkpoint, Lease
-from kcl_pipeline.landing.audit import audit
+from kcl_pipeline.landing.stream_audit import audit
 from kcl_pipeline.landing.audit_history import audit_history
 from kcl_pipeline.landing.audit_index import index_key
 from kcl_pipeline.landing.batch import read_batch_info
