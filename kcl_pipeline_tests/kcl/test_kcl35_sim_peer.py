@@ -2,13 +2,13 @@
 consumers — a leader assigning and evicting without counter conditions, graceful hand-offs with Java's
 renew/checkpoint/assign sequence, the migration state flipping mid-run (the leader's readiness flip, an operator's
 rollback and roll-forward, a joining worker writing CLIENT_VERSION_3X) — every invariant holding. The 2,000-seed
-figure is `python -m kcl_pipeline.sim.java3 --seeds 2000` (docs/kcl3.md); here a small batch, which must also run
+figure is `python -m kcl_pipeline.sim.java3_runs --seeds 2000` (docs/kcl3.md); here a small batch, which must also run
 each of those paths."""
 from __future__ import annotations
 
 from collections import Counter
 
-from kcl_pipeline.sim import java3
+from kcl_pipeline.sim import java3, java3_runs
 from kcl_pipeline.sim.scenario import Scenario
 from kcl_pipeline.sim.world import World
 
@@ -18,7 +18,7 @@ SEEDS = range(24)
 def test_worlds_with_a_kcl_3x_peer_hold_every_invariant_and_run_each_path_of_the_coexistence():
     stats: Counter = Counter()
     for seed in SEEDS:
-        result = java3.simulate(seed, 1000)
+        result = java3_runs.simulate(seed, 1000)
         assert result.violations == [], (seed, result.violations[0], result.trace[-25:])
         stats.update(result.stats)
     assert stats["client version -> CLIENT_VERSION_3X_WITH_ROLLBACK"]  # the leader's flip: every owner publishes
