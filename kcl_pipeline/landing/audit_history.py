@@ -5,9 +5,10 @@ passed for ever. Now every run covers every window the zone or the output holds,
 changed, not how long the history is:
 
 1. **List** the stream's landing directory, the output's commits (with their version tags) and the output's
-   dataset files (one LIST per 1,000 objects; the only requests whose number grows with the history). The
+   dataset partitions (one LIST per 1,000 objects; the only requests whose number grows with the history). The
    listing is what makes the audit whole: a batch deleted from an old window, a commit removed or rewritten,
-   an output file gone, is seen here.
+   an output partition gone, is seen here. A thorough audit (`full`, or the first) lists every output file
+   instead; an incremental one lists the files of the commits it reads.
 2. **Read** only the objects the index (audit_index.py, in the output zone) has no facts for under the same
    tag: after the first audit, the new batches' footers and the new or rewritten commits (reads run in
    parallel, `workers` at a time).
@@ -26,7 +27,7 @@ import time
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Collection, Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from ..kcl.core.model import Lease
 from ..transform.manifest import COMMITS, CommitFormatError, WindowCommit, is_commit_key
@@ -99,17 +100,28 @@ def audit_history(store: ZoneStore, output: ZoneStore, directory: str, window_ms
     facts = AuditIndex(store.uri, directory, audited_at_ms=now_ms)
     # Both listings run at once, and each object to read is read as soon as its page is listed: the reads
     # overlap the listings (the pool's first two workers list; `workers` more read).
+    # Output files: a thorough audit (--full, or no index) lists every file of both datasets; an incremental
+    # one lists their partitions (one entry a window, not one per file) and the files of the commits it reads.
+    thorough = full or not old.commits
     with ThreadPoolExecutor(max_workers=max(1, workers) + 2, thread_name_prefix="audit") as pool:
         landing = pool.submit(_gather_batches, store, directory, old.batches, pool)
         outputs = pool.submit(_gather_commits, output, old.commits, pool)
-        files = [pool.submit(_output_files, output, dataset) for dataset in (TRANSFORMED, QUARANTINE)]
+        listed = [pool.submit(_output_files if thorough else _output_partitions, output, dataset)
+                  for dataset in (TRANSFORMED, QUARANTINE)]
         batch_versions, malformed, reused_batches, batch_reads = landing.result()
         commit_versions, reused_commits, commit_reads = outputs.result()
         facts.batches.update(reused_batches)
         facts.batches.update({k: f.result() for k, f in batch_reads.items()})
         facts.commits.update(reused_commits)
         facts.commits.update({k: f.result() for k, f in commit_reads.items()})
-        output_files = set().union(*(f.result() for f in files))
+        output_listing = set().union(*(f.result() for f in listed))
+        if thorough:
+            lost = {k: sorted(c.files - output_listing) for k, c in facts.commits.items()}
+        else:
+            read = {k: pool.submit(_files_of, output, facts.commits[k].files) for k in commit_reads}
+            lost = {k: sorted(c.files - read[k].result()) if k in read else
+                    sorted(f for f in c.files if _partition(f) not in output_listing)
+                    for k, c in facts.commits.items()}
     unread_batches, unread_commits = list(batch_reads), list(commit_reads)
     if save and (full or old.batches != facts.batches or old.commits != facts.commits or old.zone != facts.zone):
         try:
@@ -123,7 +135,8 @@ def audit_history(store: ZoneStore, output: ZoneStore, directory: str, window_ms
     duplicates = _duplicates(store, batches, commits, window_ms)
     outcomes, windows = judge_history(batches, commits, window_ms, leases=leases, now_ms=now_ms,
                                       transform_grace_ms=transform_grace_ms, first_window_ms=first_window_ms,
-                                      duplicates=duplicates, malformed=malformed, output_files=output_files)
+                                      duplicates=duplicates, malformed=malformed,
+                                      missing_files={commit_window(k): v for k, v in lost.items() if v})
     scope = HistoryScope(directory, len(windows), windows[0] if windows else None,
                          windows[-1] + window_ms if windows else None, len(batches), len(commits),
                          len(unread_batches), len(unread_commits), f"{output.uri}/{key}", note)
@@ -225,6 +238,30 @@ def _output_files(output: ZoneStore, dataset: str) -> set[str]:
         return set()
 
 
+def _output_partitions(output: ZoneStore, dataset: str) -> set[str]:
+    """Every window partition of a dataset, `<dataset>/window=…` (one listing entry a window)."""
+    try:
+        return {f"{dataset}/{name}" for name in output.list_dirs(f"{dataset}/")}
+    except ZoneNotFoundError:
+        return set()
+
+
+def _partition(file_key: str) -> str:
+    """`transformed/window=…/run=…/part-0.parquet` -> `transformed/window=…`."""
+    return "/".join(file_key.split("/", 2)[:2])
+
+
+def _files_of(output: ZoneStore, files: Iterable[str]) -> set[str]:
+    """The files the partitions of `files` hold (one LIST each)."""
+    found: set[str] = set()
+    for partition in sorted({_partition(f) for f in files}):
+        try:
+            found.update(output.list_keys(f"{partition}/"))
+        except ZoneNotFoundError:
+            pass
+    return found
+
+
 def _duplicates(store: ZoneStore, batches: Mapping[str, tuple[BatchKey, BatchFacts]],
                 commits: Mapping[int, CommitFacts], window_ms: int) -> dict[int, int]:
     """Rows landed twice among the batches each window's commit names: read (deep) only for windows where two
@@ -248,16 +285,16 @@ def _duplicates(store: ZoneStore, batches: Mapping[str, tuple[BatchKey, BatchFac
 def judge_history(batches: Mapping[str, tuple[BatchKey, BatchFacts]], commits: Mapping[int, CommitFacts],
                   window_ms: int, *, leases: Sequence[Lease] | None, now_ms: int, transform_grace_ms: int,
                   first_window_ms: int | None = None, duplicates: Mapping[int, int] | None = None,
-                  malformed: Sequence[str] = (), output_files: Collection[str] | None = None,
+                  malformed: Sequence[str] = (), missing_files: Mapping[int, Sequence[str]] | None = None,
                   ) -> tuple[list[CheckOutcome], list[int]]:
     """Every window's three checks from the facts: the outcomes of the failed ones, then one summary per check
     over the history; and the windows judged (every window with a landed batch or a commit), in order.
-    `output_files`: the output's dataset files (None: not listed, the commits' files are not checked)."""
+    `missing_files`: per window, the output files its commit names that the output does not hold."""
     windows = sorted({window_floor(k.minute_ms, window_ms) for k, _ in batches.values()} | set(commits))
     failed: dict[str, dict[int, list[str]]] = {check: {} for check in CHECKS}
     _judge_chains(batches, window_ms, failed["chain"])
     counts = _judge_counts(batches, commits, windows, window_ms, now_ms, transform_grace_ms, first_window_ms,
-                           duplicates or {}, output_files)
+                           duplicates or {}, missing_files or {})
     if leases is not None:
         _judge_checkpoints(batches, commits, leases, window_ms, first_window_ms, failed["checkpoints"])
     outcomes = [o for o in counts if not o.ok]
@@ -343,7 +380,7 @@ def _judge_chains(batches: Mapping[str, tuple[BatchKey, BatchFacts]], window_ms:
 
 def _judge_counts(batches: Mapping[str, tuple[BatchKey, BatchFacts]], commits: Mapping[int, CommitFacts],
                   windows: Sequence[int], window_ms: int, now_ms: int, grace_ms: int, first_window_ms: int | None,
-                  duplicates: Mapping[int, int], output_files: Collection[str] | None) -> list[CheckOutcome]:
+                  duplicates: Mapping[int, int], missing_files: Mapping[int, Sequence[str]]) -> list[CheckOutcome]:
     held: dict[int, list[str]] = {}
     for key, _f in batches.values():
         held.setdefault(window_floor(key.minute_ms, window_ms), []).append(key.key())
@@ -368,7 +405,7 @@ def _judge_counts(batches: Mapping[str, tuple[BatchKey, BatchFacts]], commits: M
             duplicates.get(w, 0), OutputCounts(commit.transformed, commit.quarantined, commit.batches), None, overdue,
             late=sorted(set(mine) - commit.batches), missing=sorted(commit.batches - set(mine)),
             unreadable=sorted(k for k in named if batches[k][1].error),
-            missing_files=() if output_files is None else sorted(commit.files - set(output_files))))
+            missing_files=missing_files.get(w, ())))
     return out
 
 

@@ -71,6 +71,10 @@ _CONFLICT_BACKOFF_SECONDS = 0.05
 UPLOAD_PART_BYTES = 8 * 1024 * 1024
 _MIN_PART_BYTES = 5 * 1024 * 1024
 _DELETE_BATCH = 1000  # DeleteObjects takes at most 1000 keys
+# ListObjectsV2 MaxKeys. S3 (and MinIO, Ceph) answer at most 1,000 keys a page whatever is asked, so this changes
+# nothing there; an emulator that re-reads the whole bucket for every page (moto) answers more, which keeps a
+# long listing (the audit's whole history) linear instead of quadratic in the bucket's size.
+LIST_PAGE_KEYS = 10_000
 # A writer holds its temporary (or multipart upload) for one object's write; one far older was left by a writer
 # that was killed. Six hours leaves any real write (a transform task streaming a large file) alone.
 STALE_TEMPORARY_SECONDS = 6 * 3600
@@ -634,7 +638,7 @@ class S3ZoneStore(ZoneStore):
         self.bucket = zone.bucket
         self.options = options
         self._client = s3_client
-        self.page_size = page_size  # ListObjectsV2 MaxKeys; None = S3's 1000
+        self.page_size = page_size  # ListObjectsV2 MaxKeys; None = LIST_PAGE_KEYS
 
     @property
     def client(self):
@@ -702,8 +706,7 @@ class S3ZoneStore(ZoneStore):
 
     def _pages(self, prefix: str, **extra) -> Iterator[dict]:
         paginator = self.client.get_paginator("list_objects_v2")
-        if self.page_size:
-            extra["PaginationConfig"] = {"PageSize": self.page_size}
+        extra["PaginationConfig"] = {"PageSize": self.page_size or LIST_PAGE_KEYS}
         full = self.zone.full_key(prefix) if prefix else (self.zone.root + "/" if self.zone.root else "")
         try:
             yield from paginator.paginate(Bucket=self.bucket, Prefix=full, **extra)

@@ -301,3 +301,14 @@ def test_the_command_sweeps_killed_writers_leftovers_in_both_zones_when_asked(lo
     assert "swept 1 leftovers of killed writers" in result.stderr and not any(map(os.path.exists, leftovers))
     missing = CliRunner(env=emulators.env()).invoke(main, args[:4] + [str(tmp_path / "none")] + args[5:])
     assert "nothing to sweep" in missing.stderr, missing.output
+
+
+def test_one_output_file_removed_from_a_partition_is_found_by_a_full_audit(history):
+    """An incremental audit lists the output's partitions (one entry a window), not every file: a partition
+    removed is found at once, a single file of a partition that is still there by a full audit."""
+    store, output, _ = history
+    assert run(store, output).ok
+    output.delete(["transformed/window=20261122T030800Z/run=job-1/part-0.parquet"])
+    output.put("transformed/window=20261122T030800Z/run=job-1/part-1.parquet", b"another file")
+    assert run(store, output).ok  # the partition is there
+    assert failed(run(store, output, full=True)) == {(8, "counts")}
