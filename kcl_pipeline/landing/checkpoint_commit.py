@@ -4,12 +4,13 @@ List the landed batches and their links from the stored frontier (`plan_listing_
 materialised window (`plan_listing_end`), read the start link of each shard still at a starting position (what
 its chain begins with), plan per shard (checkpoint_plan.py), commit the plan with the lease table's conditional
 writes (ending shards and creating their children's leases), and move the frontier on (`next_frontier`). The
-report says what was committed, and what the next run and the sensor need: the frontier, and the windows that
-received batches after their runs listed the zone (`late`: the sensor requests those windows again).
+report says what was committed, and what the next run and the sensor need: the frontier, the windows that
+received batches after their runs listed the zone (`late`), and the windows a shard is stopped on that have no
+commit at all (`uncommitted`): the sensor requests both again and follows them (window_followup.py).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ..kcl.core.model import Checkpoint
@@ -31,6 +32,12 @@ class CheckpointReport:
     listed_from_ms: int | None  # where the listing of landed batches starts (None: nothing landed, or no lease)
     late: dict[int, list[str]]  # materialised window -> batches landed in it that its manifest does not name
     frontier: dict[str, int]  # per shard, the window the next run's listing may start at
+    uncommitted: list[int] = field(default_factory=list)  # windows a shard is stopped on that have no commit
+
+    @property
+    def broken(self) -> dict[str, str]:
+        """Per shard stopped on a gap (a lost batch) or an overlap in its chain, why: no window run mends it."""
+        return {k: p.broken for k, p in self.plan.shards.items() if p.broken is not None}
 
     @property
     def before_start(self) -> dict[str, int]:
@@ -89,7 +96,9 @@ def commit_checkpoints(lease_table: Any, view: StreamSlice, store: ZoneStore, ou
     frontier = next_frontier(previous_frontier, leases, batches,
                              {c.shard_id: c.checkpoint for c in written if c.checkpoint is not None},
                              progress, grace_ms, window_ms, [s.shard_id for s in shards])
-    return CheckpointReport(plan, written, len(committed.windows), start, late, frontier)
+    uncommitted = sorted({p.blocked_window for p in plan.shards.values() if p.blocked_window is not None
+                          and p.blocked_window not in committed.batches_by_window})
+    return CheckpointReport(plan, written, len(committed.windows), start, late, frontier, uncommitted)
 
 
 def list_landed(store: ZoneStore, directory: str, t0: int, t1: int) -> LandedListing:

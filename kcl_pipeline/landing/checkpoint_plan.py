@@ -88,6 +88,8 @@ class ShardPlan:
     end: bool  # then write SHARD_END
     reason: str
     before_start: int = 0  # batches stepped over because they precede the first partition
+    blocked_window: int | None = None  # the window whose batch stopped the walk, not materialised (or late)
+    broken: str | None = None  # the walk stopped on a gap or an overlap in the chain: why
 
 
 @dataclass(frozen=True)
@@ -155,6 +157,7 @@ def _plan_shard(lease: Lease, batches: Sequence[BatchKey], progress: ShardProgre
     chained = pending if broken is None else pending[:broken[0]]  # provably consecutive from the checkpoint
     commit: Checkpoint | None = None
     stop = None
+    blocked: int | None = None
     before_start = 0
     for b in chained:
         w = window_floor(b.minute_ms, window_ms)
@@ -164,10 +167,12 @@ def _plan_shard(lease: Lease, batches: Sequence[BatchKey], progress: ShardProgre
             continue
         if not batch_materialised(done, w, b.key()):
             stop = f"window starting {w} (batch {b.key()}) not materialised (or the batch landed after its run)"
+            blocked = w
             break
         commit = b.last
     if stop is None and broken is not None:
         stop = broken[1]
+    chain_stop = broken[1] if broken is not None and stop == broken[1] else None
 
     end = False
     reason = stop or ("every landed batch is in a materialised window" if pending else "no landed batch after "
@@ -178,7 +183,7 @@ def _plan_shard(lease: Lease, batches: Sequence[BatchKey], progress: ShardProgre
         end, why = _may_end(chained, progress, done, window_ms, current, first_window_ms,
                             broken_before=broken is not None)
         reason = f"{reason}; {why}"
-    return ShardPlan(key, commit, end, reason, before_start)
+    return ShardPlan(key, commit, end, reason, before_start, blocked, chain_stop)
 
 
 def _chain_break(shard: str, current: Checkpoint, pending: Sequence[BatchKey],

@@ -149,6 +149,16 @@ def reopened_windows(materialised: Materialised, landed: Iterable[tuple[int, str
     return list(late_batches(materialised, landed))
 
 
+def read_commit(output, window_start_ms: int) -> WindowCommit | None:
+    """The window's published commit (None: none, or no output location yet): one GET."""
+    key = commit_key(window_start_ms)
+    try:
+        raw = output.get_optional(key)
+    except ZoneNotFoundError:
+        return None
+    return None if raw is None else WindowCommit.from_json(raw, f"{output.uri}/{key}")
+
+
 def read_materialised(output) -> Materialised:
     """The committed manifests of an output location (any store with `list_keys(prefix)` and `get(key)`,
     e.g. landing/store.py's). A missing location has none; an unreadable commit raises CommitFormatError."""
@@ -160,5 +170,5 @@ def read_materialised(output) -> Materialised:
 
 
 __all__ = ["COMMITS", "PENDING", "CommitFormatError", "Materialised", "WindowCommit", "batch_materialised",
-           "commit_key", "is_commit_key", "late_batches", "pending_commit_key", "publish_commit", "read_materialised",
-           "reopened_windows"]
+           "commit_key", "is_commit_key", "late_batches", "pending_commit_key", "publish_commit", "read_commit",
+           "read_materialised", "reopened_windows"]

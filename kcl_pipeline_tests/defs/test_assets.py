@@ -18,7 +18,7 @@ from dagster import (
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 from dagster_aws.s3 import S3Resource
 
-from kcl_pipeline.defs.kinesis.assets import build_assets, kinesis_stream
+from kcl_pipeline.defs.kinesis.assets import SINGLE, build_assets, kinesis_stream
 from kcl_pipeline.defs.kinesis.checks import build_checks
 from kcl_pipeline.defs.kinesis.partitions import PARTITION_FMT, partition_key
 from kcl_pipeline.defs.kinesis.resources import AwsResource, KinesisConsumerResource, SparkResource, spark_config
@@ -68,7 +68,7 @@ def pipeline(emulators, aws_settings, unique_name, tmp_path):
     }
     first, last = before - before % W, after - after % W
     return dict(stream=stream, consumer=consumer, resources=resources, assets=[kinesis_stream, landed, transformed,
-                checkpoints], checks=list(checks), first=first, last=last, aws=aws_settings,
+                checkpoints], checks=list(checks), first=first, last=last, aws=aws_settings, partitions=partitions,
                 instance=DagsterInstance.ephemeral(), windows=list(range(first, last + W, W)))
 
 
@@ -186,10 +186,11 @@ def test_a_backfill_cut_by_its_deadline_fails_instead_of_materialising_part_of_a
 def test_a_window_that_received_a_batch_after_its_run_is_requested_again(spark, pipeline, aws_settings):
     """Before: a batch landing in a materialised window after its run listed the zone (here a backfill's
     refill of a lost batch) held the shard's checkpoint before it for ever, and nothing asked for the window
-    again. Now the checkpoint run names it and the sensor requests the window's run once more."""
-    from kcl_pipeline.defs.kinesis.jobs import WINDOW_JOB
-    from kcl_pipeline.defs.kinesis.tick import reopened_requests
-    from kcl_pipeline.landing.window_followup import reopen_run_key
+    again. Now the checkpoint run names it and the sensor requests the window's run once more (and follows it:
+    test_window_tracking_instance.py)."""
+    from kcl_pipeline.defs.kinesis.partitions import window_of
+    from kcl_pipeline.defs.kinesis.tick import read_checkpoint_report
+    from kcl_pipeline.landing.window_followup import reopen_run_key, track_reports
 
     p = pipeline
     assert run(p, [AssetKey("landed_records")]).success
@@ -218,6 +219,10 @@ def test_a_window_that_received_a_batch_after_its_run_is_requested_again(spark, 
     assert materialization(checkpoints, "kinesis_checkpoints")["reopened_windows"].value == {window: [lost.key()]}
     checkpoint = {lease.lease_key: lease.checkpoint for lease in table.scan()}["shardId-000000000000"]
     assert checkpoint_advances(checkpoint, lost.first)  # never past a batch no run transformed
-    (request,) = reopened_requests(p["instance"])
-    assert (request.partition_key, request.job_name, request.run_key) == \
-        (window, WINDOW_JOB, reopen_run_key(window, [lost.key()]))
+    report = read_checkpoint_report(p["instance"], SINGLE, lambda k: window_of(p["partitions"], k)[0])
+    assert report is not None
+    tracked = track_reports({}, report.late, report.uncommitted, report=str(report.storage_id),
+                            reported_before_ms=None, now_ms=int(time.time() * 1000), partition=partition_key)
+    (start,) = tracked.request
+    assert (partition_key(start), tracked.outstanding[start].run_key(window)) == \
+        (window, reopen_run_key(window, [lost.key()]))

@@ -1,5 +1,5 @@
 """The sensor's follow-up of reported windows against a real (ephemeral) Dagster instance: a window whose run
-failed for good is requested again under a new run key, a materialised one is forgotten, an overdue one is
+failed for good is requested again under a new run key, a committed one is forgotten, an overdue one is
 named as stalled."""
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ from kcl_pipeline.defs.kinesis.cursor import Cursor
 from kcl_pipeline.defs.kinesis.jobs import WINDOW_JOB
 from kcl_pipeline.defs.kinesis.partitions import PARTITION_FMT, partition_key
 from kcl_pipeline.defs.kinesis.tick import observe_windows
-from kcl_pipeline.landing.window_followup import RunState, follow_up, rerun_key
+from kcl_pipeline.landing.store import open_store
+from kcl_pipeline.landing.window_followup import Outstanding, RunState, follow_up, rerun_key
+from kcl_pipeline.transform.manifest import WindowCommit, commit_key
 
 W = 60_000
 T0 = 1_795_000_000_000 - 1_795_000_000_000 % W
@@ -38,8 +40,10 @@ def good_transform(context) -> None:
     return None
 
 
-def test_a_window_whose_run_failed_is_requested_again_and_a_materialised_one_forgotten():
+def test_a_window_whose_run_failed_is_requested_again_and_a_materialised_one_forgotten(tmp_path):
     instance = DagsterInstance.ephemeral()
+    output = open_store(str(tmp_path / "out"))
+    output.ensure_zone(create=True)
     failed, done, queued = T0, T0 + W, T0 + 2 * W
     job = define_asset_job(WINDOW_JOB, selection=[failing_transform], partitions_def=PARTITIONS)
     resolved = Definitions(assets=[failing_transform], jobs=[job]).resolve_job_def(WINDOW_JOB)
@@ -47,9 +51,10 @@ def test_a_window_whose_run_failed_is_requested_again_and_a_materialised_one_for
                                          raise_on_error=False)
     assert not result.success
     assert materialize([good_transform], partition_key=partition_key(done), instance=instance).success
+    output.put(commit_key(done), WindowCommit(done, done + W, "run", frozenset()).to_json())  # its commit
 
-    outstanding = {failed: 1, done: 1, queued: 1}
-    observed = observe_windows(instance, outstanding)
+    outstanding = {failed: Outstanding(1), done: Outstanding(1), queued: Outstanding(1)}
+    observed = observe_windows(instance, output, outstanding)
     assert observed[failed].run is RunState.FAILED and not observed[failed].materialised
     assert observed[done].materialised
     assert observed[queued].run is RunState.NONE
@@ -57,9 +62,10 @@ def test_a_window_whose_run_failed_is_requested_again_and_a_materialised_one_for
     decision = follow_up(outstanding, observed, now_ms=queued + W + 300_000, window_ms=W, overdue_ms=300_000,
                          max_requests=3)
     assert decision.rerequest == (failed,)
-    assert decision.outstanding == {failed: 2, queued: 1}  # the cursor never forgets an unmaterialised window
+    # the cursor never forgets an unmaterialised window
+    assert decision.outstanding == {failed: Outstanding(2), queued: Outstanding(1)}
     assert decision.stalled == (failed, queued)
-    assert rerun_key(partition_key(failed), decision.outstanding[failed]) != f"window-{partition_key(failed)}"
+    assert rerun_key(partition_key(failed), decision.outstanding[failed].requests) != f"window-{partition_key(failed)}"
     cursor = Cursor("w", queued + W, None, decision.outstanding)
     assert Cursor.parse(cursor.to_json()) == cursor
 

@@ -22,7 +22,7 @@ from kcl_pipeline.landing.sink import LandingProcessor
 from kcl_pipeline.landing.stream_slice import StreamSlice
 from kcl_pipeline.landing.verify import list_batches, read_batches, verify_zone
 
-from .helpers import SHARD, STREAM, T0, Clock, RecordingCheckpointer, init, make_records
+from .helpers import SHARD, STREAM, T0, Clock, RecordingCheckpointer, make_records
 
 RECORDS = make_records(40, per_minute=10, aggregate_every=1)  # four minutes
 NOW = T0 + 30 * 60_000

@@ -55,7 +55,7 @@ def run_leaves_pending(zone, output, w: int, transformed_rows: int | None = None
     batches = list_batches(zone, STREAM, w, w + W)
     rows = 20 if transformed_rows is None else transformed_rows
     commit = WindowCommit(w, w + W, f"run-{w}", frozenset(b.key() for b in batches),
-                          {"transformed": {"rows": rows}, "quarantine": {"rows": 0}})
+                          {"transformed": {"rows": rows, "files": []}, "quarantine": {"rows": 0, "files": []}})
     output.put(pending_commit_key(w), commit.to_json())
 
 
@@ -110,3 +110,15 @@ def test_a_published_commit_is_the_pending_one_byte_for_byte(zone):
     pending = output.get(pending_commit_key(T0))
     reconcile_window(zone, output, STREAM, T0, T0 + W)
     assert json.loads(output.get(commit_key(T0))) == json.loads(pending)
+
+
+def test_the_checkpoint_report_names_the_window_without_a_commit_it_waits_on(zone):
+    """What the sensor asks for again (docs/windows.md): the window the shard is stopped on has no commit."""
+    zone, output, _ = zone
+    run_leaves_pending(zone, output, T0, transformed_rows=19)
+    reconcile_window(zone, output, STREAM, T0, T0 + W)
+    run_leaves_pending(zone, output, T0 + W)
+    reconcile_window(zone, output, STREAM, T0 + W, T0 + 2 * W)
+    report = commit_checkpoints(Table(), StreamSlice(StreamScope(STREAM), [Lease(SHARD, TH)], [Shard(SHARD)]),
+                                zone, output, {}, window_ms=W, first_window_ms=T0, initial=TH, grace_ms=0)
+    assert report.uncommitted == [T0] and report.late == {} and report.broken == {}

@@ -5,6 +5,7 @@ import pytest
 
 from kcl_pipeline.landing.window_followup import (
     FollowUp,
+    Outstanding,
     RunState,
     WindowObservation,
     follow_up,
@@ -25,7 +26,7 @@ def decide(outstanding, observed, now_ms=10 * W, max_requests=3) -> FollowUp:
 
 def test_a_window_whose_run_failed_for_good_is_requested_again_not_forgotten():
     out = decide({5 * W: 1}, {5 * W: WindowObservation(False, RunState.FAILED)})
-    assert out.rerequest == (5 * W,) and out.outstanding == {5 * W: 2}
+    assert out.rerequest == (5 * W,) and out.outstanding == {5 * W: Outstanding(2)}
 
 
 def test_a_materialised_window_is_forgotten():
@@ -34,10 +35,17 @@ def test_a_materialised_window_is_forgotten():
     assert out == FollowUp({}, (), (), ())
 
 
-@pytest.mark.parametrize("run", [RunState.ACTIVE, RunState.SUCCEEDED, RunState.NONE])
-def test_a_window_whose_run_is_active_just_succeeded_or_not_created_yet_waits(run):
+@pytest.mark.parametrize("run", [RunState.ACTIVE, RunState.NONE])
+def test_a_window_whose_run_is_active_or_not_created_yet_waits(run):
     out = decide({8 * W: 1}, {8 * W: WindowObservation(False, run)})
-    assert out == FollowUp({8 * W: 1}, (), (), ())
+    assert out == FollowUp({8 * W: Outstanding(1)}, (), (), ())
+
+
+def test_a_window_whose_run_succeeded_without_its_commit_is_requested_again():
+    """The run ended and the window has no commit (its rows_reconcile check did not pass it, or it ran without
+    the check): waiting would wait for ever."""
+    out = decide({8 * W: 1}, {8 * W: WindowObservation(False, RunState.SUCCEEDED)})
+    assert out.rerequest == (8 * W,) and out.outstanding == {8 * W: Outstanding(2)}
 
 
 def test_a_window_with_no_run_at_all_is_stalled_once_overdue():
@@ -46,14 +54,15 @@ def test_a_window_with_no_run_at_all_is_stalled_once_overdue():
 
 
 def test_an_unobserved_window_is_kept_unchanged():
-    assert decide({8 * W: 2}, {}) == FollowUp({8 * W: 2}, (), (), ())
+    assert decide({8 * W: 2}, {}) == FollowUp({8 * W: Outstanding(2)}, (), (), ())
 
 
 def test_a_window_past_its_end_plus_overdue_is_stalled_by_name_and_given_up_after_max_requests():
     # window [5, 6) W, overdue at 8 W
     assert decide({5 * W: 1}, {5 * W: WindowObservation(False, RunState.ACTIVE)}, now_ms=8 * W - 1).stalled == ()
     out = decide({5 * W: 3}, {5 * W: WindowObservation(False, RunState.FAILED)}, now_ms=8 * W)
-    assert (out.stalled, out.gave_up, out.rerequest, out.outstanding) == ((5 * W,), (5 * W,), (), {5 * W: 3})
+    assert (out.stalled, out.gave_up, out.rerequest, out.outstanding) == \
+        ((5 * W,), (5 * W,), (), {5 * W: Outstanding(3, gave_up=True)})
 
 
 def test_max_requests_must_be_positive():

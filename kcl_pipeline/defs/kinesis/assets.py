@@ -46,6 +46,7 @@ LANDED = AssetKey("landed_records")
 TRANSFORMED = AssetKey("transformed_records")
 CHECKPOINTS = AssetKey("kinesis_checkpoints")
 REOPENED = "reopened_windows"  # kinesis_checkpoints metadata the sensor reads
+UNCOMMITTED = "uncommitted_windows"  # kinesis_checkpoints metadata the sensor reads
 MAX_LATE_KEYS = 50
 
 
@@ -294,6 +295,13 @@ def _log_checkpoint_report(context: AssetExecutionContext, report: CheckpointRep
         context.log.warning(f"batches landed in materialised windows after their runs listed the zone; the "
                             f"kinesis_consumer sensor requests these windows again: "
                             f"{ {partition_key(w): len(keys) for w, keys in report.late.items()} }")
+    if report.uncommitted:
+        context.log.warning(f"shards are stopped on windows without a commit (their runs failed or were never "
+                            f"checked); the kinesis_consumer sensor requests them again: "
+                            f"{[partition_key(w) for w in report.uncommitted]}")
+    if report.broken:
+        context.log.error(f"shards stopped on a break in their chain (a lost batch, or overlapping batches): no "
+                          f"window run mends it; backfill the range (docs/landing.md): {report.broken}")
     if report.before_start:
         context.log.warning(f"batches landed before the first partition ({partitions_def.start.isoformat()}) "
                             f"are in no window and stay untransformed in the landing zone: {report.before_start}")
@@ -312,6 +320,8 @@ def _checkpoints_metadata(report: CheckpointReport) -> dict[str, Any]:
         "listed_from_ms": report.listed_from_ms if report.listed_from_ms is not None else -1,
         # window -> batches its manifest does not name (the sensor re-runs these windows)
         REOPENED: MetadataValue.json({partition_key(w): keys[:MAX_LATE_KEYS] for w, keys in report.late.items()}),
+        UNCOMMITTED: MetadataValue.json([partition_key(w) for w in report.uncommitted]),
+        "broken_chains": MetadataValue.json(report.broken),
         "frontier": MetadataValue.json(report.frontier),
         "plan": MetadataValue.json(report.plan_rows()),
     }

@@ -1,5 +1,6 @@
 """The `kinesis_consumer` sensor's cursor: this host's consumer id and, per stream, the next window to report,
-the windows reported but not materialised yet, and when the fleet was last observed (JSON, versioned).
+the windows asked for and not done yet, the last checkpoint report acted on, and when the fleet was last
+observed (JSON, versioned).
 
 Everything else that must outlive a tick is elsewhere (leases and progress in the lease table, data in the
 landing zone), so a cleared cursor loses nothing: the sensor finds its first window again (landing/report_start.py).
@@ -9,6 +10,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from typing import Any
+
+from ...landing.window_followup import Outstanding
 
 CURSOR_VERSION = 1
 
@@ -22,10 +25,19 @@ class Cursor:
     worker_id: str | None = None
     next_window_ms: int | None = None  # the first window not reported yet (None: not decided yet)
     observed_at_ms: int | None = None
-    # reported windows not materialised yet -> how many times the sensor requested them (window_followup.py)
-    outstanding: dict[int, int] = field(default_factory=dict)
+    # windows asked for and not done yet -> their follow-up (requests so far, ...; window_followup.py)
+    outstanding: dict[int, Outstanding] = field(default_factory=dict)
     # A multi-stream deployment: each stream's own windows, by its Dagster prefix (the fields above unused)
     streams: dict[str, "Cursor"] = field(default_factory=dict)
+    # the newest kinesis_checkpoints materialisation (event storage id) whose windows were asked for: each
+    # report is acted on once, whatever the tick
+    checkpoint_report: int | None = None
+    rotation: int = 0  # which given-up windows the next tick looks at (window_followup.observation_slice)
+
+    def __post_init__(self) -> None:
+        # a plain request count is a window the sensor reported (the cursor's first format, and tests)
+        object.__setattr__(self, "outstanding", {k: v if isinstance(v, Outstanding) else Outstanding(v)
+                                                 for k, v in self.outstanding.items()})
 
     def to_json(self) -> str:
         return json.dumps(self._data(), sort_keys=True)
@@ -33,7 +45,11 @@ class Cursor:
     def _data(self) -> dict[str, Any]:
         data: dict[str, Any] = {"v": CURSOR_VERSION, "worker_id": self.worker_id,
                                 "next_window_ms": self.next_window_ms, "observed_at_ms": self.observed_at_ms,
-                                "outstanding": {str(k): v for k, v in sorted(self.outstanding.items())}}
+                                "outstanding": {str(k): v.to_json() for k, v in sorted(self.outstanding.items())}}
+        if self.checkpoint_report is not None:
+            data["checkpoint_report"] = self.checkpoint_report
+        if self.rotation:
+            data["rotation"] = self.rotation
         if self.streams:
             data["streams"] = {name: c._data() for name, c in sorted(self.streams.items())}
         return data
@@ -63,7 +79,9 @@ class Cursor:
         return cls(worker_id=_opt(data.get("worker_id"), str), next_window_ms=_opt(data.get("next_window_ms"), int),
                    observed_at_ms=_opt(data.get("observed_at_ms"), int),
                    outstanding=_outstanding(data.get("outstanding")),
-                   streams={str(name): cls._from_data(sub) for name, sub in streams.items()})
+                   streams={str(name): cls._from_data(sub) for name, sub in streams.items()},
+                   checkpoint_report=_opt(data.get("checkpoint_report"), int), rotation=_opt(data.get("rotation"), int)
+                   or 0)
 
 
 def _opt(value: Any, kind: type) -> Any:
@@ -76,9 +94,9 @@ def _opt(value: Any, kind: type) -> Any:
     return value
 
 
-def _outstanding(value: Any) -> dict[int, int]:
+def _outstanding(value: Any) -> dict[int, Outstanding]:
     if value is None:
         return {}
     if not isinstance(value, dict):
         raise TypeError(f"outstanding must be an object, got {value!r}")
-    return {int(k): _opt(v, int) for k, v in value.items()}
+    return {int(k): Outstanding.from_json(v) for k, v in value.items()}

@@ -2,12 +2,13 @@
 
 A consumer tick looks at the fleet once (the hosted member's lease-manager cycle, or an observer's scan of the
 lease table), then, for each stream, in named steps: decide the next window to report, follow up the windows
-reported but not materialised yet (request a failed one again, name the stalled ones), request the windows
-the checkpoint plan found late batches in, report every window complete since the cursor as a
-`landed_records` materialisation and request its run, request the checkpoint plan when shards must be ended,
-and observe the fleet. The decisions are landing/'s (window_scan, window_followup, report_start, fleet_view);
-the steps gather what the Dagster instance says and turn the decisions into run requests, asset events and the
-tick's status line.
+asked for and not done yet (request one whose run ended without its commit again, name the stalled ones), ask
+for — and follow from then on — the windows the newest checkpoint report is stopped on (late batches, no
+commit), report every window complete since the cursor as a `landed_records` materialisation and request its
+run, request the checkpoint plan when shards must be ended, and observe the fleet. The decisions are
+landing/'s (window_scan, window_followup, report_start, fleet_view); the steps gather what the Dagster instance
+and the output's window commits say and turn the decisions into run requests, asset events and the tick's
+status line.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from dagster import (
     AssetCheckEvaluation,
     AssetMaterialization,
     AssetObservation,
+    AssetRecordsFilter,
     MetadataValue,
     RunRequest,
     RunsFilter,
@@ -45,19 +47,33 @@ from ...landing.report_start import start_reports
 from ...landing.store import ZoneStore
 from ...landing.stream_slice import StreamSlice, current_scope, earlier_incarnations, slice_of
 from ...landing.window_followup import (
+    GIVEN_UP_PER_TICK,
     FollowUp,
+    Outstanding,
     RunState,
     WindowObservation,
     follow_up,
-    reopen_run_key,
+    observation_slice,
     rerun_key,
     shard_end_run_key,
     stall_description,
     stall_metric_due,
+    track_reports,
 )
 from ...landing.window_report import iso, list_window
 from ...landing.window_scan import complete_windows, resume_window, shard_ends_to_plan
-from .assets import CHECKPOINTS, KINESIS_STREAM, LANDED, REOPENED, SINGLE, TRANSFORMED, landing_store, output_store
+from ...transform.manifest import CommitFormatError, read_commit
+from .assets import (
+    CHECKPOINTS,
+    KINESIS_STREAM,
+    LANDED,
+    REOPENED,
+    SINGLE,
+    TRANSFORMED,
+    UNCOMMITTED,
+    landing_store,
+    output_store,
+)
 from .checks import STALL_CHECK
 from .cursor import Cursor
 from .fleet_hosting import (
@@ -69,7 +85,7 @@ from .fleet_hosting import (
     observe_fleet,
 )
 from .jobs import CHECKPOINTS_JOB, SHARD_END_TAG, WINDOW_JOB
-from .partitions import partition_key
+from .partitions import partition_key, window_of
 from .resources import SPARK_RUN_TAG, AwsResource, KinesisConsumerResource
 from .streams import PipelineStream
 
@@ -236,6 +252,7 @@ class _StreamTick:
     view: StreamSlice
     progress: dict[str, ShardProgress]
     store: ZoneStore
+    output: ZoneStore  # the stream's transform output: its window commits say which windows are done
     reported: _Reported = field(default_factory=_Reported)
 
     @property
@@ -244,6 +261,9 @@ class _StreamTick:
 
     def say(self, message: str) -> None:
         self.tick.say(self.target.about(message))  # named when there are several streams
+
+    def partition_start(self, key: str) -> int:
+        return window_of(self.tick.partitions_def, key)[0]
 
     def request_window(self, key: str, run_key: str) -> None:
         self.reported.run_requests.append(RunRequest(
@@ -256,19 +276,21 @@ def report_windows(tick: _Tick, target: PipelineStream, cursor: Cursor, cycle: C
     """Report every window of the stream that became complete since its cursor and request its transform
     (host or observer). Returns the run requests, the asset events and the stream's new cursor."""
     stream = _StreamTick(tick, target, view, progress_from_leases(view.leases),
-                         landing_store(tick.consumer, tick.aws, tick.s3))
+                         landing_store(tick.consumer, tick.aws, tick.s3),
+                         output_store(tick.consumer, tick.aws, tick.s3, target))
     next_window = _next_window_to_report(stream, cursor.next_window_ms)
-    followed = _follow_up_reported_windows(stream, cursor.outstanding)
+    followed, rotation = _follow_up_requested_windows(stream, cursor)
     outstanding = dict(followed.outstanding)
     _request_failed_windows_again(stream, followed)
-    _request_reopened_windows(stream)
+    report = _ask_for_windows_checkpoints_wait_on(stream, outstanding, cursor.checkpoint_report, next_window)
     _name_stalled_windows(stream, followed)
     if next_window is not None:
         next_window = _report_complete_windows(stream, next_window, outstanding)
     _request_shard_ends(stream, next_window)
     observed_at = _observe_the_fleet(stream, cursor.observed_at_ms, cycle)
     _report_the_stall_metric(stream, followed, cursor.outstanding, outstanding)
-    stream.reported.cursor = Cursor(None, next_window, observed_at, outstanding)
+    stream.reported.cursor = Cursor(None, next_window, observed_at, outstanding, checkpoint_report=report,
+                                    rotation=rotation)
     return stream.reported
 
 
@@ -290,26 +312,42 @@ def _next_window_to_report(stream: _StreamTick, cursor_next_ms: int | None) -> i
     return resumed
 
 
-def _follow_up_reported_windows(stream: _StreamTick, outstanding: Mapping[int, int]) -> FollowUp:
+def _follow_up_requested_windows(stream: _StreamTick, cursor: Cursor) -> tuple[FollowUp, int]:
+    """The follow-up of the windows asked for (the given-up ones a few per tick, in turn), and the rotation."""
     consumer = stream.consumer
-    observed = observe_windows(stream.tick.context.instance, outstanding, stream.target)
-    return follow_up(outstanding, observed, now_ms=stream.tick.now_ms, window_ms=consumer.window_ms,
-                     overdue_ms=consumer.overdue_ms, max_requests=consumer.max_window_requests)
+    windows, rotation = observation_slice(cursor.outstanding, cursor.rotation, GIVEN_UP_PER_TICK)
+    observed = observe_windows(stream.tick.context.instance, stream.output,
+                               {w: cursor.outstanding[w] for w in windows}, stream.target)
+    return follow_up(cursor.outstanding, observed, now_ms=stream.tick.now_ms, window_ms=consumer.window_ms,
+                     overdue_ms=consumer.overdue_ms, max_requests=consumer.max_window_requests), rotation
 
 
 def _request_failed_windows_again(stream: _StreamTick, followed: FollowUp) -> None:
     for start in followed.rerequest:
-        key, request = partition_key(start), followed.outstanding[start]
-        stream.request_window(key, rerun_key(key, request))
-        stream.say(f"window {key} has no materialisation and its last run failed: transform requested again "
-                   f"(request {request} of {stream.consumer.max_window_requests})")
+        key, entry = partition_key(start), followed.outstanding[start]
+        stream.request_window(key, entry.run_key(key))
+        stream.say(f"window {key} has no commit and its last run ended: transform requested again "
+                   f"(request {entry.requests} of {stream.consumer.max_window_requests})")
 
 
-def _request_reopened_windows(stream: _StreamTick) -> None:
-    for request in reopened_requests(stream.tick.context.instance, stream.target):
-        stream.reported.run_requests.append(request)
-        stream.say(f"window {request.partition_key} materialised before batches landed in it: transform requested "
-                   f"again ({request.run_key})")
+def _ask_for_windows_checkpoints_wait_on(stream: _StreamTick, outstanding: dict[int, Outstanding],
+                                         seen: int | None, reported_before_ms: int | None) -> int | None:
+    """The windows the newest checkpoint report is stopped on (late batches in a committed window, or no
+    commit), asked for once per report and followed from then on. Returns the report acted on."""
+    report = read_checkpoint_report(stream.tick.context.instance, stream.target, stream.partition_start)
+    if report is None or (seen is not None and report.storage_id <= seen):
+        return seen
+    tracked = track_reports(outstanding, report.late, report.uncommitted, report=str(report.storage_id),
+                            reported_before_ms=reported_before_ms, now_ms=stream.tick.now_ms,
+                            partition=partition_key)
+    outstanding.clear()
+    outstanding.update(tracked.outstanding)
+    for start in tracked.request:
+        key, entry = partition_key(start), tracked.outstanding[start]
+        stream.request_window(key, entry.run_key(key))
+        why = "batches landed in it after its run" if entry.need else "checkpoints wait on it and it has no commit"
+        stream.say(f"window {key}: {why}; transform requested again and followed ({entry.run_key(key)})")
+    return report.storage_id
 
 
 def _name_stalled_windows(stream: _StreamTick, followed: FollowUp) -> None:
@@ -433,19 +471,31 @@ def _fleet_metadata(cycle: CycleReport, progress: Mapping[str, ShardProgress], l
 
 # -- what the Dagster instance says -------------------------------------------------------------------------
 
-def observe_windows(instance, outstanding: Mapping[int, int],
+def observe_windows(instance, output: ZoneStore, outstanding: Mapping[int, Outstanding],
                     target: PipelineStream = SINGLE) -> dict[int, WindowObservation]:
-    """What the Dagster instance says about each outstanding window: materialised, and its newest run's state."""
-    if not outstanding:
-        return {}
-    keys = {start: partition_key(start) for start in outstanding}
-    done = instance.get_materialized_partitions(target.key(TRANSFORMED))
+    """Each window's state: done when its commit is in the output and names every batch its entry needs (one
+    GET; Dagster's materialisation says nothing of a failed check or a late batch), else its newest run's
+    state (one run query; none for a given-up window)."""
     observed: dict[int, WindowObservation] = {}
-    for start, key in keys.items():
-        runs = instance.get_runs(RunsFilter(job_name=target.job(WINDOW_JOB), tags={PARTITION_NAME_TAG: key}),
-                                 limit=1)
-        observed[start] = WindowObservation(key in done, _run_state(runs[0] if runs else None))
+    for start, entry in outstanding.items():
+        if _committed(output, start, entry):
+            observed[start] = WindowObservation(True, RunState.SUCCEEDED)
+            continue
+        if entry.gave_up:
+            observed[start] = WindowObservation(False, RunState.NONE)
+            continue
+        runs = instance.get_runs(RunsFilter(job_name=target.job(WINDOW_JOB),
+                                            tags={PARTITION_NAME_TAG: partition_key(start)}), limit=1)
+        observed[start] = WindowObservation(False, _run_state(runs[0] if runs else None))
     return observed
+
+
+def _committed(output: ZoneStore, start: int, entry: Outstanding) -> bool:
+    try:
+        commit = read_commit(output, start)
+    except CommitFormatError:
+        return False  # the checkpoint run fails naming it; for the follow-up the window is not done
+    return commit is not None and set(entry.need) <= commit.batches
 
 
 def _run_state(run) -> RunState:
@@ -458,15 +508,25 @@ def _run_state(run) -> RunState:
     return RunState.ACTIVE
 
 
-def reopened_requests(instance, target: PipelineStream = SINGLE) -> list[RunRequest]:
-    """A window run for every materialised window the latest checkpoint run found late batches in (its
-    `reopened_windows` metadata): until it runs again, the checkpoint plan cannot pass those batches. One
-    request per set of late batches (the run key names them), so ticks do not repeat it."""
-    event = instance.get_latest_materialization_event(target.key(CHECKPOINTS))
-    materialization = event.asset_materialization if event is not None else None
-    value = materialization.metadata.get(REOPENED) if materialization is not None else None
-    late = getattr(value, "data", None)
-    if not isinstance(late, dict):
-        return []
-    return [RunRequest(run_key=target.run_key(reopen_run_key(key, keys)), job_name=target.job(WINDOW_JOB),
-                       partition_key=key, tags={SPARK_RUN_TAG: "true"}) for key, keys in sorted(late.items())]
+@dataclass(frozen=True)
+class CheckpointReportSeen:
+    """What the newest kinesis_checkpoints materialisation says the checkpoints wait on."""
+
+    storage_id: int
+    late: dict[int, list[str]]  # committed window -> batches its commit does not name
+    uncommitted: list[int]  # windows a shard is stopped on that have no commit
+
+
+def read_checkpoint_report(instance, target: PipelineStream, start_of: Callable[[str], int]
+                           ) -> CheckpointReportSeen | None:
+    """The newest checkpoint report (one event query), its partition keys as window starts (`start_of`)."""
+    records = instance.fetch_materializations(AssetRecordsFilter(asset_key=target.key(CHECKPOINTS)), limit=1).records
+    materialization = records[0].asset_materialization if records else None
+    if materialization is None:
+        return None
+    late = getattr(materialization.metadata.get(REOPENED), "data", None)
+    uncommitted = getattr(materialization.metadata.get(UNCOMMITTED), "data", None)
+    return CheckpointReportSeen(
+        records[0].storage_id,
+        {start_of(k): [str(b) for b in v] for k, v in late.items()} if isinstance(late, dict) else {},
+        [start_of(k) for k in uncommitted] if isinstance(uncommitted, list) else [])
