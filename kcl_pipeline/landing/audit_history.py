@@ -98,12 +98,12 @@ def audit_history(store: ZoneStore, output: ZoneStore, directory: str, window_ms
     key = index_key(directory)
     old, note = _load_index(output, key, store.uri, directory, full)
     facts = AuditIndex(store.uri, directory, audited_at_ms=now_ms)
-    # Both listings run at once, and each object to read is read as soon as its page is listed: the reads
-    # overlap the listings (the pool's first two workers list; `workers` more read).
+    # The four listings (landing, commits, both datasets) run at once, and each object to read is read as soon
+    # as its page is listed: the reads overlap the listings (four workers list; `workers` more read).
     # Output files: a thorough audit (--full, or no index) lists every file of both datasets; an incremental
     # one lists their partitions (one entry a window, not one per file) and the files of the commits it reads.
     thorough = full or not old.commits
-    with ThreadPoolExecutor(max_workers=max(1, workers) + 2, thread_name_prefix="audit") as pool:
+    with ThreadPoolExecutor(max_workers=max(1, workers) + 4, thread_name_prefix="audit") as pool:
         landing = pool.submit(_gather_batches, store, directory, old.batches, pool)
         outputs = pool.submit(_gather_commits, output, old.commits, pool)
         listed = [pool.submit(_output_files if thorough else _output_partitions, output, dataset)
