@@ -20,6 +20,12 @@ JAVA_COMPATIBLE_TIMINGS = {"heartbeat_seconds": 3.0, "lease_expiry_seconds": 10.
 # does not choose one itself (the way back to spawn without a code change: docs/memory.md).
 WORKER_START_METHODS = ("forkserver", "spawn")
 WORKER_START_METHOD_ENV = "KCL_PIPELINE_WORKER_START_METHOD"
+# How workers read their shards: GetRecords polling (every application on a stream shares each shard's 5 reads/s
+# and 2 MB/s), or enhanced fan-out (SubscribeToShard through the application's own stream consumer: 2 MB/s per
+# shard of its own, pushed; billed per consumer-shard hour and per GB; docs/fanout.md).
+POLLING, FANOUT = "polling", "fanout"
+RETRIEVALS = (POLLING, FANOUT)
+MAX_CONSUMER_NAME = 128  # a fan-out consumer is named after the application (fanout.consumer_name)
 MiB = 1024 * 1024
 MAX_GET_RECORDS_BYTES = 10 * MiB  # the most one GetRecords response holds
 
@@ -113,6 +119,7 @@ class ConsumerConfig:
     # Probability that a cycle lists shards (bounds ListShards calls across a large fleet); the first
     # cycle, cycles after a local shard end, and cycles with no leases always list.
     list_shards_probability: float = 1.0
+    retrieval: str = POLLING  # or FANOUT (see RETRIEVALS)
     polling_interval_seconds: float = 0.2  # >= 0.2: Kinesis allows 5 GetRecords/s per shard
     idle_interval_seconds: float = 2.0
     max_records_per_call: int = 10000
@@ -189,6 +196,12 @@ class ConsumerConfig:
         if not 64 * 1024 <= self.prefetch_bytes <= MAX_GET_RECORDS_BYTES:
             raise ConfigError(f"prefetch_bytes must be in 65536..{MAX_GET_RECORDS_BYTES} (GetRecords returns at "
                               f"most 10 MiB), got {self.prefetch_bytes}")
+        if self.retrieval not in RETRIEVALS:
+            raise ConfigError(f"retrieval must be one of {', '.join(RETRIEVALS)}, got {self.retrieval!r}")
+        if self.retrieval == FANOUT and len(self.application) > MAX_CONSUMER_NAME:
+            raise ConfigError(f"retrieval fanout registers a stream consumer named after the application, at most "
+                              f"{MAX_CONSUMER_NAME} characters: application {self.application!r} has "
+                              f"{len(self.application)}")
         if self.worker_start_method not in WORKER_START_METHODS:
             raise ConfigError(f"worker_start_method must be one of {', '.join(WORKER_START_METHODS)}, got "
                               f"{self.worker_start_method!r} (the default comes from {WORKER_START_METHOD_ENV} "

@@ -71,6 +71,8 @@ class KinesisConsumerResource(ConfigurableResource):
     grace_seconds: float = PipelineSettings.grace_seconds
     metrics_namespace: Optional[str] = consumer_default("metrics_namespace")
     metrics_naming: str = consumer_default("metrics_naming")
+    # polling or fanout (KCL_PIPELINE_RETRIEVAL): how the hosted lease workers read their shards.
+    retrieval: str = consumer_default("retrieval")
     decoder: str = PipelineSettings.decoder
     landing_reader: str = PipelineSettings.landing_reader
     # True: the sensor runs this deployment's lease manager and its workers; False: an observer (reports
@@ -114,6 +116,7 @@ class KinesisConsumerResource(ConfigurableResource):
                    heartbeat_seconds=settings.heartbeat_seconds, lease_expiry_seconds=settings.lease_expiry_seconds,
                    max_leases=settings.max_leases, grace_seconds=settings.grace_seconds,
                    metrics_namespace=settings.metrics_namespace, metrics_naming=settings.metrics_naming,
+                   retrieval=settings.retrieval,
                    decoder=settings.decoder, landing_reader=settings.landing_reader)
 
     @property
@@ -147,7 +150,7 @@ class KinesisConsumerResource(ConfigurableResource):
             leases_to_acquire=self.leases_to_acquire, max_leases=self.max_leases,
             heartbeat_seconds=self.heartbeat_seconds, lease_expiry_seconds=self.lease_expiry_seconds,
             cycle_seconds=cycle_seconds, metrics_namespace=self.metrics_namespace,
-            metrics_naming=self.metrics_naming, aws=aws,
+            metrics_naming=self.metrics_naming, retrieval=self.retrieval, aws=aws,
             # Children are read once the parent's last record has LANDED (the sink's heartbeat says so), not
             # once SHARD_END is committed after the transform: a failed or late window run must not stop
             # a resharded stream. SHARD_END itself still waits for materialisation.

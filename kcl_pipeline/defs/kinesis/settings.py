@@ -32,6 +32,8 @@ checkpoint moved past them.
     KCL_PIPELINE_WORKER_ID                this host's consumer id (default: made once, kept in the sensor cursor)
     KCL_PIPELINE_METRICS_NAMESPACE        CloudWatch namespace (unset: no CloudWatch metrics)
     KCL_PIPELINE_METRICS_NAMING           pipeline | kcl (Java KCL's metric names and dimensions)
+    KCL_PIPELINE_RETRIEVAL                polling | fanout: GetRecords, or enhanced fan-out through a stream
+                                          consumer named after the application (polling; docs/fanout.md)
     KCL_PIPELINE_DECODER                  payload decoder of the transform    (json)
     KCL_PIPELINE_LANDING_READER           auto | native | datasource: how Spark reads the zone (auto)
     KCL_PIPELINE_SPARK_MASTER             Spark master                        (local[*])
@@ -54,7 +56,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal, Mapping
 
-from ...kcl.config import ConfigError, ConsumerConfig, InitialPosition, consumer_default
+from ...kcl.config import RETRIEVALS, ConfigError, ConsumerConfig, InitialPosition, consumer_default
 from ...kcl.core.model import AT_TIMESTAMP, LATEST, TRIM_HORIZON
 from .streams import check_prefixes
 
@@ -90,6 +92,7 @@ class PipelineSettings:
     worker_id: str | None = None
     metrics_namespace: str | None = None
     metrics_naming: str = consumer_default("metrics_naming")
+    retrieval: str = consumer_default("retrieval")
     decoder: str = "json"
     # auto: Spark's own Parquet reader for a directory zone, the Python data source for s3:// (no s3a in
     # PyPI's pyspark); native for s3:// needs hadoop-aws on the cluster.
@@ -107,7 +110,8 @@ class PipelineSettings:
         ConsumerConfig(self.stream, self.application, table_name=self.table_name,
                        heartbeat_seconds=self.heartbeat_seconds, lease_expiry_seconds=self.lease_expiry_seconds,
                        max_leases=self.max_leases, cycle_seconds=float(self.sensor_interval_seconds),
-                       metrics_naming=self.metrics_naming, more_streams=tuple(self.more_streams))
+                       metrics_naming=self.metrics_naming, more_streams=tuple(self.more_streams),
+                       retrieval=self.retrieval)
         check_prefixes(self.streams)
         if self.partitions_start.tzinfo is None:
             raise ConfigError("partitions_start must be timezone-aware (UTC)")
@@ -270,6 +274,7 @@ def _variables_class(BaseSettings: Any, SettingsConfigDict: Any, Json: Any, lowe
         worker_id: str | None = None
         metrics_namespace: str | None = None
         metrics_naming: Annotated[Literal["pipeline", "kcl"], lower] | None = None
+        retrieval: Annotated[Literal[RETRIEVALS], lower] | None = None
         decoder: str | None = None
         landing_reader: Annotated[Literal[LANDING_READERS], lower] | None = None
         spark_master: str | None = None

@@ -45,7 +45,7 @@ from ..records.kpl import KplStats
 from .aws import client
 from .lease_table import LeaseTable
 from .metrics import Metrics
-from .reader import ShardReader
+from .retrieval import RecordReader, close_reader, open_reader
 from .shards import list_shards, stream_scope
 from .signals import stop_on_signals
 from .transport import (
@@ -131,7 +131,7 @@ class WorkerTransport(Protocol):
 
     def parent_alive(self) -> bool: ...
 
-    def open_reader(self, stream: str, shard_id: str, start: Checkpoint, kpl_stats: KplStats) -> ShardReader:
+    def open_reader(self, stream: str, shard_id: str, start: Checkpoint, kpl_stats: KplStats) -> RecordReader:
         """The shard's reader from `start`, its sleeps interruptible by stop, on this transport's clocks."""
         ...
 
@@ -306,7 +306,7 @@ class LeaseWorker:
         self.kpl_stats = KplStats()
         self._counted: dict[str, int] = {}
         self.lease: HeldLease | None = None
-        self.reader: ShardReader | None = None
+        self.reader: RecordReader | None = None
         self.last_delivered: Checkpoint | None = None
         self.checkpointed: Checkpoint | None = None
         self.shard_end_reached = False
@@ -327,6 +327,7 @@ class LeaseWorker:
             return self.transport.run(self.work())
         finally:
             self.stop.set()
+            close_reader(self.reader)  # a fan-out subscription's connection and thread
 
     def work(self) -> Steps:
         """The worker process's whole work: the lease's life, then the heartbeat stopped; a failure of the I/O
@@ -529,7 +530,7 @@ class LeaseWorker:
             cp, self.pending_checkpoint = self.pending_checkpoint, None
         return cp
 
-    def _count_operational(self, reader: ShardReader) -> None:
+    def _count_operational(self, reader: RecordReader) -> None:
         """Feed the deltas of the reader's and the deaggregator's counters to the metrics."""
         current = {**self.kpl_stats.as_metrics(), "throttles": reader.stats.throttles,
                    "expired_iterators": reader.stats.expired_iterators,
@@ -689,11 +690,10 @@ class Threads:
     def parent_alive(self) -> bool:
         return os.getppid() == self._parent_pid
 
-    def open_reader(self, stream: str, shard_id: str, start: Checkpoint, kpl_stats: KplStats) -> ShardReader:
-        c = self.config
-        return ShardReader(self.kinesis, stream, shard_id, start, polling_interval=c.polling_interval_seconds,
-                           idle_interval=c.idle_interval_seconds, max_records=c.max_records_per_call,
-                           kpl_stats=kpl_stats, sleep=self._interruptible_sleep, max_bytes_per_call=c.prefetch_bytes)
+    def open_reader(self, stream: str, shard_id: str, start: Checkpoint, kpl_stats: KplStats) -> RecordReader:
+        # Polling or enhanced fan-out (ConsumerConfig.retrieval): the same batches either way.
+        return open_reader(self.config, self.kinesis, stream, shard_id, start, kpl_stats=kpl_stats,
+                           sleep=self._interruptible_sleep)
 
     def hold_changed(self) -> None:
         if self._driver is not None:
