@@ -17,11 +17,11 @@ from kcl_pipeline.landing.audit import (
     output_partition,
     read_output_counts,
 )
-from kcl_pipeline.landing.stream_audit import audit
 from kcl_pipeline.landing.layout import MINUTE_MS, BatchKey
 from kcl_pipeline.landing.progress import ShardProgress
 from kcl_pipeline.landing.sink import LandingProcessor
 from kcl_pipeline.landing.store import open_store
+from kcl_pipeline.landing.stream_audit import audit
 from kcl_pipeline.landing.verify import ChainReport, Gap, list_batches
 
 from .helpers import SHARD, STREAM, T0, Clock, deliver, init, make_records, seq, write_commit

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 
 from kcl_pipeline.kcl.core.model import Checkpoint, Lease
-from kcl_pipeline.landing.stream_audit import audit
 from kcl_pipeline.landing.audit_history import audit_history
 from kcl_pipeline.landing.audit_index import index_key
 from kcl_pipeline.landing.batch import read_batch_info
 from kcl_pipeline.landing.layout import MINUTE_MS
 from kcl_pipeline.landing.progress import ShardProgress
 from kcl_pipeline.landing.sink import LandingProcessor
+from kcl_pipeline.landing.stream_audit import audit
 from kcl_pipeline.landing.verify import list_batches
 from kcl_pipeline.transform.manifest import commit_key
 
