@@ -41,9 +41,18 @@ from ..kcl.processor import InitializationInput, ProcessRecordsInput
 from ..kcl.shells.aws import AwsSettings, client
 from ..kcl.shells.reader import MAX_CALLS_PER_SECOND, MAX_READ_BYTES_PER_SECOND, ShardReader
 from ..kcl.shells.shards import describe_stream_summary, list_shards
-from .batch import parse_position
 from .completeness import window_complete
-from .layout import LINK_PREFIX, MINUTE_MS, START_DIR, minute_of, minute_prefix, parse_batch_key, split_batch_keys
+from .layout import (
+    MINUTE_MS,
+    START_DIR,
+    link_target,
+    minute_of,
+    minute_prefix,
+    parse_batch_key,
+    parse_link_key,
+    split_batch_keys,
+    split_landed_keys,
+)
 from .progress import progress_from_leases
 from .sink import LandingProcessor
 from .store import ZoneStore, open_store
@@ -249,28 +258,18 @@ def live_predecessor(store: ZoneStore, directory: str, shard_id: str,
     minute = minute_of(first.approximate_arrival_timestamp_ms)
     prefix = f"{minute_prefix(directory, minute)}{shard_id}/"
     names = list(store.list_keys(prefix))
-    below = [p for p in (_link_position(name[len(prefix):]) for name in names)
-             if p is not None and not p.is_sentinel and p.key() < first.position()]
+    below = [link.prev for link in split_landed_keys(names).links
+             if link.shard_id == shard_id and link.minute_ms == minute and link.prev.key() < first.position()]
     if below:
         position = max(below, key=Checkpoint.key)
         return position, _batch_ending_at(store, directory, shard_id, position, minute, names)
-    start_prefix = f"{directory}/{START_DIR}/{shard_id}/"
-    for name in store.list_keys(start_prefix):
-        sentinel = _link_position(name[len(start_prefix):])
-        body = store.get_optional(name)
-        owner = parse_batch_key(body.decode("utf-8", "replace")) if body is not None else None
-        if sentinel is not None and owner is not None and owner.first == first.checkpoint:
-            return sentinel, None  # a starting position: the first batch of its chain names no batch
+    for name in store.list_keys(f"{directory}/{START_DIR}/{shard_id}/"):
+        link = parse_link_key(name)
+        body = store.get_optional(name) if link is not None else None
+        owner = parse_batch_key(link_target(body)) if body is not None else None
+        if link is not None and owner is not None and owner.first == first.checkpoint:
+            return link.prev, None  # a starting position: the first batch of its chain names no batch
     return None
-
-
-def _link_position(leaf: str) -> Checkpoint | None:
-    if not leaf.startswith(LINK_PREFIX):
-        return None
-    try:
-        return parse_position(leaf[len(LINK_PREFIX):])
-    except ValueError:
-        return None  # `after=none` (an unknown predecessor) or not a link of this layout
 
 
 def _batch_ending_at(store: ZoneStore, directory: str, shard_id: str, position: Checkpoint, minute: int,
