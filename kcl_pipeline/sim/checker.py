@@ -6,7 +6,8 @@ user record the stream holds, every delivery and every landed copy. Checked at e
 * no two holders deliver a shard at once, counting Java KCL peers: once another holder (a worker of ours,
   or a Java peer's tenure of the lease) started delivering it, an earlier one never delivers it again. A
   new holder re-delivering what an earlier one delivered after its last checkpoint is the documented
-  at-least-once window, not a violation;
+  at-least-once window, not a violation. Stronger, for our workers: when one starts delivering a shard,
+  no other could still deliver it (alive, not asked to stop, its hold valid on its own clock);
 * a holder never delivers after its validity: its last check before a delivery happens, on its own clock,
   less than expiry − margin after it sent the last write of its own that DynamoDB applied (not the last
   it believes applied); the delivery itself follows that check within the pause the margin tolerates;
@@ -156,6 +157,8 @@ class Checker:
             if any(seen == who for seen, _ in deliverers):
                 self.violation(f"{worker!r} delivered {shard_id} {positions[0][1]}/{positions[0][2]} again after "
                                f"{deliverers[-1][1]} started delivering it: two holders delivered one shard at once")
+            elif not java:
+                self._check_no_earlier_holder_could_deliver(worker, shard_id)
             deliverers.append((who, repr(worker)))
         shard = self.stream.shards[shard_id]
         if shard_id not in self.started:
@@ -178,6 +181,19 @@ class Checker:
         while prefix < len(all_positions) and all_positions[prefix] in delivered:
             prefix += 1
         self.prefix[shard_id] = prefix
+
+    def _check_no_earlier_holder_could_deliver(self, worker: Any, shard_id: str) -> None:
+        """A holder starts delivering a shard: no other worker of ours may still be able to deliver it — alive,
+        not asked to stop, its hold neither lost nor ended and still valid on its own clock. A steal waits out
+        the victim's validity, a take by expiry waits for it, a hand-off waits for the holder's last write:
+        whether the earlier holder then happens to deliver in the overlap or not, it could have."""
+        for other in self.fleet.workers_by_key(shard_id):
+            if other is not worker:
+                left = other.could_deliver()
+                if left > 0.0:
+                    self.violation(f"{worker!r} started delivering {shard_id} while {other!r} could still deliver it "
+                                   f"for {left:.3f}s (its clock): its hold is valid and nobody told it otherwise")
+                    return
 
     def _check_validity(self, worker: Any, shard_id: str, position: tuple, now: float) -> None:
         sent = self.applied_sent.get(worker.serial)

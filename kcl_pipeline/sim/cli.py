@@ -6,7 +6,7 @@ import sys
 import click
 
 from .mutations import MUTATIONS
-from .runner import SeedOutcome, quiet, replay_command, run_mutation, run_seed, run_seeds
+from .runner import SeedOutcome, coverage_report, quiet, replay_command, run_mutation, run_seed, run_seeds
 from .scenario import FAULTS
 
 
@@ -42,10 +42,14 @@ def _report(outcome: SeedOutcome, steps: int, faults, mutation) -> None:
 @click.option("--mutations", "all_mutations", is_flag=True,
               help="Run the mutation set: each seeded bug must be caught within its stated number of seeds.")
 @click.option("--jobs", type=click.IntRange(min=1), default=None, help="Processes [default: one per CPU].")
-def simulate(seeds, first_seed, seed, steps, faults, mutation, all_mutations, jobs):
+@click.option("--coverage", "show_coverage", is_flag=True,
+              help="Report the effects the shells answered and the named branches of the lease life, the cycle "
+                   "and the shells the run took; exit 1 when a required branch was not taken.")
+def simulate(seeds, first_seed, seed, steps, faults, mutation, all_mutations, jobs, show_coverage):
     """Drive the shipped lease manager and workers through a seeded virtual world (DynamoDB with lost
-    responses and throttling, Kinesis with resharding and retention, drifting clocks, crashes, freezes,
-    partitions, a Java KCL peer) and check every invariant at every step. Exit 1 on any violation."""
+    responses, late-applied writes and throttling, Kinesis with resharding and retention, drifting clocks,
+    pauses, crashes, freezes, partitions, a Java KCL peer) and check every invariant at every step. Exit 1
+    on any violation."""
     fault_kinds = _faults(faults)
     if all_mutations:
         missed = 0
@@ -83,8 +87,13 @@ def simulate(seeds, first_seed, seed, steps, faults, mutation, all_mutations, jo
     summary = run_seeds(range(first_seed, first_seed + seeds), steps, fault_kinds, mutation, jobs, progress)
     click.echo(f"{summary.steps:,} steps in {summary.seconds:.1f}s ({summary.steps_per_second:,.0f} steps/s)",
                err=True)
+    missing = False
+    if show_coverage:
+        for line in coverage_report(summary):
+            click.echo(line)
+        missing = bool(summary.missing_branches())
     click.echo(summary.line())
-    sys.exit(1 if summary.failures else 0)
+    sys.exit(1 if summary.failures or missing else 0)
 
 
 __all__ = ["simulate"]

@@ -296,8 +296,14 @@ class SimWorkerProcess(Process):
         return (not self.finished and self.scope.alive() and self.scope.thaw_time() <= self.world.now
                 and hold is not None and hold.lost is None and not hold.ended)
 
-    def frozen(self) -> bool:
-        return self.scope.thaw_time() > self.world.now
+    def could_deliver(self) -> float:
+        """How much longer (its clock) it could still deliver, frozen or not: its hold neither lost nor ended
+        and still valid, and not asked to stop (ground truth for the checker)."""
+        hold = self.hold
+        if self.finished or not self.scope.alive() or hold is None or hold.lost is not None or hold.ended \
+                or self.stop.is_set():
+            return 0.0
+        return max(0.0, hold.valid_until - self.host.monotonic())
 
     # -- the transport (worker.WorkerTransport) -----------------------------------------------------------
     def bind(self, handle: Callable[[Any], Any]) -> None:
@@ -330,6 +336,10 @@ class SimWorkerProcess(Process):
             if pause > 0.0:
                 return Later(pause, lambda: self._deliver(effect), network=True)
             return self._deliver(effect)
+        if kind is fx.TakePending and task.kind == "heartbeat" and self.world.now < self.heartbeat_pause_until:
+            # The heartbeat thread is stuck (a hook blocking, a starved thread) at its next tick, outside the
+            # write lock: the delivery goes on, the holder answers nothing until then.
+            return Later(self.heartbeat_pause_until - self.world.now, lambda: self.shell_handle(effect))
         if kind is fx.Check:
             pause = pauses.before_check()  # a GC pause of the whole process, up to past the expiry: seen here
             if pause > 0.0:

@@ -50,6 +50,11 @@ class WorkerView(Protocol):
         """Alive, not frozen, and holding its lease as far as it knows."""
         ...
 
+    def could_deliver(self) -> float:
+        """How much longer (its clock) it could still deliver: its hold valid and nobody told it to stop (0:
+        it cannot)."""
+        ...
+
 
 class PeerView(Protocol):
     """A Java KCL peer: its leases are its own business, but it works them."""

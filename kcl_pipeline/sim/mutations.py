@@ -26,6 +26,7 @@ import re
 import sys
 import textwrap
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, Callable, Iterator
 from unittest import mock
 
@@ -80,8 +81,7 @@ MUTATIONS: dict[str, Mutation] = {m.name: m for m in (
     Mutation("shell-shutdown-without-terminate", "the manager shell's shutdown never asks its workers to stop: "
              "they are killed at the timeout, holding their leases", 100, ("graceful-stop", "crash")),
     # -- the manager and the landing
-    Mutation("ages-stamped-early", "lease ages stamped when the cycle started, not when the scan returned", 400,
-             ("slow-dynamodb", "throttling", "crash")),
+    Mutation("ages-stamped-early", "lease ages stamped when the cycle started, not when the scan returned", 400),
     Mutation("no-parent-gate", "children acquired and read before their parents finished", 400),
     Mutation("land-without-fence", "landing ignores the zone: no resume after the last landed record, no "
              "exclusion of what landed batches hold", 60),
@@ -213,8 +213,9 @@ def _plant(name: str, stack: contextlib.ExitStack, world: Any) -> None:
     elif name == "shell-shutdown-without-terminate":
         _patch(stack, manager.LeaseManager, "stopping", "proc.terminate()", "pass")
     elif name == "ages-stamped-early":
-        _patch(stack, cycle, "manager_cycle", "    state.ages.observe(leases, scanned.returned_at)\n    unknown",
-               "    state.ages.observe(leases, result.started_at)\n    unknown")
+        _patch(stack, cycle, "manager_cycle",
+               "older than they are.\n    state.ages.observe(leases, scanned.returned_at)",
+               "older than they are.\n    state.ages.observe(leases, result.started_at)")
     elif name == "no-parent-gate":
         never_blocked = lambda *args, **kwargs: []  # noqa: E731
         stack.enter_context(mock.patch.object(lease_life, "blocked_on_parents", never_blocked))
@@ -229,6 +230,14 @@ def _plant(name: str, stack: contextlib.ExitStack, world: Any) -> None:
         stack.enter_context(mock.patch.object(cycle, "scoped_leases", lambda leases, shards: list(leases)))
     else:
         raise ValueError(f"mutation {name!r} has no planting")
+
+
+def check_planted(name: str) -> None:
+    """Plant mutation `name` once, outside any world: MutationStale when its fragment left the source (a
+    mutation that no longer applies must fail loudly, never pass for caught)."""
+    world = SimpleNamespace(dynamodb=SimpleNamespace(rewrite=None))
+    with contextlib.ExitStack() as stack:
+        _plant(name, stack, world)
 
 
 @contextlib.contextmanager
@@ -247,4 +256,4 @@ def active(name: str | None, world: Any) -> Iterator[None]:
             world.dynamodb.rewrite = None
 
 
-__all__ = ["MUTATIONS", "Mutation", "MutationStale", "active"]
+__all__ = ["MUTATIONS", "Mutation", "MutationStale", "active", "check_planted"]

@@ -2,14 +2,18 @@
 mutation set (each seeded bug must be caught within its stated number of seeds)."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import multiprocessing
 import os
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
-from .mutations import MUTATIONS
+from ..kcl.core import coverage
+from ..kcl.core import effects as fx
+from .mutations import MUTATIONS, check_planted
 from .scenario import FAULTS
 from .world import Result, simulate
 
@@ -21,6 +25,8 @@ class SeedOutcome:
     violation: str | None
     trace: tuple[str, ...] = ()
     describe: str = ""
+    branches: tuple[tuple[str, int], ...] = ()  # named branches hit (core/coverage.py)
+    effects: tuple[tuple[tuple[str, str], int], ...] = ()  # (driver, effect) answered by the shells
 
 
 @dataclass
@@ -30,6 +36,23 @@ class RunSummary:
     steps: int = 0
     seconds: float = 0.0
     failures: list[SeedOutcome] = field(default_factory=list)
+    branches: Counter = field(default_factory=Counter)        # hits over the run
+    branch_seeds: Counter = field(default_factory=Counter)    # seeds that hit each branch
+    effects: Counter = field(default_factory=Counter)         # (driver, effect) answers over the run
+
+    def add(self, outcome: SeedOutcome) -> None:
+        self.steps += outcome.steps
+        if outcome.violation:
+            self.failures.append(outcome)
+        for name, hits in outcome.branches:
+            self.branches[name] += hits
+            self.branch_seeds[name] += 1
+        for key, hits in outcome.effects:
+            self.effects[key] += hits
+
+    def missing_branches(self) -> list[str]:
+        """The required branches (core/coverage.REQUIRED) this run never took."""
+        return [name for name in coverage.REQUIRED if not self.branches.get(name)]
 
     def line(self) -> str:
         return f"simulated {self.seeds} seeds × {self.steps_per_seed} steps: {len(self.failures)} violations"
@@ -59,7 +82,8 @@ def run_seed(seed: int, steps: int, faults: Sequence[str] = FAULTS, mutation: st
                            tuple(traceback.format_exc().splitlines()[-12:]))
     violation = result.violations[0] if result.violations else None
     return SeedOutcome(seed, result.steps + result.settle_steps, violation,
-                       tuple(result.trace[-25:]) if violation else (), result.scenario.describe())
+                       tuple(result.trace[-25:]) if violation else (), result.scenario.describe(),
+                       tuple(sorted(result.branches.items())), tuple(sorted(result.effects.items())))
 
 
 def quiet() -> None:
@@ -91,9 +115,7 @@ def run_seeds(seeds: Iterable[int], steps: int, faults: Sequence[str] = FAULTS, 
     try:
         for outcome in outcomes:
             ran += 1
-            summary.steps += outcome.steps
-            if outcome.violation:
-                summary.failures.append(outcome)
+            summary.add(outcome)
             if progress is not None:
                 progress(outcome)
             if stop_at_first and outcome.violation:
@@ -105,6 +127,38 @@ def run_seeds(seeds: Iterable[int], steps: int, faults: Sequence[str] = FAULTS, 
     summary.seconds = time.perf_counter() - started
     summary.seeds = ran
     return summary
+
+
+def _effect_families() -> dict[str, list[str]]:
+    """Every effect each shell must answer, by driver (the names the simulated processes count)."""
+    found: set[type] = set()
+    stack: list[type] = [fx.Effect]
+    while stack:
+        for sub in stack.pop().__subclasses__():
+            stack.append(sub)
+            if dataclasses.is_dataclass(sub):
+                found.add(sub)
+    return {"worker": sorted(e.__name__ for e in found if issubclass(e, fx.LifeEffect)),
+            "manager": sorted(e.__name__ for e in found if issubclass(e, fx.CycleEffect))}
+
+
+def coverage_report(summary: RunSummary) -> list[str]:
+    """What `--coverage` prints: the effects each shell answered, and the named branches taken."""
+    lines = [f"coverage over {summary.seeds} seeds:", "effects answered by the shells (worker.py, manager.py):"]
+    for driver, names in _effect_families().items():
+        counts = [(name, summary.effects.get((driver, name), 0)) for name in names]
+        lines.append(f"  {driver}: " + ", ".join(f"{name} {n:,}" for name, n in counts if n))
+        never = [name for name, n in counts if not n]
+        lines.append(f"  {driver}, never: " + (", ".join(never) if never else "none"))
+    lines.append("branches (core/coverage.py; * required: hits in seeds):")
+    for name in sorted(set(coverage.REQUIRED) | set(summary.branches)):
+        mark = "*" if name in coverage.REQUIRED else " "
+        hits = summary.branches.get(name, 0)
+        lines.append(f"  {mark} {name:58s} {hits:>7,} in {summary.branch_seeds.get(name, 0):>4} seeds"
+                     if hits else f"  {mark} {name:58s} NOT HIT")
+    missing = summary.missing_branches()
+    lines.append(f"required branches not hit: {', '.join(missing) if missing else 'none'}")
+    return lines
 
 
 @dataclass(frozen=True)
@@ -121,11 +175,12 @@ class MutationOutcome:
 
 def run_mutation(name: str, steps: int = 1000, jobs: int | None = None) -> MutationOutcome:
     mutation = MUTATIONS[name]
+    check_planted(name)  # a stale mutation raises here instead of "failing" every seed
     faults = mutation.faults or FAULTS
     summary = run_seeds(range(mutation.within), steps, faults, name, jobs=jobs, stop_at_first=True)
     first = min(summary.failures, key=lambda o: o.seed) if summary.failures else None
     return MutationOutcome(name, mutation.within, first.seed if first else None, first.violation if first else None)
 
 
-__all__ = ["MutationOutcome", "RunSummary", "SeedOutcome", "quiet", "replay_command", "run_mutation", "run_seed",
-           "run_seeds"]
+__all__ = ["MutationOutcome", "RunSummary", "SeedOutcome", "coverage_report", "quiet", "replay_command",
+           "run_mutation", "run_seed", "run_seeds"]

@@ -308,6 +308,13 @@ class World(Stage):
             self.java_peers[0].crash()
             self.note("the Java peer crashed (it releases nothing)")
             return
+        peers = [p for p in self.java_peers if isinstance(p, JavaPeer) and p.alive()]
+        if kind in ("partition", "slow-dynamodb", "lost-responses", "throttling") and peers and rng.random() < 0.3:
+            # The Java KCL 2.x peer's path to DynamoDB fails too: its renewals fail, and it keeps its leases
+            # (and delivers) until its last renewal is an expiry old.
+            self.note("the Java peer's network fails")
+            self._network_fault(kind, peers[0], rng)
+            return
         if not live:
             return
         victim = rng.choice(live)
@@ -377,7 +384,7 @@ class World(Stage):
                 self._stop_gracefully(consumer, rng, len(live) == 1)
         self.at(self.now + rng.uniform(0.2, within), stop)
 
-    def _network_fault(self, kind: str, victim: SimConsumer, rng: random.Random) -> None:
+    def _network_fault(self, kind: str, victim: Any, rng: random.Random) -> None:
         faults = victim.host.faults
         # Healing restores the host's baseline, and only what this fault changed: faults overlap.
         baseline = victim.host.baseline

@@ -182,3 +182,27 @@ def test_comparisons_follow_dynamodb_semantics():
     assert not holds("(n = :a OR n = :b) AND n = :c", **{":a": {"N": "10"}, ":b": {"N": "1"}, ":c": {"N": "2"}})
     assert holds("NOT attribute_exists(missing) AND attribute_type(n, :N)", **{":N": {"S": "N"}})
     assert holds("s IN (:a, :b)", **{":a": {"S": "x"}, ":b": {"S": "10"}})
+
+
+def test_a_timed_out_attempt_is_applied_late_after_the_retry_and_after_another_clients_write():
+    """DynamoDB applies a request its client gave up on: after the client's retry and after other clients'
+    writes, with its condition judged then — and its observers learn when it was sent, not applied."""
+    service = SimDynamoDB()
+    scheduled: list = []
+    seen: list = []
+    service.observers.append(lambda table, key, before, after, actor, sent_at: seen.append((actor, sent_at)))
+    now = [100.0]
+    ours = LeaseTable("app", SimDynamoDBClient(
+        service, random.Random(1), NetworkFaults(forced=["timeout"], late_application=1.0), actor="ours",
+        max_attempts=3, read_timeout=2.0, now=lambda: now[0], later=lambda delay, apply: scheduled.append(apply)))
+    other = LeaseTable("app", SimDynamoDBClient(service, random.Random(2), actor="other", now=lambda: now[0]))
+    ours.ensure_table()
+    assert other.create(Lease("shardId-000000000001", Checkpoint(TRIM_HORIZON), "me", 4))
+    assert ours.heartbeat("shardId-000000000001", "me", 4)  # the retry applied; the first attempt waits
+    assert _stored(service).lease_counter == 5 and len(scheduled) == 1
+    now[0] = 107.0
+    assert other.heartbeat("shardId-000000000001", "me", 5)
+    scheduled[0]()  # applied late: its condition (counter 4) fails now, nothing changes
+    assert _stored(service).lease_counter == 6
+    assert [actor for actor, _ in seen] == ["other", "ours", "other"]
+    assert seen[1][1] == 100.0  # the retry's write: sent when the call was

@@ -1,16 +1,21 @@
 """The deterministic simulation of the shipped consumer: many seeds with every fault, the replay of one
-seed, the seeded bugs it must catch, and the command that runs it.
+seed, the branches they must take, the seeded bugs they must catch, and the command that runs it.
 
-The simulator drives the real lease-life and manager-cycle coroutines over the real `LeaseTable` (its
-requests evaluated by the simulated DynamoDB), so these tests check the code that ships.
+The simulator drives the shipped shells (worker.py's LeaseWorker, manager.py's LeaseManager) and through
+them the real lease-life and manager-cycle coroutines over the real `LeaseTable` (its requests evaluated by
+the simulated DynamoDB), so these tests check the code that ships.
 """
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 
 import pytest
 
+from kcl_pipeline.kcl.core import coverage
+from kcl_pipeline.kcl.core import lease_life as life
+from kcl_pipeline.sim import mutations
 from kcl_pipeline.sim.mutations import MUTATIONS
 from kcl_pipeline.sim.runner import replay_command, run_mutation, run_seed, run_seeds
 from kcl_pipeline.sim.scenario import FAULTS, Scenario
@@ -21,12 +26,43 @@ STEPS = 1000
 
 
 @pytest.mark.slow
-def test_500_seeds_of_1000_steps_keep_every_invariant():
+def test_500_seeds_of_1000_steps_keep_every_invariant_and_take_every_required_branch():
+    """Also the coverage: every branch of the fencing, validity, steal, hand-off and shutdown paths
+    (core/coverage.REQUIRED) is taken within these seeds; a world that stopped reaching one fails here."""
     summary = run_seeds(range(CI_SEEDS), STEPS, jobs=2)
     report = "\n".join(f"seed {o.seed}: {o.violation}\n  replay: {replay_command(o.seed, STEPS, FAULTS)}"
                        for o in summary.failures[:5])
     assert not summary.failures, f"{summary.line()}\n{report}"
     assert summary.seeds == CI_SEEDS and summary.steps >= CI_SEEDS * STEPS
+    missing = summary.missing_branches()
+    assert not missing, "required branches not taken in 500 seeds: " + ", ".join(
+        f"{name} ({coverage.REQUIRED[name]})" for name in missing)
+
+
+def test_branches_are_counted_only_while_recording():
+    coverage.hit("life.handoff.asked")  # production: nothing records
+    with coverage.recording() as hits:
+        coverage.hit("life.handoff.asked")
+        coverage.hit("life.handoff.asked")
+    assert hits == {"life.handoff.asked": 2}
+    with coverage.recording() as again:
+        pass
+    assert not again
+
+
+def test_a_mutation_whose_fragment_left_the_source_fails_loudly_instead_of_passing_for_caught():
+    with pytest.raises(mutations.MutationStale, match="occurs 0 times"):
+        mutations._edited(life.handoff_timeout, "no such fragment", "")
+    for name in MUTATIONS:
+        mutations.check_planted(name)  # every planted edit still applies to the shipped source
+
+
+def test_a_planted_edit_changes_only_the_run_it_is_planted_for():
+    timeout = life.handoff_timeout
+    with contextlib.ExitStack() as stack:
+        mutations._patch(stack, life, "handoff_timeout", "expiry_seconds / 2", "expiry_seconds / 4")
+        assert life.handoff_timeout is not timeout
+    assert life.handoff_timeout is timeout
 
 
 def test_a_few_seeds_keep_every_invariant():
@@ -63,6 +99,17 @@ def test_a_failing_seed_prints_its_trace_and_the_command_that_replays_it():
     assert "an item this consumer does not own" in result.stderr
     assert "replay: ./run.sh simulate --seed 0 --steps 1000 --mutation delete-foreign" in result.stderr
     assert result.stdout.strip().splitlines()[-1] == "simulated 1 seeds × 1000 steps: 1 violations"
+
+
+def test_the_coverage_report_names_the_effects_answered_and_the_branches_taken():
+    result = subprocess.run([sys.executable, "-m", "kcl_pipeline.cli", "simulate", "--seeds", "3", "--steps", "300",
+                             "--jobs", "1", "--coverage"], capture_output=True, text=True, timeout=300)
+    out = result.stdout
+    assert "coverage over 3 seeds:" in out and "worker: Acquire" in out and "manager: Create" in out
+    assert "* shell.renew.applied" in out
+    # Three short seeds cannot take every required branch: the command says which, and fails.
+    assert result.returncode == 1 and "required branches not hit: " in out and "NOT HIT" in out
+    assert out.strip().splitlines()[-1] == "simulated 3 seeds × 300 steps: 0 violations"
 
 
 def test_the_command_ends_with_one_summary_line_and_rejects_bad_faults():
