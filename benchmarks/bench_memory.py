@@ -16,7 +16,9 @@ local directory, checkpointing after each batch) takes every lease of an N-shard
 3. idle again after the backlog (what a worker keeps).
 
 Then one worker alone drains a --single-records backlog (1 KB records, the issue's "100k-record backlog") and its
-peak RSS is read.
+peak RSS is read. moto answers a GetRecords with as many records as its Limit asks, past the 10 MiB a Kinesis
+response may hold: the code from before prefetch_bytes (Limit 10,000) reads a whole 100 MiB backlog in one
+response there, which Kinesis would cap (as the 10 MiB prefetch of "previous" does).
 
 Configurations: "previous" is the previous start method, spawn, with a 10 MiB prefetch (what a GetRecords
 response may hold, as the reader read before prefetch_bytes); "forkserver" is the default (a preloaded
@@ -387,9 +389,28 @@ def run_size(n: int, config: str, args, settings, env: dict, aggregates: list[by
     finally:
         stream.trickle(False)
         stop_consumer(consumer)
+        if "after_pss" in out:
+            out.update(round_trips(table, kinesis, name))
         stream.delete()
         shutil.rmtree(zone, ignore_errors=True)
     return out
+
+
+def round_trips(table, kinesis, stream: str) -> dict:
+    """The two calls of every cycle, timed with the consumer stopped (moto otherwise idle): the table's scan and
+    the shard listing grow with the leases on moto (it serves both item by item, in Python); on AWS each is
+    one round trip at these sizes."""
+    from kcl_pipeline.kcl.shells.shards import list_shards
+
+    scans, lists = [], []
+    for _ in range(5):
+        began = time.perf_counter()
+        table.scan()
+        scans.append(time.perf_counter() - began)
+        began = time.perf_counter()
+        list_shards(kinesis, stream)
+        lists.append(time.perf_counter() - began)
+    return {"moto_scan_s": median(scans), "moto_list_s": median(lists)}
 
 
 def run_single(config: str, args, settings, env: dict) -> dict:
@@ -505,14 +526,19 @@ def report(results: list[dict], singles: list[dict], args) -> None:
                       f"{ratio(b['idle_host_pss'], a['idle_host_pss'])}, host backlog "
                       f"{ratio(b['backlog_host_pss'], a['backlog_host_pss'])}, cycle "
                       f"{ratio(b['cycle_s'], a['cycle_s'])}")
-        for config in configs:
-            sizes = sorted(n for (n, c) in by if c == config)
-            if len(sizes) >= 2:
-                first, last = by[(sizes[0], config)], by[(sizes[-1], config)]
-                print(f"  {config}, {sizes[-1]} vs {sizes[0]} leases: PSS/lease "
-                      f"{ratio(last['idle_pss'], first['idle_pss'])}, cycle {ratio(last['cycle_s'], first['cycle_s'])}"
-                      f" (idle; its CPU {ratio(last['cycle_cpu_s'], first['cycle_cpu_s'])}), "
-                      f"{ratio(last['backlog_cycle_s'], first['backlog_cycle_s'])} (backlog)")
+    print("\nmoto alone (consumer stopped), the cycle's scan and shard listing:")
+    for (n, config), r in by.items():
+        if "moto_scan_s" in r:
+            print(f"  {n} leases ({config}): scan {r['moto_scan_s']:.3f} s, list shards {r['moto_list_s']:.3f} s")
+    print("\nthe largest size against the smallest, each config:")
+    for config in configs:
+        sizes = sorted(n for (n, c) in by if c == config)
+        if len(sizes) >= 2:
+            first, last = by[(sizes[0], config)], by[(sizes[-1], config)]
+            print(f"  {config}, {sizes[-1]} vs {sizes[0]} leases: PSS/lease "
+                  f"{ratio(last['idle_pss'], first['idle_pss'])}, cycle {ratio(last['cycle_s'], first['cycle_s'])}"
+                  f" (idle; its CPU {ratio(last['cycle_cpu_s'], first['cycle_cpu_s'])}), "
+                  f"{ratio(last['backlog_cycle_s'], first['backlog_cycle_s'])} (backlog)")
     for s in singles:
         print(f"single worker, {s['records']:,} records backlog, {s['config']}: peak RSS {s['peak_rss']:.0f} MiB "
               f"(drained in {s['s']:.0f} s{'' if s['drained'] else ', NOT drained'})")
