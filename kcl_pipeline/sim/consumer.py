@@ -340,6 +340,13 @@ class SimWorkerProcess(Process):
             # The heartbeat thread is stuck (a hook blocking, a starved thread) at its next tick, outside the
             # write lock: the delivery goes on, the holder answers nothing until then.
             return Later(self.heartbeat_pause_until - self.world.now, lambda: self.shell_handle(effect))
+        if kind is fx.FinishHandoff:
+            # A holder slow between reading the ask and answering it (a GC, a busy host): its answer may come
+            # after the asker gave up and took the lease cold, and must then be refused.
+            pause = pauses.before_answering_a_handoff()
+            if pause > 0.0:
+                self.scope.frozen_until = max(self.scope.frozen_until, self.world.now + pause)
+                return Later(0.0, lambda: self.shell_handle(effect))
         if kind is fx.Check:
             pause = pauses.before_check()  # a GC pause of the whole process, up to past the expiry: seen here
             if pause > 0.0:

@@ -6,8 +6,9 @@ Where each goes, and how long it may be:
   tolerates (core/tolerance.py: `tolerated_pause` at the world's clock drift). Nothing can notice such a
   pause, so the margin is all that keeps the delivery before a peer's take by expiry: a margin cut short
   (a mutation) delivers late;
-* before a check, and in the heartbeat: anything, up to and beyond the margin and the expiry: the next
-  check must see it and stop the holder;
+* before a check, in the heartbeat, and between a holder reading a hand-off's ask and answering it:
+  anything, up to and beyond the margin and the expiry: the next check must see it and stop the holder, an
+  answer come too late must be refused;
 * after a delivery (processing time): a little, so the next check comes later than the poll pacing says.
 
 `Pauses.none()` never pauses (the balance world, tests).
@@ -50,6 +51,14 @@ class Pauses:
         if rng.random() < 0.8:
             return rng.uniform(0.05, 1.5)
         return rng.uniform(0.5, 1.5) * 10.0  # a pause past the margin and the validity: the check must stop it
+
+    def before_answering_a_handoff(self) -> float:
+        """Between a holder reading that a hand-off was asked of it and its answer: up to past the asker's
+        patience (half an expiry)."""
+        rng = self.rng
+        if rng is None or rng.random() >= 0.4:
+            return 0.0
+        return rng.uniform(0.5, 6.0)
 
     def in_heartbeat(self) -> float:
         rng = self.rng

@@ -181,7 +181,16 @@ class World(Stage):
         lease = lease_from_item(after)
         self.note(f"hand-off of {key} asked of {holder!r} by {lease.lease_owner if lease else '?'}")
         asker = actor.consumer if isinstance(actor, SimWorkerProcess) else None
-        if asker is not None:
+        if asker is None:
+            return
+        if self.rng.random() < 0.1 and "freeze-consumer" in self.scenario.faults:
+            # The asker's whole process freezes while it waits: on thaw the lease may have been taken by
+            # expiry meanwhile (the hand-off overtaken), and a zombie asker must take nothing.
+            seconds = self.rng.uniform(1.5, 3.0) * self.config.lease_expiry_seconds
+            asker.group.frozen_until = max(asker.group.frozen_until, self.now + seconds)
+            self.stats["hand-off askers frozen"] += 1
+            self.note(f"{asker!r} frozen for {seconds:.1f}s while it waits for a hand-off")
+        else:
             self.stop_while_taking(asker, 1.0, 0.3)  # most often before the holder has answered
 
     # -- the fleet, as the checker sees it (fleet.FleetView) -----------------------------------------------
