@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from kcl_pipeline.kcl.core.lease_codec import is_lease_item
 from kcl_pipeline.kcl.core.streams import parse_multi_stream_key
 from kcl_pipeline.kcl.shells.lease_table import LeaseTable
 from kcl_pipeline.kcl.shells.shards import list_shards, stream_scope, wait_stream_active
@@ -125,7 +126,10 @@ def test_multi_stream_fleet_splits_and_a_recreated_stream_never_resumes_from_sta
     seqs: dict[str, set[str]] = {}
     for r in _lines(outs.values()):
         seqs.setdefault(f"{r['stream']}:{r['shard_id']}", set()).add(r["sequence_number"])
-    items = dynamodb_client.scan(TableName=app, ConsistentRead=True)["Items"]
+    # A new application is in KCL 3.5's one-table layout: each consumer's worker metrics are an item of the
+    # lease table too (entityType WORKER_METRIC_STATS, keyed by its worker id), not a lease.
+    items = [item for item in dynamodb_client.scan(TableName=app, ConsistentRead=True)["Items"]
+             if is_lease_item(item)]
     identifiers = {a_id for a_id in produced}
     for item in items:
         key = item["leaseKey"]["S"]
