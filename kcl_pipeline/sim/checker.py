@@ -82,6 +82,7 @@ class Checker:
         self.stops: dict[int, dict[str, Any]] = {}  # id(consumer) → lease → its worker, held when stopped
         self.let_go: dict[tuple[int, str], str] = {}  # (id(consumer), lease) → how its worker let it go
         self.late_owned: set[str] = set()  # leases owned by a write applied after its worker's process ended
+        self.gave_up: set[int] = set()  # workers whose own applied write let their lease go: they deliver no more
 
     def violation(self, message: str) -> None:
         if not self.violations:
@@ -125,6 +126,10 @@ class Checker:
         elif not cp.is_starting_sentinel:
             if bisect.bisect_right(shard.positions, cp.key()) > self.prefix.get(key, 0):
                 self.violation(f"{actor} checkpointed {key} at {cp}, past an undelivered record")
+        if worker is not None and (new.lease_owner != worker.worker_id or new.is_ended):
+            # Its release, its end, its last write of a hand-off: a worker sends one only once done delivering
+            # (its hold learns of it when the answer comes, which a lost response may delay).
+            self.gave_up.add(worker.serial)
         if old is None or (old.lease_owner, old.lease_counter) != (new.lease_owner, new.lease_counter):
             previous = self.holder.get(key)
             if worker is not None and new.lease_owner == worker.worker_id:
@@ -188,7 +193,7 @@ class Checker:
         the victim's validity, a take by expiry waits for it, a hand-off waits for the holder's last write:
         whether the earlier holder then happens to deliver in the overlap or not, it could have."""
         for other in self.fleet.workers_by_key(shard_id):
-            if other is not worker:
+            if other is not worker and other.serial not in self.gave_up:
                 left = other.could_deliver()
                 if left > 0.0:
                     self.violation(f"{worker!r} started delivering {shard_id} while {other!r} could still deliver it "

@@ -174,6 +174,8 @@ class World(Stage):
         if draw < 0.35:
             holder.heartbeat_pause_until = self.now + self.rng.uniform(0.5, 2.5) * timeout
             self.stats["hand-off holders answering late"] += 1
+        elif self.settling:
+            pass  # once the faults stopped, a late answer at most: the fleet must converge
         elif draw < 0.5:
             holder.scope.frozen_until = max(holder.scope.frozen_until,
                                             self.now + self.rng.uniform(0.6, 2.5) * self.config.lease_expiry_seconds)
@@ -183,7 +185,7 @@ class World(Stage):
         asker = actor.consumer if isinstance(actor, SimWorkerProcess) else None
         if asker is None:
             return
-        if self.rng.random() < 0.1 and "freeze-consumer" in self.scenario.faults:
+        if self.rng.random() < 0.25 and "freeze-consumer" in self.scenario.faults and not self.settling:
             # The asker's whole process freezes while it waits: on thaw the lease may have been taken by
             # expiry meanwhile (the hand-off overtaken), and a zombie asker must take nothing.
             seconds = self.rng.uniform(1.5, 3.0) * self.config.lease_expiry_seconds

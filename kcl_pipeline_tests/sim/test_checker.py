@@ -1,0 +1,100 @@
+"""The checker's judgement of holders, on histories written by hand: who may start delivering a shard
+while an earlier holder is alive."""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from kcl_pipeline.kcl.core.lease_codec import lease_to_item
+from kcl_pipeline.kcl.core.lease_hold import LeaseTiming
+from kcl_pipeline.kcl.core.model import TRIM_HORIZON, Checkpoint, Lease
+from kcl_pipeline.sim.checker import Checker
+from kcl_pipeline.sim.kinesis import SimStream
+from kcl_pipeline.sim.landing import SimZoneStore
+from kcl_pipeline.sim.world import base_config
+
+KEY = "shardId-000000000000"
+CONFIG = base_config("template", 1)
+
+
+@dataclass
+class Host:
+    rate: float = 1.0
+
+
+@dataclass
+class Worker:
+    """A worker as the checker sees it: its hold is valid for `valid_for` more seconds (its clock)."""
+
+    serial: int
+    worker_id: str
+    valid_for: float = 5.0
+    paused: float = 0.0
+    finished: bool = False
+    host: Host = field(default_factory=Host)
+    config: object = CONFIG
+    timing: LeaseTiming = LeaseTiming(10.0, 1.0)
+
+    def could_deliver(self) -> float:
+        return self.valid_for
+
+    def working(self) -> bool:
+        return True
+
+
+class Fleet:
+    def __init__(self, workers):
+        self.workers = workers
+        self.consumers, self.java_peers = [], []
+
+    def workers_by_key(self, key):
+        return [w for w in self.workers if not w.finished]
+
+    def worker_of(self, actor):
+        return actor if isinstance(actor, Worker) else None
+
+
+class Record:
+    def __init__(self, position):
+        self._position = position
+
+    def position(self):
+        return self._position
+
+
+def _world(workers):
+    now = [10.0]
+    stream = SimStream("simstream", random.Random(0), 1, lambda: now[0])
+    stream.produce(5.0)
+    items: dict = {}
+    violations: list[str] = []
+    checker = Checker(stream=stream, store=SimZoneStore("simstream"), items=items, foreign={}, fleet=Fleet(workers),
+                      config=CONFIG, liveness_slack=6.0, now=lambda: now[0], note=violations.append)
+
+    def write(actor, owner, counter):
+        after = lease_to_item(Lease(KEY, Checkpoint(TRIM_HORIZON), owner, counter))
+        checker.on_write(CONFIG.lease_table, KEY, items.get(KEY), after, actor, now[0])
+        items[KEY] = after
+    first = Record(stream.shards[KEY].positions[0])
+    return checker, write, first
+
+
+def test_a_worker_whose_release_applied_while_its_answer_was_lost_is_not_taken_for_a_possible_deliverer():
+    """Seed 1546: the release applied, its response was lost and retried, the hold still looked valid to its
+    worker (it learns when the answer comes) — yet a worker sends its release only once done delivering."""
+    a, b = Worker(1, "consumer-1"), Worker(2, "consumer-2")
+    checker, write, record = _world([a, b])
+    write(a, "consumer-1", 1)
+    write(a, None, 2)  # a's release, applied; a's call still retrying
+    write(b, "consumer-2", 3)
+    checker.on_deliver(b, KEY, [record])
+    assert checker.violations == []
+
+
+def test_a_holder_still_valid_when_another_starts_delivering_is_a_violation():
+    a, b = Worker(1, "consumer-1"), Worker(2, "consumer-2")
+    checker, write, record = _world([a, b])
+    write(a, "consumer-1", 1)
+    write(b, "consumer-2", 2)  # stolen; a not told yet, its hold valid for 5 s more
+    checker.on_deliver(b, KEY, [record])
+    assert len(checker.violations) == 1 and "could still deliver it for 5.000s" in checker.violations[0]
