@@ -10,12 +10,16 @@ commit at all (`uncommitted`): the sensor requests both again and follows them (
 """
 from __future__ import annotations
 
+import json
+import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ..kcl.core.model import Checkpoint
-from ..transform.manifest import late_batches, read_materialised
+from ..transform.manifest import Materialised, late_batches, read_materialised_from
 from .checkpoint_plan import ChainEvidence, CheckpointPlan, Committed, apply_plan, chain_evidence, plan_checkpoints
+from .errors import ZoneNotFoundError
 from .layout import BatchKey, LandedListing, link_key, link_target, split_landed_keys, window_prefixes
 from .progress import progress_from_leases
 from .store import ZoneStore
@@ -23,12 +27,14 @@ from .stream_slice import StreamSlice
 from .window_report import earliest_landed_minute, json_position
 from .window_scan import next_frontier, plan_listing_end, plan_listing_start, window_floor
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class CheckpointReport:
     plan: CheckpointPlan
     committed: list[Committed]
-    materialised_windows: int  # windows whose commit is in (a window counts once its commit is in)
+    materialised_windows: int  # windows from the listing start on whose commit is in
     listed_from_ms: int | None  # where the listing of landed batches starts (None: nothing landed, or no lease)
     late: dict[int, list[str]]  # materialised window -> batches landed in it that its manifest does not name
     frontier: dict[str, int]  # per shard, the window the next run's listing may start at
@@ -68,17 +74,24 @@ class CheckpointReport:
 
 def commit_checkpoints(lease_table: Any, view: StreamSlice, store: ZoneStore, output: ZoneStore,
                        previous_frontier: Mapping[str, int], *, window_ms: int, first_window_ms: int,
-                       initial: Checkpoint, grace_ms: int) -> CheckpointReport:
+                       initial: Checkpoint, grace_ms: int, now_ms: int | None = None) -> CheckpointReport:
     """Plan and commit the stream's checkpoints for what has materialised in `output`.
 
     `view`: the stream's leases and shards from the lease table's scan, named by lease key (a multi-stream
-    key: stream + shard); `store`: the landing zone; `previous_frontier`: the last run's frontier;
-    `first_window_ms`: the first partition's start; `initial`: where a child's new lease starts."""
+    key: stream + shard); `store`: the landing zone; `previous_frontier`: the last run's frontier (merged with
+    the one the last run stored in `output`: a fresh Dagster instance has none); `first_window_ms`: the first
+    partition's start; `initial`: where a child's new lease starts; `now_ms`: the time (commits are listed up
+    to it).
+
+    What it reads follows what changed since the frontier, not the history: the landed batches and the
+    window commits from the listing start on (`read_materialised_from`), one GET of the stored frontier."""
     leases, shards = view.leases, view.shards
-    committed = read_materialised(output)
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    previous_frontier = merge_frontiers(previous_frontier, read_frontier(output))
     earliest = earliest_landed_minute(store, view.directory)
     zone_start = None if earliest is None else window_floor(earliest, window_ms)
     start = plan_listing_start(zone_start, previous_frontier, leases)
+    committed = Materialised({}) if start is None else read_materialised_from(output, start, now_ms + window_ms)
     progress = progress_from_leases(leases)
     end = plan_listing_end(committed.windows, progress, window_ms)
     batches: dict[str, list[BatchKey]] = {}
@@ -93,12 +106,54 @@ def commit_checkpoints(lease_table: Any, view: StreamSlice, store: ZoneStore, ou
     late = late_batches(committed, [(window_floor(b.minute_ms, window_ms), b.key())
                                     for listed in batches.values() for b in listed])
     written = apply_plan(plan, lease_table, shards=shards, initial=initial)
+    # Only checkpoints the table took move the frontier: one it refused (a Java holder, a lease gone) must be
+    # listed from again, or the next run could not prove its next batch follows the lease's checkpoint.
     frontier = next_frontier(previous_frontier, leases, batches,
-                             {c.shard_id: c.checkpoint for c in written if c.checkpoint is not None},
+                             {c.shard_id: c.checkpoint for c in written if c.checkpoint is not None and c.checkpointed},
                              progress, grace_ms, window_ms, [s.shard_id for s in shards])
     uncommitted = sorted({p.blocked_window for p in plan.shards.values() if p.blocked_window is not None
                           and p.blocked_window not in committed.batches_by_window})
+    write_frontier(output, frontier)
     return CheckpointReport(plan, written, len(committed.windows), start, late, frontier, uncommitted)
+
+
+FRONTIER_KEY = "_checkpoints/frontier.json"  # in the output location, beside the window commits
+
+
+def read_frontier(output: ZoneStore) -> dict[str, int]:
+    """The frontier the last checkpoint run stored (empty: none yet, or no output location)."""
+    try:
+        raw = output.get_optional(FRONTIER_KEY)
+    except ZoneNotFoundError:
+        return {}
+    if raw is None:
+        return {}
+    try:
+        data = json.loads(raw)["frontier"]
+        return {str(k): int(v) for k, v in data.items()}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        log.warning("%s/%s is not a checkpoint frontier; listing from the zone's start once", output.uri,
+                    FRONTIER_KEY)
+        return {}
+
+
+def write_frontier(output: ZoneStore, frontier: Mapping[str, int]) -> None:
+    """Store the frontier with the output it describes: a fresh Dagster instance (no metadata of earlier runs)
+    and a fresh sensor cursor start from it instead of the zone's whole history. One small PUT per run; a
+    stale run writing last only makes the next listing start earlier (safe)."""
+    try:
+        output.put(FRONTIER_KEY, json.dumps({"frontier": dict(sorted(frontier.items()))}, sort_keys=True).encode())
+    except ZoneNotFoundError:
+        pass  # no output location yet: nothing has materialised, nothing to remember
+
+
+def merge_frontiers(*frontiers: Mapping[str, int]) -> dict[str, int]:
+    """Per shard the latest window any of them knows (entries only move forward)."""
+    out: dict[str, int] = {}
+    for frontier in frontiers:
+        for shard, window in frontier.items():
+            out[shard] = max(window, out.get(shard, window))
+    return out
 
 
 def list_landed(store: ZoneStore, directory: str, t0: int, t1: int) -> LandedListing:

@@ -159,9 +159,49 @@ def read_commit(output, window_start_ms: int) -> WindowCommit | None:
     return None if raw is None else WindowCommit.from_json(raw, f"{output.uri}/{key}")
 
 
+DAY_MS = 86_400_000
+
+
+def commit_windows(output, start_ms: int, end_ms: int) -> list[int]:
+    """The windows in [start_ms, end_ms) with a commit, from the commit keys alone (no GET): one listing per
+    UTC day (`_commits/window=YYYYMMDD`), so the cost follows the days asked for, not the output's history."""
+    found: list[int] = []
+    day = start_ms - start_ms % DAY_MS
+    try:
+        while day < end_ms:
+            stem = f"{COMMITS}/{datetime.fromtimestamp(day / 1000, tz=timezone.utc):window=%Y%m%d}"
+            for key in output.list_keys(stem):
+                if is_commit_key(key) and start_ms <= (w := commit_window(key)) < end_ms:
+                    found.append(w)
+            day += DAY_MS
+    except ZoneNotFoundError:
+        return []
+    return sorted(found)
+
+
+def commit_window(key: str) -> int:
+    """The window start (epoch millis) a commit key names (`is_commit_key` holds)."""
+    start = datetime.strptime(key[len(COMMITS) + 1:-len(".json")], _NAME_FORMAT).replace(tzinfo=timezone.utc)
+    return int(start.timestamp() * 1000)
+
+
+def read_materialised_from(output, start_ms: int, end_ms: int) -> Materialised:
+    """The commits of the windows in [start_ms, end_ms) (`commit_windows`, then one GET each): what the
+    checkpoint run needs from its listing start on. Reading every commit ever written made each run's cost
+    (time and memory: a commit names every batch of its window) grow with the output's history."""
+    commits = []
+    for w in commit_windows(output, start_ms, end_ms):
+        commit = read_commit(output, w)
+        if commit is not None:  # deleted since the listing (a re-run of the window began)
+            commits.append(commit)
+    return Materialised.from_commits(commits)
+
+
 def read_materialised(output) -> Materialised:
-    """The committed manifests of an output location (any store with `list_keys(prefix)` and `get(key)`,
-    e.g. landing/store.py's). A missing location has none; an unreadable commit raises CommitFormatError."""
+    """Every committed manifest of an output location (any store with `list_keys(prefix)` and `get(key)`,
+    e.g. landing/store.py's): the whole history, for audits and tests; the pipeline reads windows from a
+    start (`read_materialised_from`). A missing location has none; an unreadable commit raises
+    CommitFormatError."""
     try:
         keys = [k for k in output.list_keys(f"{COMMITS}/") if is_commit_key(k)]
     except ZoneNotFoundError:
@@ -170,5 +210,5 @@ def read_materialised(output) -> Materialised:
 
 
 __all__ = ["COMMITS", "PENDING", "CommitFormatError", "Materialised", "WindowCommit", "batch_materialised",
-           "commit_key", "is_commit_key", "late_batches", "pending_commit_key", "publish_commit", "read_commit",
-           "read_materialised", "reopened_windows"]
+           "commit_key", "commit_window", "commit_windows", "is_commit_key", "late_batches", "pending_commit_key",
+           "publish_commit", "read_commit", "read_materialised", "read_materialised_from", "reopened_windows"]

@@ -12,7 +12,7 @@ import pytest
 
 from kcl_pipeline.kcl.core.model import Checkpoint, Lease, Shard
 from kcl_pipeline.kcl.core.streams import StreamScope
-from kcl_pipeline.landing.checkpoint_commit import commit_checkpoints
+from kcl_pipeline.landing.checkpoint_commit import FRONTIER_KEY, commit_checkpoints
 from kcl_pipeline.landing.checkpoint_plan import chain_evidence, plan_checkpoints
 from kcl_pipeline.landing.layout import BatchKey, link_key, parse_link_key
 from kcl_pipeline.landing.progress import ShardProgress
@@ -74,6 +74,9 @@ def run_windows(zone, output) -> None:
 
 
 def checkpoint(zone, output, lease: Lease, progress: ShardProgress | None = None) -> tuple[Checkpoint | None, Table]:
+    """A checkpoint run for a lease in the state given: each call stands alone (no frontier of an earlier
+    call, which would assume the lease checkpoint it committed)."""
+    output.delete([FRONTIER_KEY])
     table = Table()
     view = StreamSlice(StreamScope(STREAM), [lease], [Shard(SHARD)])
     if progress is not None:

@@ -299,10 +299,9 @@ def _next_window_to_report(stream: _StreamTick, cursor_next_ms: int | None) -> i
     (landing/report_start.py). None: not decided yet."""
     tick, consumer = stream.tick, stream.consumer
     if cursor_next_ms is None:
-        start = start_reports(stream.store, stream.view.directory,
-                              output_store(consumer, tick.aws, tick.s3, stream.target), stream.view.leases,
+        start = start_reports(stream.store, stream.view.directory, stream.output, stream.view.leases,
                               stream.progress, window_ms=consumer.window_ms, grace_ms=consumer.grace_ms,
-                              not_before_ms=tick.partitions_start_ms)
+                              not_before_ms=tick.partitions_start_ms, now_ms=tick.now_ms)
         stream.say(start.note)
         return start.start_ms
     resumed, moved = resume_window(cursor_next_ms, tick.partitions_start_ms)
