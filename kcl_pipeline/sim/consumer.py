@@ -152,26 +152,25 @@ class Process:
         raise NotImplementedError
 
     def step(self, task: Task, step: Step) -> Any:
-        kind = type(step)
-        if kind is Call:
-            return self.call(step)  # type: ignore[arg-type]
-        if kind is Sleep:
-            return Later(self.host.true_delay(step.seconds) + self.sleep_extra(task, step.seconds),  # type: ignore
-                         self.stop.is_set, waiters=self.stop_waiters)
-        if kind is Background:
-            return self.background(task, step)  # type: ignore[arg-type]
-        if kind is Join:
-            handle = step.handle  # type: ignore[attr-defined]
-            if not handle_alive(handle):
-                return None
-            return Later(self.host.true_delay(step.seconds), lambda: None, waiters=handle.exited)  # type: ignore
-        if kind is AwaitLoss:
-            if step.lost():  # type: ignore[attr-defined]
-                return None
-            return Later(self.host.true_delay(step.seconds), lambda: None, waiters=self.hold_waiters,  # type: ignore
-                         counted=False)
-        if kind is NextResult:
-            return self.next_result(step)  # type: ignore[arg-type]
+        match step:
+            case Call():
+                return self.call(step)
+            case Sleep():
+                return Later(self.host.true_delay(step.seconds) + self.sleep_extra(task, step.seconds),
+                             self.stop.is_set, waiters=self.stop_waiters)
+            case Background():
+                return self.background(task, step)
+            case Join():
+                if not handle_alive(step.handle):
+                    return None
+                return Later(self.host.true_delay(step.seconds), lambda: None, waiters=step.handle.exited)
+            case AwaitLoss():
+                if step.lost():
+                    return None
+                return Later(self.host.true_delay(step.seconds), lambda: None, waiters=self.hold_waiters,
+                             counted=False)
+            case NextResult():
+                return self.next_result(step)
         raise TypeError(f"no transport step {step!r}")
 
     stop_waiters: Waiters

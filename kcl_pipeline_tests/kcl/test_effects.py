@@ -95,7 +95,7 @@ def test_production_answers_every_transport_step():
 def test_the_simulation_answers_every_transport_step():
     """The simulated processes answer the same steps (Exclusive is the engine task's own: its lock)."""
     answered = {step.__name__ for step in transport.STEPS
-                if f"kind is {step.__name__}" in inspect.getsource(sim_consumer.Process.step)}
+                if f"case {step.__name__}()" in inspect.getsource(sim_consumer.Process.step)}
     assert answered | {"Exclusive"} == {step.__name__ for step in transport.STEPS}
     assert "is Exclusive" in inspect.getsource(__import__("kcl_pipeline.sim.engine", fromlist=["Task"]).Task.resume)
 

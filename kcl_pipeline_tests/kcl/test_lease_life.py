@@ -8,6 +8,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+import pytest
+
 from kcl_pipeline.kcl.core import cycle as cyc
 from kcl_pipeline.kcl.core import effects as fx
 from kcl_pipeline.kcl.core import lease_life as life
@@ -274,3 +276,31 @@ def test_a_stolen_lease_given_back_on_a_failure_before_its_wait_ended_is_marked_
 
     result = fx.drive(life.lease_life(child, STOLEN), failing)
     assert result.outcome is LifeOutcome.FAILED and script.unsettled_releases == [True]
+
+
+def test_a_heartbeat_judged_applied_after_an_unanswered_one_counts_validity_from_the_unanswered_send():
+    """Found by the simulation (seed 8209): a heartbeat applied, its response lost and its retries throttled,
+    ended in an error, so the hold kept its counter; the next heartbeat, conditioned on that counter, failed
+    its condition on a retry, and the re-read ("our owner, our counter + 1") judged it applied — but the
+    earlier heartbeat had written that counter. Validity counted from the later send let the worker deliver
+    after peers, who start their expiry from the earlier write, could take the lease."""
+    from kcl_pipeline.kcl.shells.transport import Blocking, Call
+    from kcl_pipeline.kcl.shells.worker import HeldLease
+
+    clock = [0.0]
+    hold = LeaseHold.acquired(Lease("shardId-000000000001", Checkpoint("5"), "me", 3), 0.0, TIMING)
+    held = HeldLease(hold, TIMING, monotonic=lambda: clock[0])
+    driver = Blocking(lambda effect: None)
+
+    def unanswered() -> bool:
+        raise RuntimeError("throttled after the first attempt's response was lost")
+    clock[0] = 3.0
+    with pytest.raises(RuntimeError):
+        driver.run(held.renew(lambda counter: Call("heartbeat", unanswered)))
+    clock[0] = 6.0
+    assert driver.run(held.renew(lambda counter: Call("heartbeat", lambda: True))) is Outcome.APPLIED
+    assert held.hold.counter == 4
+    assert held.hold.valid_until == TIMING.valid_until(3.0), "validity counted from the later heartbeat's send"
+    clock[0] = 9.0
+    assert driver.run(held.renew(lambda counter: Call("heartbeat", lambda: True))) is Outcome.APPLIED
+    assert held.hold.valid_until == TIMING.valid_until(9.0)  # answered writes count from their own send again

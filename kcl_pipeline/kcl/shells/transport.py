@@ -170,31 +170,30 @@ class Blocking:
         return self.run(result) if type(result) is GeneratorType else result
 
     def step(self, step: Step) -> Any:
-        kind = type(step)
-        if kind is Call:
-            return step.request()  # type: ignore[attr-defined]
-        if kind is Exclusive:
-            with self.lock:
-                return self.run(step.body)  # type: ignore[attr-defined]
-        if kind is Sleep:
-            if self.stop is None:
-                raise RuntimeError("this process has no stop event to sleep on")
-            return self.stop.wait(step.seconds)  # type: ignore[attr-defined]
-        if kind is AwaitLoss:
-            with self.changed:
-                if not step.lost():  # type: ignore[attr-defined]
-                    self.changed.wait(step.seconds)  # type: ignore[attr-defined]
-            return None
-        if kind is Background:
-            thread = threading.Thread(target=self.run, args=(step.body,), name=step.name,  # type: ignore[attr-defined]
-                                      daemon=True)
-            thread.start()
-            return thread
-        if kind is Join:
-            step.handle.join(step.seconds)  # type: ignore[attr-defined]
-            return None
-        if kind is NextResult:
-            return self._next_result(step.seconds, step.stop)  # type: ignore[attr-defined]
+        match step:
+            case Call():
+                return step.request()
+            case Exclusive():
+                with self.lock:
+                    return self.run(step.body)
+            case Sleep():
+                if self.stop is None:
+                    raise RuntimeError("this process has no stop event to sleep on")
+                return self.stop.wait(step.seconds)
+            case AwaitLoss():
+                with self.changed:
+                    if not step.lost():
+                        self.changed.wait(step.seconds)
+                return None
+            case Background():
+                thread = threading.Thread(target=self.run, args=(step.body,), name=step.name, daemon=True)
+                thread.start()
+                return thread
+            case Join():
+                step.handle.join(step.seconds)
+                return None
+            case NextResult():
+                return self._next_result(step.seconds, step.stop)
         raise TypeError(f"no transport step {step!r}")
 
     def hold_changed(self) -> None:

@@ -158,6 +158,10 @@ class HeldLease:
         self._monotonic = monotonic
         self._guard = guard if guard is not None else threading.RLock()
         self._changed = changed if changed is not None else (lambda: None)
+        # The send time of the earliest write at the current counter whose outcome is unknown (an error):
+        # it may have applied all the same (a lost response), and a later write judged applied at this
+        # counter may be its doing — the table cannot tell them apart, so validity counts from it.
+        self._unanswered_since: float | None = None
 
     @property
     def hold(self) -> LeaseHold:
@@ -193,9 +197,14 @@ class HeldLease:
             outcome = Outcome.APPLIED if (yield send(self._hold.counter)) else Outcome.REFUSED
         except Exception:
             coverage.hit("shell.renew.error")
+            if self._unanswered_since is None:
+                self._unanswered_since = sent_at
             self._set(life.renewed(self._hold, Outcome.ERROR, sent_at, self._timing, self._monotonic()))
             raise
         coverage.hit("shell.renew.applied" if outcome is Outcome.APPLIED else "shell.renew.refused")
+        if self._unanswered_since is not None:
+            coverage.hit("shell.renew.counted-from-an-unanswered-send")
+            sent_at, self._unanswered_since = min(sent_at, self._unanswered_since), None
         self._set(life.renewed(self._hold, outcome, sent_at, self._timing, self._monotonic()))
         return outcome
 
