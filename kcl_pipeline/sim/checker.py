@@ -7,7 +7,7 @@ user record the stream holds, every delivery and every landed copy. Checked at e
   or a Java peer's tenure of the lease) started delivering it, an earlier one never delivers it again. A
   new holder re-delivering what an earlier one delivered after its last checkpoint is the documented
   at-least-once window, not a violation. Stronger, for our workers: when one starts delivering a shard,
-  no other could still deliver it (alive, not asked to stop, its hold valid on its own clock);
+  no earlier holder could still deliver it (alive, not asked to stop, its hold valid on its own clock);
 * a holder never delivers after its validity: its last check before a delivery happens, on its own clock,
   less than expiry − margin after it sent the last write of its own that DynamoDB applied (not the last
   it believes applied); the delivery itself follows that check within the pause the margin tolerates;
@@ -83,6 +83,7 @@ class Checker:
         self.let_go: dict[tuple[int, str], str] = {}  # (id(consumer), lease) → how its worker let it go
         self.late_owned: set[str] = set()  # leases owned by a write applied after its worker's process ended
         self.gave_up: set[int] = set()  # workers whose own applied write let their lease go: they deliver no more
+        self.held_since: dict[int, int] = {}  # worker serial → the order in which it first became a holder
 
     def violation(self, message: str) -> None:
         if not self.violations:
@@ -134,6 +135,7 @@ class Checker:
             previous = self.holder.get(key)
             if worker is not None and new.lease_owner == worker.worker_id:
                 self.holder[key] = worker
+                self.held_since.setdefault(worker.serial, len(self.held_since))
                 if old is None or old.lease_counter != new.lease_counter:
                     # A write of its hold (acquire, heartbeat): its validity counts from when it was sent.
                     self.applied_sent[worker.serial] = max(sent_at, self.applied_sent.get(worker.serial, sent_at))
@@ -188,12 +190,15 @@ class Checker:
         self.prefix[shard_id] = prefix
 
     def _check_no_earlier_holder_could_deliver(self, worker: Any, shard_id: str) -> None:
-        """A holder starts delivering a shard: no other worker of ours may still be able to deliver it — alive,
-        not asked to stop, its hold neither lost nor ended and still valid on its own clock. A steal waits out
-        the victim's validity, a take by expiry waits for it, a hand-off waits for the holder's last write:
-        whether the earlier holder then happens to deliver in the overlap or not, it could have."""
+        """A holder starts delivering a shard: no earlier holder of ours may still be able to deliver it —
+        alive, not asked to stop, its hold neither lost nor ended and still valid on its own clock. A steal
+        waits out the victim's validity, a take by expiry waits for it, a hand-off waits for the holder's last
+        write: whether the earlier holder then happens to deliver in the overlap or not, it could have. (A
+        later holder still waiting out its steal's expiry is what keeps the two apart, not a risk.)"""
+        mine = self.held_since.get(worker.serial, len(self.held_since))
         for other in self.fleet.workers_by_key(shard_id):
-            if other is not worker and other.serial not in self.gave_up:
+            if (other is not worker and other.serial not in self.gave_up
+                    and self.held_since.get(other.serial, mine) < mine):
                 left = other.could_deliver()
                 if left > 0.0:
                     self.violation(f"{worker!r} started delivering {shard_id} while {other!r} could still deliver it "
@@ -304,8 +309,11 @@ class Checker:
         # A consumer takes `leases_to_acquire` leases per cycle, and runs a cycle at each look between cycles
         # (every expiry/4) that finds an expired lease: many leases orphaned at once take a look each.
         # The queue is as long as the most orphans seen at once since the orphaning began.
-        orphans = sum(1 for key, shard, lease in owned if lease.lease_owner is not None and not lease.is_ended
-                      and not shard.trimmed and not self.worked(key, lease.lease_owner))
+        # Free leases compete for the same takes (children of a reshard, leases released by a graceful stop):
+        # they count in the queue too, as long as they are takeable.
+        orphans = sum(1 for key, shard, lease in owned if not lease.is_ended and not shard.trimmed and (
+            (lease.lease_owner is not None and not self.worked(key, lease.lease_owner))
+            or (lease.lease_owner is None and not self._blocked(lease))))
         self.most_orphans = max(self.most_orphans, orphans) if orphans else 0
         config = self.config
         queue = max(0, self.most_orphans - config.leases_to_acquire) * config.lease_expiry_seconds / 4

@@ -275,6 +275,7 @@ class World(Stage):
         """Faults stop; the fleet must converge within the settle time."""
         self.settling = True
         self.producing = False
+        self.pauses.calm = True
         for restore in self._restores:
             restore()
         self._restores.clear()

@@ -98,3 +98,15 @@ def test_a_holder_still_valid_when_another_starts_delivering_is_a_violation():
     write(b, "consumer-2", 2)  # stolen; a not told yet, its hold valid for 5 s more
     checker.on_deliver(b, KEY, [record])
     assert len(checker.violations) == 1 and "could still deliver it for 5.000s" in checker.violations[0]
+
+
+def test_an_earlier_holder_delivering_for_the_first_time_while_its_stealer_waits_is_no_violation():
+    """Seed 8727: the holder's first delivery came late (within its own validity), after the asker of a hand-off
+    had taken the lease cold; the stealer, waiting out its expiry, is the later holder — its wait is what
+    keeps the two apart."""
+    a, b = Worker(1, "consumer-1"), Worker(2, "consumer-0")
+    checker, write, record = _world([a, b])
+    write(a, "consumer-1", 1)
+    write(b, "consumer-0", 2)  # taken cold: b waits an expiry before delivering
+    checker.on_deliver(a, KEY, [record])
+    assert checker.violations == []
