@@ -41,7 +41,7 @@ from ..kcl.core.lease_codec import lease_from_item
 from ..kcl.core.model import Checkpoint
 from .fleet import FleetView
 from .kinesis import SimStream
-from .landing import SimZoneStore
+from .landing import SimZone
 
 
 def _order(cp: Checkpoint) -> tuple:
@@ -53,11 +53,11 @@ def _order(cp: Checkpoint) -> tuple:
 
 
 class Checker:
-    def __init__(self, *, stream: SimStream, store: SimZoneStore, items: Mapping[str, dict],
+    def __init__(self, *, stream: SimStream, zone: SimZone, items: Mapping[str, dict],
                  foreign: Mapping[str, dict], fleet: FleetView, config: ConsumerConfig, liveness_slack: float,
                  now: Callable[[], float], note: Callable[[str], None], validity_slack: float = 1e-9):
         self.stream = stream
-        self.store = store
+        self.zone = zone
         self.items = items          # the lease table's items, live (our leases and everyone else's)
         self.foreign = dict(foreign)  # items of other applications: never to be changed
         self.fleet = fleet
@@ -271,7 +271,7 @@ class Checker:
         return any(worker.scope.frozen_until > since for worker in self.fleet.workers_of(consumer))
 
     def on_land(self, shard_id: str, positions) -> None:
-        landed = self.store.landed
+        landed = self.zone.landed
         for p in positions:
             if landed[(shard_id, p)] > 1:
                 self.violation(f"record {shard_id} {p[1]}/{p[2]} landed twice")
@@ -343,7 +343,7 @@ class Checker:
             if missing:
                 problems.append(f"{shard_id} has {missing} of {len(shard.positions)} records never delivered")
             if fleet.landing_checked():
-                unlanded = sum(1 for p in shard.positions if (shard_id, p) not in self.store.landed)
+                unlanded = sum(1 for p in shard.positions if (shard_id, p) not in self.zone.landed)
                 if unlanded:
                     problems.append(f"{shard_id} has {unlanded} records never landed")
         live = fleet.live_worker_ids()

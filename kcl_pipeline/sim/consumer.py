@@ -45,10 +45,11 @@ from ..kcl.shells.transport import (
 )
 from ..kcl.shells.worker import LEASE_TABLE_ATTEMPTS, LeaseWorker, WorkerResult, lease_table_read_timeout
 from ..kcl.shells.worker_processes import HeapTrimmer
+from ..landing.sink import LandingProcessor
 from .dynamodb import SimDynamoDBClient, retry_budget
 from .engine import Host, Later, Lock, Scope, Task, Waiters
 from .kinesis import SimKinesisClient
-from .landing import SimLandingProcessor
+from .landing import SimCrash
 
 if TYPE_CHECKING:
     from .stage import Stage
@@ -266,8 +267,14 @@ class SimWorkerProcess(Process):
         self.metrics = Metrics(None, None, self.config.application, self.config.worker_id, clock=self.host.wall)
         self.heap = HeapTrimmer(trim=lambda pad: 0)  # no process heap to give back
         self.guard = _NO_GUARD
-        self.processor = SimLandingProcessor(world.store, flush_records=world.scenario.flush_records,
-                                             pipeline_commits=world.scenario.pipeline_period is not None)
+        # The shipped landing sink over the world's zone (the shipped memory store, watched: sim/landing.py).
+        # Standalone (it checkpoints after each flush and ends the shard) unless the world runs the pipeline,
+        # which commits checkpoints and SHARD_END once windows materialised.
+        sc = world.scenario
+        self.processor = LandingProcessor(
+            world.zone.view(self, self.kill), world.stream.name, max_batch_records=sc.flush_records,
+            max_batch_age_seconds=sc.batch_age, compression="none",
+            checkpoint_after_flush=sc.pipeline_period is None, clock=self.host.wall, monotonic=self.host.monotonic)
         self.checked_at = 0.0  # when its last check before the delivery in progress was answered (true time)
         self.paused = 0.0  # true seconds from that check to the delivery
         self.heartbeat_pause_until = 0.0  # the world stalls this worker's heartbeat until then (true time)
@@ -351,6 +358,11 @@ class SimWorkerProcess(Process):
             if pause > 0.0:
                 self.scope.frozen_until = max(self.scope.frozen_until, self.world.now + pause)
                 return Later(0.0, lambda: self.shell_handle(effect))
+        if kind is fx.ShardEnded or kind is fx.Notify:
+            try:
+                return self.shell_handle(effect)  # the sink flushes here
+            except SimCrash:
+                return Later(0.0, lambda: None)
         return self.shell_handle(effect)
 
     @property
@@ -364,7 +376,10 @@ class SimWorkerProcess(Process):
         self.paused = self.world.now - self.checked_at
         if batch.records:
             self.world.checker.on_deliver(self, self.key, batch.records)
-        self.shell_handle(effect)
+        try:
+            self.shell_handle(effect)
+        except SimCrash:
+            return Later(0.0, lambda: None)  # killed inside a landing (the zone's doing): never resumed
         processing = self.world.pauses.processing()
         return Later(processing, lambda: None) if processing > 0.0 else None
 

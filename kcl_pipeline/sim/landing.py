@@ -1,174 +1,139 @@
-"""The landing zone in the simulation: a put-if-absent object store and a record processor that lands into it.
+"""The landing zone in the simulation: the shipped in-memory store, watched, and the shipped landing sink on it.
 
-These are the simulation's stand-ins, named apart from what they stand in for: `SimZoneStore` for the zone
-(landing/store.py's `ZoneStore`), `SimLandingProcessor` for the landing sink (landing/sink.py's
-`LandingProcessor`), `SimPipeline` for the pipeline's checkpoint commit (the `kinesis_checkpoints` asset).
+Nothing of the sink is re-implemented here. Every worker process runs the shipped `LandingProcessor`
+(landing/sink.py: cuts, exclusion, link fencing, resume discovery, checkpoint choice) over the shipped
+`MemoryZoneStore` (landing/store.py, `memory://`, which meets the put-if-absent contract the directory and S3
+stores meet: one contract test suite runs against all three). What this module adds is what a world needs
+around it and the consumers cannot see:
 
-The processor does what the landing sink does, on the same rules and with the same pure exclusion
-(`kcl_pipeline.landing.exclusion.exclude_landed`): buffer delivered records, and at a flush list the
-shard's landed batches, drop what they already hold, and write each remaining run under its deterministic
-key (shard, first, last) with put-if-absent. It resumes after the last landed record, checkpoints what it
-landed on the next heartbeat, ends the shard itself once its last record is landed (the standalone mode),
-and drops its buffer when the lease is lost. No Parquet: a batch is the list of positions it holds.
+* `SimZone`: one world's zone (a memory store under a name of its own, dropped when the world ends) and the
+  ground truth: per user record, how many stored batches hold it (a batch holds every record of its shard
+  between its first and last, so the key alone says which), updated on every batch put and every deletion;
+* `WatchedStore`: the store a process opens — the same memory zone (stores opened on one name share their
+  objects, as processes share a bucket) — which tells the zone of each put, and lets the world kill its
+  process at a chosen step of a landing: right after the link was claimed (`after-link`), while the batch
+  was being uploaded (`mid-batch`: a multipart upload cut before its footer; the put never shows), or right
+  after the batch was written (`after-batch`, before the sink learnt it landed).
 
-The store counts, per user record, how many stored batches hold it: the ground truth for "landed exactly
-once".
+A crash is the process dying: the store marks the process dead and raises `SimCrash`, which the simulated
+worker process swallows where it called into the shell (nothing after it runs, no effect is answered).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Mapping
+import bisect
+import itertools
+from typing import Any, Callable
 
-from ..kcl.core.model import Checkpoint
-from ..landing import exclusion
-from ..landing.layout import BatchKey
+from ..landing.layout import BatchKey, parse_batch_key
+from ..landing.store import MemoryZoneStore
 
-
-@dataclass(frozen=True)
-class StoredBatch:
-    key: BatchKey
-    prev: Checkpoint | None
-    positions: tuple[tuple[int, str, int], ...]
+Position = tuple[int, str, int]
+CRASH_POINTS = ("after-link", "mid-batch", "after-batch")
+_ZONES = itertools.count()
 
 
-class SimZoneStore:
-    """The zone: batches by key, listed per shard; a put succeeds only if the key is new."""
+class SimCrash(Exception):
+    """The process was killed (SIGKILL) inside a store call: nothing after it runs."""
 
-    def __init__(self, stream: str):
-        self.stream = stream
-        self.objects: dict[str, StoredBatch] = {}
-        self.by_shard: dict[str, list[BatchKey]] = {}
-        self.landed: dict[tuple[str, tuple[int, str, int]], int] = {}  # (shard, position) -> copies
+
+class SimZone:
+    """One world's landing zone and its ground truth (see the module docstring)."""
+
+    def __init__(self, stream, tag: str = "") -> None:
+        self.stream = stream  # the simulated stream: which records lie between a batch's first and last
+        self.name = f"sim-zone-{tag}-{next(_ZONES)}"
+        self.store = MemoryZoneStore(self.name)
+        self.store.ensure_zone(create=True)
+        self.landed: dict[tuple[str, Position], int] = {}  # (shard, position) -> stored batches holding it
+        self.batches: dict[str, BatchKey] = {}  # stored batch keys
         self.puts = 0
-        self.put_conflicts = 0
-        self.on_land = None  # world hook: (shard, positions) after a successful put
+        self.on_land: Callable[[str, tuple[Position, ...]], None] | None = None
+        self.crashes: dict[Any, str] = {}  # actor -> the landing step at which the world kills it
+        self.crashed: list[tuple[Any, str]] = []
 
-    def list(self, shard_id: str) -> list[BatchKey]:
-        return list(self.by_shard.get(shard_id, ()))
+    def view(self, actor: Any = None, kill: Callable[[], None] | None = None) -> "WatchedStore":
+        return WatchedStore(self, actor, kill)
 
-    def put_if_absent(self, batch: StoredBatch) -> bool:
-        name = batch.key.key()
+    def positions(self, key: BatchKey) -> tuple[Position, ...]:
+        shard = self.stream.shards.get(key.shard_id)
+        if shard is None:
+            return ()
+        ps = shard.positions
+        lo = bisect.bisect_left(ps, key.first.key())
+        hi = bisect.bisect_right(ps, key.last.key())
+        return tuple(ps[lo:hi])
+
+    def stored(self, name: str) -> None:
+        key = parse_batch_key(name)
+        if key is None:
+            return
+        if name in self.batches:
+            self.removed(name)  # replaced whole
         self.puts += 1
-        if name in self.objects:
-            self.put_conflicts += 1
-            return False
-        self.objects[name] = batch
-        self.by_shard.setdefault(batch.key.shard_id, []).append(batch.key)
-        shard = batch.key.shard_id
-        for position in batch.positions:
-            self.landed[(shard, position)] = self.landed.get((shard, position), 0) + 1
+        self.batches[name] = key
+        positions = self.positions(key)
+        landed = self.landed
+        for p in positions:
+            landed[(key.shard_id, p)] = landed.get((key.shard_id, p), 0) + 1
         if self.on_land is not None:
-            self.on_land(shard, batch.positions)
-        return True
+            self.on_land(key.shard_id, positions)
 
-    def last_landed(self, shard_id: str) -> Checkpoint | None:
-        keys = self.by_shard.get(shard_id)
-        if not keys:
-            return None
-        return max(keys, key=lambda k: k.last.key()).last
-
-
-class SimLandingProcessor:
-    """A RecordProcessor landing one shard into a SimZoneStore (see the module docstring)."""
-
-    def __init__(self, store: SimZoneStore, flush_records: int = 6, pipeline_commits: bool = False):
-        self.store = store
-        self.flush_records = flush_records
-        # The Dagster pipeline's mode: checkpoints and SHARD_END are committed by the pipeline (ownerless,
-        # after the window materialised), never by the worker, which idles at the shard's end until then.
-        self.pipeline_commits = pipeline_commits
-        self.shard_id = ""
-        self.buffer: list = []
-        self.prev: Checkpoint | None = None      # the record delivered just before the buffer's first
-        self.resume: Checkpoint | None = None
-        self.landed: Checkpoint | None = None
-        self.closed = False
-        self.checkpointer = None
-
-    # -- RecordProcessor ---------------------------------------------------------------------------------
-    def initialize(self, init) -> None:
-        self.shard_id = init.shard_id
-        start = init.checkpoint
-        if start.is_shard_end:
+    def removed(self, name: str) -> None:
+        key = self.batches.pop(name, None)
+        if key is None:
             return
-        last = self.store.last_landed(self.shard_id)
-        if last is not None and (start.is_starting_sentinel or last.key() > start.key()):
-            self.resume = last
-        elif not start.is_starting_sentinel:
-            self.resume = start
-        self.prev = self.resume
-        self.landed = last
+        landed = self.landed
+        for p in self.positions(key):
+            n = landed.get((key.shard_id, p), 0) - 1
+            if n > 0:
+                landed[(key.shard_id, p)] = n
+            else:
+                landed.pop((key.shard_id, p), None)
 
-    def resume_position(self) -> Checkpoint | None:
-        return self.resume
-
-    def process_records(self, batch) -> None:
-        if self.closed:
-            return
-        self.checkpointer = batch.checkpointer
-        self.buffer.extend(batch.records)
-        # Full, or caught up (an empty poll): the sink flushes on size, and on age once the minute is over.
-        if len(self.buffer) >= self.flush_records or not batch.records:
-            self.flush()
-
-    def shard_ended(self, checkpointer) -> None:
-        self.checkpointer = checkpointer
-        self.flush()
-        if not self.pipeline_commits:
-            checkpointer.end_shard()
-
-    def shutdown_requested(self, checkpointer) -> None:
-        self.checkpointer = checkpointer
-        self.flush()
-        self.closed = True
-
-    def lease_lost(self) -> None:
-        self.buffer = []  # the next owner re-reads them: nothing past the landed records was checkpointed
-        self.closed = True
-
-    def heartbeat_attributes(self) -> Mapping[str, Any]:
-        # Progress rides on heartbeats, as the landing sink's does.
-        return {"simLanded": str(self.landed)} if self.landed is not None else {}
-
-    # -- landing -----------------------------------------------------------------------------------------
-    def flush(self) -> None:
-        records, self.buffer = self.buffer, []
-        if not records:
-            return
-        cut = exclusion.exclude_landed(records, self.prev, self.store.list(self.shard_id))
-        for run in cut.runs:
-            first, last = run.records[0], run.records[-1]
-            key = BatchKey(self.store.stream, self.shard_id, 0, first.checkpoint, last.checkpoint)
-            self.store.put_if_absent(StoredBatch(key, run.prev, tuple(r.position() for r in run.records)))
-        self.prev = records[-1].checkpoint
-        self.landed = records[-1].checkpoint
-        if self.checkpointer is not None and not self.pipeline_commits:
-            self.checkpointer.checkpoint_at_next_heartbeat(records[-1].sequence_number,
-                                                           records[-1].sub_sequence_number)
+    def drop(self) -> None:
+        self.store.drop()
 
 
-class SimPipeline:
-    """The pipeline's checkpoint commit (the `kinesis_checkpoints` asset): every `period` seconds, an
-    ownerless forward-only checkpoint at each shard's last landed record, and SHARD_END once a closed
-    shard's every record has landed. It owns no lease and never touches a counter."""
+class WatchedStore(MemoryZoneStore):
+    """A process's handle on the zone: the shipped memory store, telling the zone what it stored, and dying
+    at the landing step the world chose for its process."""
 
-    def __init__(self, store: SimZoneStore, table, stream) -> None:
-        self.store = store
-        self.table = table    # a LeaseTable
-        self.stream = stream  # the simulated stream (which shards are closed, and their records)
+    def __init__(self, zone: SimZone, actor: Any = None, kill: Callable[[], None] | None = None) -> None:
+        super().__init__(zone.name)
+        self.sim_zone = zone
+        self.actor = actor
+        self.kill = kill
 
-    def commit(self) -> None:
-        for shard_id, shard in self.stream.shards.items():
-            if shard.trimmed:
-                continue
-            lease = self.table.get(shard_id)
-            if lease is None or lease.is_ended:
-                continue
-            last = self.store.last_landed(shard_id)
-            if shard.closed_at is not None and all((shard_id, p) in self.store.landed for p in shard.positions):
-                self.table.end(shard_id)
-            elif last is not None and (lease.checkpoint.is_starting_sentinel or last.key() > lease.checkpoint.key()):
-                self.table.checkpoint(shard_id, last)
+    def _crash_at(self, point: str) -> None:
+        zone = self.sim_zone
+        if self.actor is not None and zone.crashes.get(self.actor) == point:
+            del zone.crashes[self.actor]
+            zone.crashed.append((self.actor, point))
+            if self.kill is not None:
+                self.kill()
+            raise SimCrash(f"killed {point}")
+
+    def put_if_absent(self, key: str, body: bytes) -> bool:
+        batch = key.endswith(".parquet")
+        if batch:
+            self._crash_at("mid-batch")
+        done = super().put_if_absent(key, body)
+        if done and batch:
+            self.sim_zone.stored(key)
+            self._crash_at("after-batch")
+        elif done and "/after=" in key:
+            self._crash_at("after-link")
+        return done
+
+    def put(self, key: str, body: bytes) -> None:
+        super().put(key, body)
+        if key.endswith(".parquet"):
+            self.sim_zone.stored(key)
+
+    def delete(self, keys: list[str]) -> None:
+        super().delete(keys)
+        for key in keys:
+            self.sim_zone.removed(key)
 
 
-__all__ = ["SimLandingProcessor", "SimPipeline", "SimZoneStore", "StoredBatch"]
+__all__ = ["CRASH_POINTS", "SimCrash", "SimZone", "WatchedStore"]

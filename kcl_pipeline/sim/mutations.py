@@ -32,8 +32,7 @@ from unittest import mock
 
 from ..kcl.core import cycle, effects, lease_hold, lease_life, planner
 from ..kcl.shells import lease_table, manager, worker
-from ..landing import exclusion
-from . import landing
+from ..landing import exclusion, sink
 
 
 @dataclass(frozen=True)
@@ -221,11 +220,16 @@ def _plant(name: str, stack: contextlib.ExitStack, world: Any) -> None:
         stack.enter_context(mock.patch.object(lease_life, "blocked_on_parents", never_blocked))
         stack.enter_context(mock.patch.object(planner, "blocked_on_parents", never_blocked))
     elif name == "land-without-fence":
-        stack.enter_context(mock.patch.object(landing.SimLandingProcessor, "resume_position", lambda self: None))
+        # The shipped sink with its three fences gone: no resume after the last landed record, no exclusion of
+        # what landed batches hold, and every link claim taken for won (a link replaced, never read back).
+        stack.enter_context(mock.patch.object(sink.LandingProcessor, "resume_position", lambda self: None))
         stack.enter_context(mock.patch.object(
-            exclusion, "exclude_landed",
+            sink, "exclude_landed",
             lambda records, prev, landed: exclusion.Exclusion([exclusion.Run(prev, records)] if records else [],
                                                               [], None)))
+        _patch(stack, sink.LandingProcessor, "_land_after",
+               "if store.put_if_absent(link, link_body(encoded.key.key(), self._holder if starts else None)):",
+               "if store.put(link, link_body(encoded.key.key(), self._holder if starts else None)) or True:")
     elif name == "delete-foreign":
         stack.enter_context(mock.patch.object(cycle, "scoped_leases", lambda leases, shards: list(leases)))
     else:

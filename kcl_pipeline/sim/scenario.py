@@ -47,6 +47,7 @@ class Scenario:
     hosted: bool = False  # consumers hosted by the Dagster sensor: their workers have a keep-alive
     pauses: bool = False  # GC-like pauses and processing time in our processes (sim/pauses.py)
     late_application: float = 0.0  # of timed-out DynamoDB attempts, those applied late (after the retry)
+    batch_age: float = 5.0  # the landing sink's max_batch_age_seconds
 
     @classmethod
     def generate(cls, seed: int, steps: int, faults: Iterable[str] = FAULTS) -> "Scenario":
@@ -77,7 +78,8 @@ class Scenario:
                    scan_page_items=rng.choice([None, None, 1, 2]),
                    pipeline_period=None if java else pipeline_period, hot=rng.choice([1, 1, 1, 5]),
                    hosted=rng.random() < 0.3, pauses="pauses" in faults,
-                   late_application=0.5 if "late-writes" in faults else 0.0)
+                   late_application=0.5 if "late-writes" in faults else 0.0,
+                   batch_age=rng.choice([2.0, 5.0, 20.0]))
 
     def describe(self) -> str:
         kinds = Counter(e.kind for e in self.events)

@@ -12,7 +12,7 @@ from .checker import Checker
 from .dynamodb import SimDynamoDB, SimDynamoDBClient
 from .engine import Engine
 from .kinesis import SimStream
-from .landing import SimZoneStore
+from .landing import SimZone
 from .pauses import Pauses
 from .scenario import Scenario
 
@@ -23,7 +23,7 @@ class Stage(Engine):
     dynamodb: SimDynamoDB
     reader: SimDynamoDBClient       # instant, faultless reads (the simulation's own, not a process's)
     stream: SimStream
-    store: SimZoneStore
+    zone: SimZone
     checker: Checker                # deliveries and unsound answers are reported to it as they happen
     stats: Counter
     effects_handled: Counter        # (driver, effect type) answered by the shells: the coverage's effects

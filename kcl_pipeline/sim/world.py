@@ -26,11 +26,12 @@ from . import java3, mutations
 from .checker import Checker
 from .consumer import SimConsumer, SimWorkerProcess
 from .dynamodb import NetworkFaults, SimDynamoDB, SimDynamoDBClient, SimTable
-from .engine import Host
+from .engine import EPOCH, Host
 from .java import JavaPeer
-from .kinesis import SimStream
-from .landing import SimPipeline, SimZoneStore
+from .kinesis import SimKinesisClient, SimStream
+from .landing import SimZone
 from .pauses import Pauses
+from .pipeline import SimPipeline
 from .scenario import FAULTS, FaultEvent, Scenario
 from .stage import Stage
 
@@ -39,6 +40,10 @@ APPLICATION = "simapp"
 
 # The main phase ends after `steps` steps or this much virtual time per step, whichever comes first.
 MAX_SECONDS_PER_STEP = 0.5
+# The pipeline's windows (sim/pipeline.py): one minute, closed 15 s after their end, stalled 2 minutes after it.
+WINDOW_MS = 60_000
+WINDOW_GRACE_MS = 15_000
+WINDOW_OVERDUE_MS = 120_000
 
 # Items of other applications sharing the table: never to be changed.
 FOREIGN_ITEMS = (
@@ -99,19 +104,22 @@ class World(Stage):
         metrics_table = worker_metrics_table(self.config.application)
         self.dynamodb.tables[metrics_table] = SimTable(metrics_table, METRICS_HASH_KEY)
         self.reader = SimDynamoDBClient(self.dynamodb, self.child_rng())  # instant, faultless reads (the sim's)
-        self.stream = SimStream(STREAM, self.child_rng(), scenario.shards, lambda: self.now, scenario.retention)
-        self.store = SimZoneStore(STREAM)
+        # The service's clock is the wall clock's epoch (arrival minutes name the landed batches' keys).
+        self.stream = SimStream(STREAM, self.child_rng(), scenario.shards, lambda: EPOCH + self.now,
+                                scenario.retention)
+        self.zone = SimZone(self.stream, str(scenario.seed))
         self.consumers: list[SimConsumer] = []
         self.java_peers: list[JavaPeer] = []
         self.workers: list[SimWorkerProcess] = []
         # The checker sees the stream, the store, the table's items and this world as a fleet view (fleet.py).
-        self.checker = Checker(stream=self.stream, store=self.store, items=table.items, foreign=foreign, fleet=self,
+        self.checker = Checker(stream=self.stream, zone=self.zone, items=table.items, foreign=foreign, fleet=self,
                                config=self.config, liveness_slack=scenario.liveness_slack, now=lambda: self.now,
                                note=self.note)
         # The world's own reaction first: it needs the holder as it was before the write.
         self.dynamodb.observers.append(self._on_handoff_asked)
         self.dynamodb.observers.append(self.checker.on_write)
-        self.store.on_land = self.checker.on_land
+        self.zone.on_land = self.checker.on_land
+        self.pipeline: SimPipeline | None = None
         self.producing = True
         self.settling = False
         self._restores: list = []
@@ -213,8 +221,13 @@ class World(Stage):
 
     # -- running -------------------------------------------------------------------------------------------
     def run(self) -> Result:
-        with mutations.active(self.mutation, self), coverage.recording() as branches:
-            result = self._run()
+        try:
+            with mutations.active(self.mutation, self), coverage.recording() as branches:
+                result = self._run()
+        finally:
+            self.zone.drop()  # the memory zones live in this process: a seed's objects go with it
+            if self.pipeline is not None:
+                self.pipeline.drop()
         result.branches = Counter(branches)
         result.effects = Counter(self.effects_handled)
         return result
@@ -232,9 +245,8 @@ class World(Stage):
         self.every(5.0, self._trim)
         self.every(2.0, self.checker.audit)
         if sc.pipeline_period is not None:
-            pipeline = SimPipeline(self.store, LeaseTable(self.table_name, SimDynamoDBClient(
-                self.dynamodb, self.child_rng(), actor="pipeline")), self.stream)
-            self.every(sc.pipeline_period, pipeline.commit)
+            self.pipeline = self._pipeline()
+            self.every(sc.pipeline_period, lambda: self.pipeline.tick(int((EPOCH + self.now) * 1000)))
         events = list(sc.events)
         violated = lambda: bool(self.checker.violations)  # noqa: E731
         # Steps count the system's own events; when it has none left to run (every consumer stopped for
@@ -253,6 +265,16 @@ class World(Stage):
             getattr(c.client, "late_attempts", 0) for c in [*self.consumers, *self.workers])
         return Result(sc, main_steps, self.steps - main_steps, self.now, list(self.checker.violations), self.stats,
                       list(self.trace), self.stream.user_records, self.checker.deliveries)
+
+    def _pipeline(self) -> SimPipeline:
+        """The pipeline process (sim/pipeline.py): its own view of the zone, the real LeaseTable on the simulated
+        DynamoDB, the stream listed through the simulated Kinesis."""
+        first = int(EPOCH * 1000) // WINDOW_MS * WINDOW_MS
+        table = LeaseTable(self.table_name, SimDynamoDBClient(self.dynamodb, self.child_rng(), actor="pipeline"))
+        return SimPipeline(store=self.zone.view("pipeline"), output_name=f"{self.zone.name}-output", table=table,
+                           kinesis=SimKinesisClient(self.stream, self.child_rng()), stream=STREAM, window_ms=WINDOW_MS,
+                           first_window_ms=first, grace_ms=WINDOW_GRACE_MS, overdue_ms=WINDOW_OVERDUE_MS,
+                           rng=self.child_rng(), note=self.note)
 
     def every(self, period: float, action: Callable[[], None]) -> None:
         """Run `action` every `period` virtual seconds from now on (a tick of the world, not of a process)."""

@@ -1,0 +1,213 @@
+"""The pipeline process of a simulated world: windows closed on virtual time, each transformed, reconciled and
+committed, and the stream's checkpoints committed for what materialised — the shipped code at every step but
+one.
+
+Per tick (every `period` virtual seconds, the Dagster sensor's and runs' stand-in for scheduling only):
+
+* the sensor: every window that ended more than `grace` ago is requested once (its cursor moves past it) and
+  followed (`landing.window_followup`: `follow_up` decides wait / ask again / stalled / given up from the
+  window's commit and its newest run's state, `track_reports` takes the late and uncommitted windows of the
+  last checkpoint run's report);
+* each requested window runs: the transform's row writing is the one stand-in (`write_window`: it reads the
+  window's landed batches through the shipped listing and decoder — `checkpoint_commit.list_landed`,
+  `batch.decode_batch` — counts copies, quarantines what its decoder refuses, and writes both datasets, their
+  `_manifest.json` and the pending commit exactly as transform/job.py and transform/manifest.py lay them out:
+  the run deletes the window's commits first, and writes the pending commit last); then the shipped
+  `reconcile_window` (the rows_reconcile check) publishes the commit, or leaves it pending;
+* the checkpoint run: the shipped `commit_checkpoints` over the real `LeaseTable` on the simulated DynamoDB
+  (what the workers use), the stream's shards listed through the shipped `list_shards` over the simulated
+  Kinesis; its report's late and uncommitted windows go to the sensor's follow-up.
+
+Faults the world draws for the pipeline (scenario.py): a window run that fails once or for good, a crash of a
+run after its datasets and before its pending commit, or after the pending commit and before the publish
+(`PIPELINE_CRASHES`), and a deleted commit (`delete_commit`).
+"""
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..kcl.core.model import TRIM_HORIZON, Checkpoint
+from ..kcl.core.streams import StreamScope
+from ..kcl.shells.shards import list_shards
+from ..landing.audit import MANIFEST, QUARANTINE, TRANSFORMED, output_partition
+from ..landing.batch import decode_batch
+from ..landing.checkpoint_commit import CheckpointReport, commit_checkpoints, list_landed
+from ..landing.store import MemoryZoneStore, ZoneStore
+from ..landing.stream_slice import slice_of
+from ..landing.window_commit import reconcile_window
+from ..landing.window_followup import Outstanding, RunState, WindowObservation, follow_up, track_reports
+from ..transform.manifest import WindowCommit, commit_key, pending_commit_key, read_commit
+
+PIPELINE_CRASHES = ("after-dataset", "before-publish")
+
+
+class RunFailed(Exception):
+    """A window run failed (the world's doing)."""
+
+
+def quarantined(data: bytes) -> bool:
+    """The stand-in decoder's verdict: a record whose sequence number ends in 7 is not decodable (one in ten)."""
+    return data.split(b".", 1)[0][-1:] == b"7"
+
+
+def write_window(store: ZoneStore, output: ZoneStore, directory: str, t0: int, t1: int, run_id: str,
+                 crash: Callable[[str], None] = lambda point: None) -> dict[str, int]:
+    """The stand-in for Spark's row writing (transform/job.py `transform_window` with publish=False): the window's
+    batches as the shipped listing finds them, their rows through the shipped decoder, distinct by position,
+    both datasets and their manifests, and the pending commit last. Returns the transform's own counts."""
+    output.delete([commit_key(t0), pending_commit_key(t0)])
+    listing = list_landed(store, directory, t0, t1)
+    rows_in, seen, good, bad = 0, set(), 0, 0
+    for batch in listing.batches:
+        table = decode_batch(store.get(batch.key()), batch.key(), directory)
+        shards = table.column("shard_id").to_pylist()
+        seqs = table.column("sequence_number").to_pylist()
+        subs = table.column("sub_sequence_number").to_pylist()
+        data = table.column("data").to_pylist()
+        for shard, seq, sub, payload in zip(shards, seqs, subs, data, strict=True):
+            rows_in += 1
+            if (shard, seq, sub) in seen:
+                continue
+            seen.add((shard, seq, sub))
+            if quarantined(payload):
+                bad += 1
+            else:
+                good += 1
+    partition = output_partition(t0)
+    datasets: dict[str, dict[str, Any]] = {}
+    for name, rows in ((TRANSFORMED, good), (QUARANTINE, bad)):
+        part = f"{name}/{partition}/"
+        file = f"{run_id}/part-00000.parquet"
+        output.put(part + file, b"rows %d" % rows)
+        manifest = {"job_id": run_id, "partition": partition, "run": run_id, "files": [file], "rows": rows}
+        output.put(part + MANIFEST, json.dumps(manifest).encode())
+        output.delete([k for k in output.list_keys(part) if k not in (part + file, part + MANIFEST)])
+        datasets[name] = {"job_id": run_id, "run": run_id, "files": [file], "rows": rows}
+    crash("after-dataset")
+    commit = WindowCommit(t0, t1, run_id, frozenset(b.key() for b in listing.batches), datasets)
+    output.put(pending_commit_key(t0), commit.to_json())
+    crash("before-publish")
+    return {"rows_in": rows_in, "rows_out": good, "duplicates_dropped": rows_in - len(seen), "quarantined": bad}
+
+
+@dataclass
+class PipelineFaults:
+    """What the world set up to go wrong in window runs (window start -> how)."""
+
+    fail_once: set[int] = field(default_factory=set)
+    fail_always: set[int] = field(default_factory=set)
+    crash: dict[int, str] = field(default_factory=dict)  # window -> a PIPELINE_CRASHES point (once)
+
+
+class SimPipeline:
+    """The pipeline of one world (see the module docstring)."""
+
+    def __init__(self, *, store: ZoneStore, output_name: str, table: Any, kinesis: Any, stream: str,
+                 window_ms: int, first_window_ms: int, grace_ms: int, overdue_ms: int, max_requests: int = 3,
+                 rng: random.Random | None = None, note: Callable[[str], None] = lambda text: None) -> None:
+        self.store = store
+        self.output = MemoryZoneStore(output_name, "output")
+        self.output.ensure_zone(create=True)
+        self.table = table
+        self.kinesis = kinesis
+        self.scope = StreamScope(stream)
+        self.window_ms = window_ms
+        self.first_window_ms = first_window_ms
+        self.grace_ms = grace_ms
+        self.overdue_ms = overdue_ms
+        self.max_requests = max_requests
+        self.rng = rng or random.Random(0)
+        self.note = note
+        self.faults = PipelineFaults()
+        self.cursor = first_window_ms  # the next window the sensor reports
+        self.outstanding: dict[int, Outstanding] = {}
+        self.runs: dict[int, RunState] = {}  # each window's newest run
+        self.queue: list[int] = []  # windows requested, not run yet
+        self.frontier: dict[str, int] = {}
+        self.report: CheckpointReport | None = None
+        self.reports = 0
+        self.stalled: tuple[int, ...] = ()
+        self.gave_up: tuple[int, ...] = ()
+        self.runs_started = 0
+        self.enabled = True
+
+    # -- a tick ----------------------------------------------------------------------------------------------
+    def tick(self, now_ms: int) -> None:
+        if not self.enabled:
+            return
+        self._sense(now_ms)
+        while self.queue:
+            self._run(self.queue.pop(0))
+        self._checkpoint(now_ms)
+
+    def _sense(self, now_ms: int) -> None:
+        w = self.window_ms
+        while self.cursor + w + self.grace_ms <= now_ms:
+            self.outstanding[self.cursor] = Outstanding(1)
+            self.queue.append(self.cursor)
+            self.cursor += w
+        observed = {}
+        for start, entry in self.outstanding.items():
+            commit = read_commit(self.output, start)
+            done = commit is not None and set(entry.need) <= commit.batches
+            observed[start] = WindowObservation(done, self.runs.get(start, RunState.NONE))
+        decision = follow_up(self.outstanding, observed, now_ms=now_ms, window_ms=w, overdue_ms=self.overdue_ms,
+                             max_requests=self.max_requests)
+        self.outstanding = decision.outstanding
+        self.stalled, self.gave_up = decision.stalled, decision.gave_up
+        for start in decision.rerequest:
+            if start not in self.queue:
+                self.queue.append(start)
+        report = self.report
+        if report is not None:
+            tracked = track_reports(self.outstanding, report.late, report.uncommitted, report=str(self.reports),
+                                    reported_before_ms=self.cursor, now_ms=now_ms, partition=output_partition)
+            self.outstanding = tracked.outstanding
+            self.queue += [s for s in tracked.request if s not in self.queue]
+            self.report = None
+
+    def _run(self, t0: int) -> None:
+        t1 = t0 + self.window_ms
+        self.runs_started += 1
+        run_id = f"run-{self.runs_started}"
+        faults = self.faults
+
+        def crash(point: str) -> None:
+            if faults.crash.get(t0) == point:
+                del faults.crash[t0]
+                raise RunFailed(f"crashed {point}")
+        try:
+            if t0 in faults.fail_always:
+                raise RunFailed("fails for good")
+            if t0 in faults.fail_once:
+                faults.fail_once.discard(t0)
+                raise RunFailed("fails once")
+            report = write_window(self.store, self.output, self.scope.stream, t0, t1, run_id, crash)
+            outcomes = reconcile_window(self.store, self.output, self.scope.stream, t0, t1, transform=report)
+        except RunFailed as exc:
+            self.runs[t0] = RunState.FAILED
+            self.note(f"pipeline: window {output_partition(t0)} run {run_id} {exc}")
+            return
+        ok = all(o.ok for o in outcomes)
+        self.runs[t0] = RunState.SUCCEEDED
+        self.note(f"pipeline: window {output_partition(t0)} run {run_id} "
+                  + ("committed" if ok else "did not reconcile: " + "; ".join(o.summary for o in outcomes)))
+
+    def _checkpoint(self, now_ms: int) -> None:
+        scan = self.table.scan()
+        view = slice_of(self.scope, scan, list_shards(self.kinesis, self.scope.stream))
+        report = commit_checkpoints(self.table, view, self.store, self.output, self.frontier,
+                                    window_ms=self.window_ms, first_window_ms=self.first_window_ms,
+                                    initial=Checkpoint(TRIM_HORIZON), grace_ms=self.grace_ms, now_ms=now_ms)
+        self.frontier = report.frontier
+        self.reports += 1
+        self.report = report
+
+    def drop(self) -> None:
+        self.output.drop()
+
+
+__all__ = ["PIPELINE_CRASHES", "PipelineFaults", "RunFailed", "SimPipeline", "quarantined", "write_window"]
