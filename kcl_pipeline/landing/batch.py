@@ -22,6 +22,7 @@ it), so a key's range alone says which records it holds (the sequence-range excl
 from __future__ import annotations
 
 import io
+import json
 import struct
 from dataclasses import dataclass
 from typing import Sequence
@@ -35,6 +36,10 @@ from .errors import CorruptBatchError
 from .layout import BatchKey, minute_of
 
 FORMAT_VERSION = "1"
+PARQUET_FORMAT = "parquet"
+ROWS_FORMAT = "rows"  # the cheap encoding behind the same interface (see `_encode_rows`)
+BATCH_FORMATS = (PARQUET_FORMAT, ROWS_FORMAT)
+ROWS_MAGIC = b"KCLROWS1"
 _META = "kcl_pipeline."
 COMPRESSIONS = ("zstd", "snappy", "gzip", "lz4", "none")
 
@@ -91,7 +96,8 @@ class BatchInfo:
 
 
 def encode_batch(stream: str, shard_id: str, records: Sequence[UserRecord], prev: Checkpoint | None,
-                 compression: str = "zstd", prev_key: str | None = None) -> EncodedBatch:
+                 compression: str = "zstd", prev_key: str | None = None,
+                 batch_format: str = "parquet") -> EncodedBatch:
     """One batch object. `records` are consecutive records of `shard_id`, in shard order, of one minute —
     a columnar UserRecordBatch (what the reader delivers: it goes to Arrow without a Python object per
     record) or any sequence of UserRecords; `prev_key` is the key of the batch ending at `prev`, so the
@@ -114,6 +120,10 @@ def encode_batch(stream: str, shard_id: str, records: Sequence[UserRecord], prev
         "rows": str(n), "minute": str(minute), "prev_key": prev_key or "",
         "first_arrival_ms": str(min(arrivals)), "last_arrival_ms": str(max(arrivals)),
     }
+    if batch_format == ROWS_FORMAT:
+        return EncodedBatch(key, _encode_rows(batch, meta), n, prev, max(arrivals))
+    if batch_format != PARQUET_FORMAT:
+        raise ValueError(f"batch format must be one of {', '.join(BATCH_FORMATS)}, got {batch_format!r}")
     # Row groups of about ROW_GROUP_BYTES of data, converted one at a time: only one group's Arrow copy of
     # the records exists at once (a worker's peak memory is budgeted on that).
     data_bytes = sum(map(len, batch.data))
@@ -137,6 +147,17 @@ _REQUIRED_VALUES = ("shard_id", "sequence_number", "sub_sequence_number", "data"
 def decode_batch(body: bytes | str, key: str = "?", stream: str | None = None) -> pa.Table:
     """The rows of a batch object (its bytes, or a local file path), in SCHEMA: the one batch decoder
     (`landing verify`, the audit, the Spark reader). CorruptBatchError if it is not readable Parquet."""
+    if isinstance(body, str):  # a local file: a rows batch is read whole (Parquet reads the path itself)
+        try:
+            with open(body, "rb") as file:
+                file.seek(max(0, file.seek(0, 2) - len(ROWS_MAGIC)))
+                if file.read() == ROWS_MAGIC:
+                    file.seek(0)
+                    body = file.read()
+        except OSError:
+            pass  # Parquet's reader says why
+    if not isinstance(body, str) and body[-len(ROWS_MAGIC):] == ROWS_MAGIC:
+        return conform(_decode_rows(body, key), key, stream)
     try:
         table = pq.read_table(body if isinstance(body, str) else pa.BufferReader(body))
     except Exception as exc:
@@ -176,7 +197,11 @@ def conform(table: pa.Table, key: str, stream: str | None = None) -> pa.Table:
 def info_from_metadata(metadata: pq.FileMetaData, key: BatchKey, size: int, where: str) -> BatchInfo:
     """Check a footer against its key: CorruptBatchError naming `where` if they disagree."""
     kv = {k.decode(): v.decode() for k, v in (metadata.metadata or {}).items() if k.startswith(_META.encode())}
-    meta = {k[len(_META):]: v for k, v in kv.items()}
+    return info_from_meta({k[len(_META):]: v for k, v in kv.items()}, metadata.num_rows, key, size, where)
+
+
+def info_from_meta(meta: dict[str, str], num_rows: int, key: BatchKey, size: int, where: str) -> BatchInfo:
+    """Check a batch's metadata (either format's footer) against its key and its row count."""
     if meta.get("batch_format") != FORMAT_VERSION:
         raise CorruptBatchError(f"{where}: not a landed batch (batch_format {meta.get('batch_format')!r})")
     try:
@@ -193,8 +218,8 @@ def info_from_metadata(metadata: pq.FileMetaData, key: BatchKey, size: int, wher
         problems.append(f"holds {first}..{last}, its key says {key.first}..{key.last}")
     if meta.get("shard_id") != key.shard_id or meta.get("stream") != key.stream:
         problems.append(f"holds {meta.get('stream')}/{meta.get('shard_id')}, its key says {key.stream}/{key.shard_id}")
-    if rows != metadata.num_rows:
-        problems.append(f"metadata says {rows} rows, the file has {metadata.num_rows}")
+    if rows != num_rows:
+        problems.append(f"metadata says {rows} rows, the file has {num_rows}")
     if str(key.minute_ms) != meta.get("minute"):
         problems.append(f"minute {meta.get('minute')} is not the key's {key.minute_ms}")
     if problems:
@@ -207,6 +232,8 @@ def read_batch_info(store, key: BatchKey) -> BatchInfo:
     rel = key.key()
     where = f"landing zone {store.uri}: object {rel}"
     tail, size = store.get_tail(rel, TAIL_BYTES)
+    if tail[-len(ROWS_MAGIC):] == ROWS_MAGIC:
+        return _rows_info(store, rel, tail, size, key, where)
     if size < 12 or tail[-4:] != b"PAR1":
         raise CorruptBatchError(f"{where} is not a Parquet file ({size} bytes, no footer magic)")
     footer_len = struct.unpack("<I", tail[-8:-4])[0]
@@ -219,6 +246,76 @@ def read_batch_info(store, key: BatchKey) -> BatchInfo:
     except Exception as exc:
         raise CorruptBatchError(f"{where}: unreadable Parquet footer ({exc})") from exc
     return info_from_metadata(metadata, key, size, where)
+
+
+# -- the rows format: the landing codec's cheap encoding (LandingSettings.batch_format="rows") ------------------
+#
+# The same columns and the same metadata as the Parquet batch, for the simulation and tests, where an encoder's
+# fixed cost per batch (Parquet: a few milliseconds) outweighs everything else: the columns as one JSON object
+# (data as latin-1 text), then the metadata as JSON, then the two lengths (4 bytes each, little-endian) and the
+# magic. Every reader of the landing zone takes either format (`decode_batch`, `read_batch_info`, which tell
+# them apart by the last bytes); Spark's native Parquet reader does not (a zone of rows batches is read with
+# `landing_reader="datasource"`).
+
+def _encode_rows(batch: UserRecordBatch, meta: dict[str, str]) -> bytes:
+    columns = {
+        "sequence_number": batch.sequence_numbers, "sub_sequence_number": batch.sub_sequence_numbers,
+        "partition_key": list(batch.partition_keys), "explicit_hash_key": list(batch.explicit_hash_keys),
+        "approximate_arrival_timestamp": batch.arrival_ms,
+        "data": [bytes(d).decode("latin-1") for d in batch.data],
+    }
+    body = json.dumps(columns, separators=(",", ":")).encode()
+    footer = json.dumps(meta, separators=(",", ":")).encode()
+    return body + footer + struct.pack("<II", len(footer), len(body)) + ROWS_MAGIC
+
+
+def _rows_parts(raw: bytes, where: str) -> tuple[dict, bytes]:
+    """(the metadata, the columns' bytes) of a whole rows-format object."""
+    tail = len(ROWS_MAGIC) + 8
+    if len(raw) < tail:
+        raise CorruptBatchError(f"{where}: a truncated rows batch ({len(raw)} bytes)")
+    footer_len, body_len = struct.unpack("<II", raw[-tail:-len(ROWS_MAGIC)])
+    if footer_len + body_len + tail != len(raw):
+        raise CorruptBatchError(f"{where}: a truncated rows batch ({len(raw)} bytes, "
+                                f"{footer_len + body_len + tail} claimed)")
+    try:
+        meta = json.loads(raw[body_len:body_len + footer_len])
+    except ValueError as exc:
+        raise CorruptBatchError(f"{where}: unreadable rows batch metadata ({exc})") from exc
+    if not isinstance(meta, dict):
+        raise CorruptBatchError(f"{where}: unreadable rows batch metadata")
+    return {str(k): str(v) for k, v in meta.items()}, raw[:body_len]
+
+
+def _rows_info(store, rel: str, tail: bytes, size: int, key: BatchKey, where: str) -> BatchInfo:
+    raw = tail if len(tail) == size else store.get(rel)
+    meta, _ = _rows_parts(raw, where)
+    try:
+        rows = int(meta.get("rows", ""))
+    except ValueError as exc:
+        raise CorruptBatchError(f"{where}: batch metadata unreadable ({exc})") from exc
+    return info_from_meta(meta, rows, key, size, where)
+
+
+def _decode_rows(raw: bytes, key: str) -> pa.Table:
+    meta, body = _rows_parts(raw, f"landed batch {key}")
+    try:
+        cols = json.loads(body)
+        n = len(cols["sequence_number"])
+        if int(meta["rows"]) != n:
+            raise ValueError(f"metadata says {meta['rows']} rows, the columns hold {n}")
+        return pa.Table.from_arrays([
+            pa.array([meta.get("stream")] * n, pa.string()),
+            pa.array([meta.get("shard_id")] * n, pa.string()),
+            pa.array(cols["sequence_number"], pa.string()),
+            pa.array(cols["sub_sequence_number"], pa.int64()),
+            pa.array(cols["partition_key"], pa.string()),
+            pa.array(cols["explicit_hash_key"], pa.string()),
+            pa.array(cols["approximate_arrival_timestamp"], pa.int64()).cast(pa.timestamp("ms", tz="UTC")),
+            pa.array([d.encode("latin-1") for d in cols["data"]], pa.binary()),
+        ], schema=SCHEMA)
+    except (ValueError, KeyError, TypeError, pa.ArrowException) as exc:
+        raise CorruptBatchError(f"landed batch {key}: unreadable rows batch ({exc})") from exc
 
 
 class _Tail(io.RawIOBase):

@@ -45,7 +45,7 @@ from ..kcl.core.model import AT_TIMESTAMP, Checkpoint, UserRecord
 from ..kcl.processor import Checkpointer, InitializationInput, ProcessRecordsInput
 from ..kcl.records.record_batch import UserRecordBatch
 from ..kcl.shells.aws import AwsSettings
-from .batch import COMPRESSIONS, BatchInfo, encode_batch, read_batch_info
+from .batch import BATCH_FORMATS, COMPRESSIONS, PARQUET_FORMAT, BatchInfo, encode_batch, read_batch_info
 from .errors import ChainStartTaken, CorruptBatchError, LandingConfigError, LandingError
 from .exclusion import exclude_landed
 from .layout import (
@@ -88,6 +88,7 @@ class LandingSettings:
     checkpoint_after_flush: bool = False
     create_zone: bool = False
     resume_lookback_minutes: int = RESUME_LOOKBACK_MINUTES
+    batch_format: str = PARQUET_FORMAT  # the landing codec (batch.py): "rows" is the simulation's cheap one
 
     def __post_init__(self) -> None:
         if self.max_batch_bytes < 1024:
@@ -103,6 +104,9 @@ class LandingSettings:
                 f"max_batch_bytes {self.max_batch_bytes} needs about {MEMORY_FACTOR}x its size while flushing "
                 f"({MEMORY_FACTOR * self.max_batch_bytes} bytes), more than memory_limit_bytes "
                 f"{self.memory_limit_bytes}: lower max_batch_bytes or raise the limit")
+        if self.batch_format not in BATCH_FORMATS:
+            raise LandingConfigError(f"batch_format must be one of {', '.join(BATCH_FORMATS)}, "
+                                     f"got {self.batch_format!r}")
         if self.resume_lookback_minutes < 0:
             raise LandingConfigError(f"resume_lookback_minutes must be >= 0, got {self.resume_lookback_minutes}")
 
@@ -132,6 +136,7 @@ class LandingProcessor:
                  checkpoint_after_flush: bool = False,
                  create_zone: bool = False,
                  resume_lookback_minutes: int = RESUME_LOOKBACK_MINUTES,
+                 batch_format: str = PARQUET_FORMAT,
                  aws: AwsSettings | None = None,
                  progress_hint: ShardProgress | None = None,
                  clock: Callable[[], float] = time.time,
@@ -140,7 +145,7 @@ class LandingProcessor:
             raise LandingConfigError(f"stream {stream!r} must be a non-empty name without '/'")
         self.settings = LandingSettings(max_batch_bytes, max_batch_age_seconds, max_batch_records, compression,
                                         memory_limit_bytes, checkpoint_after_flush, create_zone,
-                                        resume_lookback_minutes)
+                                        resume_lookback_minutes, batch_format)
         self._zone = zone
         self.stream = stream
         self._aws = aws
@@ -529,7 +534,8 @@ class LandingProcessor:
         """Land the batch following `prev`, fenced by its link; (the batch that follows prev, how many of
         `records` it holds), or None when another writer claimed a longer batch that is not written yet."""
         store = self._zone_store()
-        encoded = encode_batch(self.stream, self.shard_id, records, prev, self.settings.compression, prev_key)
+        encoded = encode_batch(self.stream, self.shard_id, records, prev, self.settings.compression, prev_key,
+                               self.settings.batch_format)
         link = link_key(self.stream, encoded.key.minute_ms, self.shard_id, prev)
         starts = prev is not None and prev.is_starting_sentinel
         # A start link names its claimer too: who began the chain, when a person looks at a stuck shard.
@@ -562,7 +568,8 @@ class LandingProcessor:
         if held == len(records) and records[-1].checkpoint != owner.last:
             return None  # the claimed batch ends beyond what we hold: wait for more records
         # The claimer died between link and batch: land exactly its range (same records, same key).
-        mine = encode_batch(self.stream, self.shard_id, records[:held], prev, self.settings.compression, prev_key)
+        mine = encode_batch(self.stream, self.shard_id, records[:held], prev, self.settings.compression, prev_key,
+                            self.settings.batch_format)
         if mine.key != owner:
             raise CorruptBatchError(f"landing zone {store.uri}: link {link} names {owner.key()}, "
                                     f"but the records after {prev} make {mine.key.key()}")
