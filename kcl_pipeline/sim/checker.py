@@ -39,6 +39,7 @@ from ..kcl.config import ConsumerConfig
 from ..kcl.core.balance import imbalance, reported_load
 from ..kcl.core.lease_codec import lease_from_item
 from ..kcl.core.model import Checkpoint
+from ..landing.layout import parse_batch_key
 from .fleet import FleetView
 from .kinesis import SimStream
 from .landing import SimZone
@@ -276,6 +277,73 @@ class Checker:
             if landed[(shard_id, p)] > 1:
                 self.violation(f"record {shard_id} {p[1]}/{p[2]} landed twice")
                 return
+
+    # -- the pipeline (sim/pipeline.py) --------------------------------------------------------------------
+    def on_pipeline_tick(self, pipeline: Any) -> None:
+        """After each pipeline tick: every record at or below a shard's checkpoint is in exactly one committed
+        window (a batch a published commit names, output or quarantine alike), and every window that failed
+        for good is reported stalled once it is overdue."""
+        commits = pipeline.committed()
+        copies: dict[tuple[str, tuple[int, str, int]], int] = {}
+        for commit in commits.values():
+            for name in commit.batches:
+                key = parse_batch_key(name)
+                if key is None:
+                    continue
+                for p in self.zone.positions(key):
+                    copies[(key.shard_id, p)] = copies.get((key.shard_id, p), 0) + 1
+        for shard_id, shard in self.stream.shards.items():
+            item = self.items.get(shard_id)
+            if item is None:
+                continue
+            cp = lease_from_item(item).checkpoint
+            if cp.is_sentinel:
+                continue
+            upto = bisect.bisect_right(shard.positions, cp.key())
+            for p in shard.positions[:upto]:
+                n = copies.get((shard_id, p), 0)
+                if n == 0 and pipeline.deleted:
+                    continue  # its window's commit was deleted by the world: the audit must say so (below)
+                if n != 1:
+                    self.violation(f"{shard_id}'s checkpoint {cp.sequence_number}/{cp.sub_sequence_number} passed "
+                                   f"record {p[1]}/{p[2]}, which is in {n} committed windows (must be exactly one)")
+                    return
+        for start, ok in pipeline.deleted_audits:
+            if ok:
+                self.violation(f"window {start}'s commit was deleted, and the shipped audit reports it OK")
+                return
+        now_ms = pipeline.now_ms
+        for start in sorted(pipeline.failing_for_good()):
+            due = start + pipeline.window_ms + pipeline.overdue_ms + pipeline.period_ms
+            if now_ms >= due and start not in pipeline.stalled and start not in commits:
+                self.violation(f"window {start} failed for good and was not reported stalled {now_ms - start} ms "
+                               f"after its start")
+                return
+
+    def pipeline_settled(self, pipeline: Any) -> list[str]:
+        """Once the faults stopped: every window overdue is committed, and each shard's checkpoint reaches its last
+        landed record (or the shard ended)."""
+        problems: list[str] = []
+        commits = pipeline.committed()
+        now_ms = pipeline.now_ms
+        start = pipeline.first_window_ms
+        while start + pipeline.window_ms + pipeline.overdue_ms <= now_ms:
+            if start not in commits and start < pipeline.cursor:
+                problems.append(f"window {start} is not committed"
+                                + (" (reported stalled)" if start in pipeline.stalled else ""))
+            start += pipeline.window_ms
+        for shard_id, shard in self.stream.shards.items():
+            item = self.items.get(shard_id)
+            if item is None or shard.trimmed:
+                continue
+            cp = lease_from_item(item).checkpoint
+            landed = [p for p in shard.positions if (shard_id, p) in self.zone.landed]
+            if cp.is_shard_end or not landed:
+                continue
+            if cp.is_sentinel or cp.key() < landed[-1]:
+                problems.append(f"{shard_id}'s checkpoint {cp.sequence_number} is before its last landed record "
+                                f"{landed[-1][1]}")
+        return problems
 
     def on_trim(self, shard_id: str) -> None:
         shard = self.stream.shards[shard_id]

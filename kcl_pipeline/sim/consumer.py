@@ -273,7 +273,7 @@ class SimWorkerProcess(Process):
         sc = world.scenario
         self.processor = LandingProcessor(
             world.zone.view(self, self.kill), world.stream.name, max_batch_records=sc.flush_records,
-            max_batch_age_seconds=sc.batch_age, compression="none",
+            max_batch_age_seconds=sc.batch_age, batch_format="rows",
             checkpoint_after_flush=sc.pipeline_period is None, clock=self.host.wall, monotonic=self.host.monotonic)
         self.checked_at = 0.0  # when its last check before the delivery in progress was answered (true time)
         self.paused = 0.0  # true seconds from that check to the delivery

@@ -32,14 +32,14 @@ from typing import Any, Callable
 from ..kcl.core.model import TRIM_HORIZON, Checkpoint
 from ..kcl.core.streams import StreamScope
 from ..kcl.shells.shards import list_shards
-from ..landing.audit import MANIFEST, QUARANTINE, TRANSFORMED, output_partition
+from ..landing.audit import MANIFEST, QUARANTINE, TRANSFORMED, audit_window, output_partition
 from ..landing.batch import decode_batch
 from ..landing.checkpoint_commit import CheckpointReport, commit_checkpoints, list_landed
 from ..landing.store import MemoryZoneStore, ZoneStore
 from ..landing.stream_slice import slice_of
 from ..landing.window_commit import reconcile_window
 from ..landing.window_followup import Outstanding, RunState, WindowObservation, follow_up, track_reports
-from ..transform.manifest import WindowCommit, commit_key, pending_commit_key, read_commit
+from ..transform.manifest import WindowCommit, commit_key, commit_windows, pending_commit_key, read_commit
 
 PIPELINE_CRASHES = ("after-dataset", "before-publish")
 
@@ -133,9 +133,14 @@ class SimPipeline:
         self.gave_up: tuple[int, ...] = ()
         self.runs_started = 0
         self.enabled = True
+        self.now_ms = 0
+        self.period_ms = 0  # the tick's period (the world sets it)
+        self.deleted: set[int] = set()  # windows whose commit the world deleted
+        self.deleted_audits: list[tuple[int, bool]] = []  # (window, the shipped audit's verdict right after)
 
     # -- a tick ----------------------------------------------------------------------------------------------
     def tick(self, now_ms: int) -> None:
+        self.now_ms = now_ms
         if not self.enabled:
             return
         self._sense(now_ms)
@@ -205,6 +210,39 @@ class SimPipeline:
         self.frontier = report.frontier
         self.reports += 1
         self.report = report
+
+    def delete_newest_commit(self) -> int | None:
+        """The world deletes the newest published commit (an operator's mistake, a lifecycle rule). The shipped
+        audit must then fail the window (`deleted_audits`: its verdicts, judged by the checker)."""
+        windows = commit_windows(self.output, self.first_window_ms, self.cursor + self.window_ms)
+        if not windows:
+            return None
+        start = windows[-1]
+        self.output.delete([commit_key(start)])
+        self.deleted.add(start)
+        outcomes = audit_window(self.store, self.output, self.scope.stream, start, start + self.window_ms,
+                                checks=["counts"], now_ms=self.now_ms, transform_grace_ms=0)
+        self.deleted_audits.append((start, all(o.ok for o in outcomes)))
+        return start
+
+    def failing_for_good(self) -> set[int]:
+        return set(self.faults.fail_always)
+
+    def heal(self) -> None:
+        """The faults stop: runs succeed from now on, and the windows given up on are asked for again (a person
+        re-running what the stall check named)."""
+        self.faults = PipelineFaults()
+        for start, entry in list(self.outstanding.items()):
+            if entry.gave_up:
+                self.outstanding[start] = Outstanding(1, f"{entry.run_key(output_partition(start))}-by-hand",
+                                                      entry.need)
+                if start not in self.queue:
+                    self.queue.append(start)
+
+    def committed(self) -> dict[int, WindowCommit]:
+        """Every published commit (the checker's view)."""
+        return {w: c for w in commit_windows(self.output, self.first_window_ms, self.cursor + self.window_ms)
+                if (c := read_commit(self.output, w)) is not None}
 
     def drop(self) -> None:
         self.output.drop()

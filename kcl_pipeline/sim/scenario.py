@@ -12,7 +12,9 @@ from ..kcl.core.tolerance import CLOCK_RATE_TOLERANCE
 
 FAULTS = ("crash", "restart-same-id", "graceful-stop", "freeze-consumer", "freeze-worker", "partition",
           "slow-dynamodb", "slow-heartbeats", "duplicate-id", "lost-responses", "throttling", "clock-drift",
-          "java-peer", "reshard", "late-writes", "pauses")
+          "java-peer", "reshard", "late-writes", "pauses",
+          # the landing and the pipeline (sim/landing.py, sim/pipeline.py)
+          "landing-crash", "transform-fails", "pipeline-crash", "deleted-commit")
 
 
 @dataclass(frozen=True, order=True)

@@ -29,9 +29,9 @@ from .dynamodb import NetworkFaults, SimDynamoDB, SimDynamoDBClient, SimTable
 from .engine import EPOCH, Host
 from .java import JavaPeer
 from .kinesis import SimKinesisClient, SimStream
-from .landing import SimZone
+from .landing import CRASH_POINTS, SimZone
 from .pauses import Pauses
-from .pipeline import SimPipeline
+from .pipeline import PIPELINE_CRASHES, SimPipeline
 from .scenario import FAULTS, FaultEvent, Scenario
 from .stage import Stage
 
@@ -245,8 +245,13 @@ class World(Stage):
         self.every(5.0, self._trim)
         self.every(2.0, self.checker.audit)
         if sc.pipeline_period is not None:
-            self.pipeline = self._pipeline()
-            self.every(sc.pipeline_period, lambda: self.pipeline.tick(int((EPOCH + self.now) * 1000)))
+            self.pipeline = pipeline = self._pipeline()
+            pipeline.period_ms = int(sc.pipeline_period * 1000)
+
+            def tick() -> None:
+                pipeline.tick(int((EPOCH + self.now) * 1000))
+                self.checker.on_pipeline_tick(pipeline)
+            self.every(sc.pipeline_period, tick)
         events = list(sc.events)
         violated = lambda: bool(self.checker.violations)  # noqa: E731
         # Steps count the system's own events; when it has none left to run (every consumer stopped for
@@ -313,8 +318,11 @@ class World(Stage):
         deadline = self.now + self.scenario.settle_seconds
         state = {"quiet": 0}
 
+        if self.pipeline is not None:
+            self.pipeline.heal()
+
         def look():
-            problems = self.checker.settled()
+            problems = self.settled()
             state["quiet"] = state["quiet"] + 1 if not problems else 0
             state["problems"] = problems
             if self.now < deadline:
@@ -322,11 +330,36 @@ class World(Stage):
         self.at(self.now + 5.0, look)
         self.run_until(lambda: bool(self.checker.violations) or state["quiet"] >= 2 or self.now > deadline)
         if not self.checker.violations and state["quiet"] < 2:
-            problems = self.checker.settled()
+            problems = self.settled()
             if problems:
                 self.checker.violation(f"the fleet did not settle within {self.scenario.settle_seconds:.0f}s "
                                        f"after the faults stopped: {problems[0]}"
                                        + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+
+    def _strike_pipeline(self, kind: str, rng: random.Random) -> None:
+        pipeline = self.pipeline
+        if pipeline is None:
+            return
+        # A window still to run (the next ones the sensor reports), or one already run (a re-run's).
+        window = pipeline.cursor + rng.randint(-2, 2) * WINDOW_MS
+        if kind == "transform-fails":
+            how = "for good" if rng.random() < 0.3 else "once"
+            (pipeline.faults.fail_always if how == "for good" else pipeline.faults.fail_once).add(window)
+            self.note(f"window {window}'s run will fail {how}")
+        elif kind == "pipeline-crash":
+            point = rng.choice(PIPELINE_CRASHES)
+            pipeline.faults.crash[window] = point
+            self.note(f"window {window}'s run will crash {point}")
+        else:
+            deleted = pipeline.delete_newest_commit()
+            self.note(f"window {deleted}'s commit deleted" if deleted is not None else "no commit to delete")
+
+    def settled(self) -> list[str]:
+        """What keeps the world from having settled: the fleet's, and the pipeline's."""
+        problems = self.checker.settled()
+        if self.pipeline is not None:
+            problems += self.checker.pipeline_settled(self.pipeline)
+        return problems
 
     # -- faults --------------------------------------------------------------------------------------------
     def _strike(self, event: FaultEvent) -> None:
@@ -349,9 +382,22 @@ class World(Stage):
             self.note("the Java peer's network fails")
             self._network_fault(kind, peers[0], rng)
             return
+        if kind in ("transform-fails", "pipeline-crash", "deleted-commit"):
+            self._strike_pipeline(kind, rng)
+            return
         if not live:
             return
         victim = rng.choice(live)
+        if kind == "landing-crash":
+            # Killed at one step of a landing: after its link was claimed, while its batch was uploaded (the
+            # put never shows), or right after the batch was written (sim/landing.py).
+            workers = [w for w in victim.workers.values() if not w.finished]
+            if workers:
+                worker = rng.choice(workers)
+                point = rng.choice(CRASH_POINTS)
+                self.zone.crashes[worker] = point
+                self.note(f"{worker!r} will be killed {point} of its next landing")
+            return
         # The fleet is never left empty for good: an operator (or the orchestrator) starts a consumer again
         # before the stream's retention runs out.
         last = len(live) == 1
