@@ -32,7 +32,7 @@ from unittest import mock
 
 from ..kcl.core import cycle, effects, lease_hold, lease_life, planner
 from ..kcl.shells import lease_table, manager, worker
-from ..landing import exclusion, sink
+from ..landing import audit, exclusion, sink
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,9 @@ MUTATIONS: dict[str, Mutation] = {m.name: m for m in (
     Mutation("land-without-fence", "landing ignores the zone: no resume after the last landed record, no "
              "exclusion of what landed batches hold", 60),
     Mutation("delete-foreign", "leases of other streams and applications treated as this stream's", 20),
+    # -- the pipeline (issue 20's classes)
+    Mutation("audit-trusts-manifest", "the audit judges a window by its datasets' manifests when its commit is "
+             "gone, not by the commit", 100, ("deleted-commit",)),
 )}
 
 
@@ -230,6 +233,10 @@ def _plant(name: str, stack: contextlib.ExitStack, world: Any) -> None:
         _patch(stack, sink.LandingProcessor, "_land_after",
                "if store.put_if_absent(link, link_body(encoded.key.key(), self._holder if starts else None)):",
                "if store.put(link, link_body(encoded.key.key(), self._holder if starts else None)) or True:")
+    elif name == "audit-trusts-manifest":
+        _patch(stack, audit, "read_output_counts", "    if raw is None:\n        return None\n",
+               "    if raw is None:\n        return OutputCounts(*(__import__('json').loads(output.get(f'{name}/"
+               "{output_partition(window_start_ms)}/{MANIFEST}'))['rows'] for name in (TRANSFORMED, QUARANTINE)))\n")
     elif name == "delete-foreign":
         stack.enter_context(mock.patch.object(cycle, "scoped_leases", lambda leases, shards: list(leases)))
     else:
