@@ -10,7 +10,7 @@ from kcl_pipeline.kcl.core.lease_hold import LeaseTiming
 from kcl_pipeline.kcl.core.model import TRIM_HORIZON, Checkpoint, Lease
 from kcl_pipeline.sim.checker import Checker
 from kcl_pipeline.sim.kinesis import SimStream
-from kcl_pipeline.sim.landing import SimZoneStore
+from kcl_pipeline.sim.landing import SimZone
 from kcl_pipeline.sim.world import base_config
 
 KEY = "shardId-000000000000"
@@ -68,7 +68,7 @@ def _world(workers):
     stream.produce(5.0)
     items: dict = {}
     violations: list[str] = []
-    checker = Checker(stream=stream, store=SimZoneStore("simstream"), items=items, foreign={}, fleet=Fleet(workers),
+    checker = Checker(stream=stream, zone=SimZone(stream), items=items, foreign={}, fleet=Fleet(workers),
                       config=CONFIG, liveness_slack=6.0, now=lambda: now[0], note=violations.append)
 
     def write(actor, owner, counter):
