@@ -1,6 +1,7 @@
 """The lease worker in-process against kinesis-local + dynalite over HTTP: every way a lease's life ends."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import threading
@@ -390,6 +391,9 @@ class BadHook(Recorder):
                          ids=["hook raises", "unencodable", "item over 400 KB", "number the table rejects"])
 def test_heartbeat_hook_failures_fall_back_to_a_plain_heartbeat(setup, attrs):
     config, table, (shard,) = setup(records=2)
+    # A refused attempt and its plain retry are two round trips per heartbeat: a 1 s expiry left too little
+    # room on a loaded machine (the lease lapsed under Python 3.13 beside other work).
+    config = dataclasses.replace(config, heartbeat_seconds=0.4, lease_expiry_seconds=2.5, validity_margin_seconds=0.3)
     proc = BadHook(attrs)
     worker = LeaseWorker(config, table.get(shard), proc)
     t, out = _start(worker)
