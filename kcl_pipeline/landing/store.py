@@ -51,7 +51,7 @@ from botocore.exceptions import (
     ReadTimeoutError,
 )
 
-from ..kcl.shells.aws import AwsSettings, client
+from ..kcl.shells.aws import AwsSettings, client, parse_timestamp
 from .errors import LandingError, ZoneAccessError, ZoneNotFoundError, ZoneUnavailableError
 from .layout import Zone
 
@@ -128,11 +128,14 @@ class S3Options:
 
     def client(self):
         import boto3
+        import botocore.session
         from botocore.config import Config
 
+        core = botocore.session.get_session()
+        core.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=parse_timestamp)
         session = boto3.session.Session(
             aws_access_key_id=self.aws_access_key_id, aws_secret_access_key=self.aws_secret_access_key,
-            aws_session_token=self.aws_session_token, region_name=self.region)
+            aws_session_token=self.aws_session_token, region_name=self.region, botocore_session=core)
         return session.client("s3", endpoint_url=self.endpoint_url, config=Config(
             retries={"mode": "standard", "max_attempts": 8}, connect_timeout=5, read_timeout=60,
             max_pool_connections=20))

@@ -8,10 +8,14 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass, field
+from datetime import datetime
+from email.utils import parsedate_to_datetime
+from typing import Any
 
 import boto3
 import botocore.loaders
 import botocore.session
+import botocore.utils
 from botocore.config import Config
 
 _SERVICE_ENV = {
@@ -79,6 +83,24 @@ _LOADER_LOCK = threading.Lock()
 _loader: botocore.loaders.Loader | None = None
 
 
+def parse_timestamp(value: Any) -> datetime:
+    """botocore's timestamp parsing, without dateutil for the two forms of XML services (S3, CloudWatch): ISO 8601
+    in bodies (`2024-05-01T12:00:00.000Z`, every object of an S3 listing) and RFC 7231 in headers (`Wed, 01 May
+    2024 12:00:00 GMT`, every S3 read). botocore's parser (dateutil) costs ~60 µs of CPU a timestamp, a tenth of
+    the client's CPU in the lineage audit's listings and reads; these take 1–5 µs. Both come back
+    timezone-aware, the same instants botocore's parser gives; any other form (epoch seconds in JSON services,
+    offsets) is botocore's."""
+    if isinstance(value, str):
+        try:
+            if value.endswith("Z") and value[10:11] == "T":
+                return datetime.fromisoformat(value)
+            if value.endswith(" GMT"):
+                return parsedate_to_datetime(value)
+        except (ValueError, TypeError, IndexError):
+            pass  # botocore's parser says what is wrong with it
+    return botocore.utils.parse_timestamp(value)
+
+
 def boto3_session() -> boto3.session.Session:
     """A new boto3 session (its own credentials) reading botocore's data through this process's one loader."""
     global _loader
@@ -87,6 +109,7 @@ def boto3_session() -> boto3.session.Session:
         if _loader is None:
             _loader = botocore.loaders.create_loader(core.get_config_variable("data_path"))
         core.register_component("data_loader", _loader)
+        core.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=parse_timestamp)
         made = boto3.session.Session(botocore_session=core)
         # boto3 appends its data directory to the loader of every session it makes: keep it once.
         _loader.search_paths[:] = dict.fromkeys(_loader.search_paths)
