@@ -27,7 +27,7 @@ import time
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence, TypeVar
 
 from ..kcl.core.model import Lease
 from ..transform.manifest import COMMITS, CommitFormatError, WindowCommit, is_commit_key
@@ -43,7 +43,7 @@ from .audit import (
 )
 from .audit_index import AuditIndex, BatchFacts, CommitFacts, IndexFormatError, index_key
 from .batch import BatchInfo, format_position, parse_position, read_batch_info
-from .errors import CorruptBatchError, ZoneNotFoundError
+from .errors import CorruptBatchError, LandingError, ZoneNotFoundError
 from .layout import BatchKey, split_batch_keys
 from .progress import ShardProgress, progress_from_leases
 from .store import ObjectVersion, ZoneStore
@@ -53,6 +53,7 @@ from .window_scan import window_floor
 log = logging.getLogger(__name__)
 
 DEFAULT_WORKERS = 16  # concurrent reads: S3 answers each in milliseconds; the audit waits on the network
+F = TypeVar("F", BatchFacts, CommitFacts)
 
 
 @dataclass(frozen=True)
@@ -104,24 +105,30 @@ def audit_history(store: ZoneStore, output: ZoneStore, directory: str, window_ms
     # one lists their partitions (one entry a window, not one per file) and the files of the commits it reads.
     thorough = full or not old.commits
     with ThreadPoolExecutor(max_workers=max(1, workers) + 4, thread_name_prefix="audit") as pool:
-        landing = pool.submit(_gather_batches, store, directory, old.batches, pool)
-        outputs = pool.submit(_gather_commits, output, old.commits, pool)
-        listed = [pool.submit(_output_files if thorough else _output_partitions, output, dataset)
-                  for dataset in (TRANSFORMED, QUARANTINE)]
-        batch_versions, malformed, reused_batches, batch_reads = landing.result()
-        commit_versions, reused_commits, commit_reads = outputs.result()
-        facts.batches.update(reused_batches)
-        facts.batches.update({k: f.result() for k, f in batch_reads.items()})
-        facts.commits.update(reused_commits)
-        facts.commits.update({k: f.result() for k, f in commit_reads.items()})
-        output_listing = set().union(*(f.result() for f in listed))
-        if thorough:
-            lost = {k: sorted(c.files - output_listing) for k, c in facts.commits.items()}
-        else:
-            read = {k: pool.submit(_files_of, output, facts.commits[k].files) for k in commit_reads}
-            lost = {k: sorted(c.files - read[k].result()) if k in read else
-                    sorted(f for f in c.files if _partition(f) not in output_listing)
-                    for k, c in facts.commits.items()}
+        try:
+            landing = pool.submit(_gather_batches, store, directory, old.batches, pool)
+            outputs = pool.submit(_gather_commits, output, old.commits, pool)
+            listed = [pool.submit(_output_files if thorough else _output_partitions, output, dataset)
+                      for dataset in (TRANSFORMED, QUARANTINE)]
+            batch_versions, malformed, reused_batches, batch_reads = landing.result()
+            commit_versions, reused_commits, commit_reads = outputs.result()
+            facts.batches.update(reused_batches)
+            facts.batches.update(_results(batch_reads, directory))
+            facts.commits.update(reused_commits)
+            facts.commits.update(_results(commit_reads, directory))
+            output_listing = set().union(*(f.result() for f in listed))
+            if thorough:
+                lost = {k: sorted(c.files - output_listing) for k, c in facts.commits.items()}
+            else:
+                read = {k: pool.submit(_files_of, output, facts.commits[k].files) for k in commit_reads}
+                lost = {k: sorted(c.files - read[k].result()) if k in read else
+                        sorted(f for f in c.files if _partition(f) not in output_listing)
+                        for k, c in facts.commits.items()}
+        except BaseException:
+            # A listing or a read failed: the reads still queued are dropped, so the error surfaces once the
+            # reads in flight end (at most `workers`), not after the rest of the history was read for nothing.
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
     unread_batches, unread_commits = list(batch_reads), list(commit_reads)
     if save and (full or old.batches != facts.batches or old.commits != facts.commits or old.zone != facts.zone):
         try:
@@ -187,6 +194,24 @@ def _gather_commits(output: ZoneStore, known: Mapping[str, CommitFacts], pool: E
         else:
             reads[version.key] = pool.submit(_commit_facts, output, version.key, version.tag)
     return versions, reused, reads
+
+
+class AuditIncompleteError(LandingError):
+    """An object the audit had to read could not be read (the store failed, or the object went away after it was
+    listed): the audit has no verdict, and says which object stopped it."""
+
+
+def _results(reads: Mapping[str, Future[F]], directory: str) -> dict[str, F]:
+    """The facts of concurrent reads, in key order. The first that failed stops the audit, with the store's own
+    error (which names the object, what failed and why): a failed read is never taken for a fact, nor skipped."""
+    out: dict[str, F] = {}
+    for key, future in reads.items():
+        try:
+            out[key] = future.result()
+        except LandingError as exc:
+            raise AuditIncompleteError(f"the audit of {directory} stopped without a verdict, an object it listed "
+                                       f"could not be read: {exc}") from exc
+    return out
 
 
 def _load_index(output: ZoneStore, key: str, zone: str, directory: str, full: bool) -> tuple[AuditIndex, str]:

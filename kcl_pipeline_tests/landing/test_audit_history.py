@@ -3,12 +3,15 @@ windows only, so a window that stalled earlier passed. Every run now judges ever
 objects its index (in the output zone) has no facts for."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from kcl_pipeline.kcl.core.model import Checkpoint, Lease
-from kcl_pipeline.landing.audit_history import audit_history
+from kcl_pipeline.landing.audit_history import AuditIncompleteError, audit_history
 from kcl_pipeline.landing.audit_index import index_key
 from kcl_pipeline.landing.batch import read_batch_info
+from kcl_pipeline.landing.errors import ZoneUnavailableError
 from kcl_pipeline.landing.layout import MINUTE_MS
 from kcl_pipeline.landing.progress import ShardProgress
 from kcl_pipeline.landing.sink import LandingProcessor
@@ -312,3 +315,75 @@ def test_one_output_file_removed_from_a_partition_is_found_by_a_full_audit(histo
     output.put("transformed/window=20261122T030800Z/run=job-1/part-1.parquet", b"another file")
     assert run(store, output).ok  # the partition is there
     assert failed(run(store, output, full=True)) == {(8, "counts")}
+
+
+class Changing(Counting):
+    """The store, doing `change(inner)` once its listing of the landing directory is taken and before any object
+    listed is read (the audit reads each object as soon as its page is listed); `fail`: keys whose reads fail."""
+
+    def __init__(self, inner, change=None, fail=()):
+        super().__init__(inner)
+        self.change, self.fail = change, set(fail)
+
+    def list_versions(self, prefix):
+        listed = list(self.inner.list_versions(prefix))
+        if self.change is not None:
+            self.change(self.inner)
+            self.change = None
+        return iter(listed)
+
+    def get(self, key):
+        if key in self.fail:
+            raise ZoneUnavailableError(f"{self.what} {self.uri}: S3 unreachable during read {key} (a test)")
+        return super().get(key)
+
+    def get_tail(self, key, nbytes):
+        if key in self.fail:
+            raise ZoneUnavailableError(f"{self.what} {self.uri}: S3 unreachable during read {key} (a test)")
+        return super().get_tail(key, nbytes)
+
+
+@pytest.mark.parametrize("what", ["footer", "commit"])
+def test_a_read_that_fails_stops_the_audit_with_no_verdict_naming_the_object(history, what):
+    """Reads run concurrently: one that fails (after the SDK's retries) is an error naming its object, never a
+    fact taken for read nor an object skipped; the reads still queued are dropped, and no index is saved."""
+    zone_store, output, _ = history
+    batch = list_batches(zone_store, STREAM, T0 + 7 * W, T0 + 8 * W)[0].key()
+    bad = batch if what == "footer" else commit_key(T0 + 7 * W)
+    store = Changing(zone_store, fail={bad} if what == "footer" else ())
+    out = Changing(output, fail={bad} if what == "commit" else ())
+    stopped = f"stopped without a verdict.*unreachable during read {re.escape(bad)}"
+    with pytest.raises(AuditIncompleteError, match=stopped):
+        run(store, out, workers=4)
+    assert output.get_optional(index_key(STREAM)) is None
+    assert run(zone_store, output).ok  # the store answers again: the next audit has its verdict
+
+
+def test_a_batch_replaced_after_it_was_listed_is_judged_as_read_and_read_again_next_time(history):
+    """The listing names the objects, the reads give their facts: a batch corrupted between the two fails the
+    audit as read; the next audit sees its new tag and reads it again (the index never holds the old tag's
+    facts as the new content's, nor the new content's as fresh)."""
+    zone_store, output, _ = history
+    victim = list_batches(zone_store, STREAM, T0 + 4 * W, T0 + 5 * W)[0].key()
+
+    def corrupt(inner):
+        inner.delete([victim])
+        inner.put_if_absent(victim, b"not parquet")
+
+    store = Changing(zone_store, change=corrupt)
+    report = run(store, output)
+    assert failed(report) == {(4, "chain"), (4, "counts")} and victim in store.reads
+    assert f"unreadable: {victim}" in "\n".join(report.lines())
+    again = Counting(zone_store)
+    assert failed(run(again, output)) == {(4, "chain"), (4, "counts")} and again.reads == [victim]
+    assert failed(run(zone_store, output, full=True)) == {(4, "chain"), (4, "counts")}
+
+
+def test_a_batch_deleted_after_it_was_listed_stops_the_audit_naming_it(history):
+    """Listed, then gone before its read: not a fact, not an OK — an error naming it (the next audit, whose
+    listing no longer holds it, reports the chain's gap)."""
+    zone_store, output, _ = history
+    victim = list_batches(zone_store, STREAM, T0 + 4 * W, T0 + 5 * W)[0].key()
+    with pytest.raises(AuditIncompleteError, match=f"stopped without a verdict.*read {re.escape(victim)}"):
+        run(Changing(zone_store, change=lambda inner: inner.delete([victim])), output)
+    assert failed(run(zone_store, output)) == {(4, "counts"), (5, "chain")}
