@@ -49,7 +49,9 @@ SCHEMA = arrow_schema()  # declared once, in kcl/record_batch.py
 # holds ~40 MB it does not use. The system allocator returns large blocks to the OS at once; encoding
 # speed is the same (benchmarks/bench_landing.py measures both speed and peak RSS).
 _POOL = pa.system_memory_pool()
-ROW_GROUP_BYTES = 2 * 1024 * 1024
+# One row group's Arrow copy and Parquet pages exist at once while a batch is encoded (benchmarks/bench_memory.py:
+# 1 MiB groups peak ~1.5 MiB lower than 2 MiB ones for an 8 MiB batch, at the same encoding speed).
+ROW_GROUP_BYTES = 1024 * 1024
 
 # A footer larger than this is read with a second ranged GET (row groups x columns x stats; ours are small).
 TAIL_BYTES = 64 * 1024
@@ -128,7 +130,9 @@ def encode_batch(stream: str, shard_id: str, records: Sequence[UserRecord], prev
     # the records exists at once (a worker's peak memory is budgeted on that).
     data_bytes = sum(map(len, batch.data))
     group = max(1, min(n, n * ROW_GROUP_BYTES // max(1, data_bytes)))
-    sink = pa.BufferOutputStream(memory_pool=_POOL)
+    # Written straight into a Python buffer, which becomes the body without a copy (an Arrow output stream's
+    # buffer had to be copied out: the encoded batch twice in memory at the end of every flush).
+    sink = io.BytesIO()
     # store_schema=False: the Parquet types already say everything (UTC millis); a smaller footer.
     with pq.ParquetWriter(sink, SCHEMA, compression=None if compression == "none" else compression,
                           use_dictionary=["stream", "shard_id", "partition_key", "explicit_hash_key"],
@@ -137,7 +141,7 @@ def encode_batch(stream: str, shard_id: str, records: Sequence[UserRecord], prev
         for i in range(0, n, group):
             writer.write_table(batch[i:i + group].to_arrow(stream, memory_pool=_POOL), row_group_size=group)
         writer.add_key_value_metadata({f"{_META}{k}": v for k, v in meta.items()})
-    return EncodedBatch(key, sink.getvalue().to_pybytes(), n, prev, max(arrivals))
+    return EncodedBatch(key, sink.getvalue(), n, prev, max(arrivals))
 
 
 _OPTIONAL_COLUMNS = frozenset({"stream", "explicit_hash_key"})

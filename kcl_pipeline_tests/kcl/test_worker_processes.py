@@ -404,3 +404,34 @@ def test_the_worker_trims_when_a_poll_finds_the_shard_caught_up():
 
     source = inspect.getsource(LeaseWorker._deliver)
     assert "if batch.millis_behind_latest == 0:" in source and "self.heap.caught_up(" in source
+
+
+# -- a fixed mmap threshold: large transient blocks go back to the OS when freed ---------------------------------------
+
+def test_pinning_the_mmap_threshold_sets_glibcs_option_to_128_kib():
+    calls: list[tuple[int, int]] = []
+    assert wp.pin_mmap_threshold(lambda option, value: calls.append((option, value)) or 1)
+    assert calls == [(wp.M_MMAP_THRESHOLD, 128 * 1024)] and wp.M_MMAP_THRESHOLD == -3
+
+
+def test_without_glibc_or_when_refused_the_threshold_stays_as_it_was(monkeypatch):
+    assert not wp.pin_mmap_threshold(lambda option, value: 0)  # mallopt's refusal
+    monkeypatch.setattr(wp, "_mallopt", lambda: None)
+    assert not wp.pin_mmap_threshold()
+
+
+@pytest.mark.skipif(wp._mallopt() is None, reason="glibc's mallopt only")
+def test_glibcs_mallopt_is_found_and_takes_the_threshold():
+    assert wp.pin_mmap_threshold()
+
+
+def test_a_worker_pins_the_threshold_first_thing():
+    import inspect
+
+    from kcl_pipeline.kcl.shells.worker import worker_main
+
+    lines = [line.strip() for line in inspect.getsource(worker_main).splitlines()]
+    body = [line for line in lines if line and not line.startswith(('"""', "def ", "results,", "log_level"))]
+    assert body[:2] == ["detach_from_server()  # else a forked worker keeps its server, its parent, alive after the "
+                        "host died", "pin_mmap_threshold()  # large transient blocks (responses, encoded batches) go "
+                        "back to the OS when freed"]

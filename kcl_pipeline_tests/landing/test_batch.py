@@ -146,8 +146,23 @@ def test_schema_is_the_one_documented():
 
 
 def test_big_batches_are_written_in_row_groups():
-    records = make_records(3000, data_size=1000)  # ~3 MB: two row groups of <= 2 MB
+    records = make_records(3000, data_size=1000)  # ~3 MB: three row groups of <= 1 MiB
     batch = encode_batch(STREAM, SHARD, records, None)
     md = pq.read_metadata(pa.BufferReader(batch.body))
-    assert md.num_row_groups == 2 and md.num_rows == 3000
+    assert md.num_row_groups == 3 and md.num_rows == 3000
+    assert decode_batch(batch.body).column("data").to_pylist() == [r.data for r in records]
+
+
+def test_the_encoded_body_is_written_once_and_arrow_holds_one_row_group_at_a_time(monkeypatch):
+    """The body is the buffer Parquet was written into (bytes, not a copy out of an Arrow stream), and Arrow's
+    memory during the encoding is about one row group's, not the whole body's."""
+    import kcl_pipeline.landing.batch as batch_module
+
+    pool = pa.proxy_memory_pool(pa.system_memory_pool())
+    monkeypatch.setattr(batch_module, "_POOL", pool)
+    records = make_records(8000, data_size=1000)  # ~8 MB: eight row groups of <= 1 MiB
+    batch = encode_batch(STREAM, SHARD, records, None)
+    assert type(batch.body) is bytes
+    assert pq.read_metadata(pa.BufferReader(batch.body)).num_row_groups == 8
+    assert pool.max_memory() < len(batch.body) / 2
     assert decode_batch(batch.body).column("data").to_pylist() == [r.data for r in records]

@@ -62,7 +62,7 @@ from .transport import (
     StopFlag,
     returning,
 )
-from .worker_processes import HeapTrimmer, detach_from_server
+from .worker_processes import HeapTrimmer, detach_from_server, pin_mmap_threshold
 
 log = logging.getLogger(__name__)
 
@@ -730,6 +730,7 @@ def worker_main(config: ConsumerConfig, observed: Lease, spec: ProcessorSpec,
                 log_level: int = logging.INFO, stolen: bool = False, handoff: bool = False) -> None:
     """Entry point of a worker process (forked from the preloaded server, or spawned: worker_processes.py)."""
     detach_from_server()  # else a forked worker keeps its server, its parent, alive after the host died
+    pin_mmap_threshold()  # large transient blocks (responses, encoded batches) go back to the OS when freed
     lease_key = observed.lease_key
     name_process(WORKER_PROCESS_NAME)
     logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s [worker {lease_key}] %(message)s")

@@ -248,6 +248,34 @@ def detach_from_server() -> None:
 # glibc keeps a process's freed heap for reuse: after a backlog a worker held ~30 MB it no longer used.
 TRIM_PERIOD_SECONDS = 60.0
 
+# glibc serves a block of at least M_MMAP_THRESHOLD bytes with its own mmap and unmaps it on free. The threshold
+# starts at 128 KiB but is dynamic: each freed mmapped block raises it to that block's size (up to 32 MiB). A
+# worker's large blocks are transient — a GetRecords response (its HTTP body, its JSON), an encoded batch — so
+# after the first few the threshold sat at several MiB and every later one was carved from the heap, where
+# freed space fragments and the next response or flush could not reuse it in place: a worker draining a
+# 100k-record backlog peaked ~7 MiB higher (119 vs 112 MiB RSS, benchmarks/bench_memory.py). Pinning it (which
+# also stops the adjustment) gives each large block back to the OS the moment it is freed.
+M_MMAP_THRESHOLD = -3  # mallopt's parameter number (glibc's malloc.h)
+MMAP_THRESHOLD_BYTES = 128 * 1024
+
+
+def _mallopt() -> Callable[[int, int], int] | None:
+    """glibc's mallopt, None elsewhere (musl, macOS)."""
+    try:
+        return ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return None
+
+
+def pin_mmap_threshold(mallopt: Callable[[int, int], int] | None = None,
+                       threshold: int = MMAP_THRESHOLD_BYTES) -> bool:
+    """First thing in a worker: a fixed mmap threshold (see above). True when set; False where glibc's mallopt is
+    missing or refuses (the worker runs as before)."""
+    set_option = mallopt if mallopt is not None else _mallopt()
+    if set_option is None:
+        return False
+    return bool(set_option(M_MMAP_THRESHOLD, threshold))
+
 
 def _malloc_trim() -> Callable[[int], int] | None:
     """glibc's malloc_trim, None elsewhere (musl, macOS)."""
