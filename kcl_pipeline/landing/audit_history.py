@@ -234,25 +234,57 @@ def _load_index(output: ZoneStore, key: str, zone: str, directory: str, full: bo
     return index, ""
 
 
+class _TaggedReads:
+    """`store` as read_batch_info reads it, keeping the tag of the bytes it read: the facts go into the index
+    under that tag, not the listed one. An object replaced between its listing and its read is judged as read,
+    and its facts are never filed under the tag it had when listed (it could come back to those very bytes, an
+    S3 ETag being their digest, and be judged by another content's facts)."""
+
+    def __init__(self, store: ZoneStore, listed: str):
+        self.store, self.uri, self.listed = store, store.uri, listed
+        self.tags: set[str] = set()
+
+    def get_tail(self, key: str, nbytes: int) -> tuple[bytes, int]:
+        body, size, tag = self.store.get_tail_version(key, nbytes)
+        self.tags.add(tag)
+        return body, size
+
+    def get(self, key: str) -> bytes:
+        body, tag = self.store.get_version(key)
+        self.tags.add(tag)
+        return body
+
+    def tag(self) -> str:
+        """The tag of what was read: the listed one when the store cannot tell (as before it could), none ("":
+        never reused) when two reads of the object saw different bytes."""
+        if len(self.tags) > 1:
+            return ""
+        read = next(iter(self.tags), "")
+        return read or self.listed
+
+
 def _batch_facts(store: ZoneStore, key: BatchKey, tag: str) -> BatchFacts:
+    reads = _TaggedReads(store, tag)
     try:
-        info = read_batch_info(store, key)
+        info = read_batch_info(reads, key)
     except CorruptBatchError as exc:
-        return BatchFacts(tag, error=str(exc))  # it keeps its place in the chain, which it breaks
-    return BatchFacts(tag, format_position(info.prev), info.prev_key or "", info.rows)
+        return BatchFacts(reads.tag(), error=str(exc))  # it keeps its place in the chain, which it breaks
+    return BatchFacts(reads.tag(), format_position(info.prev), info.prev_key or "", info.rows)
 
 
 def _commit_facts(output: ZoneStore, key: str, tag: str) -> CommitFacts:
     where = f"{output.uri}/{key}"
+    reads = _TaggedReads(output, tag)
     try:
-        commit = WindowCommit.from_json(output.get(key), where)
+        commit = WindowCommit.from_json(reads.get(key), where)
         if commit.window_start_ms != commit_window(key):
             raise CommitFormatError(f"{where}: the commit of window {commit.window_start_ms}, not "
                                     f"{commit_window(key)}")
         counts = OutputCounts.from_commit(commit, where)
     except CommitFormatError as exc:
-        return CommitFacts(tag, error=str(exc))  # the window's counts check fails naming it
-    return CommitFacts(tag, commit.batches, counts.transformed_rows, counts.quarantined_rows, files=counts.files)
+        return CommitFacts(reads.tag(), error=str(exc))  # the window's counts check fails naming it
+    return CommitFacts(reads.tag(), commit.batches, counts.transformed_rows, counts.quarantined_rows,
+                       files=counts.files)
 
 
 def _output_files(output: ZoneStore, dataset: str) -> set[str]:

@@ -275,6 +275,15 @@ class ZoneStore(ABC):
     def get_tail(self, key: str, nbytes: int) -> tuple[bytes, int]:
         """The last `nbytes` of the object (all of it if smaller) and the object's size."""
 
+    def get_version(self, key: str) -> tuple[bytes, str]:
+        """`get`, with the tag (as `list_versions` gives it) of the bytes read — not of the object when it was
+        listed, which may have been replaced since. "" when the store cannot tell."""
+        return self.get(key), ""
+
+    def get_tail_version(self, key: str, nbytes: int) -> tuple[bytes, int, str]:
+        """`get_tail`, with the tag of the object whose tail was read ("" when the store cannot tell)."""
+        return (*self.get_tail(key, nbytes), "")
+
     @abstractmethod
     def delete(self, keys: list[str]) -> None:
         """Remove these objects (missing ones are fine)."""
@@ -419,7 +428,7 @@ class LocalZoneStore(ZoneStore):
                 except FileNotFoundError:
                     continue  # removed while listing
                 # A replaced object is a new file (a renamed temporary or a new link): a new inode and mtime.
-                out.append(ObjectVersion(key, st.st_size, f"{st.st_ino}-{st.st_mtime_ns}-{st.st_size}"))
+                out.append(ObjectVersion(key, st.st_size, _file_tag(st)))
 
     def list_dirs(self, prefix: str) -> list[str]:
         self._check_root()
@@ -484,11 +493,21 @@ class LocalZoneStore(ZoneStore):
         return self._path(key).is_file()
 
     def get_tail(self, key: str, nbytes: int) -> tuple[bytes, int]:
+        body, size, _tag = self.get_tail_version(key, nbytes)
+        return body, size
+
+    def get_version(self, key: str) -> tuple[bytes, str]:
+        body, _size, tag = self.get_tail_version(key, -1)
+        return body, tag
+
+    def get_tail_version(self, key: str, nbytes: int) -> tuple[bytes, int, str]:
+        """`nbytes` < 0: the whole object. The tag is the open file's (a replaced object is another file)."""
         try:
             with open(self._path(key), "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                f.seek(max(0, size - nbytes))
-                return f.read(), size
+                st = os.fstat(f.fileno())
+                if nbytes >= 0:
+                    f.seek(max(0, st.st_size - nbytes))
+                return f.read(), st.st_size, _file_tag(st)
         except OSError as exc:
             raise self._fail(exc, f"read {key}") from exc
 
@@ -558,6 +577,10 @@ class LocalZoneStore(ZoneStore):
 
     def local_path(self, key: str) -> str | None:
         return str(self._path(key))
+
+
+def _file_tag(st: os.stat_result) -> str:
+    return f"{st.st_ino}-{st.st_mtime_ns}-{st.st_size}"
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -830,6 +853,18 @@ class S3ZoneStore(ZoneStore):
             raise self._error(exc, f"find {key}") from exc
 
     def get_tail(self, key: str, nbytes: int) -> tuple[bytes, int]:
+        body, size, _tag = self.get_tail_version(key, nbytes)
+        return body, size
+
+    def get_version(self, key: str) -> tuple[bytes, str]:
+        try:
+            resp = self.client.get_object(Bucket=self.bucket, Key=self._full(key))
+            return resp["Body"].read(), str(resp.get("ETag") or "")
+        except Exception as exc:
+            raise self._error(exc, f"read {key}") from exc
+
+    def get_tail_version(self, key: str, nbytes: int) -> tuple[bytes, int, str]:
+        """The tag is the ETag of the object read (a ranged read answers the whole object's)."""
         try:
             resp = self.client.get_object(Bucket=self.bucket, Key=self._full(key), Range=f"bytes=-{nbytes}")
             body = resp["Body"].read()
@@ -837,7 +872,7 @@ class S3ZoneStore(ZoneStore):
             raise self._error(exc, f"read {key}") from exc
         content_range = resp.get("ContentRange") or ""
         total = content_range.rpartition("/")[2]
-        return body, int(total) if total.isdigit() else len(body)
+        return body, int(total) if total.isdigit() else len(body), str(resp.get("ETag") or "")
 
     def delete(self, keys: list[str]) -> None:
         for i in range(0, len(keys), _DELETE_BATCH):
@@ -970,6 +1005,18 @@ class MemoryZoneStore(ZoneStore):
         with zone.lock:
             found = zone.objects.get(self._key(key))
         return None if found is None else found[0]
+
+    def get_version(self, key: str) -> tuple[bytes, str]:
+        zone = self._objects()
+        with zone.lock:
+            found = zone.objects.get(self._key(key))
+        if found is None:
+            raise LandingError(f"{self.what} {self.uri}: cannot read {key}: no such object")
+        return found[0], str(found[1])
+
+    def get_tail_version(self, key: str, nbytes: int) -> tuple[bytes, int, str]:
+        body, tag = self.get_version(key)
+        return body[max(0, len(body) - nbytes):], len(body), tag
 
     def exists(self, key: str) -> bool:
         zone = self._objects()

@@ -332,15 +332,18 @@ class Changing(Counting):
             self.change = None
         return iter(listed)
 
-    def get(self, key):
+    def _read(self, key):
         if key in self.fail:
             raise ZoneUnavailableError(f"{self.what} {self.uri}: S3 unreachable during read {key} (a test)")
-        return super().get(key)
+        self.reads.append(key)
 
-    def get_tail(self, key, nbytes):
-        if key in self.fail:
-            raise ZoneUnavailableError(f"{self.what} {self.uri}: S3 unreachable during read {key} (a test)")
-        return super().get_tail(key, nbytes)
+    def get_version(self, key):
+        self._read(key)
+        return self.inner.get_version(key)
+
+    def get_tail_version(self, key, nbytes):
+        self._read(key)
+        return self.inner.get_tail_version(key, nbytes)
 
 
 @pytest.mark.parametrize("what", ["footer", "commit"])
@@ -359,10 +362,10 @@ def test_a_read_that_fails_stops_the_audit_with_no_verdict_naming_the_object(his
     assert run(zone_store, output).ok  # the store answers again: the next audit has its verdict
 
 
-def test_a_batch_replaced_after_it_was_listed_is_judged_as_read_and_read_again_next_time(history):
+def test_a_batch_replaced_after_it_was_listed_is_judged_as_read_and_indexed_as_read(history):
     """The listing names the objects, the reads give their facts: a batch corrupted between the two fails the
-    audit as read; the next audit sees its new tag and reads it again (the index never holds the old tag's
-    facts as the new content's, nor the new content's as fresh)."""
+    audit as read, and its facts are indexed under the tag of what was read — the next audit, listing that same
+    file, needs no read to fail it again (and a full audit agrees)."""
     zone_store, output, _ = history
     victim = list_batches(zone_store, STREAM, T0 + 4 * W, T0 + 5 * W)[0].key()
 
@@ -374,8 +377,8 @@ def test_a_batch_replaced_after_it_was_listed_is_judged_as_read_and_read_again_n
     report = run(store, output)
     assert failed(report) == {(4, "chain"), (4, "counts")} and victim in store.reads
     assert f"unreadable: {victim}" in "\n".join(report.lines())
-    again = Counting(zone_store)
-    assert failed(run(again, output)) == {(4, "chain"), (4, "counts")} and again.reads == [victim]
+    again = Changing(zone_store)
+    assert failed(run(again, output)) == {(4, "chain"), (4, "counts")} and again.reads == []
     assert failed(run(zone_store, output, full=True)) == {(4, "chain"), (4, "counts")}
 
 
@@ -387,3 +390,29 @@ def test_a_batch_deleted_after_it_was_listed_stops_the_audit_naming_it(history):
     with pytest.raises(AuditIncompleteError, match=f"stopped without a verdict.*read {re.escape(victim)}"):
         run(Changing(zone_store, change=lambda inner: inner.delete([victim])), output)
     assert failed(run(zone_store, output)) == {(4, "counts"), (5, "chain")}
+
+
+def test_facts_are_kept_under_the_tag_of_the_bytes_read_not_the_one_listed(s3_zone, memory_zone):
+    """On S3 a tag is the content's digest: a batch listed as A, read as B (replaced in between), then restored
+    to A's very bytes has A's tag again. Its facts were B's: filed under the tag listed, the next audits would
+    judge A by B's facts for ever (here: fail a sound batch; the other way round, pass a broken one)."""
+    store, output = s3_zone.store, memory_zone.store
+    land(store, minutes=6)
+    for i in range(6):
+        commit(store, output, T0 + i * W)
+    now = T0 + 7 * W
+    assert run(store, output, now_ms=now).ok
+    victim = list_batches(store, STREAM, T0 + 4 * W, T0 + 5 * W)[0].key()
+    sound = store.get(victim)
+
+    def corrupt(inner):
+        inner.delete([victim])
+        inner.put_if_absent(victim, b"not parquet")
+
+    full = run(Changing(store, change=corrupt), output, now_ms=now, full=True)  # listed as A, read as B
+    assert failed(full) == {(4, "chain"), (4, "counts")}
+    store.delete([victim])
+    store.put_if_absent(victim, sound)  # A's bytes again: A's ETag
+    again = Changing(store)
+    report = run(again, output, now_ms=now)
+    assert report.ok and again.reads == [victim], report.lines()  # read again, judged by what it holds

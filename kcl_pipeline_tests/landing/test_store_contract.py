@@ -134,6 +134,25 @@ def test_a_version_tag_is_stable_until_the_object_is_replaced(every_store):
     assert again["v/a"].tag != first["v/a"].tag and again["v/b"] == first["v/b"]
 
 
+def test_a_read_says_the_tag_of_the_bytes_it_read(every_store):
+    """The audit files what it learnt from an object under the tag of what it read (the object may have been
+    replaced since it was listed): each store's reads give the tag its listing gives."""
+    store = every_store.store
+    store.put("v/a", b"0123456789")
+    listed, = store.list_versions("v/")
+    assert store.get_version("v/a") == (b"0123456789", listed.tag)
+    assert store.get_tail_version("v/a", 4) == (b"6789", 10, listed.tag)
+    if kind(every_store) == "local":
+        time.sleep(0.01)  # a file's tag holds its modification time: let the clock move
+    store.put("v/a", b"replaced")
+    again, = store.list_versions("v/")
+    assert again.tag != listed.tag and store.get_tail_version("v/a", 100) == (b"replaced", 8, again.tag)
+    with pytest.raises(LandingError, match="read v/nope"):
+        store.get_version("v/nope")
+    with pytest.raises(LandingError, match="read v/nope"):
+        store.get_tail_version("v/nope", 8)
+
+
 @pytest.mark.parametrize("bad", ["../x", "a/../../x", "/etc/passwd", "", "a//b", "a/./b"])
 def test_keys_never_escape_the_zone(every_store, bad):
     store = every_store.store
