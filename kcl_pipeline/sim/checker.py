@@ -85,6 +85,8 @@ class Checker:
         self.late_owned: set[str] = set()  # leases owned by a write applied after its worker's process ended
         self.gave_up: set[int] = set()  # workers whose own applied write let their lease go: they deliver no more
         self.held_since: dict[int, int] = {}  # worker serial → the order in which it first became a holder
+        self._run_records: dict[str, list] = {}  # pipeline run → the records it transformed (ground truth)
+        self.lost_after_commit: set[str] = set()  # batches the world deleted after a published commit named them
 
     def violation(self, message: str) -> None:
         if not self.violations:
@@ -272,26 +274,61 @@ class Checker:
         return any(worker.scope.frozen_until > since for worker in self.fleet.workers_of(consumer))
 
     def on_land(self, shard_id: str, positions) -> None:
+        """No record in two batches of a shard's live chain (checked as each batch lands; a refill lands only
+        what is missing)."""
         landed = self.zone.landed
         for p in positions:
             if landed[(shard_id, p)] > 1:
-                self.violation(f"record {shard_id} {p[1]}/{p[2]} landed twice")
+                self.violation(f"record {shard_id} {p[1]}/{p[2]} is in two batches of the shard's chain "
+                               f"(landed twice)")
                 return
 
     # -- the pipeline (sim/pipeline.py) --------------------------------------------------------------------
+    def _transformed(self, pipeline: Any, commit: Any) -> list[tuple[str, tuple[int, str, int]]]:
+        """The records the run a commit names really transformed (its ground truth: the batches it read less the
+        rows it dropped), cached per run."""
+        cached = self._run_records.get(commit.run_id)
+        if cached is None:
+            names, dropped = pipeline.runs_read.get(commit.run_id, (commit.batches, frozenset()))
+            cached = []
+            for name in names:
+                key = parse_batch_key(name)
+                if key is not None:
+                    cached += [(key.shard_id, p) for p in self.zone.positions(key) if (key.shard_id, p) not in dropped]
+            self._run_records[commit.run_id] = cached
+        return cached
+
+    def _exempt(self, pipeline: Any, commits: Mapping[int, Any]) -> set[tuple[str, tuple[int, str, int]]]:
+        """Records whose window the world damaged after it was committed, and which no commit holds now: a
+        deleted commit, a corrupted batch its re-run cannot read, a batch lost after the commit named it (the
+        re-run no longer finds it). The shipped audit must fail those windows instead (`audit_at_end`)."""
+        window_ms = pipeline.window_ms
+        windows = {w for w in pipeline.deleted if w not in commits}
+        for name, kind in self.zone.damaged.items():
+            key = parse_batch_key(name)
+            if key is None:
+                continue
+            w = key.minute_ms - key.minute_ms % window_ms
+            if w not in commits and (kind == "corrupt" or name in self.lost_after_commit):
+                windows.add(w)
+        if not windows:
+            return set()
+        keys = [k for k in self.zone.batches.values() if k.minute_ms - k.minute_ms % window_ms in windows]
+        keys += [k for name in self.lost_after_commit if (k := parse_batch_key(name)) is not None
+                 and k.minute_ms - k.minute_ms % window_ms in windows]
+        return {(k.shard_id, p) for k in keys for p in self.zone.positions(k)}
+
     def on_pipeline_tick(self, pipeline: Any) -> None:
         """After each pipeline tick: every record at or below a shard's checkpoint is in exactly one committed
-        window (a batch a published commit names, output or quarantine alike), and every window that failed
-        for good is reported stalled once it is overdue."""
+        window (transformed by the run a published commit names, output or quarantine alike — the run's ground
+        truth, not the commit's word), and every window that failed for good is reported stalled once it is
+        overdue."""
         commits = pipeline.committed()
         copies: dict[tuple[str, tuple[int, str, int]], int] = {}
         for commit in commits.values():
-            for name in commit.batches:
-                key = parse_batch_key(name)
-                if key is None:
-                    continue
-                for p in self.zone.positions(key):
-                    copies[(key.shard_id, p)] = copies.get((key.shard_id, p), 0) + 1
+            for record in self._transformed(pipeline, commit):
+                copies[record] = copies.get(record, 0) + 1
+        exempt: set[tuple[str, tuple[int, str, int]]] | None = None
         for shard_id, shard in self.stream.shards.items():
             item = self.items.get(shard_id)
             if item is None:
@@ -302,8 +339,11 @@ class Checker:
             upto = bisect.bisect_right(shard.positions, cp.key())
             for p in shard.positions[:upto]:
                 n = copies.get((shard_id, p), 0)
-                if n == 0 and pipeline.deleted:
-                    continue  # its window's commit was deleted by the world: the audit must say so (below)
+                if n == 0:
+                    if exempt is None:
+                        exempt = self._exempt(pipeline, commits)
+                    if (shard_id, p) in exempt:
+                        continue  # its window was damaged by the world: the audit must say so
                 if n != 1:
                     self.violation(f"{shard_id}'s checkpoint {cp.sequence_number}/{cp.sub_sequence_number} passed "
                                    f"record {p[1]}/{p[2]}, which is in {n} committed windows (must be exactly one)")
@@ -320,21 +360,35 @@ class Checker:
                                f"after its start")
                 return
 
+    def _damaged_windows(self, window_ms: int, kind: str) -> dict[int, list[str]]:
+        out: dict[int, list[str]] = {}
+        for name, what in self.zone.damaged.items():
+            key = parse_batch_key(name)
+            if key is not None and what == kind:
+                out.setdefault(key.minute_ms - key.minute_ms % window_ms, []).append(name)
+        return out
+
     def pipeline_settled(self, pipeline: Any) -> list[str]:
         """Once the faults stopped: every window overdue is committed, and each shard's checkpoint reaches its last
-        landed record (or the shard ended)."""
+        landed record (or the shard ended). Exempt: a window holding a corrupted batch (no run can read it: the
+        audit must fail it), a shard with a lost batch not landed again (the checkpoint stops at the gap)."""
         problems: list[str] = []
         commits = pipeline.committed()
         now_ms = pipeline.now_ms
+        corrupt = self._damaged_windows(pipeline.window_ms, "corrupt")
+        lost_shards = {k.shard_id for name in self._damaged_windows(pipeline.window_ms, "lost").values()
+                       for n in name if (k := parse_batch_key(n)) is not None}
         start = pipeline.first_window_ms
         while start + pipeline.window_ms + pipeline.overdue_ms <= now_ms:
-            if start not in commits and start < pipeline.cursor:
+            if start not in commits and start < pipeline.cursor and start not in corrupt:
                 problems.append(f"window {start} is not committed"
                                 + (" (reported stalled)" if start in pipeline.stalled else ""))
             start += pipeline.window_ms
+        if any(w not in commits for w in corrupt):
+            return problems  # every shard may wait behind the window no run can read
         for shard_id, shard in self.stream.shards.items():
             item = self.items.get(shard_id)
-            if item is None or shard.trimmed:
+            if item is None or shard.trimmed or shard_id in lost_shards:
                 continue
             cp = lease_from_item(item).checkpoint
             landed = [p for p in shard.positions if (shard_id, p) in self.zone.landed]
@@ -344,6 +398,85 @@ class Checker:
                 problems.append(f"{shard_id}'s checkpoint {cp.sequence_number} is before its last landed record "
                                 f"{landed[-1][1]}")
         return problems
+
+    def _shipped_audit(self, pipeline: Any, store: Any, directory: str, now_ms: int, grace_ms: int):
+        """What `kcl-pipeline audit` runs (the whole history, incrementally: its index is kept in the output), the
+        windowed audit over every window up to now's, and `landing verify`; verify must agree with the
+        audit's chain check."""
+        from ..landing.stream_audit import audit
+        from ..landing.verify import verify_zone
+
+        window_ms = pipeline.window_ms
+        leases = [lease_from_item(item) for key, item in self.items.items() if key in self.stream.shards]
+        history = audit(store.uri, pipeline.output.uri, directory, window_ms, store=store, output=pipeline.output,
+                        leases=leases, now_ms=now_ms, transform_grace_ms=grace_ms,
+                        first_window_ms=pipeline.first_window_ms, workers=1)
+        last = now_ms - now_ms % window_ms + window_ms  # every window up to now's
+        windowed = audit(store.uri, pipeline.output.uri, directory, window_ms, store=store, output=pipeline.output,
+                         leases=leases, now_ms=now_ms, transform_grace_ms=grace_ms,
+                         window=(pipeline.first_window_ms, last))
+        verified = verify_zone(store.uri, stream=directory, store=store)
+        chain_ok = all(o.ok for o in history.outcomes if o.check == "chain")
+        if verified.ok != chain_ok:
+            self.violation(f"landing verify says {'OK' if verified.ok else 'BROKEN'}, the audit's chain check "
+                           f"{'OK' if chain_ok else 'FAILED'}: " + "; ".join(
+                               (verified.lines() if not verified.ok else history.lines())[:6]))
+        return (("the whole-history audit", history), ("the windowed audit", windowed)), verified
+
+    def audit_damage(self, pipeline: Any, store: Any, directory: str, now_ms: int, grace_ms: int) -> None:
+        """Before the operator repairs damage: the shipped audit and verify report FAILED for every batch lost
+        or corrupted, naming its window (or, for a loss, the window of the batch that follows it)."""
+        audits, verified = self._shipped_audit(pipeline, store, directory, now_ms, grace_ms)
+        if self.violations:
+            return
+        damaged = dict(self.zone.damaged)
+        window_ms = pipeline.window_ms
+        for name, report in audits:
+            failed = {o.window_start_ms for o in report.outcomes if not o.ok and not o.whole_history}
+            for key_name, kind in sorted(damaged.items()):
+                key = parse_batch_key(key_name)
+                if key is None:
+                    continue
+                named = {key.minute_ms - key.minute_ms % window_ms}
+                after = [k for k in self.zone.batches.values()
+                         if k.shard_id == key.shard_id and k.first.key() > key.last.key()]
+                if kind == "lost" and after:
+                    nxt = min(after, key=lambda k: k.first.key())
+                    named.add(nxt.minute_ms - nxt.minute_ms % window_ms)
+                if not failed & named:
+                    self.violation(f"batch {key_name} is {kind}, and {name} does not fail its window "
+                                   f"({'OK' if report.ok else 'failed: ' + str(sorted(failed))})")
+                    return
+        if damaged and verified.ok:
+            self.violation(f"batches {sorted(damaged)} are lost or corrupted, and landing verify says OK")
+
+    def audit_at_end(self, pipeline: Any, store: Any, directory: str, now_ms: int, grace_ms: int) -> None:
+        """At the end of a seed: the shipped audit and verify OK on a clean history (every damage repaired:
+        refilled batches included); FAILED naming the window of any damage the operator could not repair."""
+        if self.zone.damaged:
+            self.audit_damage(pipeline, store, directory, now_ms, grace_ms)
+            return
+        audits, verified = self._shipped_audit(pipeline, store, directory, now_ms, grace_ms)
+        if self.violations:
+            return
+        for name, report in audits:
+            if not report.ok:
+                self.violation(f"{name} FAILED a clean history: " + "; ".join(
+                    line for line in report.lines() if "FAILED" in line)[:600])
+                return
+        if not verified.ok:
+            self.violation("landing verify reports a broken chain in a clean history: " + "; ".join(
+                verified.lines())[:600])
+
+    def verify_at_end(self, store: Any, directory: str) -> None:
+        """A world without the pipeline (no damage struck): landing verify finds every chain unbroken."""
+        from ..landing.verify import verify_zone
+
+        verified = verify_zone(store.uri, stream=directory, store=store)
+        if not verified.ok:
+            self.violation("landing verify reports a broken chain in an undamaged zone: "
+                           + "; ".join(line for line in verified.lines() if "BROKEN" in line or "gap" in line
+                                       or "overlap" in line or "corrupt" in line)[:600])
 
     def on_trim(self, shard_id: str) -> None:
         shard = self.stream.shards[shard_id]
@@ -411,7 +544,9 @@ class Checker:
             if missing:
                 problems.append(f"{shard_id} has {missing} of {len(shard.positions)} records never delivered")
             if fleet.landing_checked():
-                unlanded = sum(1 for p in shard.positions if (shard_id, p) not in self.zone.landed)
+                lost = self.zone.lost_positions() if self.zone.damaged else set()
+                unlanded = sum(1 for p in shard.positions if (shard_id, p) not in self.zone.landed
+                               and (shard_id, p) not in lost)
                 if unlanded:
                     problems.append(f"{shard_id} has {unlanded} records never landed")
         live = fleet.live_worker_ids()

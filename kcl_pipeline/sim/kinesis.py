@@ -155,7 +155,8 @@ class SimStream:
 
 
 class SimKinesisClient:
-    """What `list_shards` and `ShardReader` call: list_shards, get_shard_iterator, get_records."""
+    """What `list_shards` and `ShardReader` call: list_shards, get_shard_iterator, get_records (and the stream's
+    summary, which a backfill reads for its retention)."""
 
     class _Meta:
         region_name = "us-east-1"
@@ -178,6 +179,11 @@ class SimKinesisClient:
 
     def _latency(self) -> None:
         self.elapsed += 0.005 + 0.02 * self.rng.random()
+
+    def describe_stream_summary(self, **request) -> dict:
+        self._latency()
+        return {"StreamDescriptionSummary": {"StreamName": self.stream.name, "StreamStatus": "ACTIVE",
+                                             "RetentionPeriodHours": 24}}
 
     def list_shards(self, **request) -> dict:
         self._latency()

@@ -15,6 +15,10 @@ around it and the consumers cannot see:
   was being uploaded (`mid-batch`: a multipart upload cut before its footer; the put never shows), or right
   after the batch was written (`after-batch`, before the sink learnt it landed).
 
+The world damages the zone too (`lose`, `corrupt`): a batch deleted after it landed, or its bytes altered in
+place. `damaged` keeps what is damaged and not repaired (a refill that lands the lost batch again under its own
+key repairs it): the shipped audit must fail for each, and the invariants that need the data exempt it.
+
 A crash is the process dying: the store marks the process dead and raises `SimCrash`, which the simulated
 worker process swallows where it called into the shell (nothing after it runs, no effect is answered).
 """
@@ -50,6 +54,8 @@ class SimZone:
         self.on_land: Callable[[str, tuple[Position, ...]], None] | None = None
         self.crashes: dict[Any, str] = {}  # actor -> the landing step at which the world kills it
         self.crashed: list[tuple[Any, str]] = []
+        self.damaged: dict[str, str] = {}  # batch key -> "lost" | "corrupt", while not repaired
+        self.ever_damaged: dict[str, str] = {}  # every batch the world damaged (repaired or not)
 
     def view(self, actor: Any = None, kill: Callable[[], None] | None = None) -> "WatchedStore":
         return WatchedStore(self, actor, kill)
@@ -71,6 +77,8 @@ class SimZone:
             self.removed(name)  # replaced whole
         self.puts += 1
         self.batches[name] = key
+        if self.damaged.get(name) == "lost":
+            del self.damaged[name]  # landed again (a refill): repaired
         positions = self.positions(key)
         landed = self.landed
         for p in positions:
@@ -89,6 +97,30 @@ class SimZone:
                 landed[(key.shard_id, p)] = n
             else:
                 landed.pop((key.shard_id, p), None)
+
+    def lose(self, name: str) -> None:
+        """The world deletes a landed batch (its links stay, as they would: a lifecycle rule, a person)."""
+        self.store.delete([name])
+        self.removed(name)
+        self.damaged[name] = self.ever_damaged[name] = "lost"
+
+    def corrupt(self, name: str) -> None:
+        """The world alters a landed batch's bytes in place, its tail (footer, lengths, magic) among them: the
+        records stay, unreadable (its ground truth keeps them). Bytes altered in the data alone, the footer
+        intact, are not this fault: the audit reads footers (docs/simulation.md, what it does not cover)."""
+        body = self.store.get(name)
+        cut = max(0, len(body) - 16)
+        self.store.put(name, body[:cut] + bytes(b ^ 0x5A for b in body[cut:]))
+        self.damaged[name] = self.ever_damaged[name] = "corrupt"
+
+    def lost_positions(self) -> set[tuple[str, Position]]:
+        """The records of the batches lost and not landed again (at settling and the end of a seed only)."""
+        out: set[tuple[str, Position]] = set()
+        for name, kind in self.damaged.items():
+            key = parse_batch_key(name) if kind == "lost" else None
+            if key is not None:
+                out.update((key.shard_id, p) for p in self.positions(key) if (key.shard_id, p) not in self.landed)
+        return out
 
     def drop(self) -> None:
         self.store.drop()

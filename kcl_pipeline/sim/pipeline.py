@@ -20,7 +20,12 @@ Per tick (every `period` virtual seconds, the Dagster sensor's and runs' stand-i
 
 Faults the world draws for the pipeline (scenario.py): a window run that fails once or for good, a crash of a
 run after its datasets and before its pending commit, or after the pending commit and before the publish
-(`PIPELINE_CRASHES`), and a deleted commit (`delete_commit`).
+(`PIPELINE_CRASHES`), a deleted commit (`delete_commit`), and a run that drops a row it read (once: a Spark bug,
+a partial read — the rows_reconcile check must keep its commit unpublished). A run that meets a batch its decoder
+cannot read fails (as Spark does on a corrupt file), for as long as the batch stays corrupted.
+
+The ground truth of what each run transformed (`runs_read`: the batches it read, the rows it dropped) is what the
+checker counts records by: a record is in a committed window when the run that window's commit names read it.
 """
 from __future__ import annotations
 
@@ -35,6 +40,7 @@ from ..kcl.shells.shards import list_shards
 from ..landing.audit import MANIFEST, QUARANTINE, TRANSFORMED, audit_window, output_partition
 from ..landing.batch import decode_batch
 from ..landing.checkpoint_commit import CheckpointReport, commit_checkpoints, list_landed
+from ..landing.errors import CorruptBatchError
 from ..landing.store import MemoryZoneStore, ZoneStore
 from ..landing.stream_slice import slice_of
 from ..landing.window_commit import reconcile_window
@@ -100,6 +106,7 @@ class PipelineFaults:
     fail_once: set[int] = field(default_factory=set)
     fail_always: set[int] = field(default_factory=set)
     crash: dict[int, str] = field(default_factory=dict)  # window -> a PIPELINE_CRASHES point (once)
+    drop_row: set[int] = field(default_factory=set)  # windows whose next run drops one good row it read (once)
 
 
 class SimPipeline:
@@ -137,6 +144,9 @@ class SimPipeline:
         self.period_ms = 0  # the tick's period (the world sets it)
         self.deleted: set[int] = set()  # windows whose commit the world deleted
         self.deleted_audits: list[tuple[int, bool]] = []  # (window, the shipped audit's verdict right after)
+        self.runs_read: dict[str, tuple[frozenset[str], frozenset[tuple[str, tuple[int, str, int]]]]] = {}
+        self.late_requests = 0  # windows re-run because batches landed after their run (track_reports)
+        self.unreconciled = 0  # runs whose rows_reconcile check kept the commit pending
 
     # -- a tick ----------------------------------------------------------------------------------------------
     def tick(self, now_ms: int) -> None:
@@ -171,6 +181,7 @@ class SimPipeline:
             tracked = track_reports(self.outstanding, report.late, report.uncommitted, report=str(self.reports),
                                     reported_before_ms=self.cursor, now_ms=now_ms, partition=output_partition)
             self.outstanding = tracked.outstanding
+            self.late_requests += sum(1 for s in tracked.request if s in report.late)
             self.queue += [s for s in tracked.request if s not in self.queue]
             self.report = None
 
@@ -191,15 +202,50 @@ class SimPipeline:
                 faults.fail_once.discard(t0)
                 raise RunFailed("fails once")
             report = write_window(self.store, self.output, self.scope.stream, t0, t1, run_id, crash)
+            self._record_run(t0, run_id, report)
             outcomes = reconcile_window(self.store, self.output, self.scope.stream, t0, t1, transform=report)
-        except RunFailed as exc:
+        except (RunFailed, CorruptBatchError) as exc:
             self.runs[t0] = RunState.FAILED
             self.note(f"pipeline: window {output_partition(t0)} run {run_id} {exc}")
             return
         ok = all(o.ok for o in outcomes)
+        self.unreconciled += not ok
         self.runs[t0] = RunState.SUCCEEDED
         self.note(f"pipeline: window {output_partition(t0)} run {run_id} "
                   + ("committed" if ok else "did not reconcile: " + "; ".join(o.summary for o in outcomes)))
+
+    def _record_run(self, t0: int, run_id: str, report: dict[str, int]) -> None:
+        """What the run read (its pending commit's batches), and the row it drops when the world makes it: the
+        transformed dataset, the pending commit and the transform's report then hold one row fewer."""
+        raw = self.output.get_optional(pending_commit_key(t0))
+        if raw is None:
+            return
+        commit = WindowCommit.from_json(raw)
+        dropped: frozenset[tuple[str, tuple[int, str, int]]] = frozenset()
+        if t0 in self.faults.drop_row and report["rows_out"]:
+            victim = self._a_good_row(commit.batches)
+            if victim is not None:
+                self.faults.drop_row.discard(t0)
+                dropped = frozenset([victim])
+                datasets = {k: dict(v) for k, v in commit.datasets.items()}
+                datasets[TRANSFORMED]["rows"] = int(datasets[TRANSFORMED]["rows"]) - 1
+                report["rows_out"] -= 1
+                self.output.put(pending_commit_key(t0), WindowCommit(
+                    commit.window_start_ms, commit.window_end_ms, commit.run_id, commit.batches, datasets).to_json())
+                self.note(f"pipeline: window {output_partition(t0)} run {run_id} dropped row {victim[0]} "
+                          f"{victim[1][1]}/{victim[1][2]}")
+        self.runs_read[run_id] = (commit.batches, dropped)
+
+    def _a_good_row(self, batches: frozenset[str]) -> tuple[str, tuple[int, str, int]] | None:
+        for name in sorted(batches):
+            table = decode_batch(self.store.get(name), name, self.scope.stream)
+            for shard, seq, sub, payload in zip(table.column("shard_id").to_pylist(),
+                                                table.column("sequence_number").to_pylist(),
+                                                table.column("sub_sequence_number").to_pylist(),
+                                                table.column("data").to_pylist(), strict=True):
+                if not quarantined(payload):
+                    return shard, (len(seq), seq, int(sub))
+        return None
 
     def _checkpoint(self, now_ms: int) -> None:
         scan = self.table.scan()

@@ -14,7 +14,12 @@ FAULTS = ("crash", "restart-same-id", "graceful-stop", "freeze-consumer", "freez
           "slow-dynamodb", "slow-heartbeats", "duplicate-id", "lost-responses", "throttling", "clock-drift",
           "java-peer", "reshard", "late-writes", "pauses",
           # the landing and the pipeline (sim/landing.py, sim/pipeline.py)
-          "landing-crash", "transform-fails", "pipeline-crash", "deleted-commit")
+          "landing-crash", "transform-fails", "pipeline-crash", "deleted-commit",
+          # damage to the landing zone and the transform's word, in the pipeline's worlds only (drawn from a
+          # stream of their own, so the faults above strike every seed as they did before these existed)
+          "lost-batch", "corrupt-batch", "late-batch", "refill", "transform-drops-rows")
+# Faults drawn from their own stream, and only where the pipeline runs (its audit judges them).
+PIPELINE_DAMAGE = ("lost-batch", "corrupt-batch", "late-batch", "refill", "transform-drops-rows")
 
 
 @dataclass(frozen=True, order=True)
@@ -59,7 +64,8 @@ class Scenario:
             raise ValueError(f"unknown fault kinds: {', '.join(sorted(unknown))} (known: {', '.join(FAULTS)})")
         rng = random.Random(f"scenario-{seed}")
         strike = [k for k in FAULTS if k in faults
-                  and k not in ("clock-drift", "java-peer", "restart-same-id", "late-writes", "pauses")]
+                  and k not in ("clock-drift", "java-peer", "restart-same-id", "late-writes", "pauses")
+                  and k not in PIPELINE_DAMAGE]
         count = rng.randint(0, 6) if strike else 0
         events = sorted(FaultEvent(rng.randint(steps // 10, max(steps // 10, steps * 6 // 10)),
                                    rng.choice(strike), rng.random()) for _ in range(count))
@@ -70,6 +76,12 @@ class Scenario:
         # The landing pipeline commits checkpoints in half the worlds; never beside a Java peer, which reads
         # shards without landing them (a pipeline waiting for those records would wait for ever).
         pipeline_period = rng.choice([None, rng.uniform(3.0, 20.0)])
+        damage = [k for k in PIPELINE_DAMAGE if k in faults]
+        if damage and pipeline_period is not None and not java:
+            own = random.Random(f"scenario-{seed}-damage")
+            events = sorted(events + [FaultEvent(own.randint(steps // 10, max(steps // 10, steps * 6 // 10)),
+                                                 own.choice(damage), own.random())
+                                      for _ in range(own.randint(0, 3))])
         return cls(seed=seed, steps=steps, faults=faults, consumers=rng.randint(1, 4),
                    java=java, shards=rng.randint(1, 6),
                    rate=rng.uniform(0.2, 0.9), retention=rng.uniform(150.0, 300.0),
@@ -90,4 +102,4 @@ class Scenario:
                 f"faults: {', '.join(f'{k}×{n}' for k, n in sorted(kinds.items())) or 'none'}")
 
 
-__all__ = ["FAULTS", "FaultEvent", "Scenario"]
+__all__ = ["FAULTS", "PIPELINE_DAMAGE", "FaultEvent", "Scenario"]

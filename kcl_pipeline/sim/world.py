@@ -22,6 +22,9 @@ from ..kcl.core.worker_metrics import HASH_KEY as METRICS_HASH_KEY
 from ..kcl.core.worker_metrics import worker_metrics_table
 from ..kcl.shells.lease_table import LeaseTable
 from ..kcl.shells.manager import shutdown_timeout
+from ..landing.backfill import BackfillPace, backfill_range
+from ..landing.errors import LandingError
+from ..landing.layout import BatchKey, parse_batch_key
 from . import java3, mutations
 from .checker import Checker
 from .consumer import SimConsumer, SimWorkerProcess
@@ -29,7 +32,7 @@ from .dynamodb import NetworkFaults, SimDynamoDB, SimDynamoDBClient, SimTable
 from .engine import EPOCH, Host
 from .java import JavaPeer
 from .kinesis import SimKinesisClient, SimStream
-from .landing import CRASH_POINTS, SimZone
+from .landing import CRASH_POINTS, SimCrash, SimZone
 from .pauses import Pauses
 from .pipeline import PIPELINE_CRASHES, SimPipeline
 from .scenario import FAULTS, FaultEvent, Scenario
@@ -123,6 +126,7 @@ class World(Stage):
         self.producing = True
         self.settling = False
         self._restores: list = []
+        self._repairs: dict[str, float] = {}  # damaged batch -> when the operator repairs it
 
     # -- the cast ------------------------------------------------------------------------------------------
     def next_serial(self) -> int:
@@ -266,10 +270,21 @@ class World(Stage):
         main_steps = self.steps
         if not violated():
             self._settle()
+        if not violated() and self.landing_checked():
+            self._audit_at_end()
         self.stats["writes applied late (took effect)"] += sum(
             getattr(c.client, "late_attempts", 0) for c in [*self.consumers, *self.workers])
         return Result(sc, main_steps, self.steps - main_steps, self.now, list(self.checker.violations), self.stats,
                       list(self.trace), self.stream.user_records, self.checker.deliveries)
+
+    def _audit_at_end(self) -> None:
+        """The seed's last word: the shipped audit and verify over the whole zone (checker.audit_at_end)."""
+        store = self.zone.view("auditor")
+        if self.pipeline is None:
+            self.checker.verify_at_end(store, STREAM)
+            return
+        self.checker.audit_at_end(self.pipeline, store, STREAM, int((EPOCH + self.now) * 1000),
+                                  WINDOW_OVERDUE_MS + self.pipeline.period_ms)
 
     def _pipeline(self) -> SimPipeline:
         """The pipeline process (sim/pipeline.py): its own view of the zone, the real LeaseTable on the simulated
@@ -320,6 +335,8 @@ class World(Stage):
 
         if self.pipeline is not None:
             self.pipeline.heal()
+            for name in sorted(self._repairs):
+                self._repair(name)
 
         def look():
             problems = self.settled()
@@ -350,9 +367,117 @@ class World(Stage):
             point = rng.choice(PIPELINE_CRASHES)
             pipeline.faults.crash[window] = point
             self.note(f"window {window}'s run will crash {point}")
+        elif kind == "transform-drops-rows":
+            window = pipeline.cursor + rng.randint(0, 1) * WINDOW_MS
+            pipeline.faults.drop_row.add(window)
+            self.note(f"window {window}'s next run will drop a row it read")
         else:
             deleted = pipeline.delete_newest_commit()
             self.note(f"window {deleted}'s commit deleted" if deleted is not None else "no commit to delete")
+
+    # -- damage to the landing zone ------------------------------------------------------------------------
+    def _damage(self, kind: str, rng: random.Random) -> None:
+        """A batch lost (deleted after it landed), corrupted (its bytes altered in place), or lost and refilled a
+        little later through the shipped backfill path while the workers keep landing (`refill`). The batch is
+        one that another follows in its shard (so its loss is a hole in the chain), most often a recent one (its
+        window not run yet: the checkpoint must stop at the hole); a refill's, half the time, the first batch of
+        its minute (the refill's predecessor then comes from the live links alone)."""
+        if self.pipeline is None:
+            return
+        zone = self.zone
+        newest: dict[str, BatchKey] = {}
+        for key in zone.batches.values():
+            top = newest.get(key.shard_id)
+            if top is None or key.last.key() > top.last.key():
+                newest[key.shard_id] = key
+        candidates = sorted((k for k in zone.batches.values()
+                             if newest[k.shard_id] is not k and k.key() not in zone.ever_damaged),
+                            key=lambda k: (k.minute_ms, k.key()))
+        if kind == "refill":
+            now_ms = int((EPOCH + self.now) * 1000)
+            candidates = [k for k in candidates if k.minute_ms >= now_ms - 180_000]
+            if rng.random() < 0.5:
+                firsts: dict[tuple[str, int], BatchKey] = {}
+                for k in candidates:
+                    if (k.shard_id, k.minute_ms) not in firsts:
+                        firsts[(k.shard_id, k.minute_ms)] = k
+                candidates = [k for k in candidates if firsts[(k.shard_id, k.minute_ms)] is k] or candidates
+        if not candidates:
+            self.note(f"no batch to damage ({kind})")
+            return
+        recent = candidates[-6:] if rng.random() < 0.7 else candidates
+        name = rng.choice(recent).key()
+        if kind == "corrupt-batch":
+            zone.corrupt(name)
+            self.stats["batches corrupted"] += 1
+            self.note(f"batch {name} corrupted")
+        else:
+            if any(name in c.batches for c in self.pipeline.committed().values()):
+                self.checker.lost_after_commit.add(name)
+            zone.lose(name)
+            self.stats["batches lost"] += 1
+            self.note(f"batch {name} lost")
+        if kind == "refill":
+            self.at(self.now + rng.uniform(1.0, 30.0), lambda: self._refill(name, 3))
+        else:
+            self._repairs[name] = self.now + rng.uniform(40.0, 100.0)
+            self.at(self._repairs[name], lambda: self._repair(name))
+
+    def _repair(self, name: str) -> None:
+        """The operator's answer to damage: the shipped audit (the whole history, incrementally, and the windowed
+        audit) and verify must first report it FAILED, naming its window; then a corrupted batch is moved away
+        and, like a lost one, refilled (at the latest when the faults stop)."""
+        if self._repairs.pop(name, None) is None or name not in self.zone.damaged or self.checker.violations:
+            return
+        pipeline = self.pipeline
+        assert pipeline is not None
+        self.checker.audit_damage(pipeline, self.zone.view("auditor"), STREAM, int((EPOCH + self.now) * 1000),
+                                  WINDOW_OVERDUE_MS + pipeline.period_ms)
+        if self.checker.violations:
+            return
+        if self.zone.damaged.get(name) == "corrupt":
+            self.zone.lose(name)  # moved away: lost, to be refilled
+        self._refill(name, 4)
+
+    def _refill(self, name: str, tries: int) -> None:
+        """An operator refills the lost batch's minute with the shipped backfill (landing/backfill.py), beside the
+        live workers; a shard the live side is not done with is left to it: asked again a little later."""
+        key = parse_batch_key(name)
+        if key is None or name not in self.zone.damaged or self.checker.violations:
+            return
+        leases = [lease_from_item(item) for k, item in self.dynamodb.tables[self.table_name].items.items()
+                  if k in self.stream.shards]
+        ticks = iter(range(0, 10**9, 100))
+        try:
+            report = backfill_range(STREAM, key.minute_ms, key.minute_ms + 60_000, self.zone.view("refill"),
+                                    leases=leases, kinesis=SimKinesisClient(self.stream, self.child_rng()),
+                                    now_ms=int((EPOCH + self.now) * 1000), pace=BackfillPace(parallelism=1),
+                                    monotonic=lambda: float(next(ticks)))
+        except (LandingError, SimCrash) as exc:
+            self.note(f"refill of {name} failed: {exc}")
+            return
+        shard = report.shards.get(key.shard_id)
+        self.stats["refills"] += 1
+        back = "back" if name in self.zone.batches else "not back"
+        self.note(f"refill of {key.minute_ms}: {key.shard_id} {shard.stopped_by if shard else '?'}, "
+                  f"{report.records_landed} records landed, {name} {back}")
+        if name in self.zone.damaged and tries > 1:
+            self.at(self.now + 15.0, lambda: self._refill(name, tries - 1))
+
+    def _slow_holders(self, live: list[SimConsumer], rng: random.Random) -> None:
+        """Holders too slow for their window: a consumer (half the time every live one) frozen until the window
+        of the current minute has run and a little beyond, so what it had read but not landed lands after the
+        window's run (a late batch: the checkpoint run reports it, the sensor runs the window again)."""
+        if not live:
+            return
+        now_ms = int((EPOCH + self.now) * 1000)
+        closes = now_ms - now_ms % WINDOW_MS + WINDOW_MS + WINDOW_GRACE_MS
+        period = self.pipeline.period_ms if self.pipeline is not None else 0
+        seconds = (closes - now_ms + period) / 1000 + rng.uniform(1.0, 10.0)
+        victims = live if rng.random() < 0.5 else [rng.choice(live)]
+        for victim in victims:
+            victim.group.frozen_until = max(victim.group.frozen_until, self.now + seconds)
+            self.note(f"{victim!r} frozen for {seconds:.1f}s, past its window's run")
 
     def settled(self) -> list[str]:
         """What keeps the world from having settled: the fleet's, and the pipeline's."""
@@ -382,8 +507,14 @@ class World(Stage):
             self.note("the Java peer's network fails")
             self._network_fault(kind, peers[0], rng)
             return
-        if kind in ("transform-fails", "pipeline-crash", "deleted-commit"):
+        if kind in ("transform-fails", "pipeline-crash", "deleted-commit", "transform-drops-rows"):
             self._strike_pipeline(kind, rng)
+            return
+        if kind in ("lost-batch", "corrupt-batch", "refill"):
+            self._damage(kind, rng)
+            return
+        if kind == "late-batch":
+            self._slow_holders(live, rng)
             return
         if not live:
             return
