@@ -502,6 +502,9 @@ class Checker:
         now = self.now()
         able_now = frozenset(id(c) for c in self.fleet.consumers if c.able())
         able = bool(able_now)
+        # Under a KCL 3.x leader our consumers follow: the leader is the one that reassigns an expired lease, and
+        # a restarted leader first watches each lease for an expiry of its own. Its crash restarts the clock.
+        able_now |= frozenset(id(peer) for peer in self.fleet.java_peers if peer.leads())
         # A consumer that could take over and then could not (crashed, frozen, cut off) restarts the clock:
         # whoever takes over instead must first watch the lease unchanged for an expiry of its own.
         lost_taker = bool(self.able_before - able_now)

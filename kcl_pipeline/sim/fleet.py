@@ -61,6 +61,10 @@ class PeerView(Protocol):
 
     def works(self, key: str) -> bool: ...
 
+    def leads(self) -> bool:
+        """Alive and assigning the application's leases (a KCL 3.x leader in a 3.x client version)."""
+        ...
+
 
 class FleetView(Protocol):
     @property

@@ -60,6 +60,9 @@ class JavaPeer:
     def __repr__(self) -> str:
         return f"java peer {self.worker_id}"
 
+    def leads(self) -> bool:
+        return False  # KCL 2.x has no leader
+
     def alive(self) -> bool:
         return self.group.alive()
 

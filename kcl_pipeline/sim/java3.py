@@ -132,6 +132,9 @@ class JavaKcl3Peer:
     def alive(self) -> bool:
         return self.group.alive()
 
+    def leads(self) -> bool:
+        return self.group.alive() and self.version in (WITH_ROLLBACK, V3X)
+
     def works(self, key: str) -> bool:
         held = self.held.get(key)
         return (held is not None and held.handing_to is None and self.group.alive()

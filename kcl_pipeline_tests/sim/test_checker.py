@@ -110,3 +110,48 @@ def test_an_earlier_holder_delivering_for_the_first_time_while_its_stealer_waits
     write(b, "consumer-0", 2)  # taken cold: b waits an expiry before delivering
     checker.on_deliver(a, KEY, [record])
     assert checker.violations == []
+
+
+class Follower:
+    """One of our consumers under a KCL 3.x leader: able, but it takes nothing (the leader assigns)."""
+
+    def able(self) -> bool:
+        return True
+
+
+@dataclass
+class Leader:
+    """A KCL 3.x leader as the checker sees it."""
+
+    leading: bool = True
+
+    def leads(self) -> bool:
+        return self.leading
+
+    def works(self, key: str) -> bool:
+        return False
+
+
+def _unworked_lease_clock(leader_crashes_at: float | None) -> list[str]:
+    """A lease owned by a worker that stopped working it; the checker looks every few seconds for as long as
+    the bound and a bit; the leader, the only one that could reassign it, may crash on the way."""
+    gone = Worker(1, "consumer-1")
+    checker, write, _ = _world([])
+    leader = Leader()
+    checker.fleet.consumers, checker.fleet.java_peers = [Follower()], [leader]
+    write(gone, "consumer-1", 1)
+    bound = CONFIG.lease_expiry_seconds + CONFIG.cycle_seconds + 6.0
+    clock = [10.0]
+    checker.now = lambda: clock[0]
+    while clock[0] < 10.0 + bound + 5.0:
+        leader.leading = leader_crashes_at is None or clock[0] < leader_crashes_at
+        checker.audit()
+        clock[0] += 2.0
+    return checker.violations
+
+
+def test_a_crashed_kcl3_leader_restarts_the_liveness_clock_of_the_leases_it_alone_could_reassign():
+    """Seed 6320 of 10,000: the 3.x leader crashed after a stopped consumer's lease expired; restarted, it must
+    watch the lease for an expiry of its own before reassigning it — the failover the bound covered was its."""
+    assert _unworked_lease_clock(leader_crashes_at=None)  # nobody reassigns it: the bound is still enforced
+    assert _unworked_lease_clock(leader_crashes_at=10.0 + CONFIG.lease_expiry_seconds) == []
