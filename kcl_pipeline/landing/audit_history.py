@@ -11,7 +11,14 @@ changed, not how long the history is:
    instead; an incremental one lists the files of the commits it reads.
 2. **Read** only the objects the index (audit_index.py, in the output zone) has no facts for under the same
    tag: after the first audit, the new batches' footers and the new or rewritten commits (reads run in
-   parallel, `workers` at a time).
+   parallel, `workers` at a time). The listing is the evidence that an object is unchanged: its tag (S3's
+   ETag, the digest of the object's bytes; a file's inode, mtime and size) is the one the facts were filed
+   under, and the facts are a function of those bytes. Each read's facts are filed under the tag of the
+   bytes it read (an object replaced after it was listed is judged, and indexed, as read). A read that
+   fails stops the audit naming the object (AuditIncompleteError): no verdict, never a skipped object.
+   A thorough audit reads every footer and every commit: two reads a window, neither of which the listing
+   can stand in for (a batch's rows and predecessor are in its footer only; a window's named batches and
+   counts in its commit only — the datasets' manifests are not trusted, issue 20 item 4).
 3. **Judge** every window from the facts (pure, in memory): the same three checks as audit.py's — the chain
    of every shard over the whole history (each batch against the one before it; a first batch that names a
    predecessor the zone does not hold), the counts of every window against its commit, every checkpoint
