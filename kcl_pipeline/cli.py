@@ -9,7 +9,15 @@ import sys
 import click
 from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError, NoRegionError
 
-from .kcl.config import JAVA_COMPATIBLE_TIMINGS, RETRIEVALS, ConfigError, ConsumerConfig, InitialPosition
+from .kcl.config import (
+    JAVA_COMPATIBLE_TIMINGS,
+    RETRIEVALS,
+    WORKER_START_METHOD_ENV,
+    WORKER_START_METHODS,
+    ConfigError,
+    ConsumerConfig,
+    InitialPosition,
+)
 from .kcl.shells.aws import AwsSettings, client
 
 log = logging.getLogger("kcl_pipeline")
@@ -155,7 +163,7 @@ def main(verbose: int, log_format: str) -> None:
 # consume's flags that are ConsumerConfig fields of the same name.
 _CONSUMER_FLAGS = ("stream", "application", "table_name", "worker_id", "max_leases", "leases_to_acquire",
                    "heartbeat_seconds", "lease_expiry_seconds", "cycle_seconds", "worker_metrics_period_seconds",
-                   "metrics_namespace", "metrics_naming", "retrieval")
+                   "metrics_namespace", "metrics_naming", "retrieval", "worker_start_method")
 
 
 def consumer_config_from_cli(ctx: click.Context, properties_file: str | None, java_compatible: bool, *,
@@ -237,6 +245,11 @@ def _default(name: str):
               help="polling: GetRecords (the shard's 5 reads/s and 2 MB/s shared with every application); fanout: "
                    "enhanced fan-out, SubscribeToShard through a stream consumer named after the application, "
                    "registered if missing (2 MB/s per shard of its own; billed by AWS; docs/fanout.md).")
+@click.option("--worker-start-method", type=click.Choice(WORKER_START_METHODS, case_sensitive=False), default=None,
+              envvar=WORKER_START_METHOD_ENV, show_envvar=True,
+              help="How lease workers start: forkserver (forked from a server that preloaded the worker, landing, "
+                   "boto3 and pyarrow: about half the memory per lease) or spawn (a fresh interpreter each) "
+                   "[default: forkserver; docs/memory.md].")
 @click.option("--sink", default=None,
               help="jsonl:DIR — one JSON line per record in DIR/<lease key>.jsonl (the shard id of a single stream).")
 @click.option("--landing", default=None,
@@ -254,8 +267,8 @@ def _default(name: str):
 @friendly_errors
 def consume(ctx, properties_file, stream, application, table_name, initial_position, timestamp, worker_id,
             max_leases, leases_to_acquire, heartbeat_seconds, lease_expiry_seconds, java_compatible, cycle_seconds,
-            worker_metrics_period_seconds, metrics_namespace, metrics_naming, retrieval, sink, landing, checkpoint_by,
-            batch_seconds, batch_mb, region, endpoint_url):
+            worker_metrics_period_seconds, metrics_namespace, metrics_naming, retrieval, worker_start_method, sink,
+            landing, checkpoint_by, batch_seconds, batch_mb, region, endpoint_url):
     """Run a headless consumer: a full peer of the fleet sharing the lease table. Stops on SIGTERM/SIGINT."""
     from .kcl.jsonl_sink import parse_sink
     from .kcl.shells.consumer import run_consumer

@@ -87,19 +87,6 @@ def test_table_name_setting_reaches_the_resource():
     assert KinesisConsumerResource.from_settings(settings).lease_table == "leases-prod"
 
 
-@pytest.fixture
-def captured_config(monkeypatch):
-    """consume's ConsumerConfig, captured instead of running the consumer (a unit test of the CLI surface)."""
-    seen = []
-
-    def fake_run(config, spec):
-        seen.append(config)
-        return 0
-
-    monkeypatch.setattr("kcl_pipeline.kcl.shells.consumer.run_consumer", fake_run)
-    return seen
-
-
 def _consume(args, tmp_path):
     return CliRunner().invoke(main, ["consume", "--sink", f"jsonl:{tmp_path}", "--region", "eu-west-1", *args])
 

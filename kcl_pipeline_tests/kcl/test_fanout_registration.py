@@ -227,13 +227,6 @@ def test_a_bad_retrieval_setting_is_a_clear_error(changes, message):
         ConsumerConfig(**{"stream": "s", "application": "app", **changes})
 
 
-@pytest.fixture
-def captured_config(monkeypatch):
-    seen = []
-    monkeypatch.setattr("kcl_pipeline.kcl.shells.consumer.run_consumer", lambda config, spec: seen.append(config))
-    return seen
-
-
 @pytest.mark.core
 @pytest.mark.parametrize("args, env, expected", [
     ([], {}, POLLING),

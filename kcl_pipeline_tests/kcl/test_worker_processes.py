@@ -17,7 +17,9 @@ import uuid
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from kcl_pipeline.cli import main
 from kcl_pipeline.kcl.config import WORKER_START_METHOD_ENV, ConfigError, ConsumerConfig
 from kcl_pipeline.kcl.shells import worker_processes as wp
 from kcl_pipeline.kcl.shells.memory import process_name
@@ -98,6 +100,31 @@ def test_the_start_method_defaults_to_forkserver_and_the_environment_sets_anothe
     with pytest.raises(ConfigError, match=f"worker_start_method must be one of forkserver, spawn, got 'fork'.*"
                                           f"{WORKER_START_METHOD_ENV}"):
         ConsumerConfig("s", "a")
+
+
+@pytest.mark.parametrize("args, env, expected", [
+    ([], {}, "forkserver"),
+    (["--worker-start-method", "spawn"], {}, "spawn"),
+    ([], {WORKER_START_METHOD_ENV: "spawn"}, "spawn"),
+    (["--worker-start-method", "forkserver"], {WORKER_START_METHOD_ENV: "spawn"}, "forkserver"),
+])
+def test_consume_takes_the_start_method_from_its_flag_or_the_environment(captured_config, tmp_path, monkeypatch,
+                                                                         args, env, expected):
+    monkeypatch.delenv(WORKER_START_METHOD_ENV, raising=False)
+    result = CliRunner().invoke(main, ["consume", "--sink", f"jsonl:{tmp_path}", "--region", "eu-west-1", "--stream",
+                                       "s", "--application", "a", *args], env=env)
+    assert result.exit_code == 0, result.output
+    assert captured_config[0].worker_start_method == expected
+
+
+@pytest.mark.parametrize("args, env", [(["--worker-start-method", "fork"], {}),
+                                       ([], {WORKER_START_METHOD_ENV: "fork"})])
+def test_consume_refuses_an_unknown_start_method_naming_where_it_came_from(tmp_path, args, env):
+    result = CliRunner().invoke(main, ["consume", "--sink", f"jsonl:{tmp_path}", "--stream", "s", "--application",
+                                       "a", *args], env=env)
+    assert result.exit_code == 2 and "'fork' is not one of 'forkserver', 'spawn'" in result.output
+    if env:
+        assert WORKER_START_METHOD_ENV in result.output
 
 
 def test_prefetch_bytes_is_bounded_by_what_get_records_can_return():
