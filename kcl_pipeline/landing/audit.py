@@ -32,7 +32,7 @@ from ..kcl.core.model import Checkpoint, Lease
 from ..transform.manifest import COMMITS, CommitFormatError, WindowCommit, commit_key, is_commit_key
 from .batch import BatchInfo, read_batch_info
 from .errors import CorruptBatchError, ZoneNotFoundError
-from .layout import BatchKey
+from .layout import BatchKey, overlapping_batches
 from .progress import ShardProgress, progress_from_leases
 from .store import ZoneStore
 from .verify import ChainReport, list_batches, verify_batches, verify_chain
@@ -389,10 +389,7 @@ def _output_files(output: ZoneStore, window_start_ms: int) -> set[str]:
 def _duplicate_rows(store: ZoneStore, batches: Sequence[BatchKey]) -> int:
     """Rows landed twice among `batches`: read only when two of a shard's batch ranges overlap (never, for
     fenced landing)."""
-    by_shard: dict[str, list[BatchKey]] = {}
-    for b in batches:
-        by_shard.setdefault(b.shard_id, []).append(b)
-    overlapping = [b for mine in by_shard.values() for b in mine if any(o is not b and o.overlaps(b) for o in mine)]
+    overlapping = overlapping_batches(batches)
     if not overlapping:
         return 0
     reports = verify_batches(store, overlapping, deep=True)

@@ -51,7 +51,7 @@ from .audit import (
 from .audit_index import AuditIndex, BatchFacts, CommitFacts, IndexFormatError, index_key
 from .batch import BatchInfo, format_position, parse_position, read_batch_info
 from .errors import CorruptBatchError, LandingError, ZoneNotFoundError
-from .layout import BatchKey, split_batch_keys
+from .layout import BatchKey, overlapping_batches, split_batch_keys
 from .progress import ShardProgress, progress_from_leases
 from .store import ObjectVersion, ZoneStore
 from .verify import verify_batches, verify_chain
@@ -336,9 +336,8 @@ def _duplicates(store: ZoneStore, batches: Mapping[str, tuple[BatchKey, BatchFac
     out: dict[int, int] = {}
     for w, shards in by_window.items():
         named = commits[w].batches if w in commits else None
-        overlapping = [b for mine in shards.values() for b in mine
-                       if (named is None or b.key() in named) and any(
-                           o is not b and o.overlaps(b) and (named is None or o.key() in named) for o in mine)]
+        overlapping = overlapping_batches([b for mine in shards.values() for b in mine
+                                           if named is None or b.key() in named])
         if overlapping:
             out[w] = sum(r.duplicate_rows or 0 for r in verify_batches(store, overlapping, deep=True).values())
     return out

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import date, datetime, timezone
+from functools import lru_cache
 from pathlib import Path
+from typing import Sequence
 from urllib.parse import urlparse
 
 from ..kcl.core.model import Checkpoint
@@ -96,19 +98,63 @@ class BatchKey:
         )
 
 
+_EPOCH_DAY = date(1970, 1, 1).toordinal()
+
+
+def path_minute_ms(day: str, hh: str, mm: str) -> int:
+    """The epoch millis (UTC) of a key's `dt=YYYY-MM-DD/hh=HH/mm=MM`, from its digits (no strptime: a listing
+    parses every key it holds). A date, hour or minute that does not exist (2023-02-29, hh=24, mm=60) is a
+    ValueError, as strptime's."""
+    hour, minute = int(hh), int(mm)
+    if not (0 <= hour < 24 and 0 <= minute < 60):
+        raise ValueError(f"no such time of day: {hh}:{mm}")
+    days = date(int(day[:4]), int(day[5:7]), int(day[8:10])).toordinal() - _EPOCH_DAY
+    return days * 86_400_000 + hour * HOUR_MS + minute * MINUTE_MS
+
+
+# A listing parses every key it holds, and a writer lists its shard's current minute at every flush: the same
+# keys again and again. Parsed keys are immutable (frozen), so the last few hundred are kept (~0.9 KB each with
+# their key: about 1 MB per cache at most).
+PARSED_KEYS_CACHED = 1024
+
+
+@lru_cache(maxsize=PARSED_KEYS_CACHED)
 def parse_batch_key(key: str) -> BatchKey | None:
     """The batch a relative key names, or None if the key is not a batch (e.g. a temporary object)."""
     m = _KEY_RE.match(key)
     if not m:
         return None
-    dt = datetime.strptime(f"{m['date']} {m['hh']}:{m['mm']}", "%Y-%m-%d %H:%M").replace(tzinfo=timezone.utc)
     return BatchKey(
         stream=m["stream"],
         shard_id=m["shard"],
-        minute_ms=int(dt.timestamp() * 1000),
+        minute_ms=path_minute_ms(m["date"], m["hh"], m["mm"]),
         first=Checkpoint(m["fs"], int(m["fss"])),
         last=Checkpoint(m["ls"], int(m["lss"])),
     )
+
+
+def overlapping_batches(batches: Sequence[BatchKey]) -> list[BatchKey]:
+    """The batches whose range overlaps another's of the same shard (rows landed twice), grouped by shard in
+    order of first appearance, each shard's in their given order. One sort and one sweep per shard, not a
+    comparison of every pair (a window's thousands of batches): in order of first position, a batch overlaps
+    another exactly when an earlier one ends at or after its first, or the next one begins at or before its last
+    (a batch's first is never after its last: listings set such keys aside as malformed)."""
+    by_shard: dict[str, list[BatchKey]] = {}
+    for b in batches:
+        by_shard.setdefault(b.shard_id, []).append(b)
+    out: list[BatchKey] = []
+    for mine in by_shard.values():
+        if len(mine) < 2:
+            continue
+        spans = sorted(((b.first.key(), b.last.key(), i) for i, b in enumerate(mine)), key=lambda s: s[0])
+        hit: set[int] = set()
+        reach = spans[0][1]  # the furthest last position of the batches before
+        for j, (first, last, i) in enumerate(spans):
+            if (j > 0 and reach >= first) or (j + 1 < len(spans) and spans[j + 1][0] <= last):
+                hit.add(i)
+            reach = max(reach, last)
+        out += [b for i, b in enumerate(mine) if i in hit]
+    return out
 
 
 LINK_PREFIX = "after="
@@ -147,6 +193,7 @@ class LinkName:
     prev: Checkpoint
 
 
+@lru_cache(maxsize=PARSED_KEYS_CACHED)
 def parse_link_key(key: str) -> LinkName | None:
     """The link a relative key names, or None if it is not a link key (`after=none` names no position: None too)."""
     m = _LINK_RE.match(key)
@@ -160,8 +207,7 @@ def parse_link_key(key: str) -> LinkName | None:
         return LinkName(m["stream"], m["shard"], None, prev) if prev.is_starting_sentinel else None
     if prev.is_sentinel:
         return None
-    dt = datetime.strptime(f"{m['date']} {m['hh']}:{m['mm']}", "%Y-%m-%d %H:%M").replace(tzinfo=timezone.utc)
-    return LinkName(m["stream"], m["shard"], int(dt.timestamp() * 1000), prev)
+    return LinkName(m["stream"], m["shard"], path_minute_ms(m["date"], m["hh"], m["mm"]), prev)
 
 
 LINK_HOLDER = "holder="
@@ -223,14 +269,20 @@ def minute_of(ms: int) -> int:
     return ms - ms % MINUTE_MS
 
 
+@lru_cache(maxsize=4096)
+def _minute_path(minute: int) -> str:
+    """`dt=YYYY-MM-DD/hh=HH/mm=MM/` of the `minute`-th minute since the epoch (cached: a worker names the same
+    few minutes for every batch and link it lands)."""
+    dt = datetime.fromtimestamp(minute * 60, tz=timezone.utc)
+    return f"dt={dt:%Y-%m-%d}/hh={dt:%H}/mm={dt:%M}/"
+
+
 def minute_prefix(stream: str, minute_ms: int) -> str:
-    dt = datetime.fromtimestamp(minute_ms / 1000, tz=timezone.utc)
-    return f"{stream_name(stream)}/dt={dt:%Y-%m-%d}/hh={dt:%H}/mm={dt:%M}/"
+    return f"{stream_name(stream)}/{_minute_path(minute_ms // MINUTE_MS)}"
 
 
 def hour_prefix(stream: str, ms: int) -> str:
-    dt = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
-    return f"{stream_name(stream)}/dt={dt:%Y-%m-%d}/hh={dt:%H}/"
+    return f"{stream_name(stream)}/{_minute_path(ms // MINUTE_MS)[:-len('mm=MM/')]}"
 
 
 def window_prefixes(stream: str, start_ms: int, end_ms: int) -> list[str]:

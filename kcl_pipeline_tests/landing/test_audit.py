@@ -304,3 +304,26 @@ def test_a_backfills_first_batch_is_a_valid_chain_start(local_zone, tmp_path):
     outcome, = audit_window(store, open_store(str(tmp_path / "out")), STREAM, T0 + MINUTE_MS, T0 + 2 * MINUTE_MS,
                             checks=["chain"])
     assert outcome.ok, outcome.details
+
+
+def test_the_overlap_sweep_finds_exactly_the_batches_a_pairwise_comparison_finds():
+    """The counts check reads only the batches whose ranges overlap another's; one sort and sweep per shard must
+    pick the same ones, in the same order, as comparing every pair (ties, nesting, touching ends, equal ranges,
+    two shards interleaved)."""
+    import random
+
+    from kcl_pipeline.landing.layout import overlapping_batches
+
+    rng = random.Random(11)
+    for trial in range(400):
+        batches = []
+        for _ in range(rng.randrange(0, 12)):
+            first = (rng.randrange(1, 40), rng.randrange(0, 3))
+            last = max(first, (first[0] + rng.randrange(0, 6), rng.randrange(0, 3)))
+            batches.append(BatchKey(STREAM, rng.choice([SHARD, "shardId-000000000009"]), T0,
+                                    Checkpoint(str(first[0]), first[1]), Checkpoint(str(last[0]), last[1])))
+        by_shard: dict[str, list[BatchKey]] = {}
+        for b in batches:
+            by_shard.setdefault(b.shard_id, []).append(b)
+        pairwise = [b for mine in by_shard.values() for b in mine if any(o is not b and o.overlaps(b) for o in mine)]
+        assert overlapping_batches(batches) == pairwise, (trial, batches)

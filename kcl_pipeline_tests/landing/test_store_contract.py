@@ -331,3 +331,48 @@ def test_a_dropped_memory_zone_is_gone_for_every_store_on_it():
     first.drop()
     with pytest.raises(ZoneNotFoundError, match="memory://dropped-zone"):
         second.get("k")
+
+
+def test_a_memory_zones_ordered_index_follows_every_write_replacement_and_deletion():
+    """The memory store lists from a sorted key index kept beside its objects (no sort per listing): after any
+    mix of writes, replacements, uploads and deletions its listings are exactly a sort of what is stored."""
+    import random
+
+    store = open_store("memory://ordered-index")
+    store.ensure_zone(create=True)
+    try:
+        rng = random.Random(3)
+        MAX = chr(0x10FFFF)  # a prefix ending in the last code point has no successor to bound its range
+        stored: dict[str, bytes] = {}
+        for step in range(3000):
+            middle = rng.choice(["mm=01", "mm=010", "mm=02", "z", MAX, MAX + "x"])
+            key = f"{rng.choice('abc')}/{middle}/{rng.randrange(40)}"
+            action = rng.random()
+            if action < 0.4:
+                if store.put_if_absent(key, b"x" * (step % 7)):
+                    stored[key] = b"x" * (step % 7)
+                else:
+                    assert key in stored
+            elif action < 0.55:
+                store.put(key, b"r" * (step % 5))
+                stored[key] = b"r" * (step % 5)
+            elif action < 0.6:
+                with store.upload(key) as upload:
+                    upload.write(b"u" * (step % 3))
+                stored[key] = b"u" * (step % 3)
+            else:
+                gone = [key, f"{key}-never-stored"]
+                store.delete(gone)
+                stored.pop(key, None)
+            if step % 100 == 0:
+                for prefix in ["", "a", "a/", "b/mm=01", "b/mm=01/", "c/z/1", "c/z/1/", "zzz", f"a/{MAX}", MAX * 2]:
+                    expected = sorted(k for k in stored if k.startswith(prefix))
+                    assert list(store.list_objects(prefix)) == [(k, len(stored[k])) for k in expected]
+                    assert [v.key for v in store.list_versions(prefix)] == expected
+                    dirs = sorted({k[len(prefix):].split("/", 1)[0] for k in expected if "/" in k[len(prefix):]})
+                    assert store.list_dirs(prefix) == dirs
+        listing = store.list_keys("")  # a listing is what was stored when it was asked for
+        store.delete(list(stored))
+        assert list(listing) == sorted(stored) and list(store.list_keys("")) == []
+    finally:
+        store.drop()
