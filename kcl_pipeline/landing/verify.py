@@ -86,10 +86,12 @@ class ZoneReport:
     bad_keys: list[str] = field(default_factory=list)
     lease_problems: list[str] = field(default_factory=list)  # disagreements with the lease table
     leases_checked: int | None = None  # None: no lease table was given
+    # A shard's first batch (of the history, or of the window) names a predecessor the zone does not hold: lost.
+    missing_predecessors: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not self.bad_keys and not self.lease_problems and all(
+        return not self.bad_keys and not self.lease_problems and not self.missing_predecessors and all(
             r.ok for shards in self.streams.values() for r in shards.values())
 
     @property
@@ -115,6 +117,7 @@ class ZoneReport:
                 out += [f"    corrupt: {k}: {why}" for k, why in sorted(r.corrupt.items())]
                 out += [f"    rows: {e}" for e in r.row_errors]
         out += [f"  not a batch key: {k}" for k in self.bad_keys]
+        out += [f"  missing: {m}" for m in self.missing_predecessors]
         if self.leases_checked is not None:
             out.append(f"lease table: {self.leases_checked} leases cross-checked"
                        + ("" if not self.lease_problems else f", {len(self.lease_problems)} problems"))
@@ -406,6 +409,15 @@ def verify_zone(uri: str, window: tuple[int, int] | str | None = None, *, stream
         report.bad_keys += listing.bad_keys
         if listing.batches:
             report.streams[name] = verify_batches(store, listing.batches, deep=deep, on_batch=one_batch)
+            # With or without a lease table (one HEAD a shard): a first batch whose footer names a predecessor the
+            # zone does not hold follows a lost batch — the audit's chain check fails it too. Before, only the
+            # lease cross-check looked, so a lost first batch of a chain passed `landing verify` alone.
+            for shard_id, r in sorted(report.streams[name].items()):
+                if r.starts_after_key is not None and not store.exists(r.starts_after_key):
+                    first = min((k for k in listing.batches if k.shard_id == shard_id), key=lambda k: k.first.key())
+                    report.missing_predecessors.append(
+                        f"{name}/{shard_id}: the first batch {first.key()} follows {r.starts_after_key}, which the "
+                        f"zone does not hold (deleted?)")
     if leases is not None:
         multi_stream = any(parse_multi_stream_key(x.lease_key) for x in leases)
         if stream is None and len(streams) > 1 and not multi_stream:

@@ -108,6 +108,23 @@ def test_a_missing_batch_is_a_gap_and_a_foreign_key_is_reported(landed):
     assert "BROKEN" in text and "gap after" in text and "not a batch key" in text
 
 
+def test_verify_without_a_lease_table_reports_the_lost_first_batch_of_a_shards_chain(landed):
+    """Found by the simulation (seed 78 with refills): the first batch of a shard's chain deleted, `landing verify`
+    without --application said OK — the next batch, now first, follows a key the zone does not hold, which only
+    the lease cross-check looked for — while the audit's chain check failed the window."""
+    uri, store, _ = landed
+    keys = sorted(list_batches(store, STREAM, shard=SHARD), key=lambda k: k.first.key())
+    os.unlink(os.path.join(uri, keys[0].key()))
+    report = verify_zone(uri)
+    assert not report.ok
+    assert report.missing_predecessors == [f"{STREAM}/{SHARD}: the first batch {keys[1].key()} follows "
+                                           f"{keys[0].key()}, which the zone does not hold (deleted?)"]
+    assert "the zone does not hold" in "\n".join(report.lines())
+    window = verify_zone(uri, (T0, T0 + MINUTE_MS), shard=SHARD)  # a window whose first batch is gone
+    assert not window.ok and len(window.missing_predecessors) == 1
+    assert verify_zone(uri, shard="shardId-000000000001").ok
+
+
 def test_overlap_and_deep_duplicates(landed):
     uri, store, records = landed
     dup = records[SHARD][5:9]  # records landed already, under another range
