@@ -15,7 +15,11 @@ The classes, as the issue that asked for them names them: fencing (`no-counter-f
 `deliver-until-full-expiry`, `no-check-before-delivery`), steals (`steal-waits-a-heartbeat`,
 `shell-spawn-forgets-steal`), hand-offs (`handoff-without-wait`, `handoff-timeout-taken-warm`), release and
 shutdown (`shutdown-without-release`, `shell-shutdown-without-terminate`), and the manager's and the
-landing's own (`ages-stamped-early`, `no-parent-gate`, `land-without-fence`, `delete-foreign`).
+landing's own (`ages-stamped-early`, `no-parent-gate`, `land-without-fence`, `delete-foreign`). The pipeline's,
+as issue 20 names them: the audit trusting manifests (`audit-trusts-manifest`), the checkpoint plan past a
+missing batch (`plan-past-missing-batch`), the stale predecessor (`stale-predecessor`), a dead holder's start
+link (`dead-start-link`), rows_reconcile publishing before its check (`reconcile-publishes-unchecked`) and a
+refill under an unfenced start chain (`refill-unfenced-start`).
 """
 from __future__ import annotations
 import __future__
@@ -32,7 +36,7 @@ from unittest import mock
 
 from ..kcl.core import cycle, effects, lease_hold, lease_life, planner
 from ..kcl.shells import lease_table, manager, worker
-from ..landing import audit, exclusion, sink
+from ..landing import audit, checkpoint_plan, exclusion, sink, window_commit
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,10 @@ MUTATIONS: dict[str, Mutation] = {m.name: m for m in (
     # -- the pipeline (issue 20's classes)
     Mutation("audit-trusts-manifest", "the audit judges a window by its datasets' manifests when its commit is "
              "gone, not by the commit", 100, ("deleted-commit",)),
+    Mutation("plan-past-missing-batch", "the checkpoint plan never checks that a shard's batches are contiguous: "
+             "it commits past a batch missing before its window ran", 100, ("lost-batch",)),
+    Mutation("reconcile-publishes-unchecked", "rows_reconcile publishes the window's commit whatever its check "
+             "says (the commit before the check)", 100, ("transform-drops-rows",)),
 )}
 
 
@@ -237,6 +245,12 @@ def _plant(name: str, stack: contextlib.ExitStack, world: Any) -> None:
         _patch(stack, audit, "read_output_counts", "    if raw is None:\n        return None\n",
                "    if raw is None:\n        return OutputCounts(*(__import__('json').loads(output.get(f'{name}/"
                "{output_partition(window_start_ms)}/{MANIFEST}'))['rows'] for name in (TRANSFORMED, QUARANTINE)))\n")
+    elif name == "plan-past-missing-batch":
+        _patch(stack, checkpoint_plan, "_chain_break",
+               "why = None if chain is None else _unproven(shard, current, previous, b, chain)", "why = None")
+    elif name == "reconcile-publishes-unchecked":
+        _patch(stack, window_commit, "reconcile_window", "if pending is not None and all(o.ok for o in outcomes):",
+               "if pending is not None:")
     elif name == "delete-foreign":
         stack.enter_context(mock.patch.object(cycle, "scoped_leases", lambda leases, shards: list(leases)))
     else:

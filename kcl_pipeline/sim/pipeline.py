@@ -37,13 +37,13 @@ from typing import Any, Callable
 from ..kcl.core.model import TRIM_HORIZON, Checkpoint
 from ..kcl.core.streams import StreamScope
 from ..kcl.shells.shards import list_shards
+from ..landing import window_commit
 from ..landing.audit import MANIFEST, QUARANTINE, TRANSFORMED, audit_window, output_partition
 from ..landing.batch import decode_batch
 from ..landing.checkpoint_commit import CheckpointReport, commit_checkpoints, list_landed
 from ..landing.errors import CorruptBatchError
 from ..landing.store import MemoryZoneStore, ZoneStore
 from ..landing.stream_slice import slice_of
-from ..landing.window_commit import reconcile_window
 from ..landing.window_followup import Outstanding, RunState, WindowObservation, follow_up, track_reports
 from ..transform.manifest import WindowCommit, commit_key, commit_windows, pending_commit_key, read_commit
 
@@ -203,7 +203,9 @@ class SimPipeline:
                 raise RunFailed("fails once")
             report = write_window(self.store, self.output, self.scope.stream, t0, t1, run_id, crash)
             self._record_run(t0, run_id, report)
-            outcomes = reconcile_window(self.store, self.output, self.scope.stream, t0, t1, transform=report)
+            # Through the module: a mutation plants its edit there (sim/mutations.py).
+            outcomes = window_commit.reconcile_window(self.store, self.output, self.scope.stream, t0, t1,
+                                                      transform=report)
         except (RunFailed, CorruptBatchError) as exc:
             self.runs[t0] = RunState.FAILED
             self.note(f"pipeline: window {output_partition(t0)} run {run_id} {exc}")

@@ -418,7 +418,7 @@ class World(Stage):
             self.stats["batches lost"] += 1
             self.note(f"batch {name} lost")
         if kind == "refill":
-            self.at(self.now + rng.uniform(1.0, 30.0), lambda: self._refill(name, 3))
+            self.at(self.now + rng.uniform(1.0, 30.0), lambda: self._refill(name, 8))
         else:
             self._repairs[name] = self.now + rng.uniform(40.0, 100.0)
             self.at(self._repairs[name], lambda: self._repair(name))
