@@ -88,9 +88,13 @@ class BatchKey:
     last: Checkpoint
 
     def key(self) -> str:
-        return f"{minute_prefix(self.stream, self.minute_ms)}{self.shard_id}/" \
-               f"{self.first.sequence_number}_{self.first.sub_sequence_number}-" \
-               f"{self.last.sequence_number}_{self.last.sub_sequence_number}.parquet"
+        key = self.__dict__.get("_key")  # formatted once (the key is asked for again and again, and never changes)
+        if key is None:
+            key = f"{minute_prefix(self.stream, self.minute_ms)}{self.shard_id}/" \
+                  f"{self.first.sequence_number}_{self.first.sub_sequence_number}-" \
+                  f"{self.last.sequence_number}_{self.last.sub_sequence_number}.parquet"
+            object.__setattr__(self, "_key", key)
+        return key
 
     def overlaps(self, other: "BatchKey") -> bool:
         return self.shard_id == other.shard_id and not (
@@ -239,12 +243,19 @@ def split_batch_keys(keys) -> BatchKeyListing:
     for rel in keys:
         if not rel.endswith(".parquet"):
             continue
-        key = parse_batch_key(rel)
-        if key is None or key.first.key() > key.last.key():
+        key = _landed_batch(rel)
+        if key is None:
             malformed.append(rel)
         else:
             batches.append(key)
     return BatchKeyListing(batches, malformed)
+
+
+@lru_cache(maxsize=PARSED_KEYS_CACHED)
+def _landed_batch(rel: str) -> BatchKey | None:
+    """The batch a `.parquet` key names, None when malformed (not a batch key, or first after last)."""
+    key = parse_batch_key(rel)
+    return None if key is None or key.first.key() > key.last.key() else key
 
 
 @dataclass(frozen=True)

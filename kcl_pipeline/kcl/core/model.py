@@ -64,9 +64,10 @@ class Checkpoint:
 
     def key(self) -> tuple[int, str, int]:
         """Order of real sequence numbers; callers must handle sentinels first."""
-        if self.is_sentinel:
-            raise ValueError(f"sentinel {self.sequence_number} has no position in a shard")
-        return (len(self.sequence_number), self.sequence_number, self.sub_sequence_number)
+        seq = self.sequence_number  # (no property call: listings and the exclusion order batches by this)
+        if seq in SENTINELS:
+            raise ValueError(f"sentinel {seq} has no position in a shard")
+        return (len(seq), seq, self.sub_sequence_number)
 
     def __str__(self) -> str:
         return f"{self.sequence_number}/{self.sub_sequence_number}"
