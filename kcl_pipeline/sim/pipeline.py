@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import random
-import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -58,28 +57,6 @@ class RunFailed(Exception):
 def quarantined(data: bytes) -> bool:
     """The stand-in decoder's verdict: a record whose sequence number ends in 7 is not decodable (one in ten)."""
     return data.split(b".", 1)[0][-1:] == b"7"
-
-
-# Per store, per batch key: (the body decoded, its rows as (shard, sequence, sub-sequence) with the stand-in
-# decoder's verdict). A window is run again and again (re-requests, reports, the by-hand runs after a heal) over
-# the same batches; a batch is written once (put-if-absent), so a body already decoded is not decoded again. The
-# memory store hands back the stored bytes object itself, so one whose object is still the one decoded is that
-# batch unchanged; a replaced or corrupted object is another object, decoded (and refused) afresh.
-_DECODED: "weakref.WeakKeyDictionary[ZoneStore, dict[str, tuple[bytes, list]]]" = weakref.WeakKeyDictionary()
-
-
-def _decoded_rows(store: ZoneStore, key: str, directory: str) -> list[tuple[tuple[str, str, int], bool]]:
-    body = store.get(key)
-    memo = _DECODED.setdefault(store, {})
-    known = memo.get(key)
-    if known is not None and known[0] is body:
-        return known[1]
-    table = decode_batch(body, key, directory)
-    rows = [((shard, seq, sub), quarantined(payload)) for shard, seq, sub, payload in zip(
-        table.column("shard_id").to_pylist(), table.column("sequence_number").to_pylist(),
-        table.column("sub_sequence_number").to_pylist(), table.column("data").to_pylist(), strict=True)]
-    memo[key] = (body, rows)
-    return rows
 
 
 def write_window(store: ZoneStore, output: ZoneStore, directory: str, t0: int, t1: int, run_id: str,
@@ -293,6 +270,15 @@ class SimPipeline:
 
     def failing_for_good(self) -> set[int]:
         return set(self.faults.fail_always)
+
+    def rerun_by_hand(self, start: int) -> None:
+        """A person re-runs a window whose runs failed (after repairing what made them fail): the sensor may have
+        given up on it, or be about to."""
+        entry = self.outstanding.get(start)
+        if entry is not None and (entry.gave_up or self.runs.get(start) == RunState.FAILED):
+            self.outstanding[start] = Outstanding(1, f"{entry.run_key(output_partition(start))}-by-hand", entry.need)
+            if start not in self.queue:
+                self.queue.append(start)
 
     def heal(self) -> None:
         """The faults stop: runs succeed from now on, and the windows given up on are asked for again (a person

@@ -461,6 +461,9 @@ class World(Stage):
         back = "back" if name in self.zone.batches else "not back"
         self.note(f"refill of {key.minute_ms}: {key.shard_id} {shard.stopped_by if shard else '?'}, "
                   f"{report.records_landed} records landed, {name} {back}")
+        if name not in self.zone.damaged and self.pipeline is not None:
+            # The window's runs may have failed on the damage until the sensor gave up: the operator re-runs it.
+            self.pipeline.rerun_by_hand(key.minute_ms - key.minute_ms % WINDOW_MS)
         if name in self.zone.damaged and tries > 1:
             self.at(self.now + 15.0, lambda: self._refill(name, tries - 1))
 
