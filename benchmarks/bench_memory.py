@@ -3,6 +3,7 @@ trickle of records and with every lease in backlog, on moto server (Kinesis and 
 start methods in the same run, the previous one first.
 
     .venv/bin/python benchmarks/bench_memory.py [--sizes 8,32,64] [--backlog-mib 12] [--single-records 100000]
+        [--emulators moto|local|mixed]
 
 Per size and start method, one consumer (a LeaseManager driven as `kcl-pipeline consume` drives it, landing into a
 local directory, checkpointing after each batch) takes every lease of an N-shard stream:
@@ -14,6 +15,10 @@ local directory, checkpointing after each batch) takes every lease of an N-shard
    50 KB aggregate) at once; sampled each second until every lease's checkpoint reached its shard's last record;
    each worker's peak RSS (VmHWM) is read then;
 3. idle again after the backlog (what a worker keeps).
+
+The cycle is reported with what of it waited for the lease table's scan and the shard listing (the manager's own
+calls, timed where it makes them). --emulators: moto (the default), local (kinesis-local and dynalite) or mixed
+(Kinesis on moto, DynamoDB on dynalite).
 
 Then one worker alone drains a --single-records backlog (1 KB records, the issue's "100k-record backlog") and its
 peak RSS is read. moto answers a GetRecords with as many records as its Limit asks, past the 10 MiB a Kinesis
@@ -98,11 +103,26 @@ def consumer_main() -> None:
     chosen = {"worker_start_method": s["method"], "prefetch_bytes": s["prefetch"]}
     config = ConsumerConfig(stream=s["stream"], application=s["application"], worker_id=s["worker_id"],
                             max_leases=s["leases"], leases_to_acquire=s["leases"], cycle_seconds=s["cycle"],
-                            aws=AwsSettings(region=REGION, endpoint_url=s["endpoint"]),
+                            aws=AwsSettings(region=REGION, endpoint_urls=s["endpoints"]),
                             **{k: v for k, v in chosen.items() if k in known})
     manager = LeaseManager(config, landing_spec(s["zone"], s["stream"], aws=config.aws, standalone=True),
                            worker_log_level=logging.WARNING)
     manager.start()
+    # The cycle's two calls to the services, timed where the manager makes them (wrapped, not changed): what of
+    # its wall time is waiting for the emulator.
+    waits: dict[str, float] = {}
+
+    def timed(name, call):
+        def run(*args, **kwargs):
+            began = time.perf_counter()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                waits[name] = waits.get(name, 0.0) + time.perf_counter() - began
+        return run
+
+    manager.table.scan = timed("scan", manager.table.scan)
+    manager._list_shards = timed("list", manager._list_shards)
     stop = threading.Event()
     stop_on_signals(stop)
     while not stop.is_set():
@@ -111,7 +131,10 @@ def consumer_main() -> None:
         took, cpu = time.perf_counter() - began, time.thread_time() - cpu
         processes = getattr(manager, "worker_processes", None)
         method = processes.start_method if processes is not None else None
-        print(json.dumps({"at": time.time(), "code": os.path.dirname(os.path.dirname(kcl_pipeline.__file__)),
+        parts = dict(waits)
+        waits.clear()
+        print(json.dumps({"at": time.time(), "scan_s": parts.get("scan", 0.0), "list_s": parts.get("list", 0.0),
+                          "code": os.path.dirname(os.path.dirname(kcl_pipeline.__file__)),
                           "cycle_s": took, "cycle_cpu_s": cpu, "spawned": len(report.spawned),
                           "pids": sorted(p.pid for p in manager.workers.values()),
                           "method": method.method if method else ("spawn" if processes is None else None)}),
@@ -337,7 +360,7 @@ def run_size(n: int, config: str, args, settings, env: dict, aggregates: list[by
     zone = tempfile.mkdtemp(prefix="bench-memory-zone-")
     worker_id = f"bench-{uuid.uuid4()}"
     consumer = start_consumer({"stream": name, "application": name, "leases": n, "cycle": args.cycle,
-                               "method": method, "prefetch": prefetch, "endpoint": settings.endpoint_url,
+                               "method": method, "prefetch": prefetch, "endpoints": settings.endpoint_urls,
                                "zone": zone, "worker_id": worker_id}, env_for(config, env, args))
     table = LeaseTable(name, client("dynamodb", settings))
     out: dict = {"leases": n, "config": config}
@@ -360,6 +383,9 @@ def run_size(n: int, config: str, args, settings, env: dict, aggregates: list[by
         out.update(idle_pss=median(idle.worker_pss), idle_uss=median(idle.worker_uss),
                    idle_uss_max=max(idle.worker_uss_max), idle_rss_max=max(idle.worker_rss_max),
                    idle_host_pss=median(idle.host_pss), cycle_s=median([c["cycle_s"] for c in cycles]),
+                   cycle_scan_s=median([c["scan_s"] for c in cycles]),
+                   cycle_list_s=median([c["list_s"] for c in cycles]),
+                   load=os.getloadavg()[0],
                    cycle_cpu_s=median([c["cycle_cpu_s"] for c in cycles]), cycles=len(cycles))
         # Backlog: every shard at once, the trickle paused (its last record is where each lease must reach).
         stream.trickle(False)
@@ -426,7 +452,7 @@ def run_single(config: str, args, settings, env: dict) -> dict:
     stream.backlog(args.single_records * RECORD_BYTES / MiB, aggregates)
     zone = tempfile.mkdtemp(prefix="bench-memory-zone-")
     consumer = start_consumer({"stream": name, "application": name, "leases": 1, "cycle": args.cycle,
-                               "method": method, "prefetch": prefetch, "endpoint": settings.endpoint_url,
+                               "method": method, "prefetch": prefetch, "endpoints": settings.endpoint_urls,
                                "zone": zone, "worker_id": f"bench-{uuid.uuid4()}"}, env_for(config, env, args))
     table = LeaseTable(name, client("dynamodb", settings))
     peak = [0]
@@ -457,6 +483,9 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=15, help="idle samples, one a second")
     parser.add_argument("--cycle", type=float, default=2.0, help="the consumer's cycle_seconds")
     parser.add_argument("--drain-timeout", type=float, default=600.0)
+    parser.add_argument("--emulators", choices=("moto", "local", "mixed"), default="moto",
+                        help="moto: one moto server (Kinesis, DynamoDB); local: kinesis-local and dynalite (node); "
+                             "mixed: Kinesis on moto, DynamoDB on dynalite (each the faster of the two at its call)")
     parser.add_argument("--dev-extras", action="store_true", help="let numpy and pandas load (default: hidden)")
     parser.add_argument("--original-tree", default=None,
                         help="the code before this change (a `git archive` of its commit), for the config original")
@@ -476,10 +505,12 @@ def main() -> None:
         (scratch / "site" / "sitecustomize.py").write_text(HIDE_DEV_EXTRAS)
         paths.insert(0, str(scratch / "site"))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths + [p for p in [os.environ.get("PYTHONPATH")] if p])}
-    stack = EmulatorStack(scratch / "logs", services=("s3",))
+    services = {"moto": ("s3",), "local": ("kinesis", "dynamodb"), "mixed": ("s3", "dynamodb")}[args.emulators]
+    stack = EmulatorStack(scratch / "logs", services=services)
     endpoints = stack.start()
-    settings = AwsSettings(region=REGION, endpoint_url=endpoints.moto)
-    print(f"moto server {endpoints.moto} (Kinesis, DynamoDB); {os.cpu_count()} cores, load "
+    urls = {"kinesis": endpoints.kinesis or endpoints.moto, "dynamodb": endpoints.dynamodb or endpoints.moto}
+    settings = AwsSettings(region=REGION, endpoint_urls=urls)
+    print(f"{args.emulators}: {urls}; {os.cpu_count()} cores, load "
           f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}; {'dev extras' if args.dev_extras else 'core install'}; "
           f"backlog {args.backlog_mib:g} MiB per shard; MiB", flush=True)
     results: list[dict] = []
@@ -526,7 +557,12 @@ def report(results: list[dict], singles: list[dict], args) -> None:
                       f"{ratio(b['idle_host_pss'], a['idle_host_pss'])}, host backlog "
                       f"{ratio(b['backlog_host_pss'], a['backlog_host_pss'])}, cycle "
                       f"{ratio(b['cycle_s'], a['cycle_s'])}")
-    print("\nmoto alone (consumer stopped), the cycle's scan and shard listing:")
+    print("\nthe idle cycle's wall time, of which waiting for the scan and the shard listing (median), load average:")
+    for (n, config), r in by.items():
+        print(f"  {n} leases ({config}): cycle {r['cycle_s']:.3f} s = scan {r['cycle_scan_s']:.3f} + list "
+              f"{r['cycle_list_s']:.3f} + rest {r['cycle_s'] - r['cycle_scan_s'] - r['cycle_list_s']:.3f} s; "
+              f"CPU {r['cycle_cpu_s'] * 1000:.0f} ms; load {r['load']:.1f}")
+    print("\nthe emulator alone (consumer stopped), the cycle's scan and shard listing:")
     for (n, config), r in by.items():
         if "moto_scan_s" in r:
             print(f"  {n} leases ({config}): scan {r['moto_scan_s']:.3f} s, list shards {r['moto_list_s']:.3f} s")
