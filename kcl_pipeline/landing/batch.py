@@ -18,6 +18,20 @@ as in the key):
 
 Within a batch the records are consecutive in the shard (every record between first and last is in
 it), so a key's range alone says which records it holds (the sequence-range exclusion, exclusion.py).
+
+Two encodings, one codec (`LandingSettings.batch_format`, `encode_batch(batch_format=...)`):
+
+* "parquet", the default and production's format: the one Spark's native Parquet reader (`landing_reader`
+  "native", or "auto" on a directory zone) reads, and what every tool outside this project can read;
+* "rows", for the deterministic simulation (kcl_pipeline/sim/) and tests: the same columns and the same
+  metadata, as JSON behind a footer and the magic `KCLROWS1` (layout at `_encode_rows`). Parquet's fixed cost
+  per batch (~3 ms to encode, ~1 ms to decode, whatever its size) dominated a simulated seed, which lands
+  thousands of tiny batches; a rows batch costs tens of microseconds. It is not a storage format: nothing
+  compresses it, and only this module reads it (Spark's native reader does not; the Python data source does,
+  through `decode_batch`).
+
+Every reader here takes either encoding: `decode_batch` and `read_batch_info` tell them apart by the object's
+last bytes (`PAR1` or `KCLROWS1`), and a damaged object of either kind is a CorruptBatchError naming it.
 """
 from __future__ import annotations
 
@@ -162,6 +176,9 @@ def decode_batch(body: bytes | str, key: str = "?", stream: str | None = None) -
             pass  # Parquet's reader says why
     if not isinstance(body, str) and body[-len(ROWS_MAGIC):] == ROWS_MAGIC:
         return conform(_decode_rows(body, key), key, stream)
+    if not isinstance(body, str) and body[:len(_ROWS_START)] == _ROWS_START:
+        raise CorruptBatchError(f"landed batch {key}: a truncated rows batch ({len(body)} bytes, its end is "
+                                f"missing: no {ROWS_MAGIC.decode()} magic)")
     try:
         table = pq.read_table(body if isinstance(body, str) else pa.BufferReader(body))
     except Exception as exc:
@@ -239,6 +256,9 @@ def read_batch_info(store, key: BatchKey) -> BatchInfo:
     if tail[-len(ROWS_MAGIC):] == ROWS_MAGIC:
         return _rows_info(store, rel, tail, size, key, where)
     if size < 12 or tail[-4:] != b"PAR1":
+        if len(tail) == size and tail[:len(_ROWS_START)] == _ROWS_START:
+            raise CorruptBatchError(f"{where}: a truncated rows batch ({size} bytes, its end is missing: "
+                                    f"no {ROWS_MAGIC.decode()} magic)")
         raise CorruptBatchError(f"{where} is not a Parquet file ({size} bytes, no footer magic)")
     footer_len = struct.unpack("<I", tail[-8:-4])[0]
     if footer_len + 8 > size - 4:
@@ -260,6 +280,9 @@ def read_batch_info(store, key: BatchKey) -> BatchInfo:
 # magic. Every reader of the landing zone takes either format (`decode_batch`, `read_batch_info`, which tell
 # them apart by the last bytes); Spark's native Parquet reader does not (a zone of rows batches is read with
 # `landing_reader="datasource"`).
+
+_ROWS_START = b'{"sequence_number":'  # how a rows batch begins (its columns' JSON, in `_encode_rows`'s order)
+
 
 def _encode_rows(batch: UserRecordBatch, meta: dict[str, str]) -> bytes:
     columns = {
@@ -315,7 +338,7 @@ def _decode_rows(raw: bytes, key: str) -> pa.Table:
             pa.array(cols["sub_sequence_number"], pa.int64()),
             pa.array(cols["partition_key"], pa.string()),
             pa.array(cols["explicit_hash_key"], pa.string()),
-            pa.array(cols["approximate_arrival_timestamp"], pa.int64()).cast(pa.timestamp("ms", tz="UTC")),
+            pa.array(cols["approximate_arrival_timestamp"], pa.timestamp("ms", tz="UTC")),  # epoch millis
             pa.array([d.encode("latin-1") for d in cols["data"]], pa.binary()),
         ], schema=SCHEMA)
     except (ValueError, KeyError, TypeError, pa.ArrowException) as exc:
