@@ -295,13 +295,14 @@ class SimPipeline:
         return set(self.faults.fail_always)
 
     def rerun_by_hand(self, start: int) -> None:
-        """A person re-runs a window whose runs failed (after repairing what made them fail): the sensor may have
-        given up on it, or be about to."""
+        """A person who repaired a window's batches (refilled them) runs the window again, as `kcl-pipeline
+        backfill` does after a landing backfill: whatever the sensor made of it (given up, about to, or done
+        before the refill landed), its follow-up starts again from this run."""
         entry = self.outstanding.get(start)
-        if entry is not None and (entry.gave_up or self.runs.get(start) == RunState.FAILED):
+        if entry is not None:
             self.outstanding[start] = Outstanding(1, f"{entry.run_key(output_partition(start))}-by-hand", entry.need)
-            if start not in self.queue:
-                self.queue.append(start)
+        if start not in self.queue:
+            self.queue.append(start)
 
     def heal(self) -> None:
         """The faults stop: runs succeed from now on, and the windows given up on are asked for again (a person
