@@ -75,6 +75,7 @@ class Checker:
         self.unworked_since: dict[str, tuple[float, tuple]] = {}
         self.able_before: frozenset[int] = frozenset()
         self.most_orphans = 0
+        self.delivered_at: dict[str, float] = {}  # shard -> the last delivery, by anyone
         self.deliveries = 0
         self.redelivered = 0
         self.table_name = config.lease_table
@@ -159,6 +160,7 @@ class Checker:
         Java peer's (`java`, in its `tenure` of the lease)."""
         now = self.now()
         positions = [r.position() for r in records] if not java else list(records)
+        self.delivered_at[shard_id] = now
         if not java:
             self._check_validity(worker, shard_id, positions[0], now)
         who = ("java", tenure) if java else ("ours", worker.serial)
@@ -529,7 +531,9 @@ class Checker:
             # The bound counts from the last take: each new holder (itself frozen, say) gets its own.
             taker = (lease.lease_owner, getattr(self.holder.get(key), "serial", None))
             since, owner = self.unworked_since.get(key, (None, None))
-            if since is None or not able or lost_taker or owner != taker:
+            # Worked between two looks (a Java peer's short tenure, taken and lost again): its clock restarts.
+            worked_since = since is not None and self.delivered_at.get(key, -1.0) >= since
+            if since is None or not able or lost_taker or owner != taker or worked_since:
                 self.unworked_since[key] = (now, taker)
                 continue
             if now - since > bound:

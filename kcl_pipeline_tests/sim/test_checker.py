@@ -155,3 +155,29 @@ def test_a_crashed_kcl3_leader_restarts_the_liveness_clock_of_the_leases_it_alon
     watch the lease for an expiry of its own before reassigning it — the failover the bound covered was its."""
     assert _unworked_lease_clock(leader_crashes_at=None)  # nobody reassigns it: the bound is still enforced
     assert _unworked_lease_clock(leader_crashes_at=10.0 + CONFIG.lease_expiry_seconds) == []
+
+
+def _java_owned_lease_clock(delivers_at: float | None) -> list[str]:
+    """A lease a Java peer owns and mostly does not work (it takes it, delivers, loses it again at once); the
+    checker looks every few seconds."""
+    peer = Leader(leading=False)
+    checker, write, first = _world([])
+    checker.fleet.consumers, checker.fleet.java_peers = [Follower()], [peer]
+    write(peer, "java3-peer-0", 1)
+    bound = CONFIG.lease_expiry_seconds + CONFIG.cycle_seconds + 6.0
+    clock = [10.0]
+    checker.now = lambda: clock[0]
+    while clock[0] < 10.0 + bound + 5.0:
+        checker.audit()
+        clock[0] += 2.0
+        if delivers_at is not None and clock[0] - 2.0 <= delivers_at < clock[0]:
+            checker.on_deliver(peer, KEY, [first.position()], java=True, tenure=2)
+    return checker.violations
+
+
+def test_a_lease_worked_between_two_looks_restarts_its_liveness_clock():
+    """java3 seed 1044: a Java peer retook its own lease, delivered for a second and lost it again, all between
+    two looks of the checker; the clock kept counting from before, and a failover within its bound was called
+    a lease left unworked."""
+    assert _java_owned_lease_clock(delivers_at=None)
+    assert _java_owned_lease_clock(delivers_at=10.0 + CONFIG.lease_expiry_seconds) == []
