@@ -265,8 +265,12 @@ class Checker:
                 return
 
     def _disturbed(self, consumer: Any) -> bool:
-        """The world froze the stopping consumer or one of its workers, or cut its network: a lease it could
-        not release is the world's doing."""
+        """The world froze the stopping consumer or one of its workers, cut its network, or killed one of its
+        workers at a landing step (a flush on the way out may be one): a lease it could not release is the
+        world's doing."""
+        killed = {id(actor) for actor, _ in self.zone.crashed}
+        if any(id(worker) in killed for worker in self.fleet.workers_of(consumer)):
+            return True
         since = consumer.stopped_at
         faults = consumer.host.faults
         if not faults.healthy() or faults.healthy_since > since - 30.0:

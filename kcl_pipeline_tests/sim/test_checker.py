@@ -181,3 +181,51 @@ def test_a_lease_worked_between_two_looks_restarts_its_liveness_clock():
     a lease left unworked."""
     assert _java_owned_lease_clock(delivers_at=None)
     assert _java_owned_lease_clock(delivers_at=10.0 + CONFIG.lease_expiry_seconds) == []
+
+
+@dataclass
+class Frozen:
+    frozen_until: float = 0.0
+
+
+@dataclass
+class Faults:
+    healthy_since: float = -1000.0
+
+    def healthy(self) -> bool:
+        return True
+
+
+@dataclass
+class Stopping:
+    """A consumer asked to stop (SIGTERM) at `stopped_at`, healthy and never frozen."""
+
+    worker_id: str = "consumer-1"
+    stopped_at: float = 10.0
+    group: Frozen = field(default_factory=Frozen)
+    manager_scope: Frozen = field(default_factory=Frozen)
+    host: object = None
+
+    def __post_init__(self):
+        self.host = type("Host", (), {"faults": Faults()})()
+
+
+def _exit_after_a_stop_without_release(killed_at_landing: bool) -> list[str]:
+    consumer = Stopping()
+    worker = Worker(1, consumer.worker_id)
+    worker.consumer, worker.scope = consumer, Frozen()
+    checker, write, _ = _world([worker])
+    checker.fleet.workers_of = lambda c: [worker] if c is consumer else []
+    write(worker, consumer.worker_id, 1)
+    checker.on_graceful_stop(consumer)
+    if killed_at_landing:
+        checker.zone.crashed.append((worker, "after-link"))  # its last flush: the world killed it mid-landing
+    checker.on_consumer_exit(consumer)
+    return checker.violations
+
+
+def test_a_worker_the_world_killed_at_a_landing_step_during_a_stop_is_no_release_violation():
+    """java3 seeds 530, 765, 1307, 1425: a stopping worker's flush on the way out was a landing the world killed
+    (landing-crash); the lease it could not release then was the world's doing, as a freeze's is."""
+    assert _exit_after_a_stop_without_release(killed_at_landing=False)  # not released, not disturbed: caught
+    assert _exit_after_a_stop_without_release(killed_at_landing=True) == []
