@@ -272,7 +272,8 @@ def split_landed_keys(keys) -> LandedListing:
     chain: each batch's link is in its own minute and names its predecessor)."""
     keys = list(keys)
     listing = split_batch_keys(keys)
-    links = [link for link in map(parse_link_key, (k for k in keys if f"/{LINK_PREFIX}" in k)) if link is not None]
+    marker = f"/{LINK_PREFIX}"
+    links = [link for link in map(parse_link_key, (k for k in keys if marker in k)) if link is not None]
     return LandedListing(listing.batches, links, listing.malformed)
 
 
