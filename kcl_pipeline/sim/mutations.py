@@ -55,7 +55,8 @@ MUTATIONS: dict[str, Mutation] = {m.name: m for m in (
              ("lost-responses", "throttling", "crash")),
     # -- late writes
     Mutation("heartbeat-fenced-by-owner", "heartbeats fenced by leaseOwner only (the counter fence of the "
-             "heartbeat alone dropped): a heartbeat applied late takes the counter back", 200),
+             "heartbeat alone dropped): a heartbeat applied late takes the counter back", 200,
+             ("late-writes", "slow-dynamodb", "lost-responses")),
     # -- validity and its margin
     Mutation("validity-from-response", "validity measured from when a write's answer arrived, not when it "
              "was sent (in the core's transition)", 400,
