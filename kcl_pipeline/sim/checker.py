@@ -38,8 +38,8 @@ from typing import Any, Callable, Mapping
 from ..kcl.config import ConsumerConfig
 from ..kcl.core.balance import imbalance, reported_load
 from ..kcl.core.lease_codec import lease_from_item
-from ..kcl.core.model import Checkpoint
-from ..landing.layout import parse_batch_key
+from ..kcl.core.model import LATEST, Checkpoint
+from ..landing.layout import link_key, link_target, parse_batch_key
 from .fleet import FleetView
 from .kinesis import SimStream
 from .landing import SimZone
@@ -88,6 +88,10 @@ class Checker:
         self.held_since: dict[int, int] = {}  # worker serial → the order in which it first became a holder
         self._run_records: dict[str, list] = {}  # pipeline run → the records it transformed (ground truth)
         self.lost_after_commit: set[str] = set()  # batches the world deleted after a published commit named them
+        # The application starts at LATEST (world.py): a shard without parents owes its records from the first
+        # of the batch its start link names — what its chain began with — on; before that link, none.
+        self.latest_start = False
+        self._floors: dict[str, int] = {}
 
     def violation(self, message: str) -> None:
         if not self.violations:
@@ -124,12 +128,12 @@ class Checker:
         cp = new.checkpoint
         if cp.is_shard_end:
             if old is None or not old.checkpoint.is_shard_end:
-                missing = len(shard.positions) - self.prefix.get(key, 0)
+                missing = len(shard.positions) - self._prefix(key)
                 if shard.closed_at is None or missing:
                     self.violation(f"{actor} ended {key} with {missing} records undelivered"
                                    + ("" if shard.closed_at is not None else " (the shard is still open)"))
         elif not cp.is_starting_sentinel:
-            if bisect.bisect_right(shard.positions, cp.key()) > self.prefix.get(key, 0):
+            if bisect.bisect_right(shard.positions, cp.key()) > self._prefix(key):
                 self.violation(f"{actor} checkpointed {key} at {cp}, past an undelivered record")
         if worker is not None and (new.lease_owner != worker.worker_id or new.is_ended):
             # Its release, its end, its last write of a hand-off: a worker sends one only once done delivering
@@ -177,7 +181,7 @@ class Checker:
             self.started.add(shard_id)
             for parent_id in shard.parents:
                 parent = self.stream.shards[parent_id]
-                missing = len(parent.positions) - self.prefix.get(parent_id, 0)
+                missing = len(parent.positions) - self._prefix(parent_id)
                 if parent.closed_at is None or missing:
                     self.violation(f"{worker!r} delivered the first record of {shard_id} while its parent "
                                    f"{parent_id} has {missing} undelivered records")
@@ -188,11 +192,7 @@ class Checker:
             else:
                 delivered.add(p)
         self.deliveries += len(positions)
-        prefix = self.prefix.get(shard_id, 0)
-        all_positions = shard.positions
-        while prefix < len(all_positions) and all_positions[prefix] in delivered:
-            prefix += 1
-        self.prefix[shard_id] = prefix
+        self._prefix(shard_id)  # walks the delivered prefix on
 
     def _check_no_earlier_holder_could_deliver(self, worker: Any, shard_id: str) -> None:
         """A holder starts delivering a shard: no earlier holder of ours may still be able to deliver it —
@@ -279,6 +279,39 @@ class Checker:
             return True
         return any(worker.scope.frozen_until > since for worker in self.fleet.workers_of(consumer))
 
+    def _floor(self, shard_id: str) -> int | None:
+        """The index of the shard's first owed record: 0, or in a LATEST world (a shard without parents) the
+        first of the batch its start link names; None while no holder has claimed that link (nothing owed)."""
+        if not self.latest_start:
+            return 0
+        floor = self._floors.get(shard_id)
+        if floor is not None:
+            return floor
+        shard = self.stream.shards[shard_id]
+        if shard.parents:
+            return 0
+        body = self.zone.store.get_optional(link_key(self.stream.name, 0, shard_id, Checkpoint(LATEST)))
+        first = parse_batch_key(link_target(body)) if body is not None else None
+        if first is None:
+            return None
+        self._floors[shard_id] = floor = bisect.bisect_left(shard.positions, first.first.key())
+        return floor
+
+    def _prefix(self, shard_id: str) -> int:
+        """How many of the shard's records are owed-and-delivered or not owed, from its first on: every record
+        before this index was delivered or is before the shard's first owed record."""
+        floor = self._floor(shard_id)
+        shard = self.stream.shards[shard_id]
+        if floor is None:
+            return len(shard.positions)  # nothing owed yet
+        prefix = max(self.prefix.get(shard_id, 0), floor)
+        delivered = self.delivered.get(shard_id, set())
+        positions = shard.positions
+        while prefix < len(positions) and positions[prefix] in delivered:
+            prefix += 1
+        self.prefix[shard_id] = prefix
+        return prefix
+
     def on_land(self, shard_id: str, positions) -> None:
         """No record in two batches of a shard's live chain (checked as each batch lands; a refill lands only
         what is missing)."""
@@ -343,7 +376,7 @@ class Checker:
             if cp.is_sentinel:
                 continue
             upto = bisect.bisect_right(shard.positions, cp.key())
-            for p in shard.positions[:upto]:
+            for p in shard.positions[self._floor(shard_id) or 0:upto]:
                 n = copies.get((shard_id, p), 0)
                 if n == 0:
                     if exempt is None:
@@ -486,7 +519,7 @@ class Checker:
 
     def on_trim(self, shard_id: str) -> None:
         shard = self.stream.shards[shard_id]
-        missing = len(shard.positions) - self.prefix.get(shard_id, 0)
+        missing = len(shard.positions) - self._prefix(shard_id)
         if missing:
             self.violation(f"{shard_id} left the stream (retention) with {missing} records never delivered")
 
@@ -551,13 +584,15 @@ class Checker:
         fleet = self.fleet
         problems: list[str] = []
         for shard_id, shard in self.stream.shards.items():
-            missing = len(shard.positions) - self.prefix.get(shard_id, 0)
+            missing = len(shard.positions) - self._prefix(shard_id)
             if missing:
                 problems.append(f"{shard_id} has {missing} of {len(shard.positions)} records never delivered")
             if fleet.landing_checked():
                 lost = self.zone.lost_positions() if self.zone.damaged else set()
-                unlanded = sum(1 for p in shard.positions if (shard_id, p) not in self.zone.landed
-                               and (shard_id, p) not in lost)
+                floor = self._floor(shard_id)
+                unlanded = 0 if floor is None else sum(
+                    1 for p in shard.positions[floor:] if (shard_id, p) not in self.zone.landed
+                    and (shard_id, p) not in lost)
                 if unlanded:
                     problems.append(f"{shard_id} has {unlanded} records never landed")
         live = fleet.live_worker_ids()
@@ -566,7 +601,7 @@ class Checker:
         for key, shard, lease in self.owned_leases():
             if shard.trimmed or lease.is_ended:
                 continue
-            read_to_end = shard.closed_at is not None and self.prefix.get(key, 0) == len(shard.positions)
+            read_to_end = shard.closed_at is not None and self._prefix(key) == len(shard.positions)
             if read_to_end and lease.lease_owner is None:
                 continue  # read to its end; waits for its parents' or its own end
             if lease.lease_owner is None:

@@ -95,6 +95,9 @@ MUTATIONS: dict[str, Mutation] = {m.name: m for m in (
              "gone, not by the commit", 100, ("deleted-commit",)),
     Mutation("plan-past-missing-batch", "the checkpoint plan never checks that a shard's batches are contiguous: "
              "it commits past a batch missing before its window ran", 100, ("lost-batch",)),
+    Mutation("dead-start-link", "a holder that claimed a shard's start link and died before its batch was written "
+             "blocks every later holder (the start link's unwritten batch not adopted)", 100,
+             ("latest-start", "landing-crash")),
     Mutation("reconcile-publishes-unchecked", "rows_reconcile publishes the window's commit whatever its check "
              "says (the commit before the check)", 100, ("transform-drops-rows",)),
 )}
@@ -252,6 +255,8 @@ def _plant(name: str, stack: contextlib.ExitStack, world: Any) -> None:
     elif name == "reconcile-publishes-unchecked":
         _patch(stack, window_commit, "reconcile_window", "if pending is not None and all(o.ok for o in outcomes):",
                "if pending is not None:")
+    elif name == "dead-start-link":
+        _patch(stack, sink.LandingProcessor, "_follow_chain", "        self._adopt = claim\n", "        pass\n")
     elif name == "delete-foreign":
         stack.enter_context(mock.patch.object(cycle, "scoped_leases", lambda leases, shards: list(leases)))
     else:

@@ -12,7 +12,7 @@ from ..kcl.core.tolerance import CLOCK_RATE_TOLERANCE
 
 FAULTS = ("crash", "restart-same-id", "graceful-stop", "freeze-consumer", "freeze-worker", "partition",
           "slow-dynamodb", "slow-heartbeats", "duplicate-id", "lost-responses", "throttling", "clock-drift",
-          "java-peer", "reshard", "late-writes", "pauses",
+          "java-peer", "reshard", "late-writes", "pauses", "latest-start",
           # the landing and the pipeline (sim/landing.py, sim/pipeline.py)
           "landing-crash", "transform-fails", "pipeline-crash", "deleted-commit",
           # damage to the landing zone and the transform's word, in the pipeline's worlds only (drawn from a
@@ -55,6 +55,7 @@ class Scenario:
     pauses: bool = False  # GC-like pauses and processing time in our processes (sim/pauses.py)
     late_application: float = 0.0  # of timed-out DynamoDB attempts, those applied late (after the retry)
     batch_age: float = 5.0  # the landing sink's max_batch_age_seconds
+    initial_position: str = "TRIM_HORIZON"  # where the application's new leases start (LATEST: `latest-start`)
 
     @classmethod
     def generate(cls, seed: int, steps: int, faults: Iterable[str] = FAULTS) -> "Scenario":
@@ -64,7 +65,7 @@ class Scenario:
             raise ValueError(f"unknown fault kinds: {', '.join(sorted(unknown))} (known: {', '.join(FAULTS)})")
         rng = random.Random(f"scenario-{seed}")
         strike = [k for k in FAULTS if k in faults
-                  and k not in ("clock-drift", "java-peer", "restart-same-id", "late-writes", "pauses")
+                  and k not in ("clock-drift", "java-peer", "restart-same-id", "late-writes", "pauses", "latest-start")
                   and k not in PIPELINE_DAMAGE]
         count = rng.randint(0, 6) if strike else 0
         events = sorted(FaultEvent(rng.randint(steps // 10, max(steps // 10, steps * 6 // 10)),
@@ -93,11 +94,16 @@ class Scenario:
                    pipeline_period=None if java else pipeline_period, hot=rng.choice([1, 1, 1, 5]),
                    hosted=rng.random() < 0.3, pauses="pauses" in faults,
                    late_application=0.5 if "late-writes" in faults else 0.0,
-                   batch_age=rng.choice([2.0, 5.0, 20.0]))
+                   batch_age=rng.choice([2.0, 5.0, 20.0]),
+                   # From a stream of its own (the draws above stay what they were): a quarter of the worlds
+                   # without a Java peer start their application at LATEST.
+                   initial_position="LATEST" if "latest-start" in faults and not java and random.Random(
+                       f"scenario-{seed}-start").random() < 0.25 else "TRIM_HORIZON")
 
     def describe(self) -> str:
         kinds = Counter(e.kind for e in self.events)
         return (f"{self.consumers} consumer(s){' + a Java peer' if self.java else ''}, {self.shards} shard(s)"
+                f"{' from LATEST' if self.initial_position != 'TRIM_HORIZON' else ''}"
                 f"{f' (one {self.hot}x hot)' if self.hot > 1 else ''}, "
                 f"faults: {', '.join(f'{k}×{n}' for k, n in sorted(kinds.items())) or 'none'}")
 
