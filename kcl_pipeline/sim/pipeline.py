@@ -157,6 +157,9 @@ class SimPipeline:
         self.stalled: tuple[int, ...] = ()
         self.gave_up: tuple[int, ...] = ()
         self.runs_started = 0
+        # Committed windows whose re-run withdrew the commit (a run deletes it before writing, as the shipped
+        # transform does) and has not published a new one: their records wait for the re-run, not lost.
+        self.withdrawn: set[int] = set()
         self.enabled = True
         self.now_ms = 0
         self.period_ms = 0  # the tick's period (the world sets it)
@@ -213,6 +216,8 @@ class SimPipeline:
             if faults.crash.get(t0) == point:
                 del faults.crash[t0]
                 raise RunFailed(f"crashed {point}")
+        if read_commit(self.output, t0) is not None:
+            self.withdrawn.add(t0)
         try:
             if t0 in faults.fail_always:
                 raise RunFailed("fails for good")
