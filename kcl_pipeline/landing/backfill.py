@@ -21,6 +21,13 @@ records. So a shard is re-read only when the live side is done with the range (t
 completeness, on a read-only snapshot of the lease table: ended, landed past the end, caught up after it,
 or never to be read); the others are left to the live consumer and reported as `live`.
 
+Never below the application's start. A shard whose live chain starts at LATEST (its start link
+`_start/<shard>/after=LATEST`) owes nothing before that chain's first record: those records arrived before
+the application started. A backfill of the minute a LATEST chain starts in lands from that chain's first
+record on, through the live start link (a lost first batch is refilled exactly); the records before it are
+counted (`skipped_before_start`), never landed — a chain of their own would end where the LATEST chain
+begins and the audit would report a gap before it for ever.
+
 Reading every listed shard is correct without knowing when each one existed: a shard closed before
 the range ends at once (or serves only records before it); one born after the range serves its first
 record at or after the end, which stops its read.
@@ -35,7 +42,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from ..kcl.core.model import AT_TIMESTAMP, TRIM_HORIZON, Checkpoint, Lease, UserRecord
+from ..kcl.core.model import AT_TIMESTAMP, LATEST, TRIM_HORIZON, Checkpoint, Lease, UserRecord
 from ..kcl.core.streams import stream_name
 from ..kcl.processor import InitializationInput, ProcessRecordsInput
 from ..kcl.shells.aws import AwsSettings, client
@@ -45,6 +52,7 @@ from .completeness import window_complete
 from .layout import (
     MINUTE_MS,
     START_DIR,
+    link_key,
     link_target,
     minute_of,
     minute_prefix,
@@ -147,7 +155,8 @@ class ShardBackfill:
     stopped_by: str = ""  # past_end | shard_end | caught_up | deadline | live (not read: see live_reason)
     live_reason: str = ""
     records_read: int = 0  # user records the reader returned
-    records_in_range: int = 0
+    records_in_range: int = 0  # from the shard's live start on (see skipped_before_start)
+    skipped_before_start: int = 0  # records of the range before the shard's LATEST chain began: never landed
     records_landed: int = 0  # newly written
     records_already_landed: int = 0  # dropped by the exclusion: landed before (live, or an earlier backfill)
     batches_written: int = 0
@@ -159,6 +168,8 @@ class ShardBackfill:
     def describe(self) -> str:
         return (f"{self.shard_id}: {self.stopped_by}; read from {self.start}: {self.records_in_range} records in "
                 f"range, {self.records_landed} landed now, {self.records_already_landed} landed before"
+                + (f", {self.skipped_before_start} before the application's start (LATEST) not landed"
+                   if self.skipped_before_start else "")
                 + (f" ({self.live_reason})" if self.live_reason else ""))
 
 
@@ -270,6 +281,16 @@ def live_predecessor(store: ZoneStore, directory: str, shard_id: str,
         if link is not None and owner is not None and owner.first == first.checkpoint:
             return link.prev, None  # a starting position: the first batch of its chain names no batch
     return None
+
+
+def live_start(store: ZoneStore, directory: str, shard_id: str) -> Checkpoint | None:
+    """The first record of the shard's chain when the application started it at LATEST: the first of the
+    batch its start link (`_start/<shard>/after=LATEST`) names, whether or not that batch is still there (links
+    outlive a lost batch). None when no LATEST link is there (the shard starts at TRIM_HORIZON or AT_TIMESTAMP,
+    or nothing was landed for it): no floor. One GET."""
+    body = store.get_optional(link_key(directory, 0, shard_id, Checkpoint(LATEST)))
+    owner = parse_batch_key(link_target(body)) if body is not None else None
+    return None if owner is None or owner.shard_id != shard_id else owner.first
 
 
 def _batch_ending_at(store: ZoneStore, directory: str, shard_id: str, position: Checkpoint, minute: int,
@@ -386,6 +407,9 @@ def _backfill_shard(kinesis, store: ZoneStore, stream: str, directory: str, shar
                          monotonic=monotonic)
     sink: _BackfillLanding | None = None
     last_before: Checkpoint | None = None
+    # The live chain's start: nothing before it is landed (read once, before the first poll: the start link is
+    # written before the live chain's first batch, and never moves).
+    floor = live_start(store, directory, shard_id)
     while True:
         if stop.is_set() or (deadline is not None and monotonic() > deadline):
             result.stopped_by = "deadline"
@@ -394,14 +418,23 @@ def _backfill_shard(kinesis, store: ZoneStore, stream: str, directory: str, shar
         result.records_read += len(batch.records)
         cut = cut_batch(batch.records, start_ms, end_ms)
         last_before = cut.last_before or last_before
-        if cut.deliver:
+        deliver = cut.deliver
+        if floor is not None and deliver and deliver[0].position() < floor.key():
+            kept = [r for r in deliver if r.position() >= floor.key()]
+            result.skipped_before_start += len(deliver) - len(kept)
+            deliver = kept
+        if deliver:
             if sink is None:
-                sink = _start_sink(store, directory, shard_id, worker_id, cut.deliver[0], last_before or start,
+                # The LATEST chain's first record follows its start link: through that link, the first batch is
+                # the live one (refilled exactly when it was lost), never a chain of its own.
+                chain_start = (Checkpoint(LATEST) if floor is not None and deliver[0].checkpoint == floor
+                               else last_before or start)
+                sink = _start_sink(store, directory, shard_id, worker_id, deliver[0], chain_start,
                                    compression, monotonic)
-            result.records_in_range += len(cut.deliver)
-            result.first = result.first or cut.deliver[0].checkpoint
-            result.last = cut.deliver[-1].checkpoint
-            sink.process_records(ProcessRecordsInput(cut.deliver, None, checkpointer))
+            result.records_in_range += len(deliver)
+            result.first = result.first or deliver[0].checkpoint
+            result.last = deliver[-1].checkpoint
+            sink.process_records(ProcessRecordsInput(deliver, None, checkpointer))
         if cut.done:
             result.stopped_by = "past_end"
             break

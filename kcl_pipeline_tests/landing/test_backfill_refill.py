@@ -112,3 +112,36 @@ def test_a_record_no_live_link_claims_has_no_live_predecessor(memory_zone):
     p.process_records(ProcessRecordsInput(records[:10], 1000, RecordingCheckpointer()))
     p.shutdown_requested(RecordingCheckpointer())
     assert live_predecessor(store, STREAM, SHARD, records[10]) is None  # the live chain has not reached it
+
+
+def test_a_refill_of_a_latest_chains_first_minute_lands_nothing_before_the_applications_start(memory_zone):
+    """Sim seed 35 (`latest-start` with `refill`): the application started at LATEST in the middle of a minute;
+    a refill of that minute read AT_TIMESTAMP from its start and landed the records before the application's
+    start under a start chain of its own, and the chain was reported broken for ever ("gap after …: … follows
+    LATEST/0"). A backfill never lands below a shard's LATEST start: it refills the lost first batch under the
+    live start link, exactly, and nothing else."""
+    store = memory_zone.store
+    records = make_records(40, per_minute=10, aggregate_every=1)
+    started = records[7:]  # LATEST: the first holder's first record is the minute's eighth
+    p = LandingProcessor(store, STREAM, max_batch_records=4, clock=Clock(T0).time)
+    init(p, Checkpoint("LATEST"))
+    for i in range(0, len(started), 5):
+        p.process_records(ProcessRecordsInput(started[i:i + 5], 1000, RecordingCheckpointer()))
+    p.shutdown_requested(RecordingCheckpointer())
+    assert verify_zone(store.uri, store=store).ok
+    before = rows(store)
+    first = list_batches(store, STREAM)[0]
+    assert first.first == records[7].checkpoint
+    store.delete([first.key()])  # the chain's first batch lost, then refilled with its minute
+    lost = len(before) - len(rows(store))
+
+    report = backfill_range(STREAM, T0, T0 + MINUTE_MS, store,
+                            kinesis=FakeKinesis(STREAM, {SHARD: records}, random.Random(35)),
+                            now_ms=T0 + 10 * MINUTE_MS, pace=PACE, monotonic=Ticking())
+
+    assert rows(store) == before, "records before the application's start were landed"
+    assert first.key() in {b.key() for b in list_batches(store, STREAM)}
+    verified = verify_zone(store.uri, store=store)
+    assert verified.ok, verified.lines()
+    assert report.shards[SHARD].records_landed == lost
+    assert report.shards[SHARD].skipped_before_start == 7
