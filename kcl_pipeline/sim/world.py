@@ -416,12 +416,6 @@ class World(Stage):
         its minute (the refill's predecessor then comes from the live links alone)."""
         if self.pipeline is None:
             return
-        if self.latest:
-            # Not in a LATEST world: a refill (AT_TIMESTAMP from its minute's start, every shard) lands the records
-            # before the application's start too, under a chain of their own, and the audit then reports a gap
-            # before the batch that follows LATEST for ever (docs/simulation.md: a known defect, not fixed yet).
-            self.note(f"no damage in a LATEST world ({kind})")
-            return
         zone = self.zone
         newest: dict[str, BatchKey] = {}
         for key in zone.batches.values():
