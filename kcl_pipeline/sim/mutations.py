@@ -19,7 +19,7 @@ landing's own (`ages-stamped-early`, `no-parent-gate`, `land-without-fence`, `de
 as issue 20 names them: the audit trusting manifests (`audit-trusts-manifest`), the checkpoint plan past a
 missing batch (`plan-past-missing-batch`), the stale predecessor (`stale-predecessor`), a dead holder's start
 link (`dead-start-link`), rows_reconcile publishing before its check (`reconcile-publishes-unchecked`) and a
-refill under an unfenced start chain (`refill-unfenced-start`).
+refill under an unfenced start chain (`unfenced-refill`).
 """
 from __future__ import annotations
 import __future__
