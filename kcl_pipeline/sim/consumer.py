@@ -50,6 +50,7 @@ from .dynamodb import SimDynamoDBClient, retry_budget
 from .engine import Host, Later, Lock, Scope, Task, Waiters
 from .kinesis import SimKinesisClient
 from .landing import SimCrash
+from .pauses import InsideCall
 
 if TYPE_CHECKING:
     from .stage import Stage
@@ -320,6 +321,15 @@ class SimWorkerProcess(Process):
         return self.consumer.manager_scope.alive()
 
     def open_reader(self, stream: str, shard_id: str, start: Checkpoint, kpl_stats: KplStats) -> ShardReader:
+        zombie = self.world.zone.zombies.get(self.key)
+        if zombie is not None and zombie[0] is not self:
+            # A zombie paused inside its flush until its lease was taken: the new holder resumed, its pause ends.
+            del self.world.zone.zombies[self.key]
+            _, scope, until, waiters = zombie
+            if scope.frozen_until == until:  # not frozen longer by another fault meanwhile
+                scope.frozen_until = self.world.now
+            waiters.wake(self.world)
+            self.world.stats["zombie-flush: thawed as the new holder started"] += 1
         c = self.config
         return ShardReader(self.kinesis, stream, shard_id, start, polling_interval=c.polling_interval_seconds,
                            idle_interval=c.idle_interval_seconds, max_records=c.max_records_per_call,
@@ -377,11 +387,64 @@ class SimWorkerProcess(Process):
         if batch.records:
             self.world.checker.on_deliver(self, self.key, batch.records)
         try:
+            if self in self.world.zone.stalls:
+                # The world will pause it at a put of the flush this delivery makes (`zombie-flush`): the call
+                # runs where it can stop part-way and go on after the pause.
+                return self._inside(InsideCall(lambda: self.shell_handle(effect)))
             self.shell_handle(effect)
         except SimCrash:
             return Later(0.0, lambda: None)  # killed inside a landing (the zone's doing): never resumed
+        return self._processed()
+
+    def _processed(self) -> Any:
         processing = self.world.pauses.processing()
         return Later(processing, lambda: None) if processing > 0.0 else None
+
+    def _inside(self, call: InsideCall) -> Any:
+        """Run a delivery that may pause at the zone's put: the whole process stops (a GC pause, past the check
+        that let the delivery start), and at its thaw the delivery goes on where it stopped, its lease taken
+        meanwhile or not: the put-if-absent and the exclusion are all that protect the zone then."""
+        kind, seconds = call.step()
+        if kind != "pause":
+            return self._processed()
+        zone = self.world.zone
+        zone.inside.append(call)
+        _, _, _, whole, until_taken = zone.stalled[-1]
+        # The worker process alone (a GC pause: its manager, which is not, kills a worker whose lease went
+        # unrenewed past the expiry), or its whole consumer (a host's stall: nothing watches it meanwhile).
+        scope = self.consumer.group if whole else self.scope
+        until = scope.frozen_until = max(scope.frozen_until, self.world.now + seconds)
+        waiters = Waiters()
+        if until_taken:
+            # The pause ends when the lease's new holder opens its reader (see `open_reader`): the moment the
+            # zombie's landing races the new holder's, which resumed below what the zombie is about to land.
+            zone.zombies[self.key] = (self, scope, until, waiters)
+        self.world.note(f"{self!r} paused {seconds:.1f}s inside a flush, at the zone's put"
+                        f"{', with its whole consumer' if whole else ''}"
+                        f"{', or until its lease is taken' if until_taken else ''}")
+
+        def thawed() -> Any:
+            zone.inside.remove(call)
+            if zone.zombies.get(self.key, (None,))[0] is self:
+                del zone.zombies[self.key]
+            if not self.scope.alive():
+                call.abandon(SimCrash("killed while paused"))
+                return None
+            stats = self.processor.stats
+            before = (stats.batches_written, stats.links_lost, stats.records_already_landed)
+            try:
+                return self._inside(call)
+            except SimCrash:
+                return None  # killed inside a landing: never resumed
+            finally:
+                # How often the fault makes what it is for: a zombie landing, or meeting another writer's batches.
+                counts = self.world.stats
+                counts["zombie-flush: went on with its flush"] += 1
+                if stats.batches_written > before[0]:
+                    counts["zombie-flush: landed after its thaw"] += 1
+                if (stats.links_lost, stats.records_already_landed) != before[1:]:
+                    counts["zombie-flush: met another writer's batches"] += 1
+        return Later(0.0, thawed, waiters=waiters)
 
     def sleep_extra(self, task: Task, seconds: float) -> float:
         if task.kind != "heartbeat":

@@ -13,7 +13,10 @@ around it and the consumers cannot see:
   objects, as processes share a bucket) — which tells the zone of each put, and lets the world kill its
   process at a chosen step of a landing: right after the link was claimed (`after-link`), while the batch
   was being uploaded (`mid-batch`: a multipart upload cut before its footer; the put never shows), or right
-  after the batch was written (`after-batch`, before the sink learnt it landed).
+  after the batch was written (`after-batch`, before the sink learnt it landed). It also lets the world pause
+a process at the put of a link or a batch, inside the flush, past the validity check that let the delivery
+start (`zombie-flush`, `stalls`): a GC pause longer than the lease's expiry, after which the process goes on
+with the flush it was in, beside the lease's new holder (sim/pauses.py `InsideCall`).
 
 The world damages the zone too (`lose`, `corrupt`): a batch deleted after it landed, or its bytes altered in
 place. `damaged` keeps what is damaged and not repaired (a refill that lands the lost batch again under its own
@@ -30,9 +33,11 @@ from typing import Any, Callable
 
 from ..landing.layout import BatchKey, parse_batch_key
 from ..landing.store import MemoryZoneStore
+from .pauses import InsideCall
 
 Position = tuple[int, str, int]
 CRASH_POINTS = ("after-link", "mid-batch", "after-batch")
+STALL_POINTS = ("link", "batch")  # paused right before claiming a batch's link, or before putting the batch
 _ZONES = itertools.count()
 
 
@@ -54,6 +59,12 @@ class SimZone:
         self.on_land: Callable[[str, tuple[Position, ...]], None] | None = None
         self.crashes: dict[Any, str] = {}  # actor -> the landing step at which the world kills it
         self.crashed: list[tuple[Any, str]] = []
+        # actor -> (the put it pauses at, for how long, whether its whole consumer pauses (a host's stall),
+        # whether the pause ends when the lease's new holder starts reading)
+        self.stalls: dict[Any, tuple[str, float, bool, bool]] = {}
+        self.stalled: list[tuple[Any, str, float, bool, bool]] = []
+        self.zombies: dict[str, tuple] = {}  # lease key -> the paused (worker, scope, until, waiters)
+        self.inside: list[InsideCall] = []  # calls paused at a put (abandoned when the world ends)
         self.damaged: dict[str, str] = {}  # batch key -> "lost" | "corrupt", while not repaired
         self.ever_damaged: dict[str, str] = {}  # every batch the world damaged (repaired or not)
 
@@ -123,6 +134,9 @@ class SimZone:
         return out
 
     def drop(self) -> None:
+        for call in self.inside:
+            call.abandon(SimCrash("the world ended"))  # a call paused for good ends on its thread
+        self.inside.clear()
         self.store.drop()
 
 
@@ -145,8 +159,20 @@ class WatchedStore(MemoryZoneStore):
                 self.kill()
             raise SimCrash(f"killed {point}")
 
+    def _stall_at(self, point: str) -> None:
+        zone = self.sim_zone
+        armed = zone.stalls.get(self.actor) if self.actor is not None else None
+        call = InsideCall.current
+        if armed is not None and armed[0] == point and call is not None:
+            del zone.stalls[self.actor]
+            zone.stalled.append((self.actor, *armed))
+            call.pause(armed[1])
+
     def put_if_absent(self, key: str, body: bytes) -> bool:
         batch = key.endswith(".parquet")
+        if zone_stalls := self.sim_zone.stalls:
+            if self.actor in zone_stalls:
+                self._stall_at("batch" if batch else "link" if "/after=" in key else "")
         if batch:
             self._crash_at("mid-batch")
         done = super().put_if_absent(key, body)
@@ -168,4 +194,4 @@ class WatchedStore(MemoryZoneStore):
             self.sim_zone.removed(key)
 
 
-__all__ = ["CRASH_POINTS", "SimCrash", "SimZone", "WatchedStore"]
+__all__ = ["CRASH_POINTS", "STALL_POINTS", "SimCrash", "SimZone", "WatchedStore"]

@@ -9,14 +9,18 @@ Where each goes, and how long it may be:
 * before a check, in the heartbeat, and between a holder reading a hand-off's ask and answering it:
   anything, up to and beyond the margin and the expiry: the next check must see it and stop the holder, an
   answer come too late must be refused;
-* after a delivery (processing time): a little, so the next check comes later than the poll pacing says.
+* after a delivery (processing time): a little, so the next check comes later than the poll pacing says;
+* inside a delivery, at the zone's put (`zombie-flush`, `InsideCall`): past the check, longer than the expiry:
+  a zombie that goes on landing beside the lease's new holder.
 
 `Pauses.none()` never pauses (the balance world, tests).
 """
 from __future__ import annotations
 
 import random
+import threading
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from ..kcl.core.lease_hold import LeaseTiming
 from ..kcl.core.tolerance import tolerated_pause
@@ -76,4 +80,70 @@ class Pauses:
         return rng.uniform(0.0, 0.3)
 
 
-__all__ = ["Pauses"]
+class InsideCall:
+    """A call that can pause part-way and go on later: a GC pause inside a processor's call, past the validity
+    check that let the call start (`zombie-flush`: a holder paused at the zone's put, in the middle of a
+    flush, for longer than its lease's expiry, while another holder takes the lease).
+
+    The call runs on a thread of its own, and it and the simulation take turns (two semaphores): never both at
+    once, so the run stays deterministic. `pause(seconds)`, called on the call's thread (the store's put),
+    hands the turn back: `step()` then answers ("pause", seconds); the simulation freezes the process and calls
+    `step()` again at its thaw, or `abandon()` when the process died meanwhile (the pause raises `exc` on the
+    call's thread, so the thread ends). `step()` answers ("done", value) when the call returned; what it raised
+    is raised in the simulation's thread."""
+
+    current: "InsideCall | None" = None  # the call that has the turn (set by the simulation's thread)
+
+    def __init__(self, call: Callable[[], Any]) -> None:
+        self._call = call
+        self._turn = threading.Semaphore(0)  # the call's
+        self._back = threading.Semaphore(0)  # the simulation's
+        self._state: tuple[str, Any] = ("new", None)
+        self._abandon: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, daemon=True, name="sim-inside-call")
+
+    def _main(self) -> None:
+        self._turn.acquire()
+        try:
+            self._state = ("done", self._call())
+        except BaseException as exc:  # noqa: BLE001 - handed to the simulation's thread, raised there
+            self._state = ("raised", exc)
+        self._back.release()
+
+    def step(self) -> tuple[str, Any]:
+        if self._state[0] == "new":
+            self._thread.start()
+        outer, InsideCall.current = InsideCall.current, self
+        self._turn.release()
+        self._back.acquire()
+        InsideCall.current = outer
+        kind, value = self._state
+        if kind == "raised":
+            raise value
+        return kind, value
+
+    @property
+    def paused(self) -> bool:
+        return self._state[0] == "pause"
+
+    def abandon(self, exc: BaseException) -> None:
+        """The process died while paused: the call ends on its thread with `exc` (nothing after it runs)."""
+        if not self.paused:
+            return
+        self._abandon = exc
+        try:
+            self.step()
+        except BaseException as raised:  # noqa: BLE001 - the call ended as it was told to
+            if raised is not exc:
+                raise
+
+    def pause(self, seconds: float) -> None:
+        """On the call's thread: stop here for `seconds` of the process's time (the simulation decides when)."""
+        self._state = ("pause", seconds)
+        self._back.release()
+        self._turn.acquire()
+        if self._abandon is not None:
+            raise self._abandon
+
+
+__all__ = ["InsideCall", "Pauses"]

@@ -17,7 +17,10 @@ FAULTS = ("crash", "restart-same-id", "graceful-stop", "freeze-consumer", "freez
           "landing-crash", "transform-fails", "pipeline-crash", "deleted-commit",
           # damage to the landing zone and the transform's word, in the pipeline's worlds only (drawn from a
           # stream of their own, so the faults above strike every seed as they did before these existed)
-          "lost-batch", "corrupt-batch", "late-batch", "refill", "transform-drops-rows")
+          "lost-batch", "corrupt-batch", "late-batch", "refill", "transform-drops-rows",
+          # a zombie holder landing beside the new one: paused inside a flush at the zone's put, past its
+          # validity check, longer than the expiry (drawn from a stream of its own, like the damage)
+          "zombie-flush")
 # Faults drawn from their own stream, and only where the pipeline runs (its audit judges them).
 PIPELINE_DAMAGE = ("lost-batch", "corrupt-batch", "late-batch", "refill", "transform-drops-rows")
 
@@ -66,7 +69,7 @@ class Scenario:
         rng = random.Random(f"scenario-{seed}")
         strike = [k for k in FAULTS if k in faults
                   and k not in ("clock-drift", "java-peer", "restart-same-id", "late-writes", "pauses", "latest-start")
-                  and k not in PIPELINE_DAMAGE]
+                  and k not in PIPELINE_DAMAGE and k != "zombie-flush"]
         count = rng.randint(0, 6) if strike else 0
         events = sorted(FaultEvent(rng.randint(steps // 10, max(steps // 10, steps * 6 // 10)),
                                    rng.choice(strike), rng.random()) for _ in range(count))
@@ -82,6 +85,11 @@ class Scenario:
             own = random.Random(f"scenario-{seed}-damage")
             events = sorted(events + [FaultEvent(own.randint(steps // 10, max(steps // 10, steps * 6 // 10)),
                                                  own.choice(damage), own.random())
+                                      for _ in range(own.randint(0, 3))])
+        if "zombie-flush" in faults:
+            own = random.Random(f"scenario-{seed}-zombie")
+            events = sorted(events + [FaultEvent(own.randint(steps // 10, max(steps // 10, steps * 6 // 10)),
+                                                 "zombie-flush", own.random())
                                       for _ in range(own.randint(0, 3))])
         return cls(seed=seed, steps=steps, faults=faults, consumers=rng.randint(1, 4),
                    java=java, shards=rng.randint(1, 6),

@@ -33,7 +33,7 @@ from .dynamodb import NetworkFaults, SimDynamoDB, SimDynamoDBClient, SimTable
 from .engine import EPOCH, Host
 from .java import JavaPeer
 from .kinesis import SimKinesisClient, SimStream
-from .landing import CRASH_POINTS, SimCrash, SimZone
+from .landing import CRASH_POINTS, STALL_POINTS, SimCrash, SimZone
 from .pauses import Pauses
 from .pipeline import PIPELINE_CRASHES, SimPipeline
 from .scenario import FAULTS, FaultEvent, Scenario
@@ -563,6 +563,21 @@ class World(Stage):
                 point = rng.choice(CRASH_POINTS)
                 self.zone.crashes[worker] = point
                 self.note(f"{worker!r} will be killed {point} of its next landing")
+            return
+        if kind == "zombie-flush":
+            # Paused inside its next flush, at the put of a link or a batch (past the check that let the
+            # delivery start: a GC pause), longer than the expiry: its lease is taken meanwhile, and at its thaw
+            # it goes on with the flush, beside the new holder (sim/landing.py, sim/pauses.py InsideCall).
+            workers = [w for w in victim.workers.values() if not w.finished]
+            if workers:
+                worker = rng.choice(workers)
+                point = rng.choice(STALL_POINTS)
+                seconds = rng.uniform(1.1, 3.0) * self.config.lease_expiry_seconds
+                whole, until_taken = rng.random() < 0.7, rng.random() < 0.5
+                self.zone.stalls[worker] = (point, seconds, whole, until_taken)
+                self.note(f"{worker!r} will pause {seconds:.1f}s at the {point} put of its next flush"
+                          f"{', with its whole consumer' if whole else ''}"
+                          f"{', or until its lease is taken' if until_taken else ''}")
             return
         # The fleet is never left empty for good: an operator (or the orchestrator) starts a consumer again
         # before the stream's retention runs out.
