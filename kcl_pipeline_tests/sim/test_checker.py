@@ -8,10 +8,13 @@ from dataclasses import dataclass, field
 from kcl_pipeline.kcl.core.lease_codec import lease_to_item
 from kcl_pipeline.kcl.core.lease_hold import LeaseTiming
 from kcl_pipeline.kcl.core.model import TRIM_HORIZON, Checkpoint, Lease
+from kcl_pipeline.landing.store import MemoryZoneStore
 from kcl_pipeline.sim.checker import Checker
 from kcl_pipeline.sim.kinesis import SimStream
 from kcl_pipeline.sim.landing import SimZone
+from kcl_pipeline.sim.pipeline import SimPipeline
 from kcl_pipeline.sim.world import base_config
+from kcl_pipeline.transform.manifest import WindowCommit, commit_key
 
 KEY = "shardId-000000000000"
 CONFIG = base_config("template", 1)
@@ -229,3 +232,23 @@ def test_a_worker_the_world_killed_at_a_landing_step_during_a_stop_is_no_release
     (landing-crash); the lease it could not release then was the world's doing, as a freeze's is."""
     assert _exit_after_a_stop_without_release(killed_at_landing=False)  # not released, not disturbed: caught
     assert _exit_after_a_stop_without_release(killed_at_landing=True) == []
+
+
+def test_a_window_whose_commit_was_deleted_after_the_checkpoints_passed_it_is_rerun_when_the_faults_stop():
+    """Seeds 819 and 1229 (10,000-seed run): the world deleted a window's commit after the checkpoints had passed
+    the window. No checkpoint run waits on it and the sensor follows it no more (its commit had been there), so
+    nothing but the shipped audit, which fails it, names it: the world's operator must re-run it, as a person
+    does what the audit names, or the fleet never settles ('window ... is not committed')."""
+    window_ms = 60_000
+    first = 1_699_999_980_000
+    store = MemoryZoneStore("zone-h20", "landing")
+    pipeline = SimPipeline(store=store, output_name="output-h20", table=None, kinesis=None, stream="simstream",
+                           window_ms=window_ms, first_window_ms=first, grace_ms=15_000, overdue_ms=300_000)
+    lost, recommitted = first, first + window_ms
+    pipeline.output.put(commit_key(recommitted), WindowCommit(recommitted, recommitted + window_ms, "run-2",
+                                                              frozenset(), {}).to_json())
+    pipeline.deleted = {lost, recommitted}
+    pipeline.deleted_audits = [(lost, False), (recommitted, False)]  # the shipped audit failed both
+    assert lost not in pipeline.outstanding  # the sensor forgot it once its commit was there
+    pipeline.heal()
+    assert pipeline.queue == [lost]  # re-run by hand; the window committed again since is left alone
