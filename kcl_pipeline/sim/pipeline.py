@@ -157,6 +157,7 @@ class SimPipeline:
         self.stalled: tuple[int, ...] = ()
         self.gave_up: tuple[int, ...] = ()
         self.runs_started = 0
+        self.healed = False  # the faults stopped (heal): a person re-runs what the sensor gives up on
         # Committed windows whose re-run withdrew the commit (a run deletes it before writing, as the shipped
         # transform does) and has not published a new one: their records wait for the re-run, not lost.
         self.withdrawn: set[int] = set()
@@ -194,6 +195,8 @@ class SimPipeline:
                              max_requests=self.max_requests)
         self.outstanding = decision.outstanding
         self.stalled, self.gave_up = decision.stalled, decision.gave_up
+        if self.healed:
+            self._rerun_given_up()
         for start in decision.rerequest:
             if start not in self.queue:
                 self.queue.append(start)
@@ -316,15 +319,22 @@ class SimPipeline:
         was deleted after the checkpoints had passed the window, so no checkpoint run waits on it and the sensor,
         which follows a window until its commit is there, follows it no more — only the audit can tell)."""
         self.faults = PipelineFaults()
+        self.healed = True
+        self._rerun_given_up()
+        for start in sorted({w for w, ok in self.deleted_audits if not ok}):
+            if read_commit(self.output, start) is None:
+                self.rerun_by_hand(start)
+
+    def _rerun_given_up(self) -> None:
+        """A person re-runs each window the sensor gave up on — at the heal, and later ones as the sensor gives up
+        on them (seed 3125: a window failing for good was still being asked again when the faults stopped and
+        was given up on after)."""
         for start, entry in list(self.outstanding.items()):
             if entry.gave_up:
                 self.outstanding[start] = Outstanding(1, f"{entry.run_key(output_partition(start))}-by-hand",
                                                       entry.need)
                 if start not in self.queue:
                     self.queue.append(start)
-        for start in sorted({w for w, ok in self.deleted_audits if not ok}):
-            if read_commit(self.output, start) is None:
-                self.rerun_by_hand(start)
 
     def committed(self) -> dict[int, WindowCommit]:
         """Every published commit (the checker's view)."""
