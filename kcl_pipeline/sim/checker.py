@@ -265,10 +265,12 @@ class Checker:
                 return
 
     def _disturbed(self, consumer: Any) -> bool:
-        """The world froze the stopping consumer or one of its workers, cut its network, or killed one of its
-        workers at a landing step (a flush on the way out may be one): a lease it could not release is the
-        world's doing."""
+        """The world froze the stopping consumer or one of its workers, cut its network, killed one of its
+        workers at a landing step (a flush on the way out may be one) or paused one inside a put: a lease it could
+        not release is the world's doing."""
         killed = {id(actor) for actor, _ in self.zone.crashed}
+        # Paused inside a put (zombie-flush: a GC pause mid-flush, the host stalled): it cannot release meanwhile.
+        killed |= {id(stall[0]) for stall in self.zone.stalled}
         if any(id(worker) in killed for worker in self.fleet.workers_of(consumer)):
             return True
         since = consumer.stopped_at

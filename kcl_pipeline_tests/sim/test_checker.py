@@ -213,7 +213,7 @@ class Stopping:
         self.host = type("Host", (), {"faults": Faults()})()
 
 
-def _exit_after_a_stop_without_release(killed_at_landing: bool) -> list[str]:
+def _exit_after_a_stop_without_release(killed_at_landing: bool, paused_in_a_put: bool = False) -> list[str]:
     consumer = Stopping()
     worker = Worker(1, consumer.worker_id)
     worker.consumer, worker.scope = consumer, Frozen()
@@ -223,6 +223,8 @@ def _exit_after_a_stop_without_release(killed_at_landing: bool) -> list[str]:
     checker.on_graceful_stop(consumer)
     if killed_at_landing:
         checker.zone.crashed.append((worker, "after-link"))  # its last flush: the world killed it mid-landing
+    if paused_in_a_put:
+        checker.zone.stalled.append((worker, "batch", 30.0, True, False))  # zombie-flush: paused inside a put
     checker.on_consumer_exit(consumer)
     return checker.violations
 
@@ -252,3 +254,9 @@ def test_a_window_whose_commit_was_deleted_after_the_checkpoints_passed_it_is_re
     assert lost not in pipeline.outstanding  # the sensor forgot it once its commit was there
     pipeline.heal()
     assert pipeline.queue == [lost]  # re-run by hand; the window committed again since is left alone
+
+
+def test_a_worker_the_world_paused_inside_a_put_during_a_stop_is_no_release_violation():
+    """10,000-seed run, seed 2399: a zombie-flush pause held the worker inside its flush through its consumer's
+    graceful stop; it could not release, as a frozen worker cannot."""
+    assert _exit_after_a_stop_without_release(killed_at_landing=False, paused_in_a_put=True) == []
