@@ -348,6 +348,12 @@ class World(Stage):
             self.pipeline.heal()
             for name in sorted(self._repairs):
                 self._repair(name)
+            # A refill the live side kept turning away ("live": not done with the minute) until its tries ran
+            # out is asked for again, now until it lands (seed 1147: the batch stayed lost, its shard could not
+            # end, and its children were never read).
+            for name, kind in sorted(self.zone.damaged.items()):
+                if kind == "lost" and name not in self._repairs:
+                    self._refill(name, 1)
 
         def look():
             problems = self.settled()
@@ -496,8 +502,8 @@ class World(Stage):
         if name not in self.zone.damaged and self.pipeline is not None:
             # The window's runs may have failed on the damage until the sensor gave up: the operator re-runs it.
             self.pipeline.rerun_by_hand(key.minute_ms - key.minute_ms % WINDOW_MS)
-        if name in self.zone.damaged and tries > 1:
-            self.at(self.now + 15.0, lambda: self._refill(name, tries - 1))
+        if name in self.zone.damaged and (tries > 1 or self.settling):
+            self.at(self.now + 15.0, lambda: self._refill(name, max(1, tries - 1)))
 
     def _slow_holders(self, live: list[SimConsumer], rng: random.Random) -> None:
         """Holders too slow for their window: a consumer (half the time every live one) frozen until the window
