@@ -11,8 +11,10 @@ from .world import World
 
 
 def simulate(seed: int, steps: int) -> Any:
-    """One seed with a KCL 3.x peer whatever the seed draws (and so no KCL 2.x peer and no landing pipeline)."""
-    scenario = replace(Scenario.generate(seed, steps), java=False, pipeline_period=None)
+    """One seed with a KCL 3.x peer whatever the seed draws (and so no KCL 2.x peer, no landing pipeline, and
+    leases from TRIM_HORIZON: the peer's start there, and the world never starts at LATEST beside one)."""
+    scenario = replace(Scenario.generate(seed, steps), java=False, pipeline_period=None,
+                       initial_position="TRIM_HORIZON")
     world = World(scenario)
     world.java3_forced = True  # type: ignore[attr-defined]
     return world.run()

@@ -45,3 +45,13 @@ def test_a_world_without_the_fault_kind_or_with_a_landing_pipeline_has_no_kcl_3x
     assert not java3.chosen(World(Scenario.generate(5, 100, faults=("crash",))))
     with_pipeline = next(s for s in range(50) if Scenario.generate(s, 100).pipeline_period is not None)
     assert not java3.chosen(World(Scenario.generate(with_pipeline, 100)))
+
+
+def test_a_world_forced_to_have_a_kcl_3x_peer_never_starts_at_latest():
+    """java3 run, seeds 235, 310, 597, 732: the peer was forced in after the world had chosen a LATEST start, which
+    it never pairs with a 3.x peer (whose leases start at TRIM_HORIZON); the LATEST floor then owed records the
+    peer's leases do not, and the run reported them never delivered."""
+    latest = next(seed for seed in range(200) if Scenario.generate(seed, 1000).initial_position == "LATEST")
+    assert java3_runs.simulate(latest, 1000).scenario.initial_position == "TRIM_HORIZON"
+    for seed in (235, 732):
+        assert java3_runs.simulate(seed, 1000).violations == []
