@@ -71,13 +71,21 @@ def test_a_10x_hot_shard_is_balanced_by_load_and_then_nothing_moves(
     names = ("c1", "c2")
     # Peers are known to run this protocol (and so asked for hand-offs) once their worker metrics were read:
     # every 2 s here, not the default 30 s, so that the first moves are already graceful.
-    procs = {w: consume_process(env, stream, app, w, tmp_path / w, tmp_path / f"{w}.log", heartbeat=HEARTBEAT,
-                                expiry=EXPIRY, cycle=CYCLE, extra=("--worker-metrics-period-seconds", "2"))
-             for w in names}
+    def start(w: str):
+        return consume_process(env, stream, app, w, tmp_path / w, tmp_path / f"{w}.log", heartbeat=HEARTBEAT,
+                               expiry=EXPIRY, cycle=CYCLE, extra=("--worker-metrics-period-seconds", "2"))
+
+    # The first consumer takes every lease before the second starts: started together, the two could split the
+    # leases within the tolerance by chance (the hot shard alone against the other eleven), and nothing would
+    # have to move.
+    procs = {names[0]: start(names[0])}
     moves = Moves(table)
     try:
-        wait_until(lambda: table.ensure_table() is False and len(table.scan()) == SHARDS, 60, "twelve leases")
+        wait_until(lambda: table.ensure_table() is False and len(table.scan()) == SHARDS
+                   and all(lease.lease_owner == names[0] for lease in table.scan()), 120,
+                   f"{names[0]} holding all twelve leases")
         moves.start()
+        procs[names[1]] = start(names[1])
 
         def within():
             held: dict[str, dict[str, float | None]] = {w: {} for w in names}
