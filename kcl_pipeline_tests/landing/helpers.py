@@ -193,3 +193,19 @@ def write_commit(output: ZoneStore, start_ms: int, end_ms: int, batches, transfo
         datasets[dataset] = manifest
     keys = frozenset(b if isinstance(b, str) else b.key() for b in batches)
     output.put(commit_key(start_ms), WindowCommit(start_ms, end_ms, "job-1", keys, datasets).to_json())
+
+
+class RecordingLeaseTable:
+    """The lease table's writes a checkpoint plan makes, in memory: the checkpoints set and the leases ended."""
+
+    def __init__(self) -> None:
+        self.checkpoints: dict[str, Checkpoint] = {}
+        self.ended: list[str] = []
+
+    def checkpoint(self, key: str, checkpoint: Checkpoint) -> bool:
+        self.checkpoints[key] = checkpoint
+        return True
+
+    def end(self, key: str) -> bool:
+        self.ended.append(key)
+        return True

@@ -22,26 +22,10 @@ from kcl_pipeline.landing.stream_slice import StreamSlice
 from kcl_pipeline.landing.verify import list_batches
 from kcl_pipeline.transform.manifest import WindowCommit, commit_key
 
-from .helpers import SHARD, STREAM, T0, Clock, deliver, init, make_records, seq
+from .helpers import SHARD, STREAM, T0, Clock, RecordingLeaseTable, deliver, init, make_records, seq
 
 W = 60_000  # one-minute windows: 4 batches each below
 TH = Checkpoint("TRIM_HORIZON")
-
-
-class Table:
-    """The lease table's writes a plan makes, in memory."""
-
-    def __init__(self) -> None:
-        self.checkpoints: dict[str, Checkpoint] = {}
-        self.ended: list[str] = []
-
-    def checkpoint(self, key: str, checkpoint: Checkpoint) -> bool:
-        self.checkpoints[key] = checkpoint
-        return True
-
-    def end(self, key: str) -> bool:
-        self.ended.append(key)
-        return True
 
 
 @pytest.fixture
@@ -73,11 +57,12 @@ def run_windows(zone, output) -> None:
                                                ).to_json())
 
 
-def checkpoint(zone, output, lease: Lease, progress: ShardProgress | None = None) -> tuple[Checkpoint | None, Table]:
+def checkpoint(zone, output, lease: Lease,
+               progress: ShardProgress | None = None) -> tuple[Checkpoint | None, RecordingLeaseTable]:
     """A checkpoint run for a lease in the state given: each call stands alone (no frontier of an earlier
     call, which would assume the lease checkpoint it committed)."""
     output.delete([FRONTIER_KEY])
-    table = Table()
+    table = RecordingLeaseTable()
     view = StreamSlice(StreamScope(STREAM), [lease], [Shard(SHARD)])
     if progress is not None:
         lease = Lease(lease.lease_key, lease.checkpoint, extra={k: v for k, v in progress.to_attributes().items()
@@ -116,7 +101,7 @@ def test_the_plan_names_the_gap(landed):
     zone, output, _, batches = landed
     lose(zone, batches[5])
     run_windows(zone, output)
-    table = Table()
+    table = RecordingLeaseTable()
     report = commit_checkpoints(table, StreamSlice(StreamScope(STREAM), [Lease(SHARD, TH)], [Shard(SHARD)]), zone,
                                 output, {}, window_ms=W, first_window_ms=T0, initial=TH, grace_ms=0)
     reason = report.plan.shards[SHARD].reason

@@ -24,7 +24,7 @@ from kcl_pipeline.landing.stream_slice import StreamSlice
 from kcl_pipeline.landing.verify import list_batches
 from kcl_pipeline.transform.manifest import COMMITS, WindowCommit, commit_key
 
-from .helpers import SHARD, STREAM, T0, Clock, ForwardingStore, deliver, init, make_records
+from .helpers import SHARD, STREAM, T0, Clock, ForwardingStore, RecordingLeaseTable, deliver, init, make_records
 
 W = 60_000
 DAY = 86_400_000
@@ -50,15 +50,6 @@ class Counting(ForwardingStore):
             yield key
 
 
-class Table:
-    def __init__(self) -> None:
-        self.checkpoints: dict[str, Checkpoint] = {}
-
-    def checkpoint(self, key: str, checkpoint: Checkpoint) -> bool:
-        self.checkpoints[key] = checkpoint
-        return True
-
-
 @pytest.fixture
 def zone(tmp_path):
     """Today: three one-minute windows of one shard landed and committed; before: a history of commits, one a
@@ -82,7 +73,8 @@ def zone(tmp_path):
 
 def run(zone, output, lease: Lease, previous: dict[str, int]):
     view = StreamSlice(StreamScope(STREAM), [lease], [Shard(SHARD)])
-    return commit_checkpoints(Table(), view, zone, output, previous, window_ms=W, first_window_ms=T0 - 100 * DAY,
+    return commit_checkpoints(RecordingLeaseTable(), view, zone, output, previous, window_ms=W,
+                              first_window_ms=T0 - 100 * DAY,
                               initial=Checkpoint("TRIM_HORIZON"), grace_ms=0, now_ms=T0 + 10 * W)
 
 
@@ -129,7 +121,7 @@ def test_a_checkpoint_the_table_refused_does_not_move_the_frontier(zone):
     refused — a Java holder's lease, say — leaves the lease where it was, to be listed from again)."""
     zone, output, records = zone
 
-    class Refusing(Table):
+    class Refusing(RecordingLeaseTable):
         def checkpoint(self, key: str, checkpoint: Checkpoint) -> bool:
             return False
 

@@ -20,19 +20,10 @@ from kcl_pipeline.landing.verify import list_batches
 from kcl_pipeline.landing.window_commit import reconcile_window
 from kcl_pipeline.transform.manifest import WindowCommit, commit_key, pending_commit_key, read_materialised
 
-from .helpers import SHARD, STREAM, T0, Clock, deliver, init, make_records
+from .helpers import SHARD, STREAM, T0, Clock, RecordingLeaseTable, deliver, init, make_records
 
 W = 60_000
 TH = Checkpoint("TRIM_HORIZON")
-
-
-class Table:
-    def __init__(self) -> None:
-        self.checkpoints: dict[str, Checkpoint] = {}
-
-    def checkpoint(self, key: str, checkpoint: Checkpoint) -> bool:
-        self.checkpoints[key] = checkpoint
-        return True
 
 
 @pytest.fixture
@@ -60,7 +51,7 @@ def run_leaves_pending(zone, output, w: int, transformed_rows: int | None = None
 
 
 def checkpoints(zone, output) -> dict[str, Checkpoint]:
-    table = Table()
+    table = RecordingLeaseTable()
     commit_checkpoints(table, StreamSlice(StreamScope(STREAM), [Lease(SHARD, TH)], [Shard(SHARD)]), zone, output,
                        {}, window_ms=W, first_window_ms=T0, initial=TH, grace_ms=0)
     return table.checkpoints
@@ -119,6 +110,7 @@ def test_the_checkpoint_report_names_the_window_without_a_commit_it_waits_on(zon
     reconcile_window(zone, output, STREAM, T0, T0 + W)
     run_leaves_pending(zone, output, T0 + W)
     reconcile_window(zone, output, STREAM, T0 + W, T0 + 2 * W)
-    report = commit_checkpoints(Table(), StreamSlice(StreamScope(STREAM), [Lease(SHARD, TH)], [Shard(SHARD)]),
+    report = commit_checkpoints(RecordingLeaseTable(),
+                                StreamSlice(StreamScope(STREAM), [Lease(SHARD, TH)], [Shard(SHARD)]),
                                 zone, output, {}, window_ms=W, first_window_ms=T0, initial=TH, grace_ms=0)
     assert report.uncommitted == [T0] and report.late == {} and report.broken == {}
