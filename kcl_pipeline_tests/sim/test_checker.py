@@ -135,6 +135,17 @@ class Leader:
         return False
 
 
+def _look_past_the_bound(checker, before_look) -> None:
+    """The checker's liveness look every 2 s from t=10 until 5 s past the bound, `before_look(now)` first."""
+    bound = CONFIG.lease_expiry_seconds + CONFIG.cycle_seconds + 6.0
+    clock = [10.0]
+    checker.now = lambda: clock[0]
+    while clock[0] < 10.0 + bound + 5.0:
+        before_look(clock[0])
+        checker.audit()
+        clock[0] += 2.0
+
+
 def _unworked_lease_clock(leader_crashes_at: float | None) -> list[str]:
     """A lease owned by a worker that stopped working it; the checker looks every few seconds for as long as
     the bound and a bit; the leader, the only one that could reassign it, may crash on the way."""
@@ -143,13 +154,10 @@ def _unworked_lease_clock(leader_crashes_at: float | None) -> list[str]:
     leader = Leader()
     checker.fleet.consumers, checker.fleet.java_peers = [Follower()], [leader]
     write(gone, "consumer-1", 1)
-    bound = CONFIG.lease_expiry_seconds + CONFIG.cycle_seconds + 6.0
-    clock = [10.0]
-    checker.now = lambda: clock[0]
-    while clock[0] < 10.0 + bound + 5.0:
-        leader.leading = leader_crashes_at is None or clock[0] < leader_crashes_at
-        checker.audit()
-        clock[0] += 2.0
+
+    def before_look(now: float) -> None:
+        leader.leading = leader_crashes_at is None or now < leader_crashes_at
+    _look_past_the_bound(checker, before_look)
     return checker.violations
 
 
@@ -167,14 +175,11 @@ def _java_owned_lease_clock(delivers_at: float | None) -> list[str]:
     checker, write, first = _world([])
     checker.fleet.consumers, checker.fleet.java_peers = [Follower()], [peer]
     write(peer, "java3-peer-0", 1)
-    bound = CONFIG.lease_expiry_seconds + CONFIG.cycle_seconds + 6.0
-    clock = [10.0]
-    checker.now = lambda: clock[0]
-    while clock[0] < 10.0 + bound + 5.0:
-        checker.audit()
-        clock[0] += 2.0
-        if delivers_at is not None and clock[0] - 2.0 <= delivers_at < clock[0]:
+
+    def before_look(now: float) -> None:
+        if delivers_at is not None and now - 2.0 <= delivers_at < now:
             checker.on_deliver(peer, KEY, [first.position()], java=True, tenure=2)
+    _look_past_the_bound(checker, before_look)
     return checker.violations
 
 
