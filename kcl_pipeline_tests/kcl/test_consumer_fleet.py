@@ -100,6 +100,10 @@ def test_fleet_failover_resharding_rebalance(emulators, kinesis_client, dynamodb
         monitor = LeaseMonitor(table)
         monitor.start()
         wait_until(lambda: all(lease.lease_owner for lease in table.scan()), 30, "every lease owned")
+        # Every lease can be owned before the last consumer has taken its share (the first two started sooner):
+        # the crash below needs c1 to hold something, so wait for the fleet to share the leases out.
+        wait_until(lambda: {lease.lease_owner for lease in table.scan()} == {"c1", "c2", "c3"}, 60,
+                   "each of the three consumers holding a lease")
 
         # Crash c1: SIGKILL its whole process group (manager and workers), as a host dying.
         victims = {lease.lease_key for lease in table.scan() if lease.lease_owner == "c1"}

@@ -6,6 +6,7 @@ import os
 import pickle
 import shutil
 import stat
+import time
 
 import pytest
 from botocore.stub import Stubber
@@ -257,11 +258,23 @@ def test_s3_conditional_conflict_is_retried_then_answered(monkeypatch):
         store.put_if_absent("s/k", b"x")
 
 
+class _TimeRecordingSleeps:
+    """The `time` module, except that `sleep` records its argument instead of sleeping."""
+
+    def __init__(self, pauses: list[float]) -> None:
+        self.sleep = pauses.append
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+
 def test_two_writers_that_conflicted_do_not_retry_in_lockstep(monkeypatch):
     """Two writers of one key answered 409 together would, after equal pauses, conflict again: the pauses are
     drawn at random (full jitter), each below its doubling ceiling."""
     pauses: list[float] = []
-    monkeypatch.setattr("kcl_pipeline.landing.store.time.sleep", pauses.append)
+    # Only the store's own pauses: patching `time.sleep` itself would also record every sleep of the threads other
+    # tests left running (the CI saw 16,789 one-second pauses here).
+    monkeypatch.setattr("kcl_pipeline.landing.store.time", _TimeRecordingSleeps(pauses))
     writers = [_stubbed("put_object", "ConditionalRequestConflict", 409, times=3, then_ok=True) for _ in range(2)]
     schedules = []
     for store, stub in writers:
