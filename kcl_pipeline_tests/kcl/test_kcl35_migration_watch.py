@@ -61,6 +61,9 @@ class Table:
             return SHARDS
         if isinstance(effect, fx.Spawn):
             self.spawned.append((effect.lease.lease_key, effect.stolen))
+            taken = self.leases[effect.lease.lease_key]  # the spawned worker takes its lease (renewed from then on)
+            self.leases[taken.lease_key] = Lease(taken.lease_key, taken.checkpoint, "me", taken.lease_counter + 1,
+                                                 extra=dict(taken.extra))
             return None
         if isinstance(effect, fx.PublishWorkerMetrics):
             self.published += 1

@@ -216,6 +216,43 @@ def test_the_manager_notices_a_second_process_under_its_worker_id():
     assert told == [("s-0",)] and state.duplicate_worker_id_sightings == 1
 
 
+def test_a_frozen_local_worker_whose_lease_a_peer_took_and_stopped_working_is_killed_and_the_lease_taken():
+    """Simulation seed 3407: our worker froze; a Java peer took its lease, then dropped it (its own checkpoint,
+    retried after a lost answer, failed its condition) and never renewed it again. The lease stood unworked,
+    owned by the peer, and this manager — the only consumer — never took it: the frozen worker, alive, counted
+    it as worked here. A worker spawned moments ago for an expired lease is not judged stuck."""
+    state = cyc.ManagerState(shards=[Shard("s-0")], list_next=False)
+    settings = cyc.CycleSettings("me", Checkpoint(TRIM_HORIZON), 10.0, 1, 10)
+    table = {"lease": Lease("s-0", Checkpoint("5"), None, 0), "now": 0.0}
+    effects: list[fx.CycleEffect] = []
+
+    def handle(effect):
+        effects.append(effect)
+        if isinstance(effect, fx.Now):
+            return table["now"]
+        if isinstance(effect, fx.ScanTable):
+            return fx.Scanned([table["lease"]], table["now"], table["now"])
+        if isinstance(effect, fx.ListShards):
+            return [Shard("s-0")]
+        return None
+
+    def cycle(at: float, lease: Lease, worked=("s-0",)) -> list[fx.CycleEffect]:
+        table["now"], table["lease"] = at, lease
+        effects.clear()
+        fx.drive(cyc.manager_cycle(state, settings, frozenset(worked), random.Random(0)), handle)
+        return [e for e in effects if isinstance(e, (fx.Spawn, fx.Abandon))]
+
+    assert [type(e) for e in cycle(0.0, table["lease"], worked=())] == [fx.Spawn]  # a free lease: our worker
+    assert cycle(5.0, Lease("s-0", Checkpoint("5"), "me", 1)) == []  # it took the lease, then froze
+    assert cycle(20.0, Lease("s-0", Checkpoint("7"), "java-peer", 3)) == []  # the peer took it, then dropped it
+    acted = cycle(31.0, Lease("s-0", Checkpoint("7"), "java-peer", 3))  # unchanged for longer than the expiry
+    assert [(type(e), e.lease.lease_key) for e in acted] == [(fx.Abandon, "s-0"), (fx.Spawn, "s-0")], \
+        "the frozen worker kept the peer's unworked lease from being taken"
+    # The worker just spawned for that expired lease has not taken it yet: it is not stuck.
+    assert cycle(33.0, Lease("s-0", Checkpoint("7"), "java-peer", 3)) == []
+    assert not fx.drive(cyc.watch_for_expiry(state, settings, frozenset({"s-0"})), handle)
+
+
 def test_a_worker_past_its_validity_never_renews_its_lease():
     """A worker that thaws after its validity passed must not renew: if nobody took the lease yet the renew
     succeeds, and every peer then waits one more expiry for a lease this worker no longer works."""

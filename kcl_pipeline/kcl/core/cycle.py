@@ -83,6 +83,7 @@ class ManagerState:
     overloaded_since: dict[str, float] = field(default_factory=dict)  # owner → first cycle seen overloaded
     live_peers: frozenset[str] = frozenset()  # other workers whose metrics item is fresh (last read)
     ownership: frozenset[tuple[str, str]] = frozenset()  # (lease, owner) of the live leases last scanned
+    spawned_at: dict[str, float] = field(default_factory=dict)  # lease → when its local worker was spawned
     # A Java 3.x fleet on this application: what its tables said last (the mode this consumer runs in).
     fleet: fleet_mode.FleetView = field(default_factory=fleet_mode.FleetView)
 
@@ -179,7 +180,9 @@ def manager_cycle(state: ManagerState, settings: CycleSettings, locally_worked: 
         result.duplicate_worker_id = moved
         yield DuplicateWorkerId(tuple(moved))
     now = yield Now()
-    stuck = stuck_local_leases(settings.worker_id, leases, locally_worked, state.ages, now, settings.expiry_seconds)
+    state.spawned_at = {key: at for key, at in state.spawned_at.items() if key in locally_worked}
+    stuck = stuck_local_leases(settings.worker_id, leases, locally_worked, state.ages, now, settings.expiry_seconds,
+                               state.spawned_at)
     for lease in stuck:
         yield Abandon(lease)
         result.abandoned.append(lease.lease_key)
@@ -202,6 +205,7 @@ def manager_cycle(state: ManagerState, settings: CycleSettings, locally_worked: 
         for lease, stolen in fleet_mode.adoptions(settings.worker_id, leases, locally_worked, previous,
                                                   state.ages.ages(now), settings.expiry_seconds):
             yield Spawn(lease, stolen=stolen)
+            state.spawned_at[lease.lease_key] = now
             result.spawned.append(lease.lease_key)
         state.overloaded_since = {}
         yield from _publish_metrics(state, settings, leases, now, metrics_due)
@@ -220,12 +224,14 @@ def manager_cycle(state: ManagerState, settings: CycleSettings, locally_worked: 
         if lease.extra.get(UNSETTLED_ATTRIBUTE):
             coverage.hit("cycle.take-unsettled-waits")
         yield Spawn(lease, stolen=bool(lease.extra.get(UNSETTLED_ATTRIBUTE)))
+        state.spawned_at[lease.lease_key] = now
         result.spawned.append(lease.lease_key)
     if plan.steal is not None:
         coverage.hit("cycle.steal")
         # A holder with a fresh worker metrics item runs this protocol (or KCL 3.x's), which hands a lease
         # over gracefully; a KCL 2.x holder publishes none and is stolen from cold, as Java steals.
         yield Spawn(plan.steal, stolen=True, handoff=plan.steal.lease_owner in state.live_peers)
+        state.spawned_at[plan.steal.lease_key] = now
         result.stolen = plan.steal.lease_key
     if plan.take or plan.steal:
         state.recently_ended.clear()
@@ -282,7 +288,8 @@ def watch_for_expiry(state: ManagerState, settings: CycleSettings,
     return any(not lease.is_ended and lease.lease_key not in locally_worked
                and state.ages.expired(lease.lease_key, now, settings.expiry_seconds)
                for lease in leases) or bool(
-        stuck_local_leases(settings.worker_id, leases, locally_worked, state.ages, now, settings.expiry_seconds))
+        stuck_local_leases(settings.worker_id, leases, locally_worked, state.ages, now, settings.expiry_seconds,
+                           state.spawned_at))
 
 
 def watch_interval(settings: CycleSettings) -> float:

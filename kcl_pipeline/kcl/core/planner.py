@@ -235,13 +235,27 @@ class LeaseAges:
 
 
 def stuck_local_leases(worker_id: str, leases: Sequence[Lease], locally_worked: Collection[str],
-                       ages: "LeaseAges", now: float, expiry_seconds: float) -> list[Lease]:
+                       ages: "LeaseAges", now: float, expiry_seconds: float,
+                       spawned_at: Mapping[str, float] | None = None) -> list[Lease]:
     """Leases a local worker holds in our name whose counter has not moved for longer than the expiry: the
     worker is frozen or stuck (its heartbeats stopped), yet as long as it lives no consumer works the lease
-    — peers wait for it to expire and this manager counts it as worked. Its manager must stop it for good."""
-    return [lease for lease in leases
-            if lease.lease_key in locally_worked and lease.lease_owner == worker_id and not lease.is_ended
-            and ages.expired(lease.lease_key, now, expiry_seconds)]
+    — peers wait for it to expire and this manager counts it as worked. Its manager must stop it for good.
+
+    Also a local worker's lease that is not ours, unchanged for longer than the expiry, when the worker was
+    spawned (`spawned_at`, this manager's clock) longer than an expiry ago: a live worker would have taken it
+    (its counter moves) or ended by now; this one froze before its take, or while another holder took the
+    lease from it — a holder that then stopped working it (a Java peer that lost it to its own retried write,
+    a consumer that crashed). As long as the frozen worker lives this manager never takes that lease (it
+    counts as worked here), and every other consumer may be gone (seed 3407)."""
+    spawned_at = spawned_at or {}
+    stuck = []
+    for lease in leases:
+        key = lease.lease_key
+        if key not in locally_worked or lease.is_ended or not ages.expired(key, now, expiry_seconds):
+            continue
+        if lease.lease_owner == worker_id or (key in spawned_at and now - spawned_at[key] > expiry_seconds):
+            stuck.append(lease)
+    return stuck
 
 
 # -- acquiring and stealing ------------------------------------------------------------------------
