@@ -26,7 +26,14 @@ Never below the application's start. A shard whose live chain starts at LATEST (
 the application started. A backfill of the minute a LATEST chain starts in lands from that chain's first
 record on, through the live start link (a lost first batch is refilled exactly); the records before it are
 counted (`skipped_before_start`), never landed — a chain of their own would end where the LATEST chain
-begins and the audit would report a gap before it for ever.
+begins and the audit would report a gap before it for ever. In an application started at LATEST
+(`application_start`), a leased shard with no live start link at all (neither after LATEST nor, a child's,
+after TRIM_HORIZON) has no chain yet: its start is not known, and may be a record inside the range that a
+holder read and is landing now (its first flush on its way, the start link not yet claimed). The backfill
+lands nothing of such a shard (its records counted `skipped_before_start`): whatever of the range the
+application owes is landed by that holder's chain; the rest arrived before its start. Before, the backfill
+landed the whole range under a chain of its own, and the holder's first batch, claimed after it, landed the
+same records a second time (sim seed 3451: a holder frozen 23 s inside its first flush).
 
 Reading every listed shard is correct without knowing when each one existed: a shard closed before
 the range ends at once (or serves only records before it); one born after the range serves its first
@@ -315,13 +322,16 @@ def backfill_range(stream: str, start_ms: int, end_ms: int, zone: str | ZoneStor
                    deadline_seconds: float | None = None, pace: BackfillPace = BackfillPace(),
                    on_progress: Callable[[BackfillProgress], None] | None = None,
                    compression: str = "zstd", create_zone: bool = False, directory: str | None = None,
-                   monotonic: Callable[[], float] = time.monotonic) -> BackfillReport:
+                   monotonic: Callable[[], float] = time.monotonic,
+                   application_start: Checkpoint | None = None) -> BackfillReport:
     """Land the records of `stream` that arrived in [start_ms, end_ms) (whole minutes) into `zone`.
 
     `leases`: a snapshot of the live lease table (read by the caller; None or empty: no live consumer), named
     by shard id. `directory`: where the stream lands in the zone (default: its name; a multi-stream
     application's stream lands in its incarnation's directory, layout.landing_directory).
-    `on_progress` is called in the caller's thread after each shard read.
+    `on_progress` is called in the caller's thread after each shard read. `application_start`: where the
+    application's new leases start (its initial position; None: not known). At LATEST, a leased shard whose
+    live chain has not begun lands nothing (see the module docstring).
     """
     if end_ms <= start_ms or start_ms % MINUTE_MS or end_ms % MINUTE_MS:
         raise ValueError(f"backfill range [{start_ms}, {end_ms}) must be non-empty and on whole minutes")
@@ -337,6 +347,9 @@ def backfill_range(stream: str, start_ms: int, end_ms: int, zone: str | ZoneStor
     shards = list_shards(kinesis, stream)
     live = live_shards(start_ms, end_ms, shards, leases or [], grace_ms)
     to_read = [shard.shard_id for shard in shards if shard.shard_id not in live]
+    # A LATEST application's leased shards: each one's live chain starts at its start link (checked per shard).
+    latest = application_start is not None and application_start.sequence_number == LATEST
+    leased = {lease.lease_key for lease in leases or []} if latest else set()
     for shard_id, reason in live.items():
         report.shards[shard_id] = ShardBackfill(shard_id, str(start), "live", live_reason=reason)
     stop = threading.Event()  # the caller's thread was interrupted: the readers stop at their next poll
@@ -344,7 +357,8 @@ def backfill_range(stream: str, start_ms: int, end_ms: int, zone: str | ZoneStor
                             thread_name_prefix="backfill") as pool:
         futures = {pool.submit(_backfill_shard, kinesis, store, stream, directory or stream_name(stream), shard_id,
                                start, start_ms, end_ms,
-                               worker_id, deadline, pace, compression, monotonic, stop): shard_id
+                               worker_id, deadline, pace, compression, monotonic, stop,
+                               shard_id in leased): shard_id
                    for shard_id in to_read}
         try:
             for future in as_completed(futures):
@@ -398,7 +412,8 @@ def _start_sink(store: ZoneStore, directory: str, shard_id: str, worker_id: str,
 def _backfill_shard(kinesis, store: ZoneStore, stream: str, directory: str, shard_id: str, start: Checkpoint,
                     start_ms: int,
                     end_ms: int, worker_id: str, deadline: float | None, pace: BackfillPace,
-                    compression: str, monotonic: Callable[[], float], stop: threading.Event) -> ShardBackfill:
+                    compression: str, monotonic: Callable[[], float], stop: threading.Event,
+                    latest_lease: bool = False) -> ShardBackfill:
     result = ShardBackfill(shard_id, str(start.sequence_number if start.sequence_number == TRIM_HORIZON
                                          else f"AT_TIMESTAMP {start_ms}"))
     checkpointer = _NoCheckpoints()
@@ -410,6 +425,12 @@ def _backfill_shard(kinesis, store: ZoneStore, stream: str, directory: str, shar
     # The live chain's start: nothing before it is landed (read once, before the first poll: the start link is
     # written before the live chain's first batch, and never moves).
     floor = live_start(store, directory, shard_id)
+    # A LATEST lease whose chain has not begun (no start link after LATEST, nor after TRIM_HORIZON for a child):
+    # its start is not known yet, and may lie inside the range, claimed by a holder's first flush still on its
+    # way. Nothing of the range is landed: a chain of the backfill's own there, and that holder's first batch
+    # claimed after it, would hold the same records twice (no link is common to both).
+    unstarted = latest_lease and floor is None and not store.exists(
+        link_key(directory, 0, shard_id, Checkpoint(TRIM_HORIZON)))
     while True:
         if stop.is_set() or (deadline is not None and monotonic() > deadline):
             result.stopped_by = "deadline"
@@ -419,7 +440,10 @@ def _backfill_shard(kinesis, store: ZoneStore, stream: str, directory: str, shar
         cut = cut_batch(batch.records, start_ms, end_ms)
         last_before = cut.last_before or last_before
         deliver = cut.deliver
-        if floor is not None and deliver and deliver[0].position() < floor.key():
+        if unstarted:
+            result.skipped_before_start += len(deliver)
+            deliver = []
+        elif floor is not None and deliver and deliver[0].position() < floor.key():
             kept = [r for r in deliver if r.position() >= floor.key()]
             result.skipped_before_start += len(deliver) - len(kept)
             deliver = kept

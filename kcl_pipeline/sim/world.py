@@ -490,7 +490,8 @@ class World(Stage):
             report = backfill_range(STREAM, key.minute_ms, key.minute_ms + 60_000, self.zone.view("refill"),
                                     leases=leases, kinesis=SimKinesisClient(self.stream, self.child_rng()),
                                     now_ms=int((EPOCH + self.now) * 1000), pace=BackfillPace(parallelism=1),
-                                    monotonic=lambda: float(next(ticks)))
+                                    monotonic=lambda: float(next(ticks)),
+                                    application_start=self.config.initial_position.checkpoint())
         except (LandingError, SimCrash) as exc:
             self.note(f"refill of {name} failed: {exc}")
             return

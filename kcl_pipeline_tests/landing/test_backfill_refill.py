@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import random
 
-from kcl_pipeline.kcl.core.model import Checkpoint, UserRecord
+from kcl_pipeline.kcl.core.model import LATEST, SHARD_END, Checkpoint, Lease, UserRecord
 from kcl_pipeline.kcl.processor import ProcessRecordsInput
 from kcl_pipeline.landing.backfill import BackfillPace, backfill_range, live_predecessor
 from kcl_pipeline.landing.layout import MINUTE_MS, minute_of
 from kcl_pipeline.landing.sink import LandingProcessor
+from kcl_pipeline.landing.store import MemoryZoneStore
 from kcl_pipeline.landing.verify import list_batches, read_batches, verify_zone
 
 from .fake_kinesis import FakeKinesis, Ticking
@@ -145,3 +146,51 @@ def test_a_refill_of_a_latest_chains_first_minute_lands_nothing_before_the_appli
     assert verified.ok, verified.lines()
     assert report.shards[SHARD].records_landed == lost
     assert report.shards[SHARD].skipped_before_start == 7
+
+
+class _PausedAtTheStartLink(MemoryZoneStore):
+    """The holder's store: its first flush listed the zone, then paused right before claiming the start link
+    (a host stall inside the put); `meanwhile` runs before that put goes out."""
+
+    def __init__(self, name: str, meanwhile) -> None:
+        super().__init__(name)
+        self.meanwhile = meanwhile
+
+    def put_if_absent(self, key: str, body: bytes) -> bool:
+        if self.meanwhile is not None and "/_start/" in key:
+            run, self.meanwhile = self.meanwhile, None
+            run()
+        return super().put_if_absent(key, body)
+
+
+def test_a_backfill_beside_a_latest_holders_first_flush_never_lands_its_records_a_second_time(memory_zone):
+    """Sim seed 3451 (`zombie-flush`, `refill`, LATEST): a shard's first holder read from LATEST (its first
+    record the minute's eighth), listed the zone for its first flush and froze before claiming the start link;
+    the next holder ended the shard with nothing read (LATEST after it closed). A refill of the minute then
+    found the shard done and no LATEST start link, and landed the whole minute under an AT_TIMESTAMP chain of
+    its own; the holder thawed, won the start link (no link is common to both chains) and landed its batch:
+    its records were in two batches. A LATEST application's backfill lands nothing of a leased shard whose
+    chain has not begun: whatever of the range the application owes is the holder's."""
+    store = memory_zone.store
+    records = make_records(40, per_minute=10, aggregate_every=1)
+    started = records[7:17]  # LATEST: the first holder read from the minute's eighth record
+
+    def refill() -> None:
+        report = backfill_range(STREAM, T0, T0 + MINUTE_MS, store,
+                                kinesis=FakeKinesis(STREAM, {SHARD: records}, random.Random(3451)),
+                                leases=[Lease(SHARD, Checkpoint(SHARD_END))],  # the next holder ended it
+                                application_start=Checkpoint(LATEST),
+                                now_ms=T0 + 10 * MINUTE_MS, pace=PACE, monotonic=Ticking())
+        assert report.complete
+
+    holder = LandingProcessor(_PausedAtTheStartLink(store.name, refill), STREAM, max_batch_records=100,
+                              clock=Clock(T0).time)
+    init(holder, Checkpoint(LATEST))
+    holder.process_records(ProcessRecordsInput(started, 1000, RecordingCheckpointer()))
+    holder.shutdown_requested(RecordingCheckpointer())  # the first flush: lists, claims the start link, lands
+
+    landed = rows(store)
+    assert len(landed) == len(set(landed)), "a record is in two batches"
+    assert landed == sorted((r.sequence_number, r.sub_sequence_number) for r in started)
+    verified = verify_zone(store.uri, store=store)
+    assert verified.ok, verified.lines()

@@ -142,7 +142,8 @@ def build_landed_records(partitions_def: TimeWindowPartitionsDefinition, window_
                                 directory=view.directory, leases=view.leases_by_shard_id(),
                                 grace_ms=consumer.grace_ms, aws=aws.settings(), pace=consumer.backfill_pace(),
                                 deadline_seconds=consumer.backfill_deadline_seconds,
-                                on_progress=lambda p: context.log.info(p.describe()))
+                                on_progress=lambda p: context.log.info(p.describe()),
+                                application_start=consumer.initial_checkpoint())
         for _, shard in sorted(report.shards.items()):
             context.log.info(shard.describe())
         _fail_unless_whole(report, consumer.backfill_deadline_seconds)
