@@ -21,7 +21,7 @@ from ..transform.manifest import Materialised, late_batches, read_materialised_f
 from .checkpoint_plan import ChainEvidence, CheckpointPlan, Committed, apply_plan, chain_evidence, plan_checkpoints
 from .errors import ZoneNotFoundError
 from .layout import BatchKey, LandedListing, link_key, link_target, split_landed_keys, window_prefixes
-from .progress import progress_from_leases
+from .progress import ShardProgress, progress_from_leases
 from .store import ZoneStore
 from .stream_slice import StreamSlice
 from .window_report import earliest_landed_minute, json_position
@@ -100,7 +100,7 @@ def commit_checkpoints(lease_table: Any, view: StreamSlice, store: ZoneStore, ou
         listing = list_landed(store, view.directory, start, end)
         for b in listing.batches:
             batches.setdefault(view.lease_key(b.shard_id), []).append(b)
-    chain = read_chain_evidence(store, view, listing, batches)
+    chain = read_chain_evidence(store, view, listing, batches, progress)
     plan = plan_checkpoints(committed, window_ms, batches, progress, leases, first_window_ms=first_window_ms,
                             chain=chain)
     late = late_batches(committed, [(window_floor(b.minute_ms, window_ms), b.key())
@@ -170,13 +170,19 @@ def list_landed(store: ZoneStore, directory: str, t0: int, t1: int) -> LandedLis
 
 
 def read_chain_evidence(store: ZoneStore, view: StreamSlice, listing: LandedListing,
-                        batches: Mapping[str, list[BatchKey]]) -> ChainEvidence:
+                        batches: Mapping[str, list[BatchKey]],
+                        progress: Mapping[str, ShardProgress] | None = None) -> ChainEvidence:
     """The links' evidence by lease key, and, for each live lease still at a starting position with batches
-    listed, the batch its start link names (one GET per such shard: only shards that never committed)."""
+    listed — or none, and its holder reporting the shard's end landed (`progress`) —, the batch its start link
+    names (one GET per such shard: only shards that never committed)."""
     starts: dict[str, str | None] = {}
     for lease in view.leases:
-        if lease.is_ended or not lease.checkpoint.is_starting_sentinel or not batches.get(lease.lease_key):
+        if lease.is_ended or not lease.checkpoint.is_starting_sentinel:
             continue
+        if not batches.get(lease.lease_key):
+            reported = (progress or {}).get(lease.lease_key)
+            if reported is None or not reported.shard_end_landed:
+                continue
         body = store.get_optional(link_key(view.directory, 0, view.scope.shard_id(lease.lease_key),
                                            lease.checkpoint))
         starts[lease.lease_key] = None if body is None else link_target(body)

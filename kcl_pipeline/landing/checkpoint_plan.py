@@ -14,7 +14,8 @@ holds records of its children (they are born in it), so it cannot be complete un
 the children's leases are only created once the parent is SHARD_END (DESIGN §3, as in Java KCL). Ending the
 parent then is safe: its records are durably landed (the landing zone, not Kinesis, is the source of the
 window's transform), and the lineage audit must compare SHARD_END with the landed chain, not with the
-materialised windows.
+materialised windows. A holder reporting the end landed with nothing landed from a starting position while the
+start link names a batch (claimed by a holder it never saw) does not end the shard: that chain is not landed.
 
 Records older than the first partition (`first_window_ms`, the fixed KCL_PIPELINE_PARTITIONS_START) belong
 to no window, so no window run will ever transform them: the plan steps over their batches (they stay in the
@@ -181,7 +182,8 @@ def _plan_shard(lease: Lease, batches: Sequence[BatchKey], progress: ShardProgre
         reason = f"{reason}; {before_start} batch(es) before the first partition stepped over, untransformed"
     if progress is not None and progress.shard_end_landed:
         end, why = _may_end(chained, progress, done, window_ms, current, first_window_ms,
-                            broken_before=broken is not None)
+                            broken_before=broken is not None,
+                            started=chain.starts.get(key) if chain is not None else None)
         reason = f"{reason}; {why}"
     return ShardPlan(key, commit, end, reason, before_start, blocked, chain_stop)
 
@@ -223,10 +225,16 @@ def _unproven(shard: str, current: Checkpoint, previous: BatchKey | None, b: Bat
 
 def _may_end(pending: Sequence[BatchKey], progress: ShardProgress, done: set[int] | Materialised, window_ms: int,
              current: Checkpoint, first_window_ms: int | None = None, *,
-             broken_before: bool = False) -> tuple[bool, str]:
+             broken_before: bool = False, started: str | None = None) -> tuple[bool, str]:
     """`pending`: the batches after the checkpoint proven consecutive; `broken_before`: the chain breaks after
-    them (the shard's last record must then be in `pending` for the shard to end)."""
+    them (the shard's last record must then be in `pending` for the shard to end); `started`: the batch the
+    start link names, when the checkpoint is a starting position."""
     landed = progress.landed
+    if landed is None and current.is_starting_sentinel and started is not None:
+        # The holder saw nothing landed, yet a chain begins at the start link (claimed by a holder it never
+        # saw, its batch perhaps never written): the records from that batch on are not landed as far as
+        # the holder's progress tells.
+        return False, f"shard end landed with nothing landed, but the start link names {started}: not ending"
     if landed is None or not checkpoint_advances(current, landed):
         # Nothing landed after the checkpoint: the shard's last record (if any) is committed already.
         return True, "shard end landed, nothing after the checkpoint: end"

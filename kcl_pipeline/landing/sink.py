@@ -260,10 +260,30 @@ class LandingProcessor:
         if self._buffer_count:
             self._flush("shard_end")
         self._settle_poll()
+        self._check_no_unseen_start()
         self._progress = replace(self._initialised_progress(), shard_end_landed=True)
         log.info("%s: shard end landed (last record %s)", self.shard_id, self._progress.landed)
         if self.settings.checkpoint_after_flush:
             checkpointer.end_shard()  # standalone: nothing downstream decides when a shard is done
+
+    def _check_no_unseen_start(self) -> None:
+        """At the shard's end, having landed nothing from a starting position: no other holder began the chain.
+
+        This holder found no start link when it started, and read nothing it could land (LATEST on a shard
+        that closed meanwhile). A holder before it may still have claimed the start link since — a paused
+        flush going on after the lease moved — naming records this holder never read. The shard's end is then
+        not landed: the lease is given back, and its next start follows that chain, or lands the claimed batch
+        (`_follow_chain`). One GET, only for a shard that ends with nothing landed from its start."""
+        start = self._start_prev
+        if start is None or not start.is_starting_sentinel or self._initialised_progress().landed is not None:
+            return
+        link = link_key(self.stream, 0, self.shard_id, start)
+        claim = self._claimed(link)
+        if claim is not None:
+            raise ChainStartTaken(
+                f"landing zone {self._zone_store().uri}: the shard ended with nothing landed after {start}, but "
+                f"the start link {link} names {claim.key()} (another holder's start, claimed meanwhile); "
+                f"re-reading from that chain on the lease's next start")
 
     def shutdown_requested(self, checkpointer: Checkpointer) -> None:
         self._checkpointer = checkpointer

@@ -188,3 +188,24 @@ def test_a_backfills_chain_is_passed_once_the_live_writer_saw_where_it_joins(tmp
     assert live.stats.links_joined == 1
     run_windows(zone, output)
     assert checkpoint(zone, output, Lease(SHARD, TH))[0] == records[-1].checkpoint
+
+
+@pytest.mark.parametrize("claimed", [True, False], ids=["a start link claimed", "no start link"])
+def test_a_shard_is_never_ended_while_its_start_link_names_a_batch_nothing_landed(tmp_path, claimed):
+    """Simulation seed 3670: the holder (at LATEST) read nothing before its shard closed and reported the end
+    landed with nothing landed, while a holder it never saw had claimed the start link (and died before its
+    batch). Before, the plan ended the shard past every record of that chain; now it waits for the chain."""
+    zone, output = open_store(str(tmp_path / "zone")), open_store(str(tmp_path / "out"))
+    zone.ensure_zone(create=True)
+    output.ensure_zone(create=True)
+    latest = Checkpoint("LATEST")
+    if claimed:
+        batch = BatchKey(STREAM, SHARD, T0, Checkpoint(seq(3)), Checkpoint(seq(7)))
+        assert zone.put_if_absent(link_key(STREAM, 0, SHARD, latest), batch.key().encode())
+    ended = ShardProgress(SHARD, None, shard_end_landed=True).to_attributes()
+    lease = Lease(SHARD, latest, extra={k: v for k, v in ended.items() if v is not None})
+    table = RecordingLeaseTable()
+    table.scan = lambda: [lease]  # type: ignore[attr-defined]  # the children's creation reads the leases
+    report = commit_checkpoints(table, StreamSlice(StreamScope(STREAM), [lease], [Shard(SHARD)]),
+                                zone, output, {}, window_ms=W, first_window_ms=T0, initial=TH, grace_ms=0)
+    assert report.plan.shards[SHARD].end is not claimed and table.ended == ([] if claimed else [SHARD])

@@ -140,3 +140,27 @@ def test_a_start_link_names_its_claimer(local_zone):
     body = store.get(link_key(STREAM, 0, SHARD, Checkpoint(TRIM_HORIZON)))
     assert body.decode().splitlines()[1] == "holder=worker-7"
     assert link_target(body) == list_batches(store, STREAM)[0].key()
+
+
+def test_a_holder_that_read_nothing_never_reports_the_shard_end_landed_past_a_start_claimed_meanwhile(local_zone):
+    """Simulation seed 3670: the holder began at LATEST before any start link existed and read nothing (the shard
+    had closed); meanwhile a paused flush of the previous holder claimed the start link and died. Before, the
+    holder reported the shard's end landed with nothing landed, and the pipeline ended the shard with the claimed
+    batch and every record after it unlanded. Now it gives the lease back; the next start lands that chain."""
+    uri, store = local_zone
+    p = holder(store)
+    start(p, Checkpoint(LATEST))
+    claimed = claim_start(store, Checkpoint(LATEST), 10)  # the zombie's claim, made while this holder read
+    with pytest.raises(ChainStartTaken, match="start link"):
+        p.shard_ended(RecordingCheckpointer())
+    assert p.progress is not None and not p.progress.shard_end_landed
+    again = holder(store)
+    cp = RecordingCheckpointer()
+    records = start(again, Checkpoint(LATEST))
+    for i in range(0, len(records), 7):
+        again.process_records(ProcessRecordsInput(records[i:i + 7], 0, cp))
+    again.shard_ended(cp)
+    assert again.progress is not None and again.progress.shard_end_landed
+    assert landed_positions(store) == [(r.sequence_number, r.sub_sequence_number) for r in RECORDS[10:]]
+    assert list_batches(store, STREAM)[0] == claimed
+    assert verify_zone(uri, stream=STREAM, store=store, deep=True).ok
