@@ -339,6 +339,14 @@ class Checker:
             self._run_records[commit.run_id] = cached
         return cached
 
+    def on_batch_lost(self, name: str, pipeline: Any) -> None:
+        """The world is about to delete a landed batch: lost after a commit named it when a published commit names
+        it, or a commit the world deleted before did (seed 6811: the checkpoints passed the window while its
+        commit stood; the world deleted the commit, then lost the batch — the window's records are the world's
+        loss, as when the batch goes first)."""
+        if pipeline.named(name):
+            self.lost_after_commit.add(name)
+
     def _exempt(self, pipeline: Any, commits: Mapping[int, Any]) -> set[tuple[str, tuple[int, str, int]]]:
         """Records whose window the world damaged after it was committed, and which no commit holds now: a
         deleted commit, a corrupted batch its re-run cannot read, a batch lost after the commit named it (the

@@ -165,6 +165,7 @@ class SimPipeline:
         self.now_ms = 0
         self.period_ms = 0  # the tick's period (the world sets it)
         self.deleted: set[int] = set()  # windows whose commit the world deleted
+        self.deleted_named: set[str] = set()  # the batches those deleted commits named
         self.deleted_audits: list[tuple[int, bool]] = []  # (window, the shipped audit's verdict right after)
         self.runs_read: dict[str, tuple[frozenset[str], frozenset[tuple[str, tuple[int, str, int]]]]] = {}
         self.late_requests = 0  # windows re-run because batches landed after their run (track_reports)
@@ -292,12 +293,19 @@ class SimPipeline:
         if not windows:
             return None
         start = windows[-1]
+        gone = read_commit(self.output, start)
+        if gone is not None:
+            self.deleted_named |= gone.batches
         self.output.delete([commit_key(start)])
         self.deleted.add(start)
         outcomes = audit_window(self.store, self.output, self.scope.stream, start, start + self.window_ms,
                                 checks=["counts"], now_ms=self.now_ms, transform_grace_ms=0)
         self.deleted_audits.append((start, all(o.ok for o in outcomes)))
         return start
+
+    def named(self, name: str) -> bool:
+        """Whether a commit named the batch: one published now, or one the world deleted."""
+        return name in self.deleted_named or any(name in c.batches for c in self.committed().values())
 
     def failing_for_good(self) -> set[int]:
         return set(self.faults.fail_always)

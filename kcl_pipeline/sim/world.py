@@ -450,8 +450,7 @@ class World(Stage):
             self.stats["batches corrupted"] += 1
             self.note(f"batch {name} corrupted")
         else:
-            if any(name in c.batches for c in self.pipeline.committed().values()):
-                self.checker.lost_after_commit.add(name)
+            self.checker.on_batch_lost(name, self.pipeline)
             zone.lose(name)
             self.stats["batches lost"] += 1
             self.note(f"batch {name} lost")

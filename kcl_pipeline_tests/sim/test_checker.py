@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from kcl_pipeline.kcl.core.lease_codec import lease_to_item
 from kcl_pipeline.kcl.core.lease_hold import LeaseTiming
 from kcl_pipeline.kcl.core.model import TRIM_HORIZON, Checkpoint, Lease
+from kcl_pipeline.landing.layout import BatchKey
 from kcl_pipeline.landing.store import MemoryZoneStore
 from kcl_pipeline.sim.checker import Checker
 from kcl_pipeline.sim.kinesis import SimStream
@@ -265,3 +266,36 @@ def test_a_worker_the_world_paused_inside_a_put_during_a_stop_is_no_release_viol
     """10,000-seed run, seed 2399: a zombie-flush pause held the worker inside its flush through its consumer's
     graceful stop; it could not release, as a frozen worker cannot."""
     assert _exit_after_a_stop_without_release(killed_at_landing=False, paused_in_a_put=True) == []
+
+
+def test_a_batch_lost_after_its_windows_commit_was_deleted_is_no_checkpoint_violation():
+    """10,000-seed run, seed 6811: the checkpoints passed a window while its commit stood; then the world deleted
+    the commit, and lost one of the batches it had named. The loss was judged by the commits published at that
+    moment (none), so the batch's records counted as owed by a committed window and the checkpoint 'passed a
+    record in 0 committed windows'. A batch a deleted commit named is lost after a commit, as when the batch
+    goes first; the shipped audit must fail the window, and the operator repairs it."""
+    now = [10.0]
+    stream = SimStream("simstream", random.Random(0), 1, lambda: now[0])
+    stream.produce(5.0)
+    zone = SimZone(stream)
+    positions = stream.shards[KEY].positions
+    (_, first_seq, first_sub), (_, last_seq, last_sub) = positions[0], positions[-1]
+    batch = BatchKey("simstream", KEY, 0, Checkpoint(first_seq, first_sub), Checkpoint(last_seq, last_sub)).key()
+    zone.store.put(batch, b"rows")
+    zone.stored(batch)
+    pipeline = SimPipeline(store=zone.store, output_name="output-6811", table=None, kinesis=None,
+                           stream="simstream", window_ms=60_000, first_window_ms=0, grace_ms=15_000,
+                           overdue_ms=300_000)
+    pipeline.output.put(commit_key(0), WindowCommit(0, 60_000, "run-1", frozenset({batch}), {}).to_json())
+    pipeline.cursor = 60_000
+    items = {KEY: lease_to_item(Lease(KEY, Checkpoint(last_seq, last_sub)))}  # the checkpoints passed the window
+    checker = Checker(stream=stream, zone=zone, items=items, foreign={}, fleet=Fleet([]), config=CONFIG,
+                      liveness_slack=6.0, now=lambda: now[0], note=lambda text: None)
+    checker.on_pipeline_tick(pipeline)
+    assert pipeline.delete_newest_commit() == 0
+    pipeline.deleted_audits = [(0, False)]  # the audit's verdict on a batch written by hand is not the subject here
+    checker.on_pipeline_tick(pipeline)
+    checker.on_batch_lost(batch, pipeline)
+    zone.lose(batch)
+    checker.on_pipeline_tick(pipeline)
+    assert checker.violations == []
