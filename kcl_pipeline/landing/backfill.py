@@ -33,7 +33,10 @@ holder read and is landing now (its first flush on its way, the start link not y
 lands nothing of such a shard (its records counted `skipped_before_start`): whatever of the range the
 application owes is landed by that holder's chain; the rest arrived before its start. Before, the backfill
 landed the whole range under a chain of its own, and the holder's first batch, claimed after it, landed the
-same records a second time (sim seed 3451: a holder frozen 23 s inside its first flush).
+same records a second time (sim seed 3451: a holder frozen 23 s inside its first flush). A shard whose LATEST
+start link says it ended with nothing landed (`layout.ENDED_EMPTY`: its holder read LATEST after the shard had
+closed, and claimed the start for that) has a chain that began and ended empty: it owes nothing, and nothing of
+it is landed either (`skipped_before_start`) — every record of it arrived before its start.
 
 Reading every listed shard is correct without knowing when each one existed: a shard closed before
 the range ends at once (or serves only records before it); one born after the range serves its first
@@ -49,7 +52,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from ..kcl.core.model import AT_TIMESTAMP, LATEST, TRIM_HORIZON, Checkpoint, Lease, UserRecord
+from ..kcl.core.model import AT_TIMESTAMP, LATEST, SHARD_END, TRIM_HORIZON, Checkpoint, Lease, UserRecord
 from ..kcl.core.streams import stream_name
 from ..kcl.processor import InitializationInput, ProcessRecordsInput
 from ..kcl.shells.aws import AwsSettings, client
@@ -59,6 +62,7 @@ from .completeness import window_complete
 from .layout import (
     MINUTE_MS,
     START_DIR,
+    ends_empty,
     link_key,
     link_target,
     minute_of,
@@ -293,10 +297,15 @@ def live_predecessor(store: ZoneStore, directory: str, shard_id: str,
 def live_start(store: ZoneStore, directory: str, shard_id: str) -> Checkpoint | None:
     """The first record of the shard's chain when the application started it at LATEST: the first of the
     batch its start link (`_start/<shard>/after=LATEST`) names, whether or not that batch is still there (links
-    outlive a lost batch). None when no LATEST link is there (the shard starts at TRIM_HORIZON or AT_TIMESTAMP,
-    or nothing was landed for it): no floor. One GET."""
+    outlive a lost batch). SHARD_END when the link says the shard ended with nothing landed after LATEST
+    (`layout.ENDED_EMPTY`): the chain began at the shard's end, every record of the shard is before it. None when
+    no LATEST link is there (the shard starts at TRIM_HORIZON or AT_TIMESTAMP, or nothing was landed for it): no
+    floor. One GET."""
     body = store.get_optional(link_key(directory, 0, shard_id, Checkpoint(LATEST)))
-    owner = parse_batch_key(link_target(body)) if body is not None else None
+    target = link_target(body) if body is not None else None
+    if ends_empty(target):
+        return Checkpoint(SHARD_END)
+    owner = parse_batch_key(target) if target is not None else None
     return None if owner is None or owner.shard_id != shard_id else owner.first
 
 
@@ -425,6 +434,9 @@ def _backfill_shard(kinesis, store: ZoneStore, stream: str, directory: str, shar
     # The live chain's start: nothing before it is landed (read once, before the first poll: the start link is
     # written before the live chain's first batch, and never moves).
     floor = live_start(store, directory, shard_id)
+    # A LATEST chain that began and ended empty (its holder read LATEST after the shard closed): nothing of the
+    # shard is owed, and nothing of it is landed — a chain of the backfill's own would be records before the start.
+    ended_empty = floor is not None and floor.is_shard_end
     # A LATEST lease whose chain has not begun (no start link after LATEST, nor after TRIM_HORIZON for a child):
     # its start is not known yet, and may lie inside the range, claimed by a holder's first flush still on its
     # way. Nothing of the range is landed: a chain of the backfill's own there, and that holder's first batch
@@ -440,7 +452,7 @@ def _backfill_shard(kinesis, store: ZoneStore, stream: str, directory: str, shar
         cut = cut_batch(batch.records, start_ms, end_ms)
         last_before = cut.last_before or last_before
         deliver = cut.deliver
-        if unstarted:
+        if unstarted or ended_empty:
             result.skipped_before_start += len(deliver)
             deliver = []
         elif floor is not None and deliver and deliver[0].position() < floor.key():

@@ -174,7 +174,7 @@ def read_chain_evidence(store: ZoneStore, view: StreamSlice, listing: LandedList
                         progress: Mapping[str, ShardProgress] | None = None) -> ChainEvidence:
     """The links' evidence by lease key, and, for each live lease still at a starting position with batches
     listed — or none, and its holder reporting the shard's end landed (`progress`) —, the batch its start link
-    names (one GET per such shard: only shards that never committed)."""
+    names, or `layout.ENDED_EMPTY` (one GET per such shard: only shards that never committed)."""
     starts: dict[str, str | None] = {}
     for lease in view.leases:
         if lease.is_ended or not lease.checkpoint.is_starting_sentinel:

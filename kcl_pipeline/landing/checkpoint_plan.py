@@ -16,6 +16,8 @@ parent then is safe: its records are durably landed (the landing zone, not Kines
 window's transform), and the lineage audit must compare SHARD_END with the landed chain, not with the
 materialised windows. A holder reporting the end landed with nothing landed from a starting position while the
 start link names a batch (claimed by a holder it never saw) does not end the shard: that chain is not landed.
+One whose start link says the shard ended with nothing landed after it (`layout.ENDED_EMPTY`, claimed by the
+holder that ended it, which fences every later claim of that start) ends it: the chain is complete and empty.
 
 Records older than the first partition (`first_window_ms`, the fixed KCL_PIPELINE_PARTITIONS_START) belong
 to no window, so no window run will ever transform them: the plan steps over their batches (they stay in the
@@ -45,7 +47,7 @@ from typing import Iterable, Mapping, Sequence
 
 from ..kcl.core.model import TRIM_HORIZON, Checkpoint, Lease, Shard, checkpoint_advances
 from ..transform.manifest import Materialised, batch_materialised
-from .layout import BatchKey, LinkName
+from .layout import BatchKey, LinkName, ends_empty
 from .progress import ShardProgress
 from .window_scan import window_floor
 
@@ -60,7 +62,8 @@ class ChainEvidence:
     """What the zone says each batch follows (pure input of the plan; `chain_evidence` builds it).
 
     `links`: per shard (lease key) and minute, the sorted positions its `after=` links name; `starts`: per
-    shard at a starting position, the batch key its start link names (None: no start link)."""
+    shard at a starting position, the batch key its start link names (None: no start link; `layout.ENDED_EMPTY`:
+    the shard ended with nothing landed after that start)."""
 
     links: Mapping[str, Mapping[int, Sequence[Position]]] = field(default_factory=dict)
     starts: Mapping[str, str | None] = field(default_factory=dict)
@@ -210,6 +213,9 @@ def _unproven(shard: str, current: Checkpoint, previous: BatchKey | None, b: Bat
         named = chain.starts.get(shard)
         if named == b.key():
             return None
+        if ends_empty(named):
+            return (f"the first landed batch {b.key()} follows {current}, but the start link after it says the "
+                    f"shard ended with nothing landed: not of the shard's chain")
         return (f"the first landed batch {b.key()} is not the batch the start link after {current} names "
                 f"({named or 'no start link'}): records before it may not be landed")
     if previous is None and b.first.key() <= current.key():
@@ -228,8 +234,12 @@ def _may_end(pending: Sequence[BatchKey], progress: ShardProgress, done: set[int
              broken_before: bool = False, started: str | None = None) -> tuple[bool, str]:
     """`pending`: the batches after the checkpoint proven consecutive; `broken_before`: the chain breaks after
     them (the shard's last record must then be in `pending` for the shard to end); `started`: the batch the
-    start link names, when the checkpoint is a starting position."""
+    start link names, when the checkpoint is a starting position (`layout.ENDED_EMPTY`: the holder that ended
+    the shard with nothing landed claimed it for that)."""
     landed = progress.landed
+    if landed is None and current.is_starting_sentinel and ends_empty(started):
+        # The ending holder's claim of the start: no holder's chain can begin after it, so nothing is owed.
+        return True, f"shard end landed; the start link after {current} says the shard ended with nothing landed: end"
     if landed is None and current.is_starting_sentinel and started is not None:
         # The holder saw nothing landed, yet a chain begins at the start link (claimed by a holder it never
         # saw, its batch perhaps never written): the records from that batch on are not landed as far as

@@ -33,5 +33,11 @@ class ChainStartTaken(LandingError):
     completes) that chain. Nothing landed is lost."""
 
 
+class StartEndedEmpty(ChainStartTaken):
+    """This holder's claim of the shard's start link met another holder's "ended with nothing landed" claim
+    (layout.ENDED_EMPTY): the shard ended, its chain from that start is complete and empty, and this holder —
+    paused on its way to the link while its lease moved — lands nothing and stops (its buffer dropped)."""
+
+
 class LandingConfigError(ValueError):
     """A landing setting is invalid; the message names it and says what is allowed."""

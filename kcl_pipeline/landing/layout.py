@@ -227,6 +227,23 @@ def link_target(body: bytes) -> str:
     return body.decode("utf-8", "replace").split("\n", 1)[0].strip()
 
 
+# A start link's first line when its claimer ended the shard having landed nothing after that start (a LATEST
+# read of a shard that had closed): the shard's chain from that start is complete and empty. Never a batch key
+# (those hold '/' and end in `.parquet`), so `parse_batch_key` of it is None; every reader of start links asks
+# `ends_empty` first (sink, checkpoint plan, backfill, the simulation's checker).
+ENDED_EMPTY = "ended-empty"
+
+
+def ended_empty_body(holder: str | None = None) -> bytes:
+    """The body of a start link claimed by a holder that ended the shard with nothing landed after that start."""
+    return link_body(ENDED_EMPTY, holder)
+
+
+def ends_empty(target: str | None) -> bool:
+    """Whether a start link's first line (`link_target`) says the shard ended with nothing landed after the start."""
+    return target == ENDED_EMPTY
+
+
 @dataclass(frozen=True)
 class BatchKeyListing:
     batches: list[BatchKey]  # in listing order

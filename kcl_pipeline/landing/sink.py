@@ -46,11 +46,13 @@ from ..kcl.processor import Checkpointer, InitializationInput, ProcessRecordsInp
 from ..kcl.records.record_batch import UserRecordBatch
 from ..kcl.shells.aws import AwsSettings
 from .batch import BATCH_FORMATS, COMPRESSIONS, PARQUET_FORMAT, BatchInfo, encode_batch, read_batch_info
-from .errors import ChainStartTaken, CorruptBatchError, LandingConfigError, LandingError
+from .errors import ChainStartTaken, CorruptBatchError, LandingConfigError, LandingError, StartEndedEmpty
 from .exclusion import exclude_landed
 from .layout import (
     MINUTE_MS,
     BatchKey,
+    ended_empty_body,
+    ends_empty,
     link_body,
     link_key,
     link_target,
@@ -260,30 +262,44 @@ class LandingProcessor:
         if self._buffer_count:
             self._flush("shard_end")
         self._settle_poll()
-        self._check_no_unseen_start()
+        self._fence_empty_start()
         self._progress = replace(self._initialised_progress(), shard_end_landed=True)
         log.info("%s: shard end landed (last record %s)", self.shard_id, self._progress.landed)
         if self.settings.checkpoint_after_flush:
             checkpointer.end_shard()  # standalone: nothing downstream decides when a shard is done
 
-    def _check_no_unseen_start(self) -> None:
-        """At the shard's end, having landed nothing from a starting position: no other holder began the chain.
+    def _fence_empty_start(self) -> None:
+        """At the shard's end, having landed nothing from a starting position: claim the start link for "the shard
+        ended with nothing landed after this start" (`layout.ENDED_EMPTY`), so that no holder begins the chain
+        after the shard's end is reported landed.
 
-        This holder found no start link when it started, and read nothing it could land (LATEST on a shard
-        that closed meanwhile). A holder before it may still have claimed the start link since — a paused
-        flush going on after the lease moved — naming records this holder never read. The shard's end is then
-        not landed: the lease is given back, and its next start follows that chain, or lands the claimed batch
-        (`_follow_chain`). One GET, only for a shard that ends with nothing landed from its start."""
+        This holder found no start link naming a batch when it started, and read nothing it could land (LATEST on
+        a shard that closed meanwhile). A holder before it may still be on its way to the start link — a paused
+        first flush going on after the lease moved — with records this holder never read. A look at the link here
+        came before such a claim (sim seed 6056); the put-if-absent is the fence: after it, that holder's claim
+        fails, finds the marker and lands nothing (`_land_after`). If another holder claimed the start first,
+        naming a batch, the shard's end is not landed: the lease is given back, and its next start follows that
+        chain, or lands the claimed batch (`_follow_chain`, seed 3670). A marker already there (another holder
+        ended the shard so before, or this one's retry) is the same end. One PUT, at such a shard end only."""
         start = self._start_prev
         if start is None or not start.is_starting_sentinel or self._initialised_progress().landed is not None:
             return
+        store = self._zone_store()
         link = link_key(self.stream, 0, self.shard_id, start)
-        claim = self._claimed(link)
-        if claim is not None:
-            raise ChainStartTaken(
-                f"landing zone {self._zone_store().uri}: the shard ended with nothing landed after {start}, but "
-                f"the start link {link} names {claim.key()} (another holder's start, claimed meanwhile); "
-                f"re-reading from that chain on the lease's next start")
+        if store.put_if_absent(link, ended_empty_body(self._holder)):
+            log.info("%s: the shard ended with nothing landed after %s: start link %s claimed for that",
+                     self.shard_id, start, link)
+            return
+        text = self._link_text(link)
+        if ends_empty(text):
+            return  # ended so before: another holder, or a retry of this one
+        if text is None:
+            raise ChainStartTaken(f"landing zone {store.uri}: the start link {link} was there and is gone (moved "
+                                  f"away?); the shard's end is claimed again on the lease's next start")
+        raise ChainStartTaken(
+            f"landing zone {store.uri}: the shard ended with nothing landed after {start}, but the start link "
+            f"{link} names {self._batch_named(link, text).key()} (another holder's start, claimed meanwhile); "
+            f"re-reading from that chain on the lease's next start")
 
     def shutdown_requested(self, checkpointer: Checkpointer) -> None:
         self._checkpointer = checkpointer
@@ -562,6 +578,17 @@ class LandingProcessor:
         if store.put_if_absent(link, link_body(encoded.key.key(), self._holder if starts else None)):
             return self._put_batch(encoded), len(records)
         owner_text = link_target(store.get(link))
+        if starts and ends_empty(owner_text):
+            # A holder ended the shard meanwhile with nothing landed after this start (it read LATEST after this
+            # holder, on a shard that had closed) and claimed the start for that: the chain is complete and empty.
+            # This holder lost the lease since (it was paused on its way here): it lands nothing and stops.
+            dropped = self._buffer_count
+            self._set_buffer(None)
+            self._closed = True
+            raise StartEndedEmpty(
+                f"landing zone {store.uri}: the start link {link} says the shard ended with nothing landed after "
+                f"{prev} (another holder's end, claimed meanwhile): {dropped} buffered records dropped, nothing "
+                f"landed; this holder stops")
         owner = parse_batch_key(owner_text)
         if starts and owner is not None and owner.shard_id == self.shard_id and owner.first != records[0].checkpoint:
             # Another holder claimed the chain's start meanwhile, from other first records (LATEST read at
@@ -671,9 +698,17 @@ class LandingProcessor:
         adopted: this holder reads from that batch's minute and lands exactly that batch (`_adopt_start`).
         Reading from its own start instead (LATEST now, or the trim horizon that moved) would give it other
         first records, which can never be landed after that link: every later holder stopped there."""
-        claim = self._claimed(link_key(self.stream, 0, self.shard_id, start))
-        if claim is None:
+        link = link_key(self.stream, 0, self.shard_id, start)
+        text = self._link_text(link)
+        if text is None:
             return None
+        if ends_empty(text):
+            # A holder ended the shard with nothing landed after this start: its chain is complete and empty.
+            # Nothing to resume from or adopt; a read from the start of the closed shard brings nothing, and
+            # records it brought all the same would meet the marker at their start link and land nothing.
+            log.info("%s: the start link after %s says the shard ended with nothing landed", self.shard_id, start)
+            return None
+        claim = self._batch_named(link, text)
         if not self._zone_store().exists(claim.key()):
             self._adopt = claim
             return None
@@ -700,13 +735,22 @@ class LandingProcessor:
 
     def _claimed(self, link: str) -> BatchKey | None:
         """The batch a link names, landed or not (None: no such link)."""
+        text = self._link_text(link)
+        return None if text is None else self._batch_named(link, text)
+
+    def _link_text(self, link: str) -> str | None:
+        """A link's first line (`link_target`), None when there is no such link."""
         store = self._zone_store()
         try:
-            text = link_target(store.get(link))
+            return link_target(store.get(link))
         except LandingError:
             if store.exists(link):
                 raise
             return None
+
+    def _batch_named(self, link: str, text: str) -> BatchKey:
+        """The batch of this shard a link's first line names; anything else is a corrupt link."""
+        store = self._zone_store()
         key = parse_batch_key(text)
         if key is None or key.shard_id != self.shard_id:
             raise CorruptBatchError(f"landing zone {store.uri}: link {link} names {text!r}, not a batch of "

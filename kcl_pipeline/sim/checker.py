@@ -39,7 +39,7 @@ from ..kcl.config import ConsumerConfig
 from ..kcl.core.balance import imbalance, reported_load
 from ..kcl.core.lease_codec import lease_from_item
 from ..kcl.core.model import LATEST, Checkpoint
-from ..landing.layout import link_key, link_target, parse_batch_key
+from ..landing.layout import ends_empty, link_key, link_target, parse_batch_key
 from .fleet import FleetView
 from .kinesis import SimStream
 from .landing import SimZone
@@ -283,7 +283,9 @@ class Checker:
 
     def _floor(self, shard_id: str) -> int | None:
         """The index of the shard's first owed record: 0, or in a LATEST world (a shard without parents) the
-        first of the batch its start link names; None while no holder has claimed that link (nothing owed)."""
+        first of the batch its start link names; None while no holder has claimed that link (nothing owed); past its
+        last record when the link says the shard ended with nothing landed after LATEST (its holder read LATEST
+        after the shard had closed, and claimed the start for that: nothing of the shard is owed)."""
         if not self.latest_start:
             return 0
         floor = self._floors.get(shard_id)
@@ -293,7 +295,12 @@ class Checker:
         if shard.parents:
             return 0
         body = self.zone.store.get_optional(link_key(self.stream.name, 0, shard_id, Checkpoint(LATEST)))
-        first = parse_batch_key(link_target(body)) if body is not None else None
+        target = link_target(body) if body is not None else None
+        if ends_empty(target):
+            # Claimed at the shard's end (the shard had closed: its records are final), never to change.
+            self._floors[shard_id] = floor = len(shard.positions)
+            return floor
+        first = parse_batch_key(target) if target is not None else None
         if first is None:
             return None
         self._floors[shard_id] = floor = bisect.bisect_left(shard.positions, first.first.key())
