@@ -299,3 +299,54 @@ def test_a_batch_lost_after_its_windows_commit_was_deleted_is_no_checkpoint_viol
     zone.lose(batch)
     checker.on_pipeline_tick(pipeline)
     assert checker.violations == []
+
+
+def _refill_after_a_rerun_without_the_lost_batch(checkpoint_passed_it: bool) -> list[str]:
+    """A window of two batches, committed by run 1; the world loses the first (after run 1 named it); run 2 (a re-run
+    for late batches) commits the window without it; an operator's backfill lands it again before any run reads it;
+    then a checkpoint run moves the checkpoint to the second batch's last record. `checkpoint_passed_it`: the
+    checkpoint had passed the lost batch when it was refilled (else it had passed nothing)."""
+    now = [10.0]
+    stream = SimStream("simstream", random.Random(0), 1, lambda: now[0])
+    stream.produce(5.0)
+    zone = SimZone(stream)
+    positions = stream.shards[KEY].positions
+    assert len(positions) >= 2
+    half = len(positions) // 2
+    first, second = [BatchKey("simstream", KEY, 0, Checkpoint(*part[0][1:]), Checkpoint(*part[-1][1:])).key()
+                     for part in (positions[:half], positions[half:])]
+    for batch in (first, second):
+        zone.store.put(batch, b"rows")
+        zone.stored(batch)
+    pipeline = SimPipeline(store=zone.store, output_name="output-219", table=None, kinesis=None,
+                           stream="simstream", window_ms=60_000, first_window_ms=0, grace_ms=15_000,
+                           overdue_ms=300_000)
+    pipeline.cursor = 60_000
+    pipeline.output.put(commit_key(0), WindowCommit(0, 60_000, "run-1", frozenset({first, second}), {}).to_json())
+    start = Checkpoint(*positions[half - 1][1:]) if checkpoint_passed_it else Checkpoint(TRIM_HORIZON)
+    items = {KEY: lease_to_item(Lease(KEY, start))}
+    checker = Checker(stream=stream, zone=zone, items=items, foreign={}, fleet=Fleet([]), config=CONFIG,
+                      liveness_slack=6.0, now=lambda: now[0], note=lambda text: None)
+    zone.on_land = checker.on_land
+    checker.on_pipeline_tick(pipeline)
+    checker.on_batch_lost(first, pipeline)
+    zone.lose(first)
+    pipeline.output.put(commit_key(0), WindowCommit(0, 60_000, "run-2", frozenset({second}), {}).to_json())
+    checker.on_pipeline_tick(pipeline)
+    zone.store.put(first, b"rows")
+    zone.stored(first)  # the refill; no run has read it again
+    items[KEY] = lease_to_item(Lease(KEY, Checkpoint(*positions[-1][1:])))
+    checker.on_pipeline_tick(pipeline)
+    return checker.violations
+
+
+def test_a_batch_lost_after_its_commit_and_refilled_behind_the_checkpoint_is_no_violation_before_its_window_reruns():
+    """Seed 219 (lost-batch, refill): the checkpoint passed a batch while run 1's commit named it; the world lost it,
+    run 2 (a re-run for late batches) committed the window without it (exempt: lost after a commit), and a backfill
+    left to the live side on another shard landed it again, re-running nothing. The exemption ended with the loss
+    ('damaged'), so the checkpoint 'passed a record in 0 committed windows' until the window's next run read the
+    batch. What the checkpoint had passed when the batch landed again stays the world's loss until then; a
+    checkpoint that passes the refilled batch while no commit names it is still a violation."""
+    assert _refill_after_a_rerun_without_the_lost_batch(checkpoint_passed_it=True) == []
+    violations = _refill_after_a_rerun_without_the_lost_batch(checkpoint_passed_it=False)
+    assert len(violations) == 1 and "which is in 0 committed windows" in violations[0]
