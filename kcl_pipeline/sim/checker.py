@@ -364,6 +364,22 @@ class Checker:
         if pipeline.named(name):
             self.lost_after_commit.add(name)
 
+    def on_refilled(self, name: str) -> None:
+        """After an operator's refill of the lost batch `name`: when the zone holds every record of it again, it
+        holds the batch itself. The live link after its predecessor names that key; records landed again under
+        other keys (a refill that started a chain of its own and cut where its buffer flushed: issue 20's unfenced
+        refill) leave the chain broken for ever with no record missing, which the audit would report as damage
+        nobody could repair."""
+        key = parse_batch_key(name)
+        if key is None or self.zone.damaged.get(name) != "lost":
+            return
+        positions = self.zone.positions(key)
+        if positions and all((key.shard_id, p) in self.zone.landed for p in positions):
+            others = sorted(other for other, k in self.zone.batches.items() if k.shard_id == key.shard_id
+                            and k.first.key() <= key.last.key() and key.first.key() <= k.last.key())
+            self.violation(f"a refill landed lost batch {name}'s records under other keys ({', '.join(others)}): "
+                           f"the live link still names {name}, and the chain is broken with no record missing")
+
     def _exempt(self, pipeline: Any, commits: Mapping[int, Any]) -> set[tuple[str, tuple[int, str, int]]]:
         """Records whose window the world damaged after it was committed, and which no commit holds now: a
         deleted commit, a corrupted batch its re-run cannot read, a batch lost after the commit named it (the

@@ -350,3 +350,40 @@ def test_a_batch_lost_after_its_commit_and_refilled_behind_the_checkpoint_is_no_
     assert _refill_after_a_rerun_without_the_lost_batch(checkpoint_passed_it=True) == []
     violations = _refill_after_a_rerun_without_the_lost_batch(checkpoint_passed_it=False)
     assert len(violations) == 1 and "which is in 0 committed windows" in violations[0]
+
+
+def _refill_of_a_lost_batch(under_its_own_key: bool) -> list[str]:
+    """A shard's batch lost, then its records landed again by a refill: under the lost batch's own key, or split
+    in two batches (a refill whose first batch went through a start chain of its own, cut where its buffer
+    flushed)."""
+    now = [10.0]
+    stream = SimStream("simstream", random.Random(0), 1, lambda: now[0])
+    stream.produce(5.0)
+    zone = SimZone(stream)
+    positions = stream.shards[KEY].positions
+    assert len(positions) >= 2
+    half = len(positions) // 2
+    lost = BatchKey("simstream", KEY, 0, Checkpoint(*positions[0][1:]), Checkpoint(*positions[-1][1:])).key()
+    zone.store.put(lost, b"rows")
+    zone.stored(lost)
+    checker = Checker(stream=stream, zone=zone, items={}, foreign={}, fleet=Fleet([]), config=CONFIG,
+                      liveness_slack=6.0, now=lambda: now[0], note=lambda text: None)
+    zone.lose(lost)
+    parts = [positions] if under_its_own_key else [positions[:half], positions[half:]]
+    for part in parts:
+        batch = BatchKey("simstream", KEY, 0, Checkpoint(*part[0][1:]), Checkpoint(*part[-1][1:])).key()
+        zone.store.put(batch, b"rows")
+        zone.stored(batch)
+    checker.on_refilled(lost)
+    return checker.violations
+
+
+def test_a_refill_that_lands_a_lost_batchs_records_under_other_keys_is_a_violation():
+    """Issue 20's unfenced refill (the mutation `unfenced-refill`): a refill whose first batch starts a chain of its
+    own (`_start_sink` without `live_predecessor`) is cut where its buffer flushes, so the lost batch's records land
+    under other keys while the live link after its predecessor still names the lost one: the chain is broken for
+    ever with no record missing, and the audit's FAILED passed for damage the operator could not repair. A refill
+    must land a lost batch exactly, under its own key."""
+    assert _refill_of_a_lost_batch(under_its_own_key=True) == []
+    violations = _refill_of_a_lost_batch(under_its_own_key=False)
+    assert len(violations) == 1 and "under other keys" in violations[0]
