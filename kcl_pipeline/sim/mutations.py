@@ -36,7 +36,7 @@ from unittest import mock
 
 from ..kcl.core import cycle, effects, lease_hold, lease_life, planner
 from ..kcl.shells import lease_table, manager, worker
-from ..landing import audit, checkpoint_plan, exclusion, sink, window_commit
+from ..landing import audit, backfill, checkpoint_plan, exclusion, sink, window_commit
 
 
 @dataclass(frozen=True)
@@ -100,6 +100,9 @@ MUTATIONS: dict[str, Mutation] = {m.name: m for m in (
              ("latest-start", "landing-crash")),
     Mutation("reconcile-publishes-unchecked", "rows_reconcile publishes the window's commit whatever its check "
              "says (the commit before the check)", 100, ("transform-drops-rows",)),
+    Mutation("unfenced-refill", "a backfill's first batch never goes through the live link (`_start_sink` without "
+             "`live_predecessor`): a refill of a batch that starts its minute lands under a start chain of its own, "
+             "which no live link fences", 100, ("refill",)),
 )}
 
 
@@ -257,6 +260,9 @@ def _plant(name: str, stack: contextlib.ExitStack, world: Any) -> None:
                "if pending is not None:")
     elif name == "dead-start-link":
         _patch(stack, sink.LandingProcessor, "_follow_chain", "        self._adopt = claim\n", "        pass\n")
+    elif name == "unfenced-refill":
+        _patch(stack, backfill, "_start_sink", "found = live_predecessor(store, directory, shard_id, first)",
+               "found = None")
     elif name == "delete-foreign":
         stack.enter_context(mock.patch.object(cycle, "scoped_leases", lambda leases, shards: list(leases)))
     else:

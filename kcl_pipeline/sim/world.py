@@ -414,24 +414,33 @@ class World(Stage):
                     self.note(f"{worker!r} will be killed after-link of its first landing (LATEST)")
 
     # -- damage to the landing zone ------------------------------------------------------------------------
-    def _damage(self, kind: str, rng: random.Random) -> None:
+    def _damage(self, kind: str, rng: random.Random, newest: bool = False) -> None:
         """A batch lost (deleted after it landed), corrupted (its bytes altered in place), or lost and refilled a
         little later through the shipped backfill path while the workers keep landing (`refill`). The batch is
         one that another follows in its shard (so its loss is a hole in the chain), most often a recent one (its
         window not run yet: the checkpoint must stop at the hole); a refill's, half the time, the first batch of
-        its minute (the refill's predecessor then comes from the live links alone)."""
+        its minute (the refill's predecessor then comes from the live links alone).
+
+        `newest` (a third of the refills): a shard's newest batch instead, lost while its holder keeps landing
+        after it (issue 20's race of a refill beside the live writer; the backfill leaves the shard to the live
+        side until its progress shows the minute landed, and must then land exactly the lost batch)."""
         if self.pipeline is None:
             return
         zone = self.zone
-        newest: dict[str, BatchKey] = {}
+        newest_of: dict[str, BatchKey] = {}
         for key in zone.batches.values():
-            top = newest.get(key.shard_id)
+            top = newest_of.get(key.shard_id)
             if top is None or key.last.key() > top.last.key():
-                newest[key.shard_id] = key
+                newest_of[key.shard_id] = key
         candidates = sorted((k for k in zone.batches.values()
-                             if newest[k.shard_id] is not k and k.key() not in zone.ever_damaged),
+                             if newest_of[k.shard_id] is not k and k.key() not in zone.ever_damaged),
                             key=lambda k: (k.minute_ms, k.key()))
-        if kind == "refill":
+        if newest:
+            now_ms = int((EPOCH + self.now) * 1000)
+            candidates = sorted((k for k in newest_of.values() if k.key() not in zone.ever_damaged
+                                 and k.minute_ms >= now_ms - 180_000), key=lambda k: (k.minute_ms, k.key()))
+            self.stats["newest batches refilled"] += 1 if candidates else 0
+        elif kind == "refill":
             now_ms = int((EPOCH + self.now) * 1000)
             candidates = [k for k in candidates if k.minute_ms >= now_ms - 180_000]
             if rng.random() < 0.5:
@@ -494,6 +503,7 @@ class World(Stage):
         except (LandingError, SimCrash) as exc:
             self.note(f"refill of {name} failed: {exc}")
             return
+        self.checker.on_refilled(name)
         shard = report.shards.get(key.shard_id)
         self.stats["refills"] += 1
         back = "back" if name in self.zone.batches else "not back"
@@ -552,7 +562,11 @@ class World(Stage):
             self._strike_pipeline(kind, rng)
             return
         if kind in ("lost-batch", "corrupt-batch", "refill"):
-            self._damage(kind, rng)
+            # A third of the refills aim at a shard's newest batch (decided by a draw of its own, so the other
+            # refills, and every other fault, draw as they did before).
+            aim = random.Random(f"{self.seed}-{event.step}-{event.draw}-newest")
+            newest = kind == "refill" and aim.random() < 1 / 3
+            self._damage(kind, rng, newest=newest)
             return
         if kind == "late-batch":
             self._slow_holders(live, rng)
