@@ -195,10 +195,14 @@ class LandingProcessor:
             return  # the worker only waits for children; nothing will be delivered
         hint = self._hint or ShardProgress.from_attributes(
             self.shard_id, getattr(init, "lease_attributes", None) or {})
-        if start.is_starting_sentinel and (hint is None or hint.landed is None):
-            # No hint: follow this start's own chain, never "any batch of the last minutes" (a backfill's
-            # batches there would make the consumer skip everything older).
-            found = self._follow_chain(start)
+        if start.is_starting_sentinel:
+            # Follow this start's own chain, never "any batch of the last minutes" (a backfill's batches there
+            # would make the consumer skip everything older). A hint whose batch the zone no longer holds (lost)
+            # is no hint: the chain is followed from its start link, whose batch, if it is the lost one, this
+            # holder lands again (sim seed 3593: the lookback found nothing, every holder read LATEST on the
+            # closed shard, met the start link naming the lost batch at the shard's end and gave the lease back).
+            hinted = self._find_hinted(hint)
+            found = (hinted, self._validate(hinted)) if hinted is not None else self._follow_chain(start)
         else:
             found = self._find_last_landed(hint)
         if found is not None:
@@ -674,21 +678,27 @@ class LandingProcessor:
     # -- resuming ------------------------------------------------------------------------------------------
 
     def _find_last_landed(self, hint: ShardProgress | None) -> tuple[BatchKey, BatchInfo] | None:
-        now_minute = minute_of(int(self._clock() * 1000))
-        found = None
-        if hint is not None and hint.landed is not None and hint.landed_arrival_ms is not None:
-            from_minute = min(minute_of(hint.landed_arrival_ms), now_minute)
-            found = self._walk(from_minute, now_minute)
-            if found is None or found.last.key() < hint.landed.key():
-                log.warning("%s: the lease says %s was landed (batch %s) but the zone %s does not hold it; "
-                            "looking for landed batches of the last %d minutes instead", self.shard_id, hint.landed,
-                            hint.last_batch_key, self._zone_store().uri, self.settings.resume_lookback_minutes)
-                found = None
+        found = self._find_hinted(hint)
         if found is None:
+            now_minute = minute_of(int(self._clock() * 1000))
             found = self._walk(now_minute - self.settings.resume_lookback_minutes * MINUTE_MS, now_minute)
         if found is None:
             return None
         return found, self._validate(found)
+
+    def _find_hinted(self, hint: ShardProgress | None) -> BatchKey | None:
+        """The furthest batch from the minute of the last landed record the lease's hint names, if the zone holds
+        a batch reaching that record (None without a hint, or when the zone no longer holds it)."""
+        if hint is None or hint.landed is None or hint.landed_arrival_ms is None:
+            return None
+        now_minute = minute_of(int(self._clock() * 1000))
+        found = self._walk(min(minute_of(hint.landed_arrival_ms), now_minute), now_minute)
+        if found is None or found.last.key() < hint.landed.key():
+            log.warning("%s: the lease says %s was landed (batch %s) but the zone %s does not hold it (lost?); "
+                        "resuming without that hint", self.shard_id, hint.landed, hint.last_batch_key,
+                        self._zone_store().uri)
+            return None
+        return found
 
     def _follow_chain(self, start: Checkpoint) -> tuple[BatchKey, BatchInfo] | None:
         """The last batch of the chain that begins at the starting position `start`, followed link by link

@@ -164,3 +164,39 @@ def test_a_holder_that_read_nothing_never_reports_the_shard_end_landed_past_a_st
     assert landed_positions(store) == [(r.sequence_number, r.sub_sequence_number) for r in RECORDS[10:]]
     assert list_batches(store, STREAM)[0] == claimed
     assert verify_zone(uri, stream=STREAM, store=store, deep=True).ok
+
+
+def test_a_lost_start_batch_the_leases_progress_names_never_makes_every_holder_give_the_lease_back(local_zone):
+    """Simulation seed 3593: a LATEST shard's first holder landed one batch, the chain's first (its start link's),
+    and lost its lease; the batch was lost (deleted) and the shard closed. Every later holder found the lease's
+    progress naming the lost batch, looked back for other batches (none), read LATEST on the closed shard
+    (nothing), met the start link naming the lost batch at the shard's end and gave the lease back
+    (ChainStartTaken): for ever, and the batch's records and those after it were never landed. A hint whose batch
+    the zone no longer holds is now no hint: the holder follows the chain from its start link and lands the lost
+    batch again, under its own key."""
+    uri, store = local_zone
+    shard = RECORDS[:14]  # the shard closed after its 14th record; LATEST was taken when record 10 was next
+
+    def served(position: Checkpoint) -> list:
+        return [] if position.sequence_number == LATEST else [r for r in read_from(position) if r in shard]
+
+    first = holder(store)
+    start(first, Checkpoint(LATEST), worker="worker-2")
+    deliver_all(first, RECORDS[10:14])  # one batch, the start link's
+    lost = list_batches(store, STREAM)
+    assert len(lost) == 1 and link_target(store.get(link_key(STREAM, 0, SHARD, Checkpoint(LATEST)))) == lost[0].key()
+    assert first.progress is not None
+    hint = {k: v for k, v in first.progress.to_attributes().items() if v is not None}
+    store.delete([lost[0].key()])  # the batch is lost; the lease still says it was landed
+
+    from kcl_pipeline.kcl.processor import InitializationInput
+
+    later = holder(store)
+    later.initialize(InitializationInput(SHARD, "worker-11", Checkpoint(LATEST), lease_attributes=hint))
+    cp = RecordingCheckpointer()
+    later.process_records(ProcessRecordsInput(served(later.resume_position() or Checkpoint(LATEST)), 0, cp))
+    later.shard_ended(cp)  # before: ChainStartTaken, the start link naming the lost batch
+    assert later.progress is not None and later.progress.shard_end_landed
+    assert list_batches(store, STREAM) == lost  # landed again, under its own key
+    assert landed_positions(store) == [(r.sequence_number, r.sub_sequence_number) for r in RECORDS[10:14]]
+    assert verify_zone(uri, stream=STREAM, store=store, deep=True).ok
