@@ -12,7 +12,9 @@ Three checks per window [t0, t1), the same for the Dagster asset checks and `kcl
             never green);
 * checkpoints  no committed checkpoint reaches into a batch its window's commit does not name, and SHARD_END
             only where the shard's last record is landed and every earlier window materialised (except the one
-            holding its last record: see checkpoint_plan.py); no checkpoint is past the last landed record.
+            holding its last record: see checkpoint_plan.py); no checkpoint is past the last landed record; and
+            the zone holds the last landed record the lease's landing progress names, in the window of the batch
+            the progress names (`lost_last_batch`: a shard's lost last batch, which no footer names).
 
 A window has materialised when its commit (`<output>/_commits/window=<YYYYMMDDTHHMMSSZ>.json`, written last
 by the transform: docs/transform-commits.md) exists, and then only for the batches it names — what the
@@ -32,7 +34,7 @@ from ..kcl.core.model import Checkpoint, Lease
 from ..transform.manifest import COMMITS, CommitFormatError, WindowCommit, commit_key, is_commit_key
 from .batch import BatchInfo, read_batch_info
 from .errors import CorruptBatchError, ZoneNotFoundError
-from .layout import BatchKey, overlapping_batches
+from .layout import BatchKey, overlapping_batches, parse_batch_key
 from .progress import ShardProgress, progress_from_leases
 from .store import ZoneStore
 from .verify import ChainReport, list_batches, verify_batches, verify_chain
@@ -225,10 +227,34 @@ def check_counts(t0: int, t1: int, landed_rows: int, duplicate_rows: int, output
     return CheckOutcome("counts", t0, t1, not problems, summary, tuple(problems), meta)
 
 
+def lost_last_batch(shard_id: str, p: ShardProgress | None, stream: str | None,
+                    held: Iterable[BatchKey]) -> tuple[BatchKey, str] | None:
+    """The batch the lease's landing progress names (`landingLastBatchKey`, holding the last landed record) and
+    the problem, when none of the shard's batches `held` reaches that record: the shard's last batch is lost.
+
+    The chain check sees a lost batch only in the footer of the batch after it, so a shard's last batch lost
+    (a closed shard, an idle stream: no batch follows it) passed the audit (sim seed 6446); the progress is a
+    hint the zone once confirmed (a holder reports a batch after landing it). Progress naming no batch, another
+    shard's or another directory's (`stream`: the audited one, None: any) is not judged here."""
+    if p is None or p.landed is None or not p.last_batch_key:
+        return None
+    named = parse_batch_key(p.last_batch_key)
+    if named is None or named.shard_id != shard_id or (stream is not None and named.stream != stream):
+        return None
+    landed = p.landed.key()
+    if any(b.shard_id == shard_id and b.last.key() >= landed for b in held):
+        return None
+    return named, (f"{shard_id}: the lease's landing progress says {p.landed} was landed and names "
+                   f"{named.key()}, which the zone does not hold (deleted?): the shard's last batch is missing")
+
+
 def check_checkpoints(t0: int, t1: int, batches: Sequence[BatchKey], leases: Iterable[Lease],
-                      progress: Mapping[str, ShardProgress], materialised: bool | Collection[str]) -> CheckOutcome:
+                      progress: Mapping[str, ShardProgress], materialised: bool | Collection[str],
+                      stream: str | None = None) -> CheckOutcome:
     """`batches`: the window's landed batches (every shard); `materialised`: the batch keys its commit names
-    (True: the whole window, False: none) — a checkpoint may reach only through batches that are named."""
+    (True: the whole window, False: none) — a checkpoint may reach only through batches that are named.
+    `stream`: the landing directory audited (a lease's landing progress is judged in the window of the batch
+    it names, `lost_last_batch`, when that batch is of this directory)."""
     named = None if isinstance(materialised, bool) else frozenset(materialised)
 
     def covered(b: BatchKey) -> bool:
@@ -244,6 +270,9 @@ def check_checkpoints(t0: int, t1: int, batches: Sequence[BatchKey], leases: Ite
         p = progress.get(shard_id)
         if not cp.is_sentinel and p is not None and p.landed is not None and cp.key() > p.landed.key():
             problems.append(f"{shard_id}: checkpoint {cp} is past the last landed record {p.landed}")
+        lost = lost_last_batch(shard_id, p, stream, by_shard.get(shard_id, ()))
+        if lost is not None and t0 <= lost[0].minute_ms < t1:
+            problems.append(lost[1])
         mine = by_shard.get(shard_id)
         if not mine:
             continue
@@ -354,7 +383,7 @@ def audit_window(store: ZoneStore, output: ZoneStore, stream: str, t0: int, t1: 
         else:
             named: bool | frozenset[str] = (False if output_counts is None else True if output_counts.batches is None
                                             else output_counts.batches)
-            outcomes.append(check_checkpoints(t0, t1, batches, leases, progress_from_leases(leases), named))
+            outcomes.append(check_checkpoints(t0, t1, batches, leases, progress_from_leases(leases), named, stream))
     return outcomes
 
 

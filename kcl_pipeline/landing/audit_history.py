@@ -47,6 +47,7 @@ from .audit import (
     OutputCounts,
     check_counts,
     commit_window,
+    lost_last_batch,
 )
 from .audit_index import AuditIndex, BatchFacts, CommitFacts, IndexFormatError, index_key
 from .batch import BatchInfo, format_position, parse_position, read_batch_info
@@ -477,7 +478,8 @@ def _judge_checkpoints(batches: Mapping[str, tuple[BatchKey, BatchFacts]], commi
                        failed: dict[int, list[str]]) -> None:
     """Every checkpoint against the whole history: within the landed records (the zone's, and its lease's own
     landing progress), and not into a batch its window's commit does not name (SHARD_END: not while a window
-    other than the one holding the shard's last record has such a batch)."""
+    other than the one holding the shard's last record has such a batch). And the zone holds the last landed
+    record the landing progress names, failing the window of the batch it names (`lost_last_batch`)."""
     leases = list(leases)
     progress = progress_from_leases(leases)
     by_shard: dict[str, list[BatchKey]] = {}
@@ -494,10 +496,14 @@ def _judge_checkpoints(batches: Mapping[str, tuple[BatchKey, BatchFacts]], commi
         commit = commits.get(w)
         return commit is not None and not commit.error and key.key() in commit.batches
 
+    streams = {key.stream for key, _f in batches.values()}  # the directory audited (none: nothing landed)
     for lease in sorted(leases, key=lambda x: x.lease_key):
         shard_id, cp = lease.lease_key, lease.checkpoint
         mine = sorted(by_shard.get(shard_id, ()), key=lambda b: (b.first.key(), b.last.key()))
         p: ShardProgress | None = progress.get(shard_id)
+        lost = lost_last_batch(shard_id, p, None, mine) if streams else None
+        if lost is not None and lost[0].stream in streams:
+            failed.setdefault(window(lost[0]), []).append(lost[1])
         if not mine:
             continue  # nothing of the shard landed in this directory (the lease may be another incarnation's)
         last = max(mine, key=lambda b: b.last.key())

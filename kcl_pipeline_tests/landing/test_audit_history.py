@@ -178,6 +178,28 @@ def test_checkpoints_are_judged_against_the_whole_history(history):
     assert failed(run(store, output, leases=past)) == {(WINDOWS - 1, "checkpoints")}
 
 
+def test_a_shards_lost_last_batch_that_no_batch_follows_fails_its_window(history):
+    """Sim seed 6446: a closed shard's newest batch, not transformed yet, was lost; no batch follows it (no footer
+    names it), so the chain check saw nothing and both audits passed the window. The lease's landing progress
+    names the batch and its last record: a zone that does not hold that record has lost the shard's last batch."""
+    store, output, records = history
+    last = records[4 * WINDOWS - 1]
+    lost = list_batches(store, STREAM, T0 + (WINDOWS - 1) * W, T0 + WINDOWS * W)[0]
+    progress = ShardProgress(SHARD, last.checkpoint, last.approximate_arrival_timestamp_ms, shard_end_landed=True,
+                             last_batch_key=lost.key()).to_attributes()
+    leases = [Lease(SHARD, records[4 * 20].checkpoint, extra=progress)]
+    output.delete([commit_key(T0 + (WINDOWS - 1) * W)])
+    now = T0 + WINDOWS * W - 1  # the window is not overdue: its counts check waits
+    assert run(store, output, leases=leases, now_ms=now).ok
+    store.delete([lost.key()])
+    report = run(store, output, leases=leases, now_ms=now)
+    assert failed(report) == {(WINDOWS - 1, "checkpoints")}, report.lines()
+    assert f"names {lost.key()}" in "\n".join(report.lines())
+    windowed = audit(store.uri, output.uri, STREAM, W, store=store, output=output, leases=leases, now_ms=now,
+                     transform_grace_ms=GRACE, window=(T0, T0 + WINDOWS * W))
+    assert failed(windowed) == {(WINDOWS - 1, "checkpoints")}, windowed.lines()
+
+
 def test_the_index_of_another_zone_is_not_used(history, tmp_path):
     store, output, _ = history
     run(store, output)
