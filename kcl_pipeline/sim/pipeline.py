@@ -45,6 +45,7 @@ from ..landing.checkpoint_commit import CheckpointReport, commit_checkpoints, li
 from ..landing.errors import CorruptBatchError
 from ..landing.store import MemoryZoneStore, ZoneStore
 from ..landing.stream_slice import slice_of
+from ..landing.verify import list_batches
 from ..landing.window_followup import Outstanding, RunState, WindowObservation, follow_up, track_reports
 from ..transform.manifest import WindowCommit, commit_key, commit_windows, pending_commit_key, read_commit
 
@@ -166,7 +167,7 @@ class SimPipeline:
         self.period_ms = 0  # the tick's period (the world sets it)
         self.deleted: set[int] = set()  # windows whose commit the world deleted
         self.deleted_named: set[str] = set()  # the batches those deleted commits named
-        self.deleted_audits: list[tuple[int, bool]] = []  # (window, the shipped audit's verdict right after)
+        self.deleted_audits: list[tuple[int, bool]] = []  # (window, the shipped audit's verdict right after), if owed
         self.runs_read: dict[str, tuple[frozenset[str], frozenset[tuple[str, tuple[int, str, int]]]]] = {}
         self.late_requests = 0  # windows re-run because batches landed after their run (track_reports)
         self.unreconciled = 0  # runs whose rows_reconcile check kept the commit pending
@@ -286,9 +287,14 @@ class SimPipeline:
         self.reports += 1
         self.report = report
 
-    def delete_newest_commit(self) -> int | None:
-        """The world deletes the newest published commit (an operator's mistake, a lifecycle rule). The shipped
-        audit must then fail the window (`deleted_audits`: its verdicts, judged by the checker)."""
+    def delete_newest_commit(self, now_ms: int | None = None) -> int | None:
+        """The world deletes the newest published commit (an operator's mistake, a lifecycle rule) at `now_ms` (the
+        world's time; the last tick's when not given). The shipped audit (counts, no grace) must then fail the
+        window (`deleted_audits`: its verdicts, judged by the checker) where it promises to: a window past its end
+        whose zone holds a batch. Not before its end (seeds 18, 58: a by-hand run after a refill committed the
+        window early; "not transformed yet" — the sensor reports and runs it after its end, and the checkpoints
+        check fails it meanwhile if a checkpoint reached into it), nor an empty window (seeds 33, 99, 225:
+        nothing landed, nothing lost)."""
         windows = commit_windows(self.output, self.first_window_ms, self.cursor + self.window_ms)
         if not windows:
             return None
@@ -298,9 +304,12 @@ class SimPipeline:
             self.deleted_named |= gone.batches
         self.output.delete([commit_key(start)])
         self.deleted.add(start)
-        outcomes = audit_window(self.store, self.output, self.scope.stream, start, start + self.window_ms,
-                                checks=["counts"], now_ms=self.now_ms, transform_grace_ms=0)
-        self.deleted_audits.append((start, all(o.ok for o in outcomes)))
+        now = self.now_ms if now_ms is None else now_ms
+        end = start + self.window_ms
+        if now >= end and list_batches(self.store, self.scope.stream, start, end):
+            outcomes = audit_window(self.store, self.output, self.scope.stream, start, end, checks=["counts"],
+                                    now_ms=now, transform_grace_ms=0)
+            self.deleted_audits.append((start, all(o.ok for o in outcomes)))
         return start
 
     def named(self, name: str) -> bool:

@@ -389,7 +389,7 @@ class World(Stage):
             pipeline.faults.drop_row.add(window)
             self.note(f"window {window}'s next run will drop a row it read")
         else:
-            deleted = pipeline.delete_newest_commit()
+            deleted = pipeline.delete_newest_commit(int((EPOCH + self.now) * 1000))
             self.note(f"window {deleted}'s commit deleted" if deleted is not None else "no commit to delete")
 
     def _kill_first_claimers(self) -> None:

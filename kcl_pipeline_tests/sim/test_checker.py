@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 
 from kcl_pipeline.kcl.core.lease_codec import lease_to_item
 from kcl_pipeline.kcl.core.lease_hold import LeaseTiming
-from kcl_pipeline.kcl.core.model import TRIM_HORIZON, Checkpoint, Lease
+from kcl_pipeline.kcl.core.model import TRIM_HORIZON, Checkpoint, Lease, UserRecord
+from kcl_pipeline.landing.batch import encode_batch
 from kcl_pipeline.landing.layout import BatchKey
 from kcl_pipeline.landing.store import MemoryZoneStore
 from kcl_pipeline.sim.checker import Checker
@@ -299,6 +300,70 @@ def test_a_batch_lost_after_its_windows_commit_was_deleted_is_no_checkpoint_viol
     zone.lose(batch)
     checker.on_pipeline_tick(pipeline)
     assert checker.violations == []
+
+
+def test_a_commit_deleted_before_its_window_ended_or_of_an_empty_window_owes_no_failed_audit():
+    """Seeds 18 and 58 (`--faults zombie-flush,latest-start,landing-crash,reshard,refill,late-batch,deleted-commit,
+    freeze-consumer,freeze-worker`): the operator's run after a refill committed a window before its end, and the
+    world deleted that commit before the end too; seeds 33, 99 and 225: the deleted commit was an empty window's.
+    The shipped audit's counts check fails a window with no commit once it is past its end (+ grace) with rows
+    landed, as documented; before its end the window is "not transformed yet" (the sensor reports it after its
+    end), and an empty window loses nothing. The oracle owed FAILED anyway ("window ...'s commit was deleted, and
+    the shipped audit reports it OK"); it owes it where the audit promises it, judged at the world's time."""
+    window_ms = 60_000
+    store = MemoryZoneStore("zone-deleted-early", "landing")
+    store.ensure_zone(create=True)
+    records = [UserRecord(KEY, f"{100 + i}", 0, "pk", None, 1_000 + i, b"row", aggregated=False) for i in range(3)]
+    batch = encode_batch("simstream", KEY, records, Checkpoint(TRIM_HORIZON))
+    store.put(batch.key.key(), batch.body)
+    pipeline = SimPipeline(store=store, output_name="output-deleted-early", table=None, kinesis=None,
+                           stream="simstream", window_ms=window_ms, first_window_ms=0, grace_ms=15_000,
+                           overdue_ms=300_000)
+    pipeline.cursor = 2 * window_ms
+
+    def commit(start, batches):
+        pipeline.output.put(commit_key(start), WindowCommit(start, start + window_ms, "run-1", frozenset(batches),
+                                                            {}).to_json())
+
+    stream = SimStream("simstream", random.Random(0), 1, lambda: 10.0)
+    checker = Checker(stream=stream, zone=SimZone(stream), items={}, foreign={}, fleet=Fleet([]), config=CONFIG,
+                      liveness_slack=6.0, now=lambda: 10.0, note=lambda text: None)
+    commit(0, [batch.key.key()])
+    commit(window_ms, [])
+    assert pipeline.delete_newest_commit(now_ms=3 * window_ms) == window_ms  # an empty window, long ended
+    assert pipeline.delete_newest_commit(now_ms=window_ms - 5_000) == 0  # its batch landed, the window still open
+    checker.on_pipeline_tick(pipeline)
+    assert checker.violations == []
+    commit(0, [batch.key.key()])
+    pipeline.now_ms = window_ms - 5_000  # the last tick's time, before the window's end: the world's time counts
+    assert pipeline.delete_newest_commit(now_ms=window_ms + 1_000) == 0
+    assert pipeline.deleted_audits == [(0, False)]  # owed and given: the audit fails it
+    pipeline.deleted_audits = [(0, True)]
+    checker.on_pipeline_tick(pipeline)
+    assert checker.violations  # an audit reporting such a window OK is still caught
+
+
+def test_an_empty_window_whose_commit_was_deleted_is_no_settling_violation():
+    """Seed 391 (the fault subset of seeds 18 and 33): the world deleted an empty window's commit after the sensor had
+    stopped following it. Nothing is owed (no batch, no checkpoint waits on it), the audit passes it and nothing runs
+    it again; the fleet 'did not settle: window ... is not committed'. A deleted window that holds a batch still must
+    be committed again."""
+    now = [10.0]
+    stream = SimStream("simstream", random.Random(0), 1, lambda: now[0])
+    stream.produce(5.0)
+    zone = SimZone(stream)
+    positions = stream.shards[KEY].positions
+    (_, first_seq, first_sub), (_, last_seq, last_sub) = positions[0], positions[-1]
+    window_ms = 60_000
+    batch = BatchKey("simstream", KEY, window_ms, Checkpoint(first_seq, first_sub), Checkpoint(last_seq, last_sub))
+    zone.stored(batch.key())  # the second window holds a batch, the first none
+    pipeline = SimPipeline(store=zone.store, output_name="output-391", table=None, kinesis=None, stream="simstream",
+                           window_ms=window_ms, first_window_ms=0, grace_ms=15_000, overdue_ms=300_000)
+    pipeline.cursor, pipeline.now_ms = 2 * window_ms, 2 * window_ms + 300_000
+    pipeline.deleted = {0, window_ms}
+    checker = Checker(stream=stream, zone=zone, items={}, foreign={}, fleet=Fleet([]), config=CONFIG,
+                      liveness_slack=6.0, now=lambda: now[0], note=lambda text: None)
+    assert checker.pipeline_settled(pipeline) == [f"window {window_ms} is not committed"]
 
 
 def _refill_after_a_rerun_without_the_lost_batch(checkpoint_passed_it: bool) -> list[str]:
