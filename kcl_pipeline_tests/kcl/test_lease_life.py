@@ -341,3 +341,38 @@ def test_a_heartbeat_judged_applied_after_an_unanswered_one_counts_validity_from
     clock[0] = 9.0
     assert driver.run(held.renew(lambda counter: Call("heartbeat", lambda: True))) is Outcome.APPLIED
     assert held.hold.valid_until == TIMING.valid_until(9.0)  # answered writes count from their own send again
+
+
+def test_a_lease_whose_worker_this_manager_spawned_and_lost_is_no_second_process_under_its_worker_id():
+    """A worker this manager spawned for one of its own unworked leases (its previous worker was killed) takes
+    the lease — the counter moves — and is killed itself before the next cycle. That write was this manager's
+    own worker's, not a second process's under the same id: the cycle must neither warn "worker ids must be
+    unique per process" nor leave the lease untouched (seen in the chaos test, one worker SIGKILLed every 10 s)."""
+    state = cyc.ManagerState(shards=[Shard("s-0")], list_next=False)
+    settings = cyc.CycleSettings("me", Checkpoint(TRIM_HORIZON), 10.0, 1, 10)
+    seen = [Lease("s-0", Checkpoint("5"), "me", 3)]
+    told, spawned = [], []
+    clock = [0.0]
+
+    def handle(effect):
+        if isinstance(effect, fx.ScanTable):
+            return fx.Scanned(list(seen), clock[0], clock[0])
+        if isinstance(effect, fx.DuplicateWorkerId):
+            told.append(effect.lease_keys)
+        if isinstance(effect, fx.Spawn):
+            spawned.append(effect.lease.lease_key)
+        if isinstance(effect, fx.ListShards):
+            return [Shard("s-0")]
+        return clock[0] if isinstance(effect, fx.Now) else None
+
+    fx.drive(cyc.manager_cycle(state, settings, (), random.Random(0)), handle)  # our lease, its worker gone
+    clock[0] = 11.0
+    fx.drive(cyc.manager_cycle(state, settings, (), random.Random(0)), handle)
+    assert spawned == ["s-0"], "the manager takes its own unworked lease back once it expired"
+    seen[0] = Lease("s-0", Checkpoint("5"), "me", 4)  # the new worker took it, and was killed before this cycle
+    clock[0] = 12.0
+    fx.drive(cyc.manager_cycle(state, settings, (), random.Random(0)), handle)
+    assert told == [] and state.duplicate_worker_id_sightings == 0
+    clock[0] = 23.0  # unchanged for an expiry since that take: taken back again
+    fx.drive(cyc.manager_cycle(state, settings, (), random.Random(0)), handle)
+    assert told == [] and spawned == ["s-0", "s-0"], "the lease is worked again"

@@ -205,7 +205,7 @@ def manager_cycle(state: ManagerState, settings: CycleSettings, locally_worked: 
         for lease, stolen in fleet_mode.adoptions(settings.worker_id, leases, locally_worked, previous,
                                                   state.ages.ages(now), settings.expiry_seconds):
             yield Spawn(lease, stolen=stolen)
-            state.spawned_at[lease.lease_key] = now
+            _spawned(state, lease.lease_key, now)
             result.spawned.append(lease.lease_key)
         state.overloaded_since = {}
         yield from _publish_metrics(state, settings, leases, now, metrics_due)
@@ -224,14 +224,14 @@ def manager_cycle(state: ManagerState, settings: CycleSettings, locally_worked: 
         if lease.extra.get(UNSETTLED_ATTRIBUTE):
             coverage.hit("cycle.take-unsettled-waits")
         yield Spawn(lease, stolen=bool(lease.extra.get(UNSETTLED_ATTRIBUTE)))
-        state.spawned_at[lease.lease_key] = now
+        _spawned(state, lease.lease_key, now)
         result.spawned.append(lease.lease_key)
     if plan.steal is not None:
         coverage.hit("cycle.steal")
         # A holder with a fresh worker metrics item runs this protocol (or KCL 3.x's), which hands a lease
         # over gracefully; a KCL 2.x holder publishes none and is stolen from cold, as Java steals.
         yield Spawn(plan.steal, stolen=True, handoff=plan.steal.lease_owner in state.live_peers)
-        state.spawned_at[plan.steal.lease_key] = now
+        _spawned(state, plan.steal.lease_key, now)
         result.stolen = plan.steal.lease_key
     if plan.take or plan.steal:
         state.recently_ended.clear()
@@ -253,6 +253,14 @@ def _see_fleet(state: ManagerState, scanned: Scanned) -> str | None:
     before = state.fleet
     state.fleet = fleet_mode.scanned(before, scan_entities(scanned.leases))
     return fleet_mode.change(before, state.fleet)
+
+
+def _spawned(state: ManagerState, lease_key: str, now: float) -> None:
+    """A worker was spawned for this lease: when (stuck_local_leases), and its writes are this manager's own
+    worker's — a lease of ours it then moves and dies with before the next cycle is no second process under our
+    id (watch_our_id)."""
+    state.spawned_at[lease_key] = now
+    state.our_counters.pop(lease_key, None)
 
 
 def watch_our_id(state: ManagerState, worker_id: str, leases: Sequence[Lease],
