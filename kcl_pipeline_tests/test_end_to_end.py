@@ -398,6 +398,11 @@ def test_pipeline_survives_chaos(stack, tmp_path):
     kinesis = client("kinesis", aws)
     wait_stream_active(kinesis, STREAM)
     instance = stack.instance()
+    # The landing bucket is made by the hosted consumer's first worker; `consume` refuses a zone that does not
+    # exist (a clear error, by design), so the second host starts once it is there (on a loaded machine the
+    # sensor's first tick came after the member's start: the member exited, and the chaos test failed).
+    _wait(lambda: open_store(LANDING, aws).ensure_zone(create=False) is False, 180,
+          "the landing bucket, made by the hosted consumer's first worker", 1)
     member = _start_member(stack, tmp_path)
     try:
         _run_chaos(stack, member, kinesis, aws, instance)
