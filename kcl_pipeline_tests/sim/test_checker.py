@@ -269,6 +269,21 @@ def test_a_worker_the_world_paused_inside_a_put_during_a_stop_is_no_release_viol
     assert _exit_after_a_stop_without_release(killed_at_landing=False, paused_in_a_put=True) == []
 
 
+def _one_shard_zone(now: list[float]) -> tuple[SimStream, SimZone, list]:
+    """A one-shard stream with 5 s of records on the clock `now`, its zone, and the shard's record positions."""
+    stream = SimStream("simstream", random.Random(0), 1, lambda: now[0])
+    stream.produce(5.0)
+    return stream, SimZone(stream), stream.shards[KEY].positions
+
+
+def _land(zone: SimZone, positions) -> str:
+    """A batch of minute 0 over these record positions, stored in the zone (the ground truth told); its key."""
+    key = BatchKey("simstream", KEY, 0, Checkpoint(*positions[0][1:]), Checkpoint(*positions[-1][1:])).key()
+    zone.store.put(key, b"rows")
+    zone.stored(key)
+    return key
+
+
 def test_a_batch_lost_after_its_windows_commit_was_deleted_is_no_checkpoint_violation():
     """10,000-seed run, seed 6811: the checkpoints passed a window while its commit stood; then the world deleted
     the commit, and lost one of the batches it had named. The loss was judged by the commits published at that
@@ -276,20 +291,14 @@ def test_a_batch_lost_after_its_windows_commit_was_deleted_is_no_checkpoint_viol
     record in 0 committed windows'. A batch a deleted commit named is lost after a commit, as when the batch
     goes first; the shipped audit must fail the window, and the operator repairs it."""
     now = [10.0]
-    stream = SimStream("simstream", random.Random(0), 1, lambda: now[0])
-    stream.produce(5.0)
-    zone = SimZone(stream)
-    positions = stream.shards[KEY].positions
-    (_, first_seq, first_sub), (_, last_seq, last_sub) = positions[0], positions[-1]
-    batch = BatchKey("simstream", KEY, 0, Checkpoint(first_seq, first_sub), Checkpoint(last_seq, last_sub)).key()
-    zone.store.put(batch, b"rows")
-    zone.stored(batch)
+    stream, zone, positions = _one_shard_zone(now)
+    batch = _land(zone, positions)
     pipeline = SimPipeline(store=zone.store, output_name="output-6811", table=None, kinesis=None,
                            stream="simstream", window_ms=60_000, first_window_ms=0, grace_ms=15_000,
                            overdue_ms=300_000)
     pipeline.output.put(commit_key(0), WindowCommit(0, 60_000, "run-1", frozenset({batch}), {}).to_json())
     pipeline.cursor = 60_000
-    items = {KEY: lease_to_item(Lease(KEY, Checkpoint(last_seq, last_sub)))}  # the checkpoints passed the window
+    items = {KEY: lease_to_item(Lease(KEY, Checkpoint(*positions[-1][1:])))}  # the checkpoints passed the window
     checker = Checker(stream=stream, zone=zone, items=items, foreign={}, fleet=Fleet([]), config=CONFIG,
                       liveness_slack=6.0, now=lambda: now[0], note=lambda text: None)
     checker.on_pipeline_tick(pipeline)
@@ -372,17 +381,10 @@ def _refill_after_a_rerun_without_the_lost_batch(checkpoint_passed_it: bool) -> 
     then a checkpoint run moves the checkpoint to the second batch's last record. `checkpoint_passed_it`: the
     checkpoint had passed the lost batch when it was refilled (else it had passed nothing)."""
     now = [10.0]
-    stream = SimStream("simstream", random.Random(0), 1, lambda: now[0])
-    stream.produce(5.0)
-    zone = SimZone(stream)
-    positions = stream.shards[KEY].positions
+    stream, zone, positions = _one_shard_zone(now)
     assert len(positions) >= 2
     half = len(positions) // 2
-    first, second = [BatchKey("simstream", KEY, 0, Checkpoint(*part[0][1:]), Checkpoint(*part[-1][1:])).key()
-                     for part in (positions[:half], positions[half:])]
-    for batch in (first, second):
-        zone.store.put(batch, b"rows")
-        zone.stored(batch)
+    first, second = _land(zone, positions[:half]), _land(zone, positions[half:])
     pipeline = SimPipeline(store=zone.store, output_name="output-219", table=None, kinesis=None,
                            stream="simstream", window_ms=60_000, first_window_ms=0, grace_ms=15_000,
                            overdue_ms=300_000)
@@ -398,8 +400,7 @@ def _refill_after_a_rerun_without_the_lost_batch(checkpoint_passed_it: bool) -> 
     zone.lose(first)
     pipeline.output.put(commit_key(0), WindowCommit(0, 60_000, "run-2", frozenset({second}), {}).to_json())
     checker.on_pipeline_tick(pipeline)
-    zone.store.put(first, b"rows")
-    zone.stored(first)  # the refill; no run has read it again
+    _land(zone, positions[:half])  # the refill; no run has read it again
     items[KEY] = lease_to_item(Lease(KEY, Checkpoint(*positions[-1][1:])))
     checker.on_pipeline_tick(pipeline)
     return checker.violations
@@ -422,23 +423,16 @@ def _refill_of_a_lost_batch(under_its_own_key: bool) -> list[str]:
     in two batches (a refill whose first batch went through a start chain of its own, cut where its buffer
     flushed)."""
     now = [10.0]
-    stream = SimStream("simstream", random.Random(0), 1, lambda: now[0])
-    stream.produce(5.0)
-    zone = SimZone(stream)
-    positions = stream.shards[KEY].positions
+    stream, zone, positions = _one_shard_zone(now)
     assert len(positions) >= 2
     half = len(positions) // 2
-    lost = BatchKey("simstream", KEY, 0, Checkpoint(*positions[0][1:]), Checkpoint(*positions[-1][1:])).key()
-    zone.store.put(lost, b"rows")
-    zone.stored(lost)
+    lost = _land(zone, positions)
     checker = Checker(stream=stream, zone=zone, items={}, foreign={}, fleet=Fleet([]), config=CONFIG,
                       liveness_slack=6.0, now=lambda: now[0], note=lambda text: None)
     zone.lose(lost)
     parts = [positions] if under_its_own_key else [positions[:half], positions[half:]]
     for part in parts:
-        batch = BatchKey("simstream", KEY, 0, Checkpoint(*part[0][1:]), Checkpoint(*part[-1][1:])).key()
-        zone.store.put(batch, b"rows")
-        zone.stored(batch)
+        _land(zone, part)
     checker.on_refilled(lost)
     return checker.violations
 
