@@ -264,7 +264,7 @@ class World(Stage):
             pipeline.period_ms = int(sc.pipeline_period * 1000)
 
             def tick() -> None:
-                pipeline.tick(int((EPOCH + self.now) * 1000))
+                pipeline.tick(self._wall_ms())
                 self.checker.on_pipeline_tick(pipeline)
             self.every(sc.pipeline_period, tick)
         events = list(sc.events)
@@ -288,13 +288,17 @@ class World(Stage):
         return Result(sc, main_steps, self.steps - main_steps, self.now, list(self.checker.violations), self.stats,
                       list(self.trace), self.stream.user_records, self.checker.deliveries)
 
+    def _wall_ms(self) -> int:
+        """The world's wall clock now, in epoch milliseconds (what the pipeline, the audits and backfills read)."""
+        return int((EPOCH + self.now) * 1000)
+
     def _audit_at_end(self) -> None:
         """The seed's last word: the shipped audit and verify over the whole zone (checker.audit_at_end)."""
         store = self.zone.view("auditor")
         if self.pipeline is None:
             self.checker.verify_at_end(store, STREAM)
             return
-        self.checker.audit_at_end(self.pipeline, store, STREAM, int((EPOCH + self.now) * 1000),
+        self.checker.audit_at_end(self.pipeline, store, STREAM, self._wall_ms(),
                                   WINDOW_OVERDUE_MS + self.pipeline.period_ms)
 
     def _pipeline(self) -> SimPipeline:
@@ -389,7 +393,7 @@ class World(Stage):
             pipeline.faults.drop_row.add(window)
             self.note(f"window {window}'s next run will drop a row it read")
         else:
-            deleted = pipeline.delete_newest_commit(int((EPOCH + self.now) * 1000))
+            deleted = pipeline.delete_newest_commit(self._wall_ms())
             self.note(f"window {deleted}'s commit deleted" if deleted is not None else "no commit to delete")
 
     def _kill_first_claimers(self) -> None:
@@ -435,13 +439,12 @@ class World(Stage):
         candidates = sorted((k for k in zone.batches.values()
                              if newest_of[k.shard_id] is not k and k.key() not in zone.ever_damaged),
                             key=lambda k: (k.minute_ms, k.key()))
+        now_ms = self._wall_ms()
         if newest:
-            now_ms = int((EPOCH + self.now) * 1000)
             candidates = sorted((k for k in newest_of.values() if k.key() not in zone.ever_damaged
                                  and k.minute_ms >= now_ms - 180_000), key=lambda k: (k.minute_ms, k.key()))
             self.stats["newest batches refilled"] += 1 if candidates else 0
         elif kind == "refill":
-            now_ms = int((EPOCH + self.now) * 1000)
             candidates = [k for k in candidates if k.minute_ms >= now_ms - 180_000]
             if rng.random() < 0.5:
                 firsts: dict[tuple[str, int], BatchKey] = {}
@@ -477,7 +480,7 @@ class World(Stage):
             return
         pipeline = self.pipeline
         assert pipeline is not None
-        self.checker.audit_damage(pipeline, self.zone.view("auditor"), STREAM, int((EPOCH + self.now) * 1000),
+        self.checker.audit_damage(pipeline, self.zone.view("auditor"), STREAM, self._wall_ms(),
                                   WINDOW_OVERDUE_MS + pipeline.period_ms)
         if self.checker.violations:
             return
@@ -497,7 +500,7 @@ class World(Stage):
         try:
             report = backfill_range(STREAM, key.minute_ms, key.minute_ms + 60_000, self.zone.view("refill"),
                                     leases=leases, kinesis=SimKinesisClient(self.stream, self.child_rng()),
-                                    now_ms=int((EPOCH + self.now) * 1000), pace=BackfillPace(parallelism=1),
+                                    now_ms=self._wall_ms(), pace=BackfillPace(parallelism=1),
                                     monotonic=lambda: float(next(ticks)),
                                     application_start=self.config.initial_position.checkpoint())
         except (LandingError, SimCrash) as exc:
@@ -521,7 +524,7 @@ class World(Stage):
         window's run (a late batch: the checkpoint run reports it, the sensor runs the window again)."""
         if not live:
             return
-        now_ms = int((EPOCH + self.now) * 1000)
+        now_ms = self._wall_ms()
         closes = now_ms - now_ms % WINDOW_MS + WINDOW_MS + WINDOW_GRACE_MS
         period = self.pipeline.period_ms if self.pipeline is not None else 0
         seconds = (closes - now_ms + period) / 1000 + rng.uniform(1.0, 10.0)
