@@ -66,6 +66,7 @@ CONFIGS = {  # name -> (worker_start_method, prefetch_bytes)
     "previous": ("spawn", 10 * MiB),
     "forkserver": ("forkserver", 2 * MiB),
     "forkserver-10MiB": ("forkserver", 10 * MiB),
+    "forkserver-1MiB": ("forkserver", 1 * MiB),
     "original": ("spawn", 10 * MiB),  # the code of --original-tree (before this change): spawn, Limit 10000
 }
 HIDE_DEV_EXTRAS = '''import sys

@@ -2,6 +2,14 @@
 (and, under the forkserver, by every worker), while each client keeps its own session and credentials."""
 from __future__ import annotations
 
+import json
+
+import botocore.awsrequest
+import botocore.config
+import botocore.exceptions
+import botocore.loaders
+import botocore.session
+
 from kcl_pipeline.kcl.shells import aws
 from kcl_pipeline.kcl.shells.aws import AwsSettings, boto3_session, client
 
@@ -26,3 +34,121 @@ def test_clients_share_botocore_data_and_keep_their_own_sessions(monkeypatch):
 
 def test_s3_clients_keep_boto3s_transfer_methods():
     assert hasattr(client("s3", SETTINGS), "upload_fileobj")
+
+
+# -- the forkserver's compacted data (aws.compact_loaded_data) -----------------------------------------------
+
+WORKER_SERVICES = ("kinesis", "dynamodb", "cloudwatch", "s3")
+
+
+def _loaded(services=WORKER_SERVICES) -> botocore.loaders.Loader:
+    """A fresh loader holding what making each service's client loads."""
+    loader = botocore.loaders.create_loader()
+    core = botocore.session.Session()
+    core.register_component("data_loader", loader)
+    for service in services:
+        core.create_client(service, region_name="eu-west-1", aws_access_key_id="a", aws_secret_access_key="b")
+    return loader
+
+
+def _documents(loader) -> list:
+    return [d for v in loader._cache.values() for d in (v if isinstance(v, tuple) else (v,))
+            if isinstance(d, (dict, list))]
+
+
+def _reference_without_documentation(text: str) -> str:
+    """The JSON text with every `documentation` / `documentationUrl` text emptied (a member of that name kept)."""
+    def strip(node):
+        if isinstance(node, dict):
+            return {k: "" if k in ("documentation", "documentationUrl") and isinstance(v, str) else strip(v)
+                    for k, v in node.items()}
+        return [strip(v) for v in node] if isinstance(node, list) else node
+    return json.dumps(strip(json.loads(text)))
+
+
+def _containers(node, seen=None) -> set[int]:
+    seen = set() if seen is None else seen
+    if isinstance(node, (dict, list)) and id(node) not in seen:
+        seen.add(id(node))
+        for child in (node.values() if isinstance(node, dict) else node):
+            _containers(child, seen)
+    return seen
+
+
+def test_compacted_botocore_data_is_the_same_data_with_its_documentation_emptied():
+    loader = _loaded()
+    documents = _documents(loader)
+    before = [json.dumps(d) for d in documents]
+    containers_before = len(_containers(documents))
+    assert aws.compact_documents(loader._cache) == len(documents)
+    for text, document in zip(before, documents):
+        assert json.dumps(document) == _reference_without_documentation(text)  # same keys, same order
+    assert any('"documentation"' in text for text in before)
+    assert len(_containers(documents)) < containers_before / 2, "equal parts were not shared"
+
+
+def test_compacting_keeps_a_member_named_documentation_and_key_order_and_types():
+    cache = {("load_service_model", "x"): {
+        "shapes": {"S": {"type": "structure", "documentation": "<p>shape</p>",
+                         "members": {"documentation": {"shape": "T", "documentation": "<p>member</p>"}}}},
+        "a": {"x": 1, "y": 2}, "b": {"y": 2, "x": 1}, "c": [1, True, 1.0, None], "d": [1, 1, True]}}
+    aws.compact_documents(cache)
+    document = cache[("load_service_model", "x")]
+    assert document["shapes"]["S"] == {"type": "structure", "documentation": "",
+                                       "members": {"documentation": {"shape": "T", "documentation": ""}}}
+    assert list(document["b"]) == ["y", "x"] and document["a"] is not document["b"]  # XML member order counts
+    assert [type(v) for v in document["c"]] == [int, bool, float, type(None)]
+    assert [type(v) for v in document["d"]] == [int, int, bool]
+
+
+def _sent(loader, calls) -> list[tuple]:
+    """What each call would send (method, URL, body, headers but the signature's and the clock's), from a client
+    reading botocore's data through `loader`; nothing leaves the process."""
+    core = botocore.session.Session()
+    core.register_component("data_loader", loader)
+    sent: list[tuple] = []
+
+    def capture(request, **kwargs):
+        headers = {k: v for k, v in request.headers.items()
+                   if k not in ("Authorization", "X-Amz-Date", "User-Agent", "amz-sdk-invocation-id", "amz-sdk-request")}
+        body = request.body.read() if hasattr(request.body, "read") else request.body
+        sent.append((request.method, request.url, body, sorted(headers.items())))
+        return botocore.awsrequest.AWSResponse(request.url, 400, {}, _NoBody())  # not retried
+
+    for service, operation, params in calls:
+        made = core.create_client(service, region_name="eu-west-1", aws_access_key_id="a", aws_secret_access_key="b",
+                                  config=botocore.config.Config(retries={"max_attempts": 1, "mode": "standard"}))
+        made.meta.events.register("before-send", capture)
+        try:
+            getattr(made, operation)(**params)
+        except botocore.exceptions.ClientError:
+            pass
+    return sent
+
+
+class _NoBody:
+    def stream(self, **kwargs):
+        return iter(())
+
+    def read(self, *args):
+        return b""
+
+
+def test_clients_of_compacted_data_send_what_clients_of_botocores_data_send():
+    calls = [
+        ("s3", "put_object", {"Bucket": "landing", "Key": "a/b.parquet", "Body": b"x", "IfNoneMatch": "*"}),
+        ("s3", "list_objects_v2", {"Bucket": "landing", "Prefix": "a/", "StartAfter": "a/0"}),
+        ("s3", "get_object", {"Bucket": "landing", "Key": "a/b.parquet", "Range": "bytes=-64"}),
+        ("dynamodb", "update_item", {"TableName": "t", "Key": {"leaseKey": {"S": "k"}},
+                                     "UpdateExpression": "SET leaseCounter = :c",
+                                     "ConditionExpression": "leaseCounter = :p",
+                                     "ExpressionAttributeValues": {":c": {"N": "2"}, ":p": {"N": "1"}}}),
+        ("kinesis", "get_records", {"ShardIterator": "it", "Limit": 100}),
+        ("cloudwatch", "put_metric_data", {"Namespace": "n", "MetricData": [
+            {"MetricName": "m", "Value": 1.0, "Unit": "Count", "Dimensions": [{"Name": "d", "Value": "v"}]}]}),
+    ]
+    compacted = _loaded()
+    aws.compact_documents(compacted._cache)
+    expected = _sent(_loaded(), calls)
+    assert len(expected) == len(calls)
+    assert _sent(compacted, calls) == expected

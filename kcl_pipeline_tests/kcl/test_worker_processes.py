@@ -43,7 +43,13 @@ def _report_state(results) -> None:
     """What a fresh worker process finds: which heavy modules are there already, its gc, its randomness."""
     results.put({"pid": os.getpid(), "ppid": os.getppid(), "frozen": gc.get_freeze_count(),
                  "modules": sorted(m for m in (*PRELOAD, WARM_UP_MODULE) if m in sys.modules),
+                 "arrow_pool": _arrow_pool(),
                  "uuid": uuid.uuid4().hex, "random": random.random(), "worker_id": ConsumerConfig("s", "a").worker_id})
+
+
+def _arrow_pool() -> str | None:
+    """The Arrow memory pool this process would allocate from (None: pyarrow not loaded; not loaded here)."""
+    return sys.modules["pyarrow"].default_memory_pool().backend_name if "pyarrow" in sys.modules else None
 
 
 def _echo_keepalive(keepalive, results) -> None:
@@ -162,6 +168,8 @@ def test_workers_start_preloaded_or_fresh_with_their_own_randomness(method):
         for state in states:
             assert state["modules"] == sorted((*PRELOAD, WARM_UP_MODULE)), "not forked from the preloaded server"
             assert state["frozen"] > baseline_frozen, "the server's heap was not frozen"
+            # Arrow's default pool (mimalloc) keeps a flushed batch's buffers: a worker's peak grew by ~6 MiB.
+            assert state["arrow_pool"] == "system", "forked workers allocate Arrow buffers from mimalloc"
             assert state["ppid"] != os.getpid(), "a worker's parent is the server"
         assert states[0]["ppid"] == states[1]["ppid"]
         assert process_name(states[0]["ppid"]) == SERVER_PROCESS_NAME

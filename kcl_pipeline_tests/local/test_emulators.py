@@ -345,3 +345,23 @@ def test_the_demo_partitions_start_in_the_window_its_stream_was_created(emulator
     env = {k: v for k, v in demo_env(emulators, options, tmp_path, start).items() if k.startswith("KCL_PIPELINE_")}
     settings = PipelineSettings.from_env(env, now=datetime(2026, 12, 24, tzinfo=timezone.utc))
     assert settings.partitions_start == start
+
+
+def test_moto_server_does_not_list_its_package_directory_on_every_request(monkeypatch):
+    """moto finds a request's service by listing its package directory, twice per request (a third of its
+    CPU); the launcher takes that listing once, and a later call must not touch the file system."""
+    from moto import backends
+
+    from kcl_pipeline.local.moto_process import _list_moto_modules_once
+
+    monkeypatch.setattr(backends, "list_of_moto_modules", backends.list_of_moto_modules)  # restored after
+    listed = list(backends.list_of_moto_modules())
+    modules = _list_moto_modules_once()
+
+    def listing(*args, **kwargs):
+        raise AssertionError("moto listed its package directory again")
+
+    monkeypatch.setattr(os, "listdir", listing)
+    monkeypatch.setattr(os.path, "isdir", listing)
+    assert list(backends.list_of_moto_modules()) == listed == list(modules)
+    assert {"s3", "dynamodb", "cloudwatch"} <= set(modules)

@@ -101,6 +101,49 @@ def parse_timestamp(value: Any) -> datetime:
     return botocore.utils.parse_timestamp(value)
 
 
+# Keys of botocore's data whose text only its documentation reads (docstrings, `help()`). botocore requires some
+# to be present (a client context parameter's), so they are kept, emptied.
+_DOCUMENTATION_KEYS = frozenset({"documentation", "documentationUrl"})
+
+
+def compact_loaded_data() -> int:
+    """Shrink, in place, what this process's loader has parsed, for a server whose forked workers all map it
+    (worker_processes.warm_up): documentation texts become empty, and equal parts of the data become one object
+    (the endpoints of every service repeat the same few region entries). botocore reads this data and never
+    writes to it, so sharing equal parts changes nothing it computes. Called after each document is loaded, the
+    space it frees is reused by the next one. Returns the number of documents walked."""
+    with _LOADER_LOCK:
+        return compact_documents(_loader._cache) if _loader is not None else 0  # botocore's instance cache
+
+
+def compact_documents(cache: dict[Any, Any]) -> int:
+    """compact_loaded_data over a loader's cache: its values are botocore's parsed documents, or (document,
+    path) pairs (`load_data_with_path`, where the endpoints are)."""
+    memo: dict[tuple[Any, ...], Any] = {}
+    documents = [d for v in cache.values() for d in (v if isinstance(v, tuple) else (v,))
+                 if isinstance(d, (dict, list))]
+    for document in documents:
+        _share_equal_parts(document, memo)
+    return len(documents)
+
+
+def _share_equal_parts(node: Any, memo: dict[tuple[Any, ...], Any]) -> Any:
+    """Hash-consing, in place: each container's children are replaced by the first equal one seen, so equal
+    containers have identical children and are found by their children's identities; documentation texts are
+    emptied on the way. (A member named "documentation" is a definition, not a text: it is kept.)"""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            node[k] = "" if k in _DOCUMENTATION_KEYS and isinstance(v, str) else _share_equal_parts(v, memo)
+        key: tuple[Any, ...] = ("dict", *((k, id(v)) for k, v in node.items()))
+    elif isinstance(node, list):
+        node[:] = [_share_equal_parts(v, memo) for v in node]
+        key = ("list", *(id(v) for v in node))
+    else:
+        key = (type(node), node)  # str, int, float, bool, None: by value (True is not 1)
+    # A key names only objects the memo keeps alive (its values' children), so an id is never reused meanwhile.
+    return memo.setdefault(key, node)
+
+
 def boto3_session() -> boto3.session.Session:
     """A new boto3 session (its own credentials) reading botocore's data through this process's one loader."""
     global _loader

@@ -59,9 +59,10 @@ Context = ForkServerContext | SpawnContext
 FORKSERVER, SPAWN = WORKER_START_METHODS
 START_METHODS = WORKER_START_METHODS
 
-# The server's preloads: what every lease worker imports. The processor's module goes after them, the
-# warm-up module last (it loads data through these modules, then freezes the heap).
-PRELOAD = ("boto3", "botocore", "pyarrow", "pyarrow.parquet", "kcl_pipeline.kcl.shells.worker",
+# The server's preloads: what every lease worker imports. The allocator module first (it chooses Arrow's memory
+# pool, before pyarrow loads), the processor's module after them, the warm-up module last (it loads data through
+# these modules, then freezes the heap).
+PRELOAD = ("kcl_pipeline.kcl.shells.forkserver_allocator", "boto3", "botocore", "pyarrow", "pyarrow.parquet", "kcl_pipeline.kcl.shells.worker",
            "kcl_pipeline.landing.sink")
 WARM_UP_MODULE = "kcl_pipeline.kcl.shells.forkserver_warmup"
 # The services a worker (or its landing sink) builds clients for: their data is parsed once, in the server.
@@ -332,11 +333,12 @@ def warm_up() -> list[str]:
 def _warm_botocore() -> None:
     """botocore's endpoints, defaults and the workers' service models, parsed into aws.py's one loader.
     The clients are built with placeholder credentials (no credential lookup, nothing sent) and dropped."""
-    from .aws import boto3_session
+    from .aws import boto3_session, compact_loaded_data
 
     for service in WARM_SERVICES:
         boto3_session().client(service, region_name="us-east-1", aws_access_key_id="warm-up",
                                aws_secret_access_key="warm-up")
+        compact_loaded_data()  # before the next service's model: it reuses the space this frees
 
 
 def _warm_pyarrow() -> None:
