@@ -22,6 +22,7 @@ in the heartbeat.
 """
 from __future__ import annotations
 
+import random
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..kcl.config import ConsumerConfig
@@ -264,7 +265,9 @@ class SimWorkerProcess(Process):
         self.finished = False
         self.client = lease_table_client(world, self.host, self.config, self)
         self.table = LeaseTable(self.config.lease_table, self.client)
-        self.kinesis = SimKinesisClient(world.stream, world.child_rng(), world.scenario.kinesis_throttle)
+        self.kinesis = SimKinesisClient(world.stream, world.child_rng(), world.scenario.kinesis_throttle,
+                                        world.scenario.short_reads,
+                                        random.Random(f"short-reads-{world.scenario.seed}-{self.serial}"))
         self.metrics = Metrics(None, None, self.config.application, self.config.worker_id, clock=self.host.wall)
         self.heap = HeapTrimmer(trim=lambda pad: 0)  # no process heap to give back
         self.guard = _NO_GUARD
@@ -273,7 +276,8 @@ class SimWorkerProcess(Process):
         # which commits checkpoints and SHARD_END once windows materialised.
         sc = world.scenario
         self.processor = LandingProcessor(
-            world.zone.view(self, self.kill), world.stream.name, max_batch_records=sc.flush_records,
+            world.zone.view(self, self.kill), world.stream.name,
+            max_batch_records=self._batch_records(world),
             max_batch_age_seconds=sc.batch_age, batch_format="rows",
             checkpoint_after_flush=sc.pipeline_period is None, clock=self.host.wall, monotonic=self.host.monotonic)
         self.checked_at = 0.0  # when its last check before the delivery in progress was answered (true time)
@@ -313,6 +317,14 @@ class SimWorkerProcess(Process):
         return max(0.0, hold.valid_until - self.host.monotonic())
 
     # -- the transport (worker.WorkerTransport) -----------------------------------------------------------
+    def _batch_records(self, world: "Stage") -> int:
+        """The world's batch size, or under `mixed-batch-sizes` this worker process's own (a stream of its own)."""
+        if not world.scenario.mixed_batch_sizes:
+            return world.scenario.flush_records
+        size = random.Random(f"cuts-{world.scenario.seed}-{self.serial}").choice([1, 3, 8])
+        world.stats[f"mixed-batch-sizes: a worker cutting batches of {size}"] += 1
+        return size
+
     def bind(self, handle: Callable[[Any], Any]) -> None:
         self.shell_handle = handle
 

@@ -164,10 +164,14 @@ class SimKinesisClient:
 
     meta = _Meta()
 
-    def __init__(self, stream: SimStream, rng: random.Random, throttle: float = 0.0):
+    def __init__(self, stream: SimStream, rng: random.Random, throttle: float = 0.0, short_reads: float = 0.0,
+                 short_rng: random.Random | None = None):
         self.stream = stream
         self.rng = rng
         self.throttle = throttle
+        # Short reads draw from a stream of their own: a world without them draws what it drew before.
+        self.short_reads = short_reads
+        self.short_rng = short_rng or random.Random(0)
         self.elapsed = 0.0
 
     def _shard(self, shard_id: str, operation: str) -> SimShard:
@@ -232,7 +236,10 @@ class SimKinesisClient:
         if self.throttle and self.rng.random() < self.throttle:
             raise _error("ProvisionedThroughputExceededException", "Rate exceeded for shard", "GetRecords")
         index = int(index_text)
-        chunk = shard.records[index:index + request.get("Limit", 10000)]
+        limit = request.get("Limit", 10000)
+        if self.short_reads and self.short_rng.random() < self.short_reads:
+            limit = self.short_rng.randint(0, limit)  # Kinesis may return fewer records than it holds, or none
+        chunk = shard.records[index:index + limit]
         nxt = index + len(chunk)
         response: dict[str, Any] = {
             "Records": [{"SequenceNumber": r.sequence, "ApproximateArrivalTimestamp": r.arrival, "Data": r.data,

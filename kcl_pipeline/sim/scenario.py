@@ -20,7 +20,13 @@ FAULTS = ("crash", "restart-same-id", "graceful-stop", "freeze-consumer", "freez
           "lost-batch", "corrupt-batch", "late-batch", "refill", "transform-drops-rows",
           # a zombie holder landing beside the new one: paused inside a flush at the zone's put, past its
           # validity check, longer than the expiry (drawn from a stream of its own, like the damage)
-          "zombie-flush")
+          "zombie-flush",
+          # Kinesis answering a GetRecords with fewer records than the shard holds past the iterator (as it may,
+          # even none): a poll ends short of what a zombie still lands (drawn from a stream of its own)
+          "short-reads",
+          # each worker process cutting batches at a size of its own (a rolling change of the batch size): two
+          # writers of a shard cut its records at different places (drawn from a stream of its own)
+          "mixed-batch-sizes")
 # Faults drawn from their own stream, and only where the pipeline runs (its audit judges them).
 PIPELINE_DAMAGE = ("lost-batch", "corrupt-batch", "late-batch", "refill", "transform-drops-rows")
 
@@ -59,6 +65,8 @@ class Scenario:
     late_application: float = 0.0  # of timed-out DynamoDB attempts, those applied late (after the retry)
     batch_age: float = 5.0  # the landing sink's max_batch_age_seconds
     initial_position: str = "TRIM_HORIZON"  # where the application's new leases start (LATEST: `latest-start`)
+    short_reads: float = 0.0  # of GetRecords calls, those answered with a random prefix of their records
+    mixed_batch_sizes: bool = False  # each worker process draws its own max_batch_records (else flush_records)
 
     @classmethod
     def generate(cls, seed: int, steps: int, faults: Iterable[str] = FAULTS) -> "Scenario":
@@ -69,7 +77,7 @@ class Scenario:
         rng = random.Random(f"scenario-{seed}")
         strike = [k for k in FAULTS if k in faults
                   and k not in ("clock-drift", "java-peer", "restart-same-id", "late-writes", "pauses", "latest-start")
-                  and k not in PIPELINE_DAMAGE and k != "zombie-flush"]
+                  and k not in PIPELINE_DAMAGE and k not in ("zombie-flush", "short-reads", "mixed-batch-sizes")]
         count = rng.randint(0, 6) if strike else 0
         events = sorted(FaultEvent(rng.randint(steps // 10, max(steps // 10, steps * 6 // 10)),
                                    rng.choice(strike), rng.random()) for _ in range(count))
@@ -106,7 +114,12 @@ class Scenario:
                    # From a stream of its own (the draws above stay what they were): a quarter of the worlds
                    # without a Java peer start their application at LATEST.
                    initial_position="LATEST" if "latest-start" in faults and not java and random.Random(
-                       f"scenario-{seed}-start").random() < 0.25 else "TRIM_HORIZON")
+                       f"scenario-{seed}-start").random() < 0.25 else "TRIM_HORIZON",
+                   # Half the worlds, from a stream of their own: a third of their reads come back short.
+                   short_reads=0.3 if "short-reads" in faults and random.Random(
+                       f"scenario-{seed}-short").random() < 0.5 else 0.0,
+                   mixed_batch_sizes="mixed-batch-sizes" in faults and random.Random(
+                       f"scenario-{seed}-cuts").random() < 0.5)
 
     def describe(self) -> str:
         kinds = Counter(e.kind for e in self.events)

@@ -81,7 +81,7 @@ def test_compacted_botocore_data_is_the_same_data_with_its_documentation_emptied
     before = [json.dumps(d) for d in documents]
     containers_before = len(_containers(documents))
     assert aws.compact_documents(loader._cache) == len(documents)
-    for text, document in zip(before, documents):
+    for text, document in zip(before, documents, strict=True):
         assert json.dumps(document) == _reference_without_documentation(text)  # same keys, same order
     assert any('"documentation"' in text for text in before)
     assert len(_containers(documents)) < containers_before / 2, "equal parts were not shared"
@@ -109,8 +109,8 @@ def _sent(loader, calls) -> list[tuple]:
     sent: list[tuple] = []
 
     def capture(request, **kwargs):
-        headers = {k: v for k, v in request.headers.items()
-                   if k not in ("Authorization", "X-Amz-Date", "User-Agent", "amz-sdk-invocation-id", "amz-sdk-request")}
+        unstable = ("Authorization", "X-Amz-Date", "User-Agent", "amz-sdk-invocation-id", "amz-sdk-request")
+        headers = {k: v for k, v in request.headers.items() if k not in unstable}
         body = request.body.read() if hasattr(request.body, "read") else request.body
         sent.append((request.method, request.url, body, sorted(headers.items())))
         return botocore.awsrequest.AWSResponse(request.url, 400, {}, _NoBody())  # not retried

@@ -470,3 +470,15 @@ def test_a_worker_pins_the_threshold_first_thing():
     assert body[:2] == ["detach_from_server()  # else a forked worker keeps its server, its parent, alive after the "
                         "host died", "pin_mmap_threshold()  # large transient blocks (responses, encoded batches) go "
                         "back to the OS when freed"]
+
+
+@pytest.mark.parametrize("named, expected", [(None, "system"), ("mimalloc", "mimalloc")])
+def test_the_servers_allocator_module_chooses_arrows_pool_unless_the_environment_named_one(named, expected):
+    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    if named:
+        env["ARROW_DEFAULT_MEMORY_POOL"] = named
+    code = ("import kcl_pipeline.kcl.shells.forkserver_allocator, pyarrow; "
+            "print(pyarrow.default_memory_pool().backend_name)")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == expected

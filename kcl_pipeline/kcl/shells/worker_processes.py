@@ -62,8 +62,8 @@ START_METHODS = WORKER_START_METHODS
 # The server's preloads: what every lease worker imports. The allocator module first (it chooses Arrow's memory
 # pool, before pyarrow loads), the processor's module after them, the warm-up module last (it loads data through
 # these modules, then freezes the heap).
-PRELOAD = ("kcl_pipeline.kcl.shells.forkserver_allocator", "boto3", "botocore", "pyarrow", "pyarrow.parquet", "kcl_pipeline.kcl.shells.worker",
-           "kcl_pipeline.landing.sink")
+PRELOAD = ("kcl_pipeline.kcl.shells.forkserver_allocator", "boto3", "botocore", "pyarrow", "pyarrow.parquet",
+           "kcl_pipeline.kcl.shells.worker", "kcl_pipeline.landing.sink")
 WARM_UP_MODULE = "kcl_pipeline.kcl.shells.forkserver_warmup"
 # The services a worker (or its landing sink) builds clients for: their data is parsed once, in the server.
 WARM_SERVICES = ("kinesis", "dynamodb", "cloudwatch", "s3")
