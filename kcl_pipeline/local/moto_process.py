@@ -28,8 +28,11 @@ def _list_moto_modules_once() -> tuple[str, ...]:
     """Replace moto's per-request listing of its package directory by the same listing taken once."""
     from moto import backends
 
-    modules = tuple(backends.list_of_moto_modules())
-    backends.list_of_moto_modules = lambda: iter(modules)  # type: ignore[assignment]
+    listing = getattr(backends, "list_of_moto_modules", None)
+    if listing is None:  # a moto that no longer lists per request: nothing to take once
+        return ()
+    modules = tuple(listing())
+    backends.list_of_moto_modules = lambda: iter(modules)
     return modules
 
 

@@ -365,3 +365,13 @@ def test_moto_server_does_not_list_its_package_directory_on_every_request(monkey
     monkeypatch.setattr(os.path, "isdir", listing)
     assert list(backends.list_of_moto_modules()) == listed == list(modules)
     assert {"s3", "dynamodb", "cloudwatch"} <= set(modules)
+
+
+def test_moto_launcher_starts_on_a_moto_without_the_per_request_listing(monkeypatch):
+    from moto import backends
+
+    from kcl_pipeline.local.moto_process import _list_moto_modules_once
+
+    monkeypatch.delattr(backends, "list_of_moto_modules")
+    assert _list_moto_modules_once() == ()
+    assert not hasattr(backends, "list_of_moto_modules")
