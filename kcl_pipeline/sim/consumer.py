@@ -316,7 +316,6 @@ class SimWorkerProcess(Process):
             return 0.0
         return max(0.0, hold.valid_until - self.host.monotonic())
 
-    # -- the transport (worker.WorkerTransport) -----------------------------------------------------------
     def _batch_records(self, world: "Stage") -> int:
         """The world's batch size, or under `mixed-batch-sizes` this worker process's own (a stream of its own)."""
         if not world.scenario.mixed_batch_sizes:
@@ -325,6 +324,7 @@ class SimWorkerProcess(Process):
         world.stats[f"mixed-batch-sizes: a worker cutting batches of {size}"] += 1
         return size
 
+    # -- the transport (worker.WorkerTransport) -----------------------------------------------------------
     def bind(self, handle: Callable[[Any], Any]) -> None:
         self.shell_handle = handle
 
