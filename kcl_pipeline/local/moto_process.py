@@ -6,8 +6,9 @@ test session or CLI never leaves an orphaned server behind.
 
 moto's server works out which service a request is for by listing its own package directory and testing each
 entry with `isdir` (about 180 `stat` calls), twice per request: a third of its CPU per request (3.4 → 2.4 ms
-of server CPU per S3 request, measured over 5,000; the full audit of benchmarks/bench_audit.py: 59 → 43.5 s). The listing cannot change while the
-server runs, so it is taken once here (`_list_moto_modules_once`). Nothing else of moto's is changed.
+of server CPU per S3 request, measured over 5,000; the full audit of benchmarks/bench_audit.py: 59 → 43.5 s).
+The listing cannot change while the server runs, so it is taken once here (`_list_moto_modules_once`). Nothing
+else of moto's is changed.
 """
 from __future__ import annotations
 
