@@ -244,8 +244,7 @@ class SimKinesisClient:
         response: dict[str, Any] = {
             "Records": [{"SequenceNumber": r.sequence, "ApproximateArrivalTimestamp": r.arrival, "Data": r.data,
                          "PartitionKey": r.partition_key} for r in chunk],
-            "MillisBehindLatest": int(max(0.0, now - shard.records[nxt - 1].arrival) * 1000)
-            if nxt < len(shard.records) and chunk else 0,
+            "MillisBehindLatest": _millis_behind(shard, nxt, bool(chunk), now),
             "ResponseMetadata": {"HTTPStatusCode": 200, "RetryAttempts": 0},
         }
         if shard.closed_at is not None and nxt >= len(shard.records):
@@ -255,6 +254,17 @@ class SimKinesisClient:
         else:
             response["NextShardIterator"] = f"{shard_id}|{nxt}|{now!r}"
         return response
+
+
+def _millis_behind(shard: SimShard, nxt: int, returned: bool, now: float) -> int:
+    """How far the response is from the shard's tip: 0 once nothing is left past it. A short read that returned
+    nothing with records left is behind by the next record's age, and never 0 (a reader takes 0 for caught up:
+    the pipeline then closes windows on it)."""
+    if nxt >= len(shard.records):
+        return 0
+    if returned:
+        return int(max(0.0, now - shard.records[nxt - 1].arrival) * 1000)
+    return max(1, int((now - shard.records[nxt].arrival) * 1000))
 
 
 __all__ = ["SimKinesisClient", "SimShard", "SimStream", "StreamRecord"]

@@ -40,6 +40,25 @@ def test_short_reads_answer_a_prefix_and_reading_on_still_gets_every_record_once
     assert max(sizes) <= 25
 
 
+def test_a_short_read_that_returned_nothing_is_behind_until_nothing_is_left():
+    stream = _stream(30)
+    shard = stream.open_shards()[0]
+    kinesis = SimKinesisClient(stream, random.Random(2), short_reads=1.0, short_rng=random.Random(3))
+    iterator = kinesis.get_shard_iterator(StreamName="s", ShardId=shard.shard_id,
+                                          ShardIteratorType="TRIM_HORIZON")["ShardIterator"]
+    behind = []
+    while True:
+        response = kinesis.get_records(ShardIterator=iterator, Limit=2)
+        left = int(response["NextShardIterator"].split("|")[1]) < len(shard.records)
+        if not response["Records"] and left:
+            behind.append(response["MillisBehindLatest"])  # seed 488: it said 0, and a window closed early
+        if not left:
+            assert response["MillisBehindLatest"] == 0
+            break
+        iterator = response["NextShardIterator"]
+    assert behind and all(ms > 0 for ms in behind)
+
+
 def test_full_reads_without_the_fault():
     stream = _stream(60)
     shard = stream.open_shards()[0]
