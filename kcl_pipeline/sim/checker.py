@@ -87,7 +87,7 @@ class Checker:
         self.gave_up: set[int] = set()  # workers whose own applied write let their lease go: they deliver no more
         self.held_since: dict[int, int] = {}  # worker serial → the order in which it first became a holder
         self._run_records: dict[str, list] = {}  # pipeline run → the records it transformed (ground truth)
-        self.lost_after_commit: set[str] = set()  # batches the world deleted after a published commit named them
+        self.lost_after_commit: set[str] = set()  # batches the world deleted (or corrupted) after a commit named them
         # Those landed again (refilled), each with the shard's checkpoint then: what it had passed is still the
         # world's loss until a run of its window reads the batch again (seed 219).
         self.refilled_behind: dict[str, tuple] = {}
@@ -357,8 +357,9 @@ class Checker:
         return cached
 
     def on_batch_lost(self, name: str, pipeline: Any) -> None:
-        """The world is about to delete a landed batch: lost after a commit named it when a published commit names
-        it, or a commit the world deleted before did (seed 6811: the checkpoints passed the window while its
+        """The world is about to delete or corrupt a landed batch: lost after a commit named it when a published
+        commit names it (a corrupted batch is moved away later, lost then, perhaps after a re-run withdrew that
+        commit: seed 3368), or a commit the world deleted before did (seed 6811: the checkpoints passed the window while its
         commit stood; the world deleted the commit, then lost the batch — the window's records are the world's
         loss, as when the batch goes first)."""
         if pipeline.named(name):

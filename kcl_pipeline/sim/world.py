@@ -458,6 +458,9 @@ class World(Stage):
         recent = candidates[-6:] if rng.random() < 0.7 else candidates
         name = rng.choice(recent).key()
         if kind == "corrupt-batch":
+            # Damage after a commit named it, as a loss is: the operator moves the batch away later, when a re-run
+            # may have withdrawn that commit (seed 3368 under `mixed-batch-sizes`).
+            self.checker.on_batch_lost(name, self.pipeline)
             zone.corrupt(name)
             self.stats["batches corrupted"] += 1
             self.note(f"batch {name} corrupted")
@@ -485,7 +488,7 @@ class World(Stage):
         if self.checker.violations:
             return
         if self.zone.damaged.get(name) == "corrupt":
-            self.zone.lose(name)  # moved away: lost, to be refilled
+            self.zone.lose(name)  # moved away: lost, to be refilled (the checker knew of the damage at the strike)
         self._refill(name, 4)
 
     def _refill(self, name: str, tries: int) -> None:
