@@ -359,8 +359,8 @@ class Checker:
     def on_batch_lost(self, name: str, pipeline: Any) -> None:
         """The world is about to delete or corrupt a landed batch: lost after a commit named it when a published
         commit names it (a corrupted batch is moved away later, lost then, perhaps after a re-run withdrew that
-        commit: seed 3368), or a commit the world deleted before did (seed 6811: the checkpoints passed the window while its
-        commit stood; the world deleted the commit, then lost the batch — the window's records are the world's
+        commit: seed 3368), or a commit the world deleted before did (seed 6811: the checkpoints passed the window
+        while its commit stood; the world deleted the commit, then lost the batch — the window's records are the world's
         loss, as when the batch goes first)."""
         if pipeline.named(name):
             self.lost_after_commit.add(name)

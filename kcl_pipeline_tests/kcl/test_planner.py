@@ -145,6 +145,25 @@ def test_no_child_while_a_listed_parent_has_no_lease_yet():
     assert child_leases_on_end("a", shards, [L("a", "7")], Checkpoint(TRIM_HORIZON)) == []
 
 
+@pytest.mark.parametrize("parent_checkpoint", [SHARD_END, "5"])
+def test_a_latest_application_reads_a_child_whose_leased_parents_were_trimmed_from_its_start(parent_checkpoint):
+    """Simulation seed 2577 (`mixed-batch-sizes`): a merge's parents were trimmed by retention before the child had
+    a lease (one parent never ended: a lost batch held its checkpoint), and the cycle that deleted their leases
+    created the child's at LATEST, as for a new root: the child's records before the tip were never read."""
+    shards = [S("c", "a", "b")]  # a and b no longer listed
+    leases = [L("a", SHARD_END), L("b", parent_checkpoint)]
+    created = leases_to_create(Checkpoint(LATEST), shards, leases)
+    assert [(lease.lease_key, lease.checkpoint) for lease in created] == [("c", Checkpoint(TRIM_HORIZON))]
+    at = leases_to_create(Checkpoint(AT_TIMESTAMP, 1234), shards, leases)
+    assert [lease.checkpoint for lease in at] == [Checkpoint(AT_TIMESTAMP, 1234)]
+
+
+def test_a_new_latest_application_starts_a_child_of_trimmed_parents_at_the_tip():
+    """Parents trimmed and never leased by this application: the child is the oldest data it meets (Java's rule)."""
+    shards = [S("c", "a", "b")]
+    assert [lease.checkpoint for lease in leases_to_create(Checkpoint(LATEST), shards, [])] == [Checkpoint(LATEST)]
+
+
 def test_never_a_lease_for_a_shard_with_a_leased_descendant():
     # Java deleted the finished parent's lease; Disney's orphan rule would re-create it (a re-read).
     shards = [S("p", closed=True), S("c1", "p"), S("c2", "p")]

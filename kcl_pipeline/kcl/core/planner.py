@@ -144,7 +144,14 @@ def leases_to_create(initial: Checkpoint, shards: Sequence[Shard], leases: Seque
       * TRIM_HORIZON / AT_TIMESTAMP: it is a root (oldest generation present) — read the whole history;
       * LATEST, for a shard descending from no lease: it is open (the newest data), or it is the parent
         of an unleased descendant of a lease — Java's gap fill, without which that descendant's other
-        parent would never be read and the descendant never unblocked.
+        parent would never be read and the descendant never unblocked;
+      * a child whose parents are all gone from the listing (trimmed by retention) while one still has a
+        lease in the table: this application was reading its parents, so it reads the child from
+        TRIM_HORIZON (AT_TIMESTAMP keeps the timestamp). Taken for a root, a LATEST application would start it
+        at the tip and never read what the child holds (the simulation's seed 2577: its parents' leases
+        were deleted in the very cycle that created it). Java's shard sync takes such a child for a root;
+        its workers create children at SHARD_END first, as ours do — this covers a parent whose end
+        never came (a lost batch, its shard trimmed meanwhile).
     """
     first_use, after_parent = _starting_positions(initial)
     graph = ShardGraph(shards)
@@ -153,6 +160,7 @@ def leases_to_create(initial: Checkpoint, shards: Sequence[Shard], leases: Seque
     has_leased_descendant = graph.strict_ancestors_of(by_key)
     under_a_lease = graph.descendants_of(by_key)  # leased shards and everything below them
     latest = initial.sequence_number == LATEST
+    leased = {lease.lease_key for lease in leases}  # listed or not: a lease of a trimmed shard is still there
 
     created: list[Lease] = []
     for shard_id, shard in graph.shards.items():
@@ -166,6 +174,9 @@ def leases_to_create(initial: Checkpoint, shards: Sequence[Shard], leases: Seque
             if all(lease is not None for lease in parent_leases):
                 created.append(_new_lease(graph, shard, after_parent))
                 continue
+        elif any(p in leased for p in graph.parents(shard_id)):
+            created.append(_new_lease(graph, shard, after_parent))  # its parents trimmed: read on from them
+            continue
         elif not latest:
             created.append(_new_lease(graph, shard, first_use))  # a root: TRIM_HORIZON / AT_TIMESTAMP start here
             continue
