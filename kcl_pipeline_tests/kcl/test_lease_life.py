@@ -253,6 +253,21 @@ def test_a_frozen_local_worker_whose_lease_a_peer_took_and_stopped_working_is_ki
     assert not fx.drive(cyc.watch_for_expiry(state, settings, frozenset({"s-0"})), handle)
 
 
+def test_a_worker_just_spawned_for_a_stale_lease_of_ours_is_not_killed_before_its_take_shows():
+    """Simulation seed 192 (`short-reads`): a lease still owned by an earlier incarnation under our worker id
+    stood unchanged past the expiry; this manager spawned a worker to take it, and the next scan — from before the
+    take — judged the new worker stuck (its lease ours and unchanged past the expiry) and killed it a second
+    after its spawn. Killed, it released nothing, and the consumer's graceful stop left the lease held."""
+    from kcl_pipeline.kcl.core.planner import LeaseAges, stuck_local_leases
+
+    stale = Lease("s-0", Checkpoint("5"), "me", 4)  # ours, by an incarnation gone since
+    ages = LeaseAges()
+    ages.observe([stale], 0.0)
+    assert stuck_local_leases("me", [stale], {"s-0"}, ages, 31.0, 10.0, {"s-0": 30.0}) == []
+    assert stuck_local_leases("me", [stale], {"s-0"}, ages, 41.0, 10.0, {"s-0": 30.0}) == [stale]  # still stuck
+    assert stuck_local_leases("me", [stale], {"s-0"}, ages, 31.0, 10.0, {}) == [stale]  # no spawn on record
+
+
 def test_a_worker_past_its_validity_never_renews_its_lease():
     """A worker that thaws after its validity passed must not renew: if nobody took the lease yet the renew
     succeeds, and every peer then waits one more expiry for a lease this worker no longer works."""

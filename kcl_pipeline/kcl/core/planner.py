@@ -257,14 +257,22 @@ def stuck_local_leases(worker_id: str, leases: Sequence[Lease], locally_worked: 
     (its counter moves) or ended by now; this one froze before its take, or while another holder took the
     lease from it — a holder that then stopped working it (a Java peer that lost it to its own retried write,
     a consumer that crashed). As long as the frozen worker lives this manager never takes that lease (it
-    counts as worked here), and every other consumer may be gone (seed 3407)."""
+    counts as worked here), and every other consumer may be gone (seed 3407).
+
+    Never a worker spawned less than an expiry ago: it is taking the lease (a stale one of ours, left by an
+    earlier incarnation under the same id, is unchanged past the expiry until its take shows), and a scan from
+    before its take must not kill it (seed 192, `short-reads`: killed a second after its spawn, before its
+    release, so a graceful stop left the lease held)."""
     spawned_at = spawned_at or {}
     stuck = []
     for lease in leases:
         key = lease.lease_key
         if key not in locally_worked or lease.is_ended or not ages.expired(key, now, expiry_seconds):
             continue
-        if lease.lease_owner == worker_id or (key in spawned_at and now - spawned_at[key] > expiry_seconds):
+        spawned = spawned_at.get(key)
+        if spawned is not None and now - spawned <= expiry_seconds:
+            continue  # just spawned: its take may not show yet
+        if lease.lease_owner == worker_id or spawned is not None:
             stuck.append(lease)
     return stuck
 
