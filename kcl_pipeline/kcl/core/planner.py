@@ -149,9 +149,9 @@ def leases_to_create(initial: Checkpoint, shards: Sequence[Shard], leases: Seque
         lease in the table: this application was reading its parents, so it reads the child from
         TRIM_HORIZON (AT_TIMESTAMP keeps the timestamp). Taken for a root, a LATEST application would start it
         at the tip and never read what the child holds (the simulation's seed 2577: its parents' leases
-        were deleted in the very cycle that created it). Java's shard sync takes such a child for a root;
-        its workers create children at SHARD_END first, as ours do — this covers a parent whose end
-        never came (a lost batch, its shard trimmed meanwhile).
+        were deleted in the very cycle that created it). Workers create children at SHARD_END first; this
+        covers a parent whose end never came (a lost batch held it, its shard trimmed meanwhile). A new
+        application, with no lease of those parents, still starts such a child as a root.
     """
     first_use, after_parent = _starting_positions(initial)
     graph = ShardGraph(shards)
