@@ -159,7 +159,7 @@ def test_a_latest_application_reads_a_child_whose_leased_parents_were_trimmed_fr
 
 
 def test_a_new_latest_application_starts_a_child_of_trimmed_parents_at_the_tip():
-    """Parents trimmed and never leased by this application: the child is the oldest data it meets (Java's rule)."""
+    """Parents trimmed and never leased by this application: the child is the oldest data it meets (a root)."""
     shards = [S("c", "a", "b")]
     assert [lease.checkpoint for lease in leases_to_create(Checkpoint(LATEST), shards, [])] == [Checkpoint(LATEST)]
 
