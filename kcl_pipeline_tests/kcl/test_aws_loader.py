@@ -52,8 +52,9 @@ def _loaded(services=WORKER_SERVICES) -> botocore.loaders.Loader:
 
 
 def _documents(loader) -> list:
-    return [d for v in loader._cache.values() for d in (v if isinstance(v, tuple) else (v,))
-            if isinstance(d, (dict, list))]
+    """Each parsed document the loader holds, once (a service model is cached under two keys)."""
+    return list({id(d): d for v in loader._cache.values() for d in (v if isinstance(v, tuple) else (v,))
+                 if isinstance(d, (dict, list))}.values())
 
 
 def _reference_without_documentation(text: str) -> str:

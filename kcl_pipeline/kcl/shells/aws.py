@@ -120,8 +120,9 @@ def compact_documents(cache: dict[Any, Any]) -> int:
     """compact_loaded_data over a loader's cache: its values are botocore's parsed documents, or (document,
     path) pairs (`load_data_with_path`, where the endpoints are)."""
     memo: dict[tuple[Any, ...], Any] = {}
-    documents = [d for v in cache.values() for d in (v if isinstance(v, tuple) else (v,))
-                 if isinstance(d, (dict, list))]
+    # A service model is cached twice (as loaded, and as loaded with its path): walk each document once.
+    documents = list({id(d): d for v in cache.values() for d in (v if isinstance(v, tuple) else (v,))
+                      if isinstance(d, (dict, list))}.values())
     for document in documents:
         _share_equal_parts(document, memo)
     return len(documents)
