@@ -23,12 +23,19 @@ def _stream(records: int) -> SimStream:
     return stream
 
 
-def test_short_reads_answer_a_prefix_and_reading_on_still_gets_every_record_once_in_order():
-    stream = _stream(200)
+def _reading(records: int, short_reads: float):
+    """A one-shard stream of `records` records, a client reading it (every read short when `short_reads` is 1)
+    and an iterator at its start."""
+    stream = _stream(records)
     shard = stream.open_shards()[0]
-    kinesis = SimKinesisClient(stream, random.Random(2), short_reads=1.0, short_rng=random.Random(3))
+    kinesis = SimKinesisClient(stream, random.Random(2), short_reads=short_reads, short_rng=random.Random(3))
     iterator = kinesis.get_shard_iterator(StreamName="s", ShardId=shard.shard_id,
                                           ShardIteratorType="TRIM_HORIZON")["ShardIterator"]
+    return shard, kinesis, iterator
+
+
+def test_short_reads_answer_a_prefix_and_reading_on_still_gets_every_record_once_in_order():
+    shard, kinesis, iterator = _reading(200, short_reads=1.0)
     read, sizes = [], []
     while len(read) < 200 and len(sizes) < 10_000:
         response = kinesis.get_records(ShardIterator=iterator, Limit=25)
@@ -41,11 +48,7 @@ def test_short_reads_answer_a_prefix_and_reading_on_still_gets_every_record_once
 
 
 def test_a_short_read_that_returned_nothing_is_behind_until_nothing_is_left():
-    stream = _stream(30)
-    shard = stream.open_shards()[0]
-    kinesis = SimKinesisClient(stream, random.Random(2), short_reads=1.0, short_rng=random.Random(3))
-    iterator = kinesis.get_shard_iterator(StreamName="s", ShardId=shard.shard_id,
-                                          ShardIteratorType="TRIM_HORIZON")["ShardIterator"]
+    shard, kinesis, iterator = _reading(30, short_reads=1.0)
     behind = []
     while True:
         response = kinesis.get_records(ShardIterator=iterator, Limit=2)
@@ -60,11 +63,7 @@ def test_a_short_read_that_returned_nothing_is_behind_until_nothing_is_left():
 
 
 def test_full_reads_without_the_fault():
-    stream = _stream(60)
-    shard = stream.open_shards()[0]
-    kinesis = SimKinesisClient(stream, random.Random(2))
-    iterator = kinesis.get_shard_iterator(StreamName="s", ShardId=shard.shard_id,
-                                          ShardIteratorType="TRIM_HORIZON")["ShardIterator"]
+    _, kinesis, iterator = _reading(60, short_reads=0.0)
     assert len(kinesis.get_records(ShardIterator=iterator, Limit=25)["Records"]) == 25
 
 
