@@ -64,6 +64,13 @@ def lease_table_client(world: "Stage", host: Host, config: ConsumerConfig, actor
                              now=lambda: world.now, later=world.apply_later)
 
 
+# `mixed-batch-sizes`: each worker process cuts batches at the old or the new size of a rolling change. Two
+# sizes below one poll (10 records) and apart by more than one batch of the smaller: a writer's batch then
+# reaches past another's cut, and a poll can end inside it with records left over from the cut.
+ROLLING_BATCH_SIZES = (3, 8)
+# `short-reads`, aimed: how many reads of a lease's new holder come back short once its start thawed a zombie.
+SHORT_READS_AFTER_A_ZOMBIE = 3
+
 # What a write is called in the shells' `Call` steps: a write the table applied must never be reported as
 # not applied (an ambiguous outcome read as a lost race).
 WRITES = frozenset({"acquire", "heartbeat", "checkpoint", "end", "release", "create", "delete", "initiate-handoff",
@@ -317,10 +324,11 @@ class SimWorkerProcess(Process):
         return max(0.0, hold.valid_until - self.host.monotonic())
 
     def _batch_records(self, world: "Stage") -> int:
-        """The world's batch size, or under `mixed-batch-sizes` this worker process's own (a stream of its own)."""
+        """The world's batch size, or under `mixed-batch-sizes` this worker process's own (a stream of its own):
+        the old or the new size of a rolling change, as its configuration was when it started."""
         if not world.scenario.mixed_batch_sizes:
             return world.scenario.flush_records
-        size = random.Random(f"cuts-{world.scenario.seed}-{self.serial}").choice([1, 3, 8])
+        size = random.Random(f"cuts-{world.scenario.seed}-{self.serial}").choice(ROLLING_BATCH_SIZES)
         world.stats[f"mixed-batch-sizes: a worker cutting batches of {size}"] += 1
         return size
 
@@ -342,6 +350,11 @@ class SimWorkerProcess(Process):
                 scope.frozen_until = self.world.now
             waiters.wake(self.world)
             self.world.stats["zombie-flush: thawed as the new holder started"] += 1
+            if "short-reads" in self.world.scenario.faults:
+                # Aimed: the race a zombie and a new holder make is the new holder's polls ending inside the
+                # batch the zombie lands now (the stale-predecessor class, issue 20's second defect).
+                self.kinesis.short_next = SHORT_READS_AFTER_A_ZOMBIE
+                self.world.stats["short-reads: aimed at a new holder that thawed a zombie"] += 1
         c = self.config
         return ShardReader(self.kinesis, stream, shard_id, start, polling_interval=c.polling_interval_seconds,
                            idle_interval=c.idle_interval_seconds, max_records=c.max_records_per_call,

@@ -172,6 +172,7 @@ class SimKinesisClient:
         # Short reads draw from a stream of their own: a world without them draws what it drew before.
         self.short_reads = short_reads
         self.short_rng = short_rng or random.Random(0)
+        self.short_next = 0  # how many of the next GetRecords come back short (aimed: sim/consumer.py)
         self.elapsed = 0.0
 
     def _shard(self, shard_id: str, operation: str) -> SimShard:
@@ -237,7 +238,8 @@ class SimKinesisClient:
             raise _error("ProvisionedThroughputExceededException", "Rate exceeded for shard", "GetRecords")
         index = int(index_text)
         limit = request.get("Limit", 10000)
-        if self.short_reads and self.short_rng.random() < self.short_reads:
+        if self.short_next or (self.short_reads and self.short_rng.random() < self.short_reads):
+            self.short_next = max(0, self.short_next - 1)
             limit = self.short_rng.randint(0, limit)  # Kinesis may return fewer records than it holds, or none
         chunk = shard.records[index:index + limit]
         nxt = index + len(chunk)

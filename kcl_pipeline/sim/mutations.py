@@ -95,6 +95,10 @@ MUTATIONS: dict[str, Mutation] = {m.name: m for m in (
              "gone, not by the commit", 100, ("deleted-commit",)),
     Mutation("plan-past-missing-batch", "the checkpoint plan never checks that a shard's batches are contiguous: "
              "it commits past a batch missing before its window ran", 100, ("lost-batch",)),
+    Mutation("stale-predecessor", "a flush that learns mid-poll that another writer landed past it keeps the rest "
+             "of the poll buffered, and the next poll moves on past the other's batch while that buffer stays: the "
+             "next batch takes its predecessor from the stale buffer", 400,
+             ("zombie-flush", "short-reads", "mixed-batch-sizes")),
     Mutation("dead-start-link", "a holder that claimed a shard's start link and died before its batch was written "
              "blocks every later holder (the start link's unwritten batch not adopted)", 100,
              ("latest-start", "landing-crash")),
@@ -258,6 +262,12 @@ def _plant(name: str, stack: contextlib.ExitStack, world: Any) -> None:
     elif name == "reconcile-publishes-unchecked":
         _patch(stack, window_commit, "reconcile_window", "if pending is not None and all(o.ok for o in outcomes):",
                "if pending is not None:")
+    elif name == "stale-predecessor":
+        # Both halves of the fix: either alone keeps the buffer consecutive.
+        stack.enter_context(mock.patch.object(sink.LandingProcessor, "_overtaken", lambda self, records, pos: False))
+        _patch(stack, sink.LandingProcessor, "_drop_landed",
+               "if self._buffer_count and delivered is not None and floor > delivered:",
+               "if False:")
     elif name == "dead-start-link":
         _patch(stack, sink.LandingProcessor, "_follow_chain", "        self._adopt = claim\n", "        pass\n")
     elif name == "unfenced-refill":

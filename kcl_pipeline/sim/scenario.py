@@ -122,8 +122,7 @@ class Scenario:
                    # Half the worlds, from a stream of their own: a third of their reads come back short.
                    short_reads=0.3 if "short-reads" in faults and random.Random(
                        f"scenario-{seed}-short").random() < 0.5 else 0.0,
-                   mixed_batch_sizes="mixed-batch-sizes" in faults and random.Random(
-                       f"scenario-{seed}-cuts").random() < 0.5)
+                   mixed_batch_sizes="mixed-batch-sizes" in faults)
 
     def describe(self) -> str:
         kinds = Counter(e.kind for e in self.events)

@@ -1,6 +1,7 @@
-"""The world's `short-reads` (Kinesis answering GetRecords with fewer records than it holds, even none) and
-`mixed-batch-sizes` (each worker process cutting batches at a size of its own): what they do, that a world
-without them draws exactly what it drew before, and that the shipped code keeps every invariant beside them."""
+"""The world's `short-reads` (Kinesis answering GetRecords with fewer records than it holds, even none; aimed at
+a lease's new holder whose start thawed a zombie) and `mixed-batch-sizes` (each worker process cutting batches
+at the old or the new size of a rolling change): what they do, that a world without them draws exactly what it
+drew before, and that the shipped code keeps every invariant beside them."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,6 +9,7 @@ import random
 
 import pytest
 
+from kcl_pipeline.sim.consumer import ROLLING_BATCH_SIZES, SHORT_READS_AFTER_A_ZOMBIE
 from kcl_pipeline.sim.kinesis import SimKinesisClient, SimStream
 from kcl_pipeline.sim.scenario import FAULTS, OPT_IN_FAULTS, Scenario
 from kcl_pipeline.sim.world import World
@@ -75,13 +77,40 @@ def test_a_world_without_the_new_faults_draws_what_it_drew_before(seed):
     assert dataclasses.replace(every, faults=without.faults, short_reads=0.0, mixed_batch_sizes=False) == without
 
 
-def test_some_worlds_read_short_and_some_cut_batches_per_worker():
+def test_aimed_short_reads_answer_the_next_reads_short_and_then_in_full():
+    _, kinesis, iterator = _reading(500, short_reads=0.0)
+    kinesis.short_next = 40
+    sizes = []
+    for _ in range(50):
+        response = kinesis.get_records(ShardIterator=iterator, Limit=10)
+        sizes.append(len(response["Records"]))
+        iterator = response["NextShardIterator"]
+    assert any(n < 10 for n in sizes[:40]), "no aimed read came back short"
+    assert sizes[40:] == [10] * 10 and kinesis.short_next == 0
+
+
+def test_some_worlds_read_short_and_every_world_with_mixed_sizes_cuts_per_worker():
     scenarios = [Scenario.generate(seed, 1000, NEW) for seed in range(40)]
     assert 0 < sum(s.short_reads > 0 for s in scenarios) < 40
-    assert 0 < sum(s.mixed_batch_sizes for s in scenarios) < 40
+    assert all(s.mixed_batch_sizes for s in scenarios)
 
 
-@pytest.mark.parametrize("seed", [3, 7, 11, 14])
+def test_a_new_holder_that_thaws_a_zombie_reads_short_when_short_reads_are_on():
+    """The race issue 20's stale predecessor needs: a zombie lands its batch as the lease's new holder starts, and
+    the new holder's polls end inside that batch. Seed 30 of the stale-predecessor mutation's faults thaws one."""
+    thawed = {}
+    for faults in (("zombie-flush", "mixed-batch-sizes"), ("zombie-flush", "short-reads", "mixed-batch-sizes")):
+        result = World(Scenario.generate(30, 1000, faults)).run()
+        assert result.ok, result.violations
+        thawed[faults] = (result.stats["zombie-flush: thawed as the new holder started"],
+                          result.stats["short-reads: aimed at a new holder that thawed a zombie"])
+    assert thawed[("zombie-flush", "mixed-batch-sizes")][1] == 0
+    assert thawed[("zombie-flush", "short-reads", "mixed-batch-sizes")][0] >= 1
+    assert thawed[("zombie-flush", "short-reads", "mixed-batch-sizes")][1] >= 1
+    assert SHORT_READS_AFTER_A_ZOMBIE >= 1
+
+
+@pytest.mark.parametrize("seed", [2, 4, 7, 14])
 def test_the_shipped_code_keeps_every_invariant_with_short_reads_and_mixed_batch_sizes(seed):
     scenario = Scenario.generate(seed, 1000, (*NEW, "zombie-flush", "crash", "freeze-worker"))
     scenario = dataclasses.replace(scenario, short_reads=0.3, mixed_batch_sizes=True)
@@ -89,3 +118,4 @@ def test_the_shipped_code_keeps_every_invariant_with_short_reads_and_mixed_batch
     assert result.ok, result.violations
     sizes = [k for k, n in result.stats.items() if k.startswith("mixed-batch-sizes:") and n]
     assert len(sizes) >= 2, sizes  # its workers cut batches of different sizes
+    assert {int(k.rsplit(" ", 1)[1]) for k in sizes} <= set(ROLLING_BATCH_SIZES)
