@@ -162,6 +162,7 @@ class SimPipeline:
         # Committed windows whose re-run withdrew the commit (a run deletes it before writing, as the shipped
         # transform does) and has not published a new one: their records wait for the re-run, not lost.
         self.withdrawn: set[int] = set()
+        self.withdrawn_named: set[str] = set()  # the batches those withdrawn commits named
         self.enabled = True
         self.now_ms = 0
         self.period_ms = 0  # the tick's period (the world sets it)
@@ -221,8 +222,10 @@ class SimPipeline:
             if faults.crash.get(t0) == point:
                 del faults.crash[t0]
                 raise RunFailed(f"crashed {point}")
-        if read_commit(self.output, t0) is not None:
+        previous = read_commit(self.output, t0)
+        if previous is not None:
             self.withdrawn.add(t0)
+            self.withdrawn_named |= previous.batches
         try:
             if t0 in faults.fail_always:
                 raise RunFailed("fails for good")
@@ -313,8 +316,11 @@ class SimPipeline:
         return start
 
     def named(self, name: str) -> bool:
-        """Whether a commit named the batch: one published now, or one the world deleted."""
-        return name in self.deleted_named or any(name in c.batches for c in self.committed().values())
+        """Whether a commit named the batch: one published now, one the world deleted, or one a re-run withdrew
+        (seed 1724: the checkpoint passed the batch on its window's commit, a re-run withdrew that commit and
+        crashed, and the world then lost the batch — the world's loss, as when a commit it deleted named it)."""
+        return (name in self.deleted_named or name in self.withdrawn_named
+                or any(name in c.batches for c in self.committed().values()))
 
     def failing_for_good(self) -> set[int]:
         return set(self.faults.fail_always)
