@@ -92,6 +92,9 @@ class ManagerState:
 class CycleResult:
     total_shards: int | None = None  # None when this cycle did not list shards
     deleted: list[str] = field(default_factory=list)
+    # Deleted leases whose shard left the stream (retention) before the lease ended: (lease key, its checkpoint)
+    # — the records after that checkpoint may never have been processed, and nothing else will say so.
+    trimmed_unfinished: list[tuple[str, Checkpoint]] = field(default_factory=list)
     created: list[str] = field(default_factory=list)
     spawned: list[str] = field(default_factory=list)
     stolen: str | None = None
@@ -159,9 +162,12 @@ def manager_cycle(state: ManagerState, settings: CycleSettings, locally_worked: 
         state.shards = list((yield ListShards()))
         state.list_next = False
         result.total_shards = len(state.shards)
+        listed = {shard.shard_id for shard in state.shards}
         for lease in leases_to_delete(leases, state.shards):
             if (yield Delete(lease)):
                 result.deleted.append(lease.lease_key)
+                if lease.lease_key not in listed and not lease.is_ended:
+                    result.trimmed_unfinished.append((lease.lease_key, lease.checkpoint))
         for lease in leases_to_create(settings.initial, state.shards, leases, settings.drained_attribute):
             if (yield Create(lease)):
                 result.created.append(lease.lease_key)

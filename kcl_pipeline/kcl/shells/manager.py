@@ -21,14 +21,14 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Generator, Mapping, Protocol
+from typing import Any, Callable, ClassVar, Generator, Mapping, Protocol, Sequence
 
 from ..config import ConsumerConfig
 from ..core import coverage
 from ..core import cycle as cyc
 from ..core import effects as fx
 from ..core.lease_life import LifeOutcome
-from ..core.model import Lease, Shard
+from ..core.model import Checkpoint, Lease, Shard
 from ..core.planner import LeaseAges
 from ..core.worker_metrics import worker_metrics_table
 from . import kcl3_tables
@@ -72,6 +72,16 @@ class CycleReport:
         if self.fleet:
             parts.append(f"kcl3: {self.fleet}")
         return " ".join(parts)
+
+
+def log_trimmed_unfinished(trimmed: Sequence[tuple[str, Checkpoint]]) -> None:
+    """Say it loudly when a lease goes with its shard before it ended: the shard's records are gone from the
+    stream, its lease now too, and nothing else will say that records after its checkpoint may be lost."""
+    for key, checkpoint in trimmed:
+        log.error("shard %s left the stream (its retention ran out) before its lease ended: lease deleted at "
+                  "checkpoint %s; records after it may never have been processed by this application (a parent "
+                  "held by a lost batch, a stalled window, a fleet down for longer than the retention)",
+                  key, checkpoint)
 
 
 def shutdown_timeout(config: ConsumerConfig) -> float:
@@ -291,6 +301,7 @@ class LeaseManager:
         report.deleted, report.created, report.spawned = result.deleted, result.created, result.spawned
         report.stolen = result.stolen
         report.fleet = self.state.fleet.summary()
+        log_trimmed_unfinished(result.trimmed_unfinished)
         if result.fleet_change:
             log.warning("%s", result.fleet_change)
         self._fill_counts(report, result.leases)
