@@ -311,15 +311,19 @@ class Checker:
 
     def _prefix(self, shard_id: str) -> int:
         """How many of the shard's records are owed-and-delivered or not owed, from its first on: every record
-        before this index was delivered or is before the shard's first owed record."""
+        before this index was delivered or is before the shard's first owed record. A record an operator's
+        backfill landed counts as delivered (seed 9039 of the opt-in kinds: a refill of a minute landed a LATEST
+        shard's first records, adopting the start link its dead first holder had claimed, before any holder
+        delivered them; the window committed them and the pipeline's checkpoint passed them, as it must)."""
         floor = self._floor(shard_id)
         shard = self.stream.shards[shard_id]
         if floor is None:
             return len(shard.positions)  # nothing owed yet
         prefix = max(self.prefix.get(shard_id, 0), floor)
         delivered = self.delivered.get(shard_id, set())
+        landed = self.zone.landed
         positions = shard.positions
-        while prefix < len(positions) and positions[prefix] in delivered:
+        while prefix < len(positions) and (positions[prefix] in delivered or (shard_id, positions[prefix]) in landed):
             prefix += 1
         self.prefix[shard_id] = prefix
         return prefix

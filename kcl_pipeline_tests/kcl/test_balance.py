@@ -295,4 +295,3 @@ def test_without_patience_the_first_scan_that_sees_the_overload_steals():
     state = cyc.ManagerState(shards=shards, list_next=False)
     settings = cyc.CycleSettings("me", Checkpoint(TRIM_HORIZON), 10.0, 1, 10)
     assert _cycle(state, settings, leases, 100.0) == [("a1", True)]
-
