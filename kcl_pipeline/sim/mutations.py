@@ -18,8 +18,9 @@ shutdown (`shutdown-without-release`, `shell-shutdown-without-terminate`), and t
 landing's own (`ages-stamped-early`, `no-parent-gate`, `land-without-fence`, `delete-foreign`). The pipeline's,
 as issue 20 names them: the audit trusting manifests (`audit-trusts-manifest`), the checkpoint plan past a
 missing batch (`plan-past-missing-batch`), the stale predecessor (`stale-predecessor`), a dead holder's start
-link (`dead-start-link`), rows_reconcile publishing before its check (`reconcile-publishes-unchecked`) and a
-refill under an unfenced start chain (`unfenced-refill`).
+link (`dead-start-link`), rows_reconcile publishing before its check (`reconcile-publishes-unchecked`), a
+refill under an unfenced start chain (`unfenced-refill`) and a window failing for good that nothing flags
+(`stall-unreported`).
 """
 from __future__ import annotations
 import __future__
@@ -36,7 +37,7 @@ from unittest import mock
 
 from ..kcl.core import cycle, effects, lease_hold, lease_life, planner
 from ..kcl.shells import lease_table, manager, worker
-from ..landing import audit, backfill, checkpoint_plan, exclusion, sink, window_commit
+from ..landing import audit, backfill, checkpoint_plan, exclusion, sink, window_commit, window_followup
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class Mutation:
     defect: str     # what it re-introduces, in the words of the lease-safety issue
     within: int     # the simulator must catch it in fewer seeds than this (CI checks it)
     faults: tuple[str, ...] = ()  # the fault kinds its scenarios need (empty: all of them)
+    steps: int = 1000  # the fewest steps a history needs to show it (a mutation run never takes fewer)
 
 
 MUTATIONS: dict[str, Mutation] = {m.name: m for m in (
@@ -99,6 +101,9 @@ MUTATIONS: dict[str, Mutation] = {m.name: m for m in (
              "of the poll buffered, and the next poll moves on past the other's batch while that buffer stays: the "
              "next batch takes its predecessor from the stale buffer", 400,
              ("zombie-flush", "short-reads", "mixed-batch-sizes")),
+    Mutation("stall-unreported", "the sensor's follow-up never names a window stalled: a window whose runs fail for "
+             "good is asked again until given up, and nothing flags it (checkpoints stop silently)", 100,
+             ("transform-fails",), steps=2000),  # a window is overdue 120 s after its end: longer histories
     Mutation("dead-start-link", "a holder that claimed a shard's start link and died before its batch was written "
              "blocks every later holder (the start link's unwritten batch not adopted)", 100,
              ("latest-start", "landing-crash")),
@@ -268,6 +273,8 @@ def _plant(name: str, stack: contextlib.ExitStack, world: Any) -> None:
         _patch(stack, sink.LandingProcessor, "_drop_landed",
                "if self._buffer_count and delivered is not None and floor > delivered:",
                "if False:")
+    elif name == "stall-unreported":
+        _patch(stack, window_followup, "follow_up", "            stalled.append(start)\n", "            pass\n")
     elif name == "dead-start-link":
         _patch(stack, sink.LandingProcessor, "_follow_chain", "        self._adopt = claim\n", "        pass\n")
     elif name == "unfenced-refill":

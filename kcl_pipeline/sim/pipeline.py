@@ -38,7 +38,7 @@ from typing import Any, Callable
 from ..kcl.core.model import TRIM_HORIZON, Checkpoint
 from ..kcl.core.streams import StreamScope
 from ..kcl.shells.shards import list_shards
-from ..landing import window_commit
+from ..landing import window_commit, window_followup
 from ..landing.audit import MANIFEST, QUARANTINE, TRANSFORMED, audit_window, output_partition
 from ..landing.batch import decode_batch
 from ..landing.checkpoint_commit import CheckpointReport, commit_checkpoints, list_landed
@@ -46,7 +46,7 @@ from ..landing.errors import CorruptBatchError
 from ..landing.store import MemoryZoneStore, ZoneStore
 from ..landing.stream_slice import slice_of
 from ..landing.verify import list_batches
-from ..landing.window_followup import Outstanding, RunState, WindowObservation, follow_up, track_reports
+from ..landing.window_followup import Outstanding, RunState, WindowObservation, track_reports
 from ..transform.manifest import WindowCommit, commit_key, commit_windows, pending_commit_key, read_commit
 
 PIPELINE_CRASHES = ("after-dataset", "before-publish")
@@ -194,8 +194,9 @@ class SimPipeline:
             commit = read_commit(self.output, start)
             done = commit is not None and set(entry.need) <= commit.batches
             observed[start] = WindowObservation(done, self.runs.get(start, RunState.NONE))
-        decision = follow_up(self.outstanding, observed, now_ms=now_ms, window_ms=w, overdue_ms=self.overdue_ms,
-                             max_requests=self.max_requests)
+        # Through the module: a mutation plants its edit there (sim/mutations.py).
+        decision = window_followup.follow_up(self.outstanding, observed, now_ms=now_ms, window_ms=w,
+                                             overdue_ms=self.overdue_ms, max_requests=self.max_requests)
         self.outstanding = decision.outstanding
         self.stalled, self.gave_up = decision.stalled, decision.gave_up
         if self.healed:

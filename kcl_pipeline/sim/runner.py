@@ -174,9 +174,12 @@ class MutationOutcome:
 
 
 def run_mutation(name: str, steps: int = 1000, jobs: int | None = None) -> MutationOutcome:
+    """Run mutation `name` on seeds 0, 1, … until one catches it or its `within` is spent; histories of `steps`
+    steps, or of the mutation's own `steps` when it needs longer ones."""
     mutation = MUTATIONS[name]
     check_planted(name)  # a stale mutation raises here instead of "failing" every seed
     faults = mutation.faults or FAULTS
+    steps = max(steps, mutation.steps)
     summary = run_seeds(range(mutation.within), steps, faults, name, jobs=jobs, stop_at_first=True)
     first = min(summary.failures, key=lambda o: o.seed) if summary.failures else None
     return MutationOutcome(name, mutation.within, first.seed if first else None, first.violation if first else None)
