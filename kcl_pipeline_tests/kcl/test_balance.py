@@ -236,23 +236,16 @@ def _patience_world():
 def _cycle(state, settings, leases, now):
     from dataclasses import replace
 
-    from kcl_pipeline.kcl.core import cycle as cyc
+    from kcl_pipeline_tests.kcl.cycle_support import drive_cycle
     spawned = []
 
     # Live holders heartbeat between cycles: every counter moves.
     leases = [replace(lease, lease_counter=int(now)) for lease in leases]
 
-    def handle(effect):
-        if isinstance(effect, fx.Now):
-            return now
-        if isinstance(effect, fx.ScanTable):
-            return fx.Scanned(leases, now, now)
-        if isinstance(effect, fx.ListShards):
-            return state.shards
+    def seen(effect):
         if isinstance(effect, fx.Spawn):
             spawned.append((effect.lease.lease_key, effect.stolen))
-        return None
-    fx.drive(cyc.manager_cycle(state, settings, {"m1"}, random.Random(0)), handle)
+    drive_cycle(state, settings, leases, now, locally_worked={"m1"}, seen=seen)
     return spawned
 
 

@@ -6,8 +6,6 @@ against dynalite and moto over HTTP.
 """
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from kcl_pipeline.kcl.core import cycle as cyc
@@ -17,6 +15,7 @@ from kcl_pipeline.kcl.core.lease_hold import LeaseHold, LeaseTiming, Outcome
 from kcl_pipeline.kcl.core.lease_life import LifeOutcome
 from kcl_pipeline.kcl.core.model import TRIM_HORIZON, Checkpoint, Lease, Shard
 from kcl_pipeline.kcl.shells.lease_table import LeaseTable
+from kcl_pipeline_tests.kcl.cycle_support import drive_cycle
 
 TIMING = LeaseTiming(10.0, 1.0)
 MINE = {"leaseClaim": "this-process"}
@@ -240,17 +239,10 @@ def test_the_manager_asks_for_a_hand_off_only_from_a_holder_with_fresh_worker_me
         settings = cyc.CycleSettings("me", Checkpoint(TRIM_HORIZON), 10.0, 1, 10)
         spawns = []
 
-        def handle(effect):
-            if isinstance(effect, fx.Now):
-                return 100.0
-            if isinstance(effect, fx.ScanTable):
-                return fx.Scanned(leases, 100.0, 100.0)
-            if isinstance(effect, fx.ListShards):
-                return shards
+        def seen(effect):
             if isinstance(effect, fx.Spawn):
                 spawns.append((effect.stolen, effect.handoff))
-            return None
-        fx.drive(cyc.manager_cycle(state, settings, (), random.Random(0)), handle)
+        drive_cycle(state, settings, leases, 100.0, seen=seen)
         return spawns
 
     assert spawned_with({"peer"}) == [(True, True)]

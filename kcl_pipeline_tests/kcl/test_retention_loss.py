@@ -2,30 +2,17 @@
 from __future__ import annotations
 
 import logging
-import random
 
 from kcl_pipeline.kcl.core import cycle as cyc
-from kcl_pipeline.kcl.core import effects as fx
 from kcl_pipeline.kcl.core.model import SHARD_END, TRIM_HORIZON, Checkpoint, Lease, Shard
 from kcl_pipeline.kcl.shells.manager import log_trimmed_unfinished
+from kcl_pipeline_tests.kcl.cycle_support import drive_cycle
 
 
 def _cycle(leases: list[Lease], shards: list[Shard]) -> cyc.CycleResult:
     """One manager cycle over in-memory answers: every delete applied."""
     state = cyc.ManagerState(shards=shards, list_next=True)
-    settings = cyc.CycleSettings("me", Checkpoint(TRIM_HORIZON), 10.0, 1, 10)
-
-    def handle(effect):
-        if isinstance(effect, fx.Now):
-            return 100.0
-        if isinstance(effect, fx.ScanTable):
-            return fx.Scanned(leases, 100.0, 100.0)
-        if isinstance(effect, fx.ListShards):
-            return shards
-        if isinstance(effect, fx.Delete):
-            return True
-        return None
-    return fx.drive(cyc.manager_cycle(state, settings, frozenset(), random.Random(0)), handle)
+    return drive_cycle(state, cyc.CycleSettings("me", Checkpoint(TRIM_HORIZON), 10.0, 1, 10), leases, 100.0)
 
 
 def test_a_lease_deleted_because_its_shard_left_the_stream_before_it_ended_is_reported_loudly(caplog):
