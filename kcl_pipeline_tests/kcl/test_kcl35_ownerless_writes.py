@@ -99,3 +99,47 @@ def test_a_java_2x_lease_never_taken_by_this_protocol_is_java_held(table):
     # DynamoDBLeaseSerializer without entityType (KCL 2.x): leaseKey, leaseOwner, leaseCounter, checkpoint, ...
     put(table, {k: v for k, v in JAVA_HELD.items() if k not in ("leaseClaim", CLAIM_OWNER_ATTRIBUTE, "entityType")})
     assert table.checkpoint(KEY, Checkpoint(seq(300))) is False and table.end(KEY) is False
+
+
+# A KCL 3.x leader's graceful hand-off (DynamoDBLeaseRefresher.initiateLeaseHandoff): leaseOwner = the next
+# owner, checkpointOwner = the live holder, the counter untouched. Here the next owner is our consumer, whose
+# earlier take left leaseClaimOwner = its worker id; the Java holder is still finishing (it renews with its
+# counter alone and ends with its checkpoint).
+JAVA_HANDING_TO_US = {**JAVA_HELD, "leaseOwner": {"S": "consumer-a"}, "checkpointOwner": {"S": "java-worker-1"}}
+
+
+def java_finish_handoff(table: LeaseTable, counter: int, sequence: str) -> None:
+    """The Java holder's last writes: its checkpoint (updateLease, fenced by the counter), then the eviction
+    that removes checkpointOwner (counter + 1) so the next owner can start."""
+    java_checkpoint(table, counter, sequence)
+    table.client.update_item(
+        TableName=table.table_name, Key={"leaseKey": {"S": KEY}},
+        UpdateExpression="SET leaseCounter = :next REMOVE checkpointOwner",
+        ConditionExpression="leaseCounter = :c AND checkpointOwner = :holder",
+        ExpressionAttributeValues={":c": {"N": str(counter + 1)}, ":next": {"N": str(counter + 2)},
+                                   ":holder": {"S": "java-worker-1"}})
+
+
+def test_the_pipelines_checkpoint_never_lands_during_a_java_holders_hand_off_so_it_never_goes_back(table):
+    put(table, JAVA_HANDING_TO_US)
+    seen = [raw(table)["checkpoint"]["S"]]
+    assert table.checkpoint(KEY, Checkpoint(seq(300))) is False  # the Java holder still owns the checkpoint
+    seen.append(raw(table)["checkpoint"]["S"])
+    java_finish_handoff(table, 12, seq(250))
+    seen.append(raw(table)["checkpoint"]["S"])
+    assert seen == [seq(200), seq(200), seq(250)] == sorted(seen)
+    assert table.checkpoint(KEY, Checkpoint(seq(300))) is True  # handed over to our holder: ours again
+
+
+def test_the_pipelines_end_never_lands_during_a_java_holders_hand_off_so_the_shard_stays_ended(table):
+    put(table, JAVA_HANDING_TO_US)
+    assert table.end(KEY) is False
+    java_finish_handoff(table, 12, seq(250))
+    item = raw(table)
+    assert item["leaseOwner"] == {"S": "consumer-a"} and "checkpointOwner" not in item
+    assert table.end(KEY) is True and raw(table)["checkpoint"] == {"S": "SHARD_END"}
+
+
+def test_a_workers_flush_never_lands_during_a_hand_off_naming_it_as_the_next_owner(table):
+    put(table, JAVA_HANDING_TO_US)
+    assert table.checkpoint(KEY, Checkpoint(seq(300)), unless_held_by_another="consumer-a") is False

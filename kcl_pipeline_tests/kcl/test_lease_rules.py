@@ -160,6 +160,16 @@ def test_the_ownerless_checkpoint_and_end_never_write_under_a_java_holder():
     assert rules.end(lease(owner="java-worker"), "java-worker", 7) is not None  # a holder's own fenced end
 
 
+def test_the_ownerless_checkpoint_and_end_never_write_while_a_hand_off_is_in_flight():
+    # A KCL 3.x leader hands a Java holder's lease to our worker, whose earlier take left leaseClaimOwner:
+    # the Java holder (checkpointOwner) still checkpoints and renews until it steps aside.
+    handing = lease(owner="w1", extra={rules.CLAIM_OWNER_ATTRIBUTE: "w1", rules.HANDOFF_ATTRIBUTE: "java-worker"})
+    assert rules.checkpoint(handing, Checkpoint("200")) is None
+    assert rules.end(handing) is None
+    stepped_aside = replace(handing, extra={rules.CLAIM_OWNER_ATTRIBUTE: "w1"})
+    assert rules.checkpoint(stepped_aside, Checkpoint("200")) is not None
+
+
 @pytest.mark.parametrize("sentinel", [SHARD_END, TRIM_HORIZON, LATEST, AT_TIMESTAMP])
 def test_checkpoint_refuses_sentinels(sentinel):
     with pytest.raises(ValueError):

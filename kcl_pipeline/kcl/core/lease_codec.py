@@ -276,9 +276,11 @@ _SHARD_END = {"S": SHARD_END}
 
 # A free lease has no owner; Java may have written an explicit NULL, which also means free.
 _FREE = "(attribute_not_exists(leaseOwner) OR attribute_type(leaseOwner, :NULL))"
-# Free, or held by a holder of this protocol (lease_rules.CLAIM_OWNER_ATTRIBUTE): what an ownerless write needs.
+# Free, or held by a holder of this protocol (lease_rules.CLAIM_OWNER_ATTRIBUTE), and no hand-off in flight
+# (lease_rules.ownerless_write_refused): what an ownerless write needs.
+_NO_HANDOFF = f"attribute_not_exists({HANDOFF_ATTRIBUTE})"
 _OURS_OR_FREE = ("(attribute_not_exists(leaseOwner) OR attribute_type(leaseOwner, :NULL) "
-                 f"OR leaseOwner = {CLAIM_OWNER_ATTRIBUTE})")
+                 f"OR leaseOwner = {CLAIM_OWNER_ATTRIBUTE}) AND {_NO_HANDOFF}")
 _HELD = "leaseOwner = :me AND leaseCounter = :mine"
 
 # The portable checkpoint condition: size() takes a path, so the new sequence's length is its own number
@@ -505,7 +507,7 @@ def checkpoint_write(key: str, cp: Checkpoint, *, unless_held_by_another: str | 
     protocol (never under a Java holder: lease_rules.CLAIM_OWNER_ATTRIBUTE)."""
     condition, values = _advancing_checkpoint(cp, "checkpoint", " (use end() for SHARD_END)")
     if unless_held_by_another is not None:
-        condition = f"{condition} AND ({_FREE} OR leaseOwner = :me)"
+        condition = f"{condition} AND ({_FREE} OR leaseOwner = :me) AND {_NO_HANDOFF}"
         values = {**values, ":NULL": {"S": "NULL"}, ":me": {"S": unless_held_by_another}}
     else:  # the pipeline's commit: never under a Java holder, whose next checkpoint would move it back
         condition = f"{condition} AND {_OURS_OR_FREE}"

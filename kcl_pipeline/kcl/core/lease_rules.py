@@ -34,7 +34,8 @@ process under the same worker id — fails its next write. Only the ownerless ch
 Every write that moves the checkpoint (a checkpoint, SHARD_END) also removes pendingCheckpoint*, as Java's
 setCheckpoint does.
 
-OURS_OR_FREE: no leaseOwner (or a NULL one), or leaseOwner = leaseClaimOwner (CLAIM_OWNER_ATTRIBUTE).
+OURS_OR_FREE: no leaseOwner (or a NULL one), or leaseOwner = leaseClaimOwner (CLAIM_OWNER_ATTRIBUTE); and no
+graceful hand-off in flight (no checkpointOwner: its holder still checkpoints and renews until it steps aside).
 
 CHECKPOINT_ADVANCES: checkpoint <> SHARD_END and (a starting sentinel, or (length, lexicographic) of the
 sequence is smaller, or equal sequence and a smaller sub-sequence — a missing sub-sequence reads as 0).
@@ -225,15 +226,24 @@ def held_by_another_protocol(lease: Lease) -> bool:
     return lease.lease_owner is not None and lease.extra.get(CLAIM_OWNER_ATTRIBUTE) != lease.lease_owner
 
 
+def ownerless_write_refused(lease: Lease) -> bool:
+    """An ownerless write (the pipeline's checkpoint and end, a worker's flush after its lease went) would land
+    under a live holder: one of another protocol, or any holder still finishing a graceful hand-off
+    (`checkpointOwner`). A KCL 3.x leader's hand-off names the next owner in `leaseOwner`, which may be a
+    worker of ours whose earlier take left `leaseClaimOwner`, while the Java holder still checkpoints (its
+    checkpoint would move ours back) and may end its hand-off after our SHARD_END (un-ending the shard)."""
+    return held_by_another_protocol(lease) or HANDOFF_ATTRIBUTE in lease.extra
+
+
 def checkpoint(lease: Lease | None, new: Checkpoint) -> Lease | None:
     """The ownerless checkpoint (the pipeline's commit): forward only, counter untouched, and only while the
-    lease is free or held by this protocol (`held_by_another_protocol`).
+    lease is free or held by this protocol with no hand-off in flight (`ownerless_write_refused`).
 
     SHARD_END is written by `end`, never here; a starting sentinel is never a checkpoint.
     """
     if new.is_sentinel:
         raise ValueError(f"checkpoint takes a sequence number, not {new.sequence_number} (use end() for SHARD_END)")
-    if lease is None or held_by_another_protocol(lease) or not checkpoint_advances(lease.checkpoint, new):
+    if lease is None or ownerless_write_refused(lease) or not checkpoint_advances(lease.checkpoint, new):
         return None
     return _copy(lease, checkpoint=new, owner_switches_since_checkpoint=0, extra=without_pending(lease.extra))
 
@@ -255,7 +265,7 @@ def end(lease: Lease | None, owner: str | None = None, counter: int | None = Non
         if not _held_by(lease, owner, counter):
             return None
         changes["lease_counter"] = counter + 1
-    elif held_by_another_protocol(lease):
+    elif ownerless_write_refused(lease):
         return None
     return _copy(lease, checkpoint=Checkpoint(SHARD_END, lease.checkpoint.sub_sequence_number),
                  lease_owner=None, owner_switches_since_checkpoint=0, extra=without_pending(lease.extra), **changes)
