@@ -188,6 +188,8 @@ class Holder:
             return True
         if isinstance(effect, fx.Release):
             return getattr(self, "release_ok", True)
+        if isinstance(effect, fx.Locked):
+            return fx.drive(effect.body, self)
         return None
 
 
@@ -346,3 +348,78 @@ def test_a_stopping_holder_whose_hand_off_finish_lost_to_the_askers_withdrawal_r
     result = fx.drive(life._shutdown("s-0", fx.Status(100.0, HOLD_LOST, True)), answer)
     assert result.outcome is LifeOutcome.SHUTDOWN
     assert [e.lease for e in script.effects if isinstance(e, fx.ReleaseObserved)] == [given_back]
+
+
+class Renewing:
+    """Answers one heartbeat of a holder: its renewal refused, the table showing `table_lease`."""
+
+    def __init__(self, table_lease: Lease | None, hold: LeaseHold):
+        self.table_lease = table_lease
+        self.hold = hold
+        self.effects: list = []
+        self.pending: Checkpoint | None = Checkpoint("140")
+
+    def __call__(self, effect):
+        self.effects.append(type(effect).__name__)
+        if isinstance(effect, fx.Locked):
+            return fx.drive(effect.body, self)
+        if isinstance(effect, fx.Check):
+            return fx.Status(100.0, self.hold, False)
+        if isinstance(effect, fx.TakePending):
+            cp, self.pending = self.pending, None
+            return cp
+        if isinstance(effect, fx.RestorePending):
+            self.pending = effect.checkpoint
+            return None
+        if isinstance(effect, fx.Renew):
+            self.hold = self.hold.after_renew(Outcome.REFUSED, 100.0, TIMING, 100.0)
+            return Outcome.REFUSED
+        if isinstance(effect, fx.GetLease):
+            return self.table_lease
+        if isinstance(effect, fx.Asked):
+            handing = life.asked(self.hold, effect.current)
+            self.hold = handing or self.hold
+            return handing is not None
+        if isinstance(effect, fx.RenewAsked):
+            self.hold = self.hold.after_renew(Outcome.APPLIED, 100.0, TIMING, 100.0)
+            return Outcome.APPLIED
+        if isinstance(effect, fx.Reinstate):
+            return False
+        return None
+
+
+HELD = LeaseHold("s-0", "holder", 12, valid_until=105.0)
+
+
+def test_a_holder_asked_to_hand_off_keeps_renewing_and_keeps_its_checkpoint_for_the_last_write():
+    asked = Lease("s-0", Checkpoint("100"), "taker", 12, extra={"checkpointOwner": "holder"})
+    script = Renewing(asked, HELD)
+    fx.drive(life.heartbeat_once(), script)
+    assert script.effects.count("RenewAsked") == 1
+    assert script.hold.lost is None and script.hold.handing_to == "taker" and script.hold.counter == 13
+    assert not script.hold.may_deliver(100.0)  # delivery stops; the hand-off's last write follows
+    assert script.pending == Checkpoint("140")
+    fx.drive(life.heartbeat_once(), script)  # the next heartbeat renews as checkpointOwner straight away
+    assert script.effects.count("Renew") == 1 and script.effects.count("RenewAsked") == 2
+    assert script.hold.counter == 14 and script.pending == Checkpoint("140")
+
+
+@pytest.mark.parametrize("table_lease", [
+    Lease("s-0", Checkpoint("100"), "thief", 13),  # a plain steal
+    Lease("s-0", Checkpoint("100"), "taker", 13, extra={"checkpointOwner": "holder"}),  # taken over meanwhile
+    None,
+])
+def test_a_refused_renewal_without_a_hand_off_asked_of_this_holder_still_loses_the_lease(table_lease):
+    script = Renewing(table_lease, HELD)
+    fx.drive(life.heartbeat_once(), script)
+    assert "RenewAsked" not in script.effects and script.hold.lost is not None
+
+
+def test_the_renewal_of_an_asked_holder_is_fenced_on_its_counter_and_its_checkpoint_owner(table):
+    table.create(Lease("s-0", Checkpoint(TRIM_HORIZON), "holder", 7))
+    assert table.initiate_handoff("s-0", "taker", "holder", 7, "c1")
+    assert table.renew_asked("s-0", "holder", 7) and table.get("s-0").lease_counter == 8
+    assert not table.renew_asked("s-0", "holder", 7)  # a stale counter
+    assert not table.renew_asked("s-0", "someone", 8)
+    assert table.finish_handoff("s-0", "holder", 8, Checkpoint("100"))
+    assert not table.renew_asked("s-0", "holder", 9)  # stepped aside: nothing more to renew

@@ -469,3 +469,62 @@ def test_a_lease_of_a_deleted_and_recreated_stream_is_not_read_from_the_new_stre
     result = out[0]
     assert result.outcome is LifeOutcome.FAILED and "re-created" in result.detail, result
     assert proc.records == [] and table.get(key).lease_owner is None  # nothing read, the lease released
+
+
+class SlowToLand(Recorder):
+    """Checkpoints at the next heartbeat and takes `seconds` to land what it has when asked to stop."""
+
+    def __init__(self, seconds: float):
+        super().__init__(checkpoint=False)
+        self.seconds = seconds
+
+    def process_records(self, batch):
+        super().process_records(batch)
+        if batch.records:
+            batch.checkpointer.checkpoint_at_next_heartbeat()
+
+    def shutdown_requested(self, checkpointer):
+        super().shutdown_requested(checkpointer)
+        time.sleep(self.seconds)
+
+
+def java_leader_hands_off(table: LeaseTable, shard: str, holder: str, to: str) -> None:
+    """KCL 3.x's LeaseAssignmentManager → DynamoDBLeaseRefresher.initiateLeaseHandoff: leaseOwner = the next
+    owner, checkpointOwner = the holder, the counter untouched; expected: the holder, no checkpointOwner."""
+    table.client.update_item(
+        TableName=table.table_name, Key={"leaseKey": {"S": shard}},
+        UpdateExpression="SET leaseOwner = :new, checkpointOwner = :holder",
+        ConditionExpression="leaseOwner = :holder AND attribute_not_exists(checkpointOwner) "
+                            "AND attribute_exists(leaseKey)",
+        ExpressionAttributeValues={":new": {"S": to}, ":holder": {"S": holder}})
+
+
+def test_a_holder_asked_to_hand_off_by_a_java_leader_renews_until_its_last_write(setup):
+    """The holder lands for three expiries after the ask. A KCL 3.x leader judges a lease whose counter stands
+    still for its failover time expired and reassigns it (assignLease), refusing the hand-off's checkpoint, so
+    the new owner re-reads what was landed; the holder renews as checkpointOwner meanwhile, as Java's does."""
+    config, table, (shard,) = setup(records=20)
+    proc = SlowToLand(seconds=3 * config.lease_expiry_seconds)
+    worker = LeaseWorker(config, table.get(shard), proc)
+    t, out = _start(worker)
+    _wait(lambda: len(proc.records) == 20)
+    time.sleep(3 * config.heartbeat_seconds)
+    java_leader_hands_off(table, shard, "me", "java-worker-2")
+    asked_at = table.get(shard).lease_counter
+    counters = []
+    while t.is_alive() and len(counters) < 400:
+        lease = table.get(shard)
+        counters.append((time.monotonic(), lease.lease_counter, lease.extra.get("checkpointOwner")))
+        time.sleep(0.05)
+    t.join(10)
+    assert out[0].outcome is LifeOutcome.HANDED_OFF, out[0]
+    # While it was checkpointOwner, the counter never stood still for an expiry (minus the margin).
+    while_asked = [(at, counter) for at, counter, owner in counters if owner == "me"]
+    changes = [at for (at, counter), (_, before) in zip(while_asked[1:], while_asked) if counter != before]
+    marks = [while_asked[0][0], *changes, while_asked[-1][0]]
+    assert max(b - a for a, b in zip(marks, marks[1:])) < config.lease_expiry_seconds - config.validity_margin_seconds
+    assert while_asked[-1][1] > asked_at
+    lease = table.get(shard)
+    assert lease.lease_owner == "java-worker-2" and "checkpointOwner" not in lease.extra
+    assert lease.checkpoint == proc.records[-1].checkpoint  # the hand-off's last write carried it
+    assert ("shutdown_requested",) in proc.calls and ("lease_lost",) not in proc.calls

@@ -209,6 +209,20 @@ class Renew(LifeEffect):
 
 
 @dataclass(frozen=True)
+class RenewAsked(LifeEffect):
+    """Renew a lease this holder was asked to hand off (`LeaseTable.renew_asked`, fenced on the hold's counter)
+    through the hold, as `Renew`. → Outcome"""
+
+
+@dataclass(frozen=True)
+class Asked(LifeEffect):
+    """A renewal was refused; `asked(hold, current)` tells whether a graceful hand-off of the lease is asked of
+    this holder (then the hold is kept, renewed by `RenewAsked`, and delivery stops). → bool"""
+
+    current: Lease | None
+
+
+@dataclass(frozen=True)
 class End(LifeEffect):
     """The holder's fenced SHARD_END through the hold (`finished_end`). → Outcome"""
 
@@ -366,11 +380,11 @@ def drive(coroutine: Generator[Any, Any, T], handle: Callable[[Any], Any]) -> T:
 
 
 __all__ = [
-    "Abandon", "Acquire", "Attributes", "AttributesRejected", "Begin", "CancelHandoff", "Check", "Checkpointed",
-    "Create", "CycleEffect", "Delete", "Deliver", "DuplicateWorkerId", "Effect", "End", "FinishHandoff", "GetLease",
-    "HeartbeatFailed", "InitiateHandoff", "LifeEffect", "ListShards", "Locked", "MarkEnded", "Notification",
-    "Notify", "Now", "OwnerlessCheckpoint", "PeerMetrics", "Poll", "PublishWorkerMetrics", "ReadLeases",
-    "ReadWorkerMetrics", "Reinstate", "Release", "ReleaseObserved", "Renew", "RestorePending", "ScanTable",
-    "Scanned", "ShardEnded", "Spawn", "StartHeartbeats", "Status", "Stopping", "TakePending", "Wait",
-    "WaitForChange", "drive",
+    "Abandon", "Acquire", "Asked", "Attributes", "AttributesRejected", "Begin", "CancelHandoff", "Check",
+    "Checkpointed", "Create", "CycleEffect", "Delete", "Deliver", "DuplicateWorkerId", "Effect", "End",
+    "FinishHandoff", "GetLease", "HeartbeatFailed", "InitiateHandoff", "LifeEffect", "ListShards", "Locked",
+    "MarkEnded", "Notification", "Notify", "Now", "OwnerlessCheckpoint", "PeerMetrics", "Poll",
+    "PublishWorkerMetrics", "ReadLeases", "ReadWorkerMetrics", "Reinstate", "Release", "ReleaseObserved", "Renew",
+    "RenewAsked", "RestorePending", "ScanTable", "Scanned", "ShardEnded", "Spawn", "StartHeartbeats", "Status",
+    "Stopping", "TakePending", "Wait", "WaitForChange", "drive",
 ]

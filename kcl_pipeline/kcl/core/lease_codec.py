@@ -429,6 +429,21 @@ def cancel_handoff_write(key: str, new_owner: str, holder: str, counter: int, cl
                       and seen.extra.get(CLAIM_ATTRIBUTE) == claim))
 
 
+def renew_asked_write(key: str, holder: str, counter: int) -> Write:
+    """A holder asked to hand off renews until its last write, as a Java 3.x holder does (its renewal drops the
+    checkpointOwner expectation once asked): the counter moved on while `checkpointOwner` still names it, fenced
+    on its counter. Without it the counter stands still while the holder lands what it delivered, and a KCL 3.x
+    leader judges the lease expired and reassigns it before the hand-off's checkpoint."""
+    values: dict[str, dict] = {":holder": {"S": holder}, ":mine": {"N": str(counter)},
+                               ":next": {"N": str(counter + 1)}, ":SHARD_END": _SHARD_END}
+    return Write("update_item", key, {
+        "Key": item_key(key), "UpdateExpression": "SET leaseCounter = :next",
+        "ConditionExpression": f"{HANDOFF_ATTRIBUTE} = :holder AND leaseCounter = :mine AND checkpoint <> :SHARD_END",
+        "ExpressionAttributeValues": values},
+        lambda seen: (seen is not None and seen.lease_counter == counter + 1
+                      and seen.extra.get(HANDOFF_ATTRIBUTE) == holder))
+
+
 def finish_handoff_write(key: str, holder: str, counter: int, checkpoint: Checkpoint | None) -> Write:
     """The old holder's last write of a hand-off, fenced on its counter: the counter moved on,
     `checkpointOwner` removed, and the checkpoint when given (under its forward-only condition too)."""

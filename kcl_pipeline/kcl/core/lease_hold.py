@@ -52,6 +52,9 @@ class LeaseHold:
     valid_until: float      # monotonic deadline for delivering (see the module docstring)
     lost: str | None = None  # why the lease is no longer ours; None while held
     ended: bool = False     # SHARD_END written (by us or by the pipeline's commit)
+    # A graceful hand-off of this lease to that worker is in flight (we are its checkpointOwner): delivery
+    # has stopped, but the hold is renewed until its last write steps aside.
+    handing_to: str | None = None
 
     @classmethod
     def acquired(cls, lease: Lease, sent_at: float, timing: LeaseTiming) -> "LeaseHold":
@@ -60,7 +63,7 @@ class LeaseHold:
         return cls(lease.lease_key, lease.lease_owner, lease.lease_counter, timing.valid_until(sent_at))
 
     def may_deliver(self, now: float) -> bool:
-        return self.lost is None and not self.ended and now < self.valid_until
+        return self.lost is None and not self.ended and self.handing_to is None and now < self.valid_until
 
     def held(self, now: float) -> "LeaseHold":
         """The hold as of `now`: lost once the validity has passed without a successful write."""

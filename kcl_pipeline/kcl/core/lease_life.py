@@ -43,6 +43,7 @@ from typing import Any, Generator, Sequence, TypeGuard
 from . import coverage
 from .effects import (
     Acquire,
+    Asked,
     Attributes,
     AttributesRejected,
     Begin,
@@ -70,6 +71,7 @@ from .effects import (
     Release,
     ReleaseObserved,
     Renew,
+    RenewAsked,
     RestorePending,
     Scanned,
     ScanTable,
@@ -166,6 +168,21 @@ def reinstated(hold: LeaseHold, current: Lease | None) -> LeaseHold | None:
             and current.lease_counter == hold.counter:
         return replace(hold, lost=None)
     return None
+
+
+def asked(hold: LeaseHold, current: Lease | None) -> LeaseHold | None:
+    """After a refused renewal: the hold again, handing the lease to its next owner, when the table shows a
+    graceful hand-off asked of this holder (`asked_to_hand_off`); None otherwise. The holder then renews as
+    `checkpointOwner` until its last write, as a Java 3.x holder does, and delivers no more."""
+    if hold.ended or not asked_to_hand_off(hold, current):
+        return None
+    assert current is not None
+    return replace(hold, lost=None, handing_to=current.lease_owner)
+
+
+def handed_off(hold: LeaseHold) -> LeaseHold:
+    """After the hand-off's last write applied: no longer ours (the heartbeats stop)."""
+    return replace(hold, lost=f"handed off to {hold.handing_to or 'the next owner'}")
 
 
 def heartbeats_continue(hold: LeaseHold) -> bool:
@@ -406,8 +423,8 @@ def _hand_off_on_shutdown(hold: LeaseHold) -> Generator[LifeEffect, Any, bool]:
     read, or racing our finish), the lease is ours again: release it."""
     try:
         current = yield GetLease()
-        if asked_to_hand_off(hold, current):
-            if (yield FinishHandoff(None)):
+        if hold.handing_to is not None or asked_to_hand_off(hold, current):
+            if (yield Locked(_finish_handoff(None))):
                 return True
             current = yield GetLease()  # refused: the asker may have withdrawn meanwhile, giving it back
         yield from _release_if_given_back(hold, current)
@@ -438,13 +455,14 @@ def _lost(key: str, hold: LeaseHold) -> Life:
         current = yield GetLease()
     except Exception:  # unreachable: treated as lost; a hand-off not finished is taken from cold
         current = None
-    if asked_to_hand_off(hold, current):
+    if hold.handing_to is not None or asked_to_hand_off(hold, current):
         # A graceful hand-off (KCL 3.x's checkpointOwner): delivery has stopped; the processor lands and
-        # checkpoints what it delivered, the last write hands the lease over and the new owner starts.
+        # checkpoints what it delivered while the heartbeats go on renewing, then the last write hands the
+        # lease over and the new owner starts.
         yield Notify(Notification.SHUTDOWN_REQUESTED)
         cp = yield TakePending()
         try:
-            handed = yield FinishHandoff(cp)
+            handed = yield Locked(_finish_handoff(cp))
         except Exception:
             handed = False
         if handed:
@@ -467,6 +485,15 @@ def _lost(key: str, hold: LeaseHold) -> Life:
     except Exception:  # unreachable: the lease expires
         pass
     return LifeResult(key, LifeOutcome.LEASE_LOST, hold.lost or "no longer valid")
+
+
+def _finish_handoff(cp: Checkpoint | None) -> Generator[LifeEffect, Any, bool]:
+    """The hand-off's last write, under the write lock: the heartbeats' renewals move the counter it is fenced
+    on, so the hand-off is judged from the hold and the table as they are now."""
+    status = yield Check()
+    if not asked_to_hand_off(status.hold, (yield GetLease())):
+        return False
+    return bool((yield FinishHandoff(cp)))
 
 
 def flush_pending() -> Generator[LifeEffect, Any, None]:
@@ -519,6 +546,10 @@ def heartbeat_once() -> Generator[LifeEffect, Any, None]:
 
 
 def _heartbeat_locked(pending: Checkpoint | None) -> Generator[LifeEffect, Any, None]:
+    status = yield Check()
+    if status.hold.handing_to is not None:
+        yield from _renew_asked(pending)
+        return
     attributes = yield Attributes()
     try:
         outcome = yield Renew(attributes, pending)
@@ -530,9 +561,16 @@ def _heartbeat_locked(pending: Checkpoint | None) -> Generator[LifeEffect, Any, 
         outcome = yield Renew(None, pending)
     if outcome is Outcome.APPLIED and pending is not None:
         yield Checkpointed(pending)
-    elif outcome is Outcome.REFUSED and pending is not None:
+    elif outcome is Outcome.REFUSED:
+        current = yield GetLease()
+        if (yield Asked(current)):
+            coverage.hit("life.handoff.holder-asked-renews")
+            yield from _renew_asked(pending)
+            return
+        if pending is None:
+            return
         # Not holder, or the checkpoint is not ahead of the table's: tell them apart.
-        if (yield Reinstate((yield GetLease()))):
+        if (yield Reinstate(current)):
             coverage.hit("life.checkpoint.refused-then-reinstated")
             yield Renew(attributes, None)
         else:
@@ -540,9 +578,16 @@ def _heartbeat_locked(pending: Checkpoint | None) -> Generator[LifeEffect, Any, 
             yield RestorePending(pending)  # flushed when the delivery loop sees the loss: the records were processed
 
 
+def _renew_asked(pending: Checkpoint | None) -> Generator[LifeEffect, Any, None]:
+    """Renew a lease being handed off; a pending checkpoint waits for the hand-off's last write."""
+    if pending is not None:
+        yield RestorePending(pending)
+    yield RenewAsked()
+
+
 __all__ = [
-    "AtTimestampUnknown", "LeaseLost", "Life", "LifeOutcome", "LifeResult", "LifeSettings", "asked_to_hand_off",
-    "finished_end", "finished_release", "flush_pending", "handoff_timeout", "heartbeat_once", "heartbeats_continue",
-    "lease_life", "may_write", "reinstated", "renewed", "start_position", "wait_between_polls_for_end",
-    "write_checkpoint",
+    "AtTimestampUnknown", "LeaseLost", "Life", "LifeOutcome", "LifeResult", "LifeSettings", "asked",
+    "asked_to_hand_off", "finished_end", "finished_release", "flush_pending", "handed_off", "handoff_timeout",
+    "heartbeat_once", "heartbeats_continue", "lease_life", "may_write", "reinstated", "renewed", "start_position",
+    "wait_between_polls_for_end", "write_checkpoint",
 ]

@@ -20,6 +20,8 @@ process under the same worker id — fails its next write. Only the ownerless ch
     heartbeat   UpdateItem  SET leaseCounter = :mine + 1 [, <progress>] [, <checkpoint>]
                             if leaseOwner = :me AND leaseCounter = :mine AND checkpoint <> :SHARD_END
                                [AND <CHECKPOINT_ADVANCES> when a checkpoint rides along]
+    renew asked UpdateItem  SET leaseCounter = :mine + 1
+                            if checkpointOwner = :me AND leaseCounter = :mine AND checkpoint <> :SHARD_END
     checkpoint  UpdateItem  SET checkpoint = :seq, checkpointSubSequenceNumber = :sub,
                                 ownerSwitchesSinceCheckpoint = :zero        (ownerless; counter untouched)
                             if <CHECKPOINT_ADVANCES> AND <OURS_OR_FREE>
@@ -213,6 +215,15 @@ def heartbeat(lease: Lease | None, owner: str, counter: int, attributes: Mapping
     if checkpoint is not None:
         changes.update(checkpoint=checkpoint, owner_switches_since_checkpoint=0, extra=without_pending(extra))
     return _copy(lease, **changes)
+
+
+def renew_asked(lease: Lease | None, holder: str, counter: int) -> Lease | None:
+    """A holder asked to hand off (it is `checkpointOwner`; `leaseOwner` names the next owner) renews, fenced on
+    its counter, until its last write steps aside."""
+    if lease is None or lease.is_ended or lease.extra.get(HANDOFF_ATTRIBUTE) != holder \
+            or lease.lease_counter != counter:
+        return None
+    return _copy(lease, lease_counter=counter + 1)
 
 
 def without_pending(extra: Mapping[str, Any]) -> dict[str, Any]:

@@ -50,6 +50,7 @@ from ..core.lease_codec import (
     lease_from_item,
     owner_index_active,
     release_write,
+    renew_asked_write,
 )
 from ..core.model import Checkpoint, Lease
 
@@ -231,6 +232,11 @@ class LeaseTable:
         it was asked, which is why `counter` does not fence this write). False when the holder finished
         meanwhile (or the lease moved on)."""
         return self._write(cancel_handoff_write(key, new_owner, holder, counter, claim)).applied
+
+    def renew_asked(self, key: str, holder: str, counter: int) -> bool:
+        """Renew a lease this holder was asked to hand off (it is `checkpointOwner`), fenced on its counter;
+        False when the hand-off was withdrawn, taken over or finished."""
+        return self._write(renew_asked_write(key, holder, counter)).applied
 
     def finish_handoff(self, key: str, holder: str, counter: int, checkpoint: Checkpoint | None = None) -> bool:
         """The old holder's last write in a hand-off: its checkpoint (when given and ahead of the table's),

@@ -240,6 +240,19 @@ class HeldLease:
         with self._guard:
             self._set(self._hold.ended_by_pipeline())
 
+    def asked(self, current: Lease | None) -> bool:
+        """A refused renewal met a graceful hand-off asked of this holder: keep the hold, handing it over."""
+        with self._guard:
+            hold = life.asked(self._hold, current)
+            if hold is not None:
+                self._set(hold)
+            return hold is not None
+
+    def handed_off(self) -> None:
+        """The hand-off's last write applied: the lease is the next owner's."""
+        with self._guard:
+            self._set(life.handed_off(self._hold))
+
     def _set(self, hold: LeaseHold) -> None:
         if hold != self._hold:
             self._hold = hold
@@ -398,8 +411,23 @@ class LeaseWorker:
 
     def _finish_handoff(self, effect: fx.FinishHandoff) -> Steps:
         _, hold = self.held.current()
-        return (yield Call("finish-handoff", lambda: self.table.finish_handoff(
-            self.lease_key, self.config.worker_id, hold.counter, effect.checkpoint)))
+        handed = yield Call("finish-handoff", lambda: self.table.finish_handoff(
+            self.lease_key, self.config.worker_id, hold.counter, effect.checkpoint))
+        if handed:
+            self.held.handed_off()
+        return handed
+
+    def _renew_asked(self, _effect: fx.RenewAsked) -> Steps:
+        key, me = self.lease_key, self.config.worker_id
+        return (yield from self.held.renew(lambda counter: Call("renew-asked", lambda: self.table.renew_asked(
+            key, me, counter))))
+
+    def _asked(self, effect: fx.Asked) -> bool:
+        handing = self.held.asked(effect.current)
+        if handing:
+            log.info("%s: asked to hand off to %s: delivery stops, renewing until the hand-off's last write",
+                     self.lease_key, self.held.hold.handing_to)
+        return handing
 
     def _cancel_handoff(self, effect: fx.CancelHandoff) -> Steps:
         asked = effect.asked
@@ -657,6 +685,7 @@ class LeaseWorker:
         fx.Stopping: _stopping, fx.ReadLeases: _read_leases, fx.GetLease: _get_lease, fx.Check: _check,
         fx.Wait: _wait, fx.WaitForChange: _wait_for_change, fx.StartHeartbeats: _start_heartbeats,
         fx.Begin: _begin, fx.Poll: _poll, fx.Deliver: _deliver, fx.ShardEnded: _shard_ended, fx.Notify: _notify,
+        fx.RenewAsked: _renew_asked, fx.Asked: _asked,
         fx.Renew: _renew, fx.End: _end, fx.Release: _release, fx.Reinstate: _reinstate, fx.MarkEnded: _mark_ended,
         fx.OwnerlessCheckpoint: _ownerless_checkpoint, fx.Checkpointed: _checkpointed,
         fx.TakePending: _take_pending, fx.RestorePending: _restore_pending, fx.Attributes: _attributes,
