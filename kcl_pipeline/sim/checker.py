@@ -20,6 +20,8 @@ user record the stream holds, every delivery and every landed copy. Checked at e
 * no record of a child shard before every record of its parents;
 * a write the table applied is never reported as not applied (ambiguous outcomes are read back);
 * no record is landed twice; leases of other applications and streams, and non-lease items, never change;
+* a Java KCL 2.x peer's lease listing never fails: every item of a table it shares is one its serializer reads
+  (a non-lease item of ours would stop its taker, its failover and its shard sync);
 * no lease stays owned but unworked for longer than one expiry plus one cycle (while a consumer could
   take it over).
 
@@ -86,6 +88,9 @@ class Checker:
         self.late_owned: set[str] = set()  # leases owned by a write applied after its worker's process ended
         self.gave_up: set[int] = set()  # workers whose own applied write let their lease go: they deliver no more
         self.held_since: dict[int, int] = {}  # worker serial → the order in which it first became a holder
+        # Our workers that held a lease when a Java KCL 2.x peer stole it: Java's steal waits for nothing, so the
+        # old holder may deliver until its next heartbeat is refused (Java's own at-least-once overlap).
+        self.java_stolen_from: set[int] = set()
         self._run_records: dict[str, list] = {}  # pipeline run → the records it transformed (ground truth)
         self.lost_after_commit: set[str] = set()  # batches the world deleted (or corrupted) after a commit named them
         # Those landed again (refilled), each with the shard's checkpoint then: what it had passed is still the
@@ -173,12 +178,19 @@ class Checker:
         who = ("java", tenure) if java else ("ours", worker.serial)
         deliverers = self.deliverers.setdefault(shard_id, [])
         if not deliverers or deliverers[-1][0] != who:
-            if any(seen == who for seen, _ in deliverers):
+            if (not java and worker.serial in self.java_stolen_from
+                    and any(seen[0] == "java" for seen, _ in deliverers)):
+                # Not a new holder: the Java tenure stays the latest, which no earlier holder may follow.
+                self.note(f"{worker!r} delivered {shard_id} after a Java KCL 2.x peer stole it (Java's steal "
+                          f"waits for nothing; its holder learns at its next heartbeat)")
+                who = deliverers[-1][0]
+            elif any(seen == who for seen, _ in deliverers):
                 self.violation(f"{worker!r} delivered {shard_id} {positions[0][1]}/{positions[0][2]} again after "
                                f"{deliverers[-1][1]} started delivering it: two holders delivered one shard at once")
             elif not java:
                 self._check_no_earlier_holder_could_deliver(worker, shard_id)
-            deliverers.append((who, repr(worker)))
+            if not deliverers or deliverers[-1][0] != who:
+                deliverers.append((who, repr(worker)))
         shard = self.stream.shards[shard_id]
         if shard_id not in self.started:
             self.started.add(shard_id)
@@ -196,6 +208,15 @@ class Checker:
                 delivered.add(p)
         self.deliveries += len(positions)
         self._prefix(shard_id)  # walks the delivered prefix on
+
+    def on_java_steal(self, shard_id: str) -> None:
+        """A Java KCL 2.x peer stole `shard_id` (a take of a lease it did not see expire)."""
+        self.java_stolen_from.update(worker.serial for worker in self.fleet.workers_by_key(shard_id))
+
+    def on_java_listing_failed(self, peer: Any, key: str | None, why: str) -> None:
+        """A Java KCL 2.x peer's listing threw on an item its serializer cannot read."""
+        self.violation(f"{peer!r}'s lease listing failed on item {key!r} ({why}): KCL 2.x's "
+                       f"DynamoDBLeaseSerializer cannot read it, so its taker, failover and shard sync stop")
 
     def _check_no_earlier_holder_could_deliver(self, worker: Any, shard_id: str) -> None:
         """A holder starts delivering a shard: no earlier holder of ours may still be able to deliver it —

@@ -2,10 +2,17 @@
 not this project's code):
 
 * a lease renewer: every expiry/3 (3.33 s) `SET leaseCounter = :c+1 IF leaseCounter = :c AND leaseOwner = :me`;
-  a lease is held while its last renewal (as the response arrived) is younger than the expiry (10 s);
-* a lease taker every 2 × expiry (20 s): scans, and takes leases unowned or whose counter it has seen
-  unchanged for the expiry, up to its share (`SET leaseOwner, leaseCounter = :c+1 IF leaseCounter = :c`;
-  it never steals in this model, and never takes SHARD_END);
+  a lease is held while its last renewal (as the response arrived) is younger than the expiry (10 s). It renews
+  the leases it holds by UpdateItem alone: a failed listing does not stop it;
+* a lease taker every 2 × expiry (20 s), as DynamoDBLeaseTaker: lists the table, reading every item as
+  DynamoDBLeaseSerializer.fromDynamoRecord does (`java2_rejects`: one item it cannot read fails the whole
+  listing, and that round takes nothing; the checker is told); counts the leases of each owner that it has not
+  seen unchanged for the expiry, itself included (target = ceil(leases / owners), or 1 when owners ≥ leases);
+  takes expired or unowned leases up to its target; when none is available and it is short of its target,
+  steals one lease (maxLeasesToStealAtOneTime) at random from the most loaded owner, if that owner holds more
+  than the target (or exactly the target while it needs more than one). Its steal waits for nothing: the old
+  holder finds out at its next renewal. Takes and steals are `SET leaseOwner, leaseCounter = :c+1 IF
+  leaseCounter = :c`; it never takes SHARD_END;
 * a shard consumer per held lease: blocks until every parent lease is SHARD_END or gone, delivers records
   after its checkpoint, checkpoints each batch (`leaseCounter` moves on), writes SHARD_END keeping its
   owner, and creates its children's leases — a merged child as soon as both parents' leases exist, which is
@@ -16,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -30,6 +38,25 @@ if TYPE_CHECKING:
     from .stage import Stage
 
 EXPIRY = 10.0
+# Lease's setters that refuse null (@NonNull): a number attribute fromDynamoRecord finds absent (or not of type N)
+# fails the item, and with it the whole listing (DynamoDBLeaseRefresher.list catches nothing of it).
+REQUIRED_NUMBERS = ("leaseCounter", "ownerSwitchesSinceCheckpoint")
+
+
+def java2_rejects(item: dict) -> str | None:
+    """Why KCL 2.x's DynamoDBLeaseSerializer.fromDynamoRecord throws on `item` (None: it reads it). It knows no
+    `entityType`: every item of the table is read as a lease."""
+    if not isinstance(item.get("leaseKey", {}).get("S"), str):
+        return "no string leaseKey"
+    for name in REQUIRED_NUMBERS:
+        number = item.get(name, {}).get("N")
+        if number is None:
+            return f"no number {name}"
+        try:
+            int(number)
+        except ValueError:
+            return f"{name} {number!r} is not a long"
+    return None
 RENEW_EVERY = EXPIRY / 3
 TAKE_EVERY = 2 * EXPIRY
 POLL_EVERY = 1.0
@@ -56,6 +83,8 @@ class JavaPeer:
                                         now=lambda: world.now, later=world.apply_later)
         self.held: dict[str, _Held] = {}
         self.seen: dict[str, tuple[int, str | None, float]] = {}
+        # Which lease a steal picks (Java shuffles the victim's leases): a stream of its own.
+        self.steal_rng = random.Random(f"{world.scenario.seed}-java-steal-{worker_id}")
 
     def __repr__(self) -> str:
         return f"java peer {self.worker_id}"
@@ -102,6 +131,12 @@ class JavaPeer:
             items = self._call("scan", ConsistentRead=True)["Items"]
         except Exception:
             return
+        for item in items:
+            why = java2_rejects(item)
+            if why is not None:  # the listing throws: this round takes nothing
+                self.world.stats["java listings failed"] += 1
+                self.world.checker.on_java_listing_failed(self, item.get("leaseKey", {}).get("S"), why)
+                return
         now = self.host.monotonic()
         listed = {s.shard_id for s in self.world.stream.listed()}
         leases = [lease for lease in (lease_from_item(i) for i in items) if lease is not None
@@ -113,27 +148,47 @@ class JavaPeer:
             seen[lease.lease_key] = previous if previous and previous[:2] == state else (*state, now)
         self.seen = seen
         live = [lease for lease in leases if not lease.is_ended]
-        owners = {lease.lease_owner for lease in live if lease.lease_owner} | {self.worker_id}
-        target = math.ceil(len(live) / len(owners))
-        for lease in sorted(live, key=lambda x: x.lease_key):
-            if len(self.held) >= target:
-                break
-            key = lease.lease_key
-            if key in self.held:
-                continue
-            expired = lease.lease_owner is None or now - seen[key][2] > EXPIRY
-            if not expired:
-                continue
-            try:
-                taken = self._update(key, "SET leaseOwner = :me, leaseCounter = :next "
-                                          "ADD ownerSwitchesSinceCheckpoint :one", "leaseCounter = :c",
-                                     {":me": {"S": self.worker_id}, ":c": {"N": str(lease.lease_counter)},
-                                      ":next": {"N": str(lease.lease_counter + 1)}, ":one": {"N": "1"}})
-            except Exception:
-                continue
-            if taken:
-                self.held[key] = _Held(lease.lease_counter + 1, self.host.monotonic(), self.world.next_serial())
-                self.world.stats["java takes"] += 1
+        available = [lease for lease in live if lease.lease_key not in self.held and (
+            lease.lease_owner is None or now - seen[lease.lease_key][2] > EXPIRY)]
+        free = {lease.lease_key for lease in available}
+        counts: dict[str, int] = {self.worker_id: 0}
+        for lease in live:
+            if lease.lease_key not in free and lease.lease_owner is not None:
+                counts[lease.lease_owner] = counts.get(lease.lease_owner, 0) + 1
+        if not live:
+            return
+        target = 1 if len(counts) >= len(live) else math.ceil(len(live) / len(counts))
+        needed = target - counts[self.worker_id]
+        if needed <= 0:
+            return
+        if available:
+            for lease in sorted(available, key=lambda x: x.lease_key)[:needed]:
+                self._take_one(lease, stolen=False)
+            return
+        victim = max(sorted(counts), key=lambda owner: counts[owner])
+        steals = min(needed, counts[victim] - target)
+        if needed > 1 and steals == 0:
+            steals = 1
+        if counts[victim] < target or min(steals, 1) <= 0:
+            return
+        candidates = sorted((lease for lease in live if lease.lease_owner == victim), key=lambda x: x.lease_key)
+        self._take_one(self.steal_rng.choice(candidates), stolen=True)
+
+    def _take_one(self, lease, stolen: bool) -> None:
+        key = lease.lease_key
+        try:
+            taken = self._update(key, "SET leaseOwner = :me, leaseCounter = :next "
+                                      "ADD ownerSwitchesSinceCheckpoint :one", "leaseCounter = :c",
+                                 {":me": {"S": self.worker_id}, ":c": {"N": str(lease.lease_counter)},
+                                  ":next": {"N": str(lease.lease_counter + 1)}, ":one": {"N": "1"}})
+        except Exception:
+            return
+        if taken:
+            if stolen:
+                self.world.checker.on_java_steal(key)
+                self.world.stats["java steals"] += 1
+            self.held[key] = _Held(lease.lease_counter + 1, self.host.monotonic(), self.world.next_serial())
+            self.world.stats["java takes"] += 1
 
     # -- renewer -------------------------------------------------------------------------------------------
     def _renew(self) -> None:

@@ -15,7 +15,8 @@ The classes, as the issue that asked for them names them: fencing (`no-counter-f
 `deliver-until-full-expiry`, `no-check-before-delivery`), steals (`steal-waits-a-heartbeat`,
 `shell-spawn-forgets-steal`), hand-offs (`handoff-without-wait`, `handoff-timeout-taken-warm`), release and
 shutdown (`shutdown-without-release`, `shell-shutdown-without-terminate`), and the manager's and the
-landing's own (`ages-stamped-early`, `no-parent-gate`, `land-without-fence`, `delete-foreign`). The pipeline's,
+landing's own (`ages-stamped-early`, `no-parent-gate`, `land-without-fence`, `delete-foreign`), and the table
+a KCL 2.x fleet shares (`metrics-in-a-2x-table`). The pipeline's,
 as issue 20 names them: the audit trusting manifests (`audit-trusts-manifest`), the checkpoint plan past a
 missing batch (`plan-past-missing-batch`), the stale predecessor (`stale-predecessor`), a dead holder's start
 link (`dead-start-link`), rows_reconcile publishing before its check (`reconcile-publishes-unchecked`), a
@@ -92,6 +93,9 @@ MUTATIONS: dict[str, Mutation] = {m.name: m for m in (
     Mutation("land-without-fence", "landing ignores the zone: no resume after the last landed record, no "
              "exclusion of what landed batches hold", 60),
     Mutation("delete-foreign", "leases of other streams and applications treated as this stream's", 20),
+    Mutation("metrics-in-a-2x-table", "worker metrics written (and read) whatever the migration state: the "
+             "manager's first cycle puts a non-lease item into a lease table a KCL 2.x fleet shares", 100,
+             ("java-peer",)),
     # -- the pipeline (issue 20's classes)
     Mutation("audit-trusts-manifest", "the audit judges a window by its datasets' manifests when its commit is "
              "gone, not by the commit", 100, ("deleted-commit",)),
@@ -280,6 +284,9 @@ def _plant(name: str, stack: contextlib.ExitStack, world: Any) -> None:
     elif name == "unfenced-refill":
         _patch(stack, backfill, "_start_sink", "found = live_predecessor(store, directory, shard_id, first)",
                "found = None")
+    elif name == "metrics-in-a-2x-table":
+        _patch(stack, cycle, "manager_cycle", "publishing = fleet_mode.publishes_worker_metrics(state.fleet)",
+               "publishing = True")
     elif name == "delete-foreign":
         stack.enter_context(mock.patch.object(cycle, "scoped_leases", lambda leases, shards: list(leases)))
     else:

@@ -49,15 +49,20 @@ WINDOW_MS = 60_000
 WINDOW_GRACE_MS = 15_000
 WINDOW_OVERDUE_MS = 120_000
 
-# Items of other applications sharing the table: never to be changed.
-FOREIGN_ITEMS = (
+# Items of other applications sharing the table: never to be changed. The leases are written as Java writes them
+# (a KCL 2.x peer's listing reads them); the non-lease entity only where no KCL 2.x peer shares the table, since
+# its listing would fail on it (java.java2_rejects), as a real one's would.
+FOREIGN_LEASES = (
     {"leaseKey": {"S": "123456789012:orders:1700000000:shardId-000000000000"}, "leaseCounter": {"N": "3"},
      "checkpoint": {"S": "49590338271490256608559692538361571095921575989136588898"},
-     "checkpointSubSequenceNumber": {"N": "0"}, "streamName": {"S": "orders"}},
+     "checkpointSubSequenceNumber": {"N": "0"}, "ownerSwitchesSinceCheckpoint": {"N": "0"},
+     "streamName": {"S": "orders"}},
     {"leaseKey": {"S": "shardId-000000009999"}, "leaseCounter": {"N": "9"}, "checkpoint": {"S": "TRIM_HORIZON"},
-     "checkpointSubSequenceNumber": {"N": "0"}},
-    {"leaseKey": {"S": "Migration3.0"}, "entityType": {"S": "COORDINATOR_STATE"}, "cs": {"S": "KCL_3X_COMPATIBLE"}},
+     "checkpointSubSequenceNumber": {"N": "0"}, "ownerSwitchesSinceCheckpoint": {"N": "0"}},
 )
+FOREIGN_ENTITY = {"leaseKey": {"S": "Migration3.0"}, "entityType": {"S": "COORDINATOR_STATE"},
+                  "cs": {"S": "KCL_3X_COMPATIBLE"}}
+FOREIGN_ITEMS = (*FOREIGN_LEASES, FOREIGN_ENTITY)
 
 
 @dataclass
@@ -102,7 +107,7 @@ class World(Stage):
         self.dynamodb = SimDynamoDB()
         LeaseTable(self.table_name, SimDynamoDBClient(self.dynamodb, self.child_rng())).ensure_table()
         table = self.dynamodb.tables[self.table_name]
-        foreign = {item["leaseKey"]["S"]: item for item in FOREIGN_ITEMS}
+        foreign = {item["leaseKey"]["S"]: item for item in (FOREIGN_LEASES if scenario.java else FOREIGN_ITEMS)}
         table.items.update(foreign)
         # KCL 3.x's worker metrics table, which the managers read and write (kcl3_tables, as they ship).
         metrics_table = worker_metrics_table(self.config.application)

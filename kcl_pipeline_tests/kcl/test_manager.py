@@ -122,11 +122,20 @@ def test_a_frozen_local_worker_is_killed_and_its_lease_worked_again(fleet):
             frozen.kill()
 
 
+def upgrading(table: LeaseTable) -> None:
+    """KCL 3.5's migration state in the lease table, a 2.x → 3.x upgrade under way (written as Java writes it)."""
+    table.client.put_item(TableName=table.table_name, Item={
+        "leaseKey": {"S": "Migration3.0"}, "entityType": {"S": "CLIENT_VERSION_MIGRATION"},
+        "cv": {"S": "CLIENT_VERSION_UPGRADE_FROM_2X"}, "mb": {"S": "java-1"}, "mts": {"N": "1732441200000"}})
+
+
 def test_the_manager_writes_its_worker_metrics_every_period_with_its_leases_throughput(fleet, dynamodb_client):
     """Before: worker_metrics.publish existed and nothing called it, so a KCL 3.x fleet (and load-aware
-    peers) never saw this consumer's throughput. A new application is in KCL 3.5's one-table layout: the item is
-    the lease table's, keyed by the worker id (test_kcl35_layouts.py has the separate tables of 3.0–3.4)."""
+    peers) never saw this consumer's throughput. In KCL 3.5's one-table layout the item is the lease table's, keyed
+    by the worker id (test_kcl35_layouts.py has the separate tables of 3.0–3.4); only in a table a KCL 3.x fleet
+    upgrades (a 2.x table gets none: test_kcl2_table_items.py)."""
     manager, table, clock, spawned, (mine, peer_shard) = fleet()
+    upgrading(table)
     assert manager.settings.worker_metrics_period_seconds == 30.0  # ConsumerConfig's default
     table.create(Lease(mine, Checkpoint(TRIM_HORIZON), "me", 3))
     table.create(Lease(peer_shard, Checkpoint(TRIM_HORIZON), "peer", 3))
@@ -152,6 +161,7 @@ def test_the_manager_writes_its_worker_metrics_every_period_with_its_leases_thro
 
 def test_a_failed_worker_metrics_write_never_fails_the_cycle(fleet, caplog):
     manager, table, clock, spawned, _ = fleet()
+    upgrading(table)
 
     def throttled(*args, **kwargs):
         raise RuntimeError("ProvisionedThroughputExceededException")
@@ -166,6 +176,7 @@ def test_the_manager_reads_the_fleets_worker_metrics_and_a_failed_read_never_fai
     from kcl_pipeline.kcl.shells import kcl3_tables
 
     manager, table, clock, spawned, _ = fleet()
+    upgrading(table)
     kcl3_tables.publish(table.client, manager.config.application, "idle-peer", int(time.time()), [0.0],
                         Layout.LEASE_TABLE, table.table_name)  # a peer's item where a 3.5 fleet keeps it
     manager.run_cycle()

@@ -126,8 +126,7 @@ def test_multi_stream_fleet_splits_and_a_recreated_stream_never_resumes_from_sta
     seqs: dict[str, set[str]] = {}
     for r in _lines(outs.values()):
         seqs.setdefault(f"{r['stream']}:{r['shard_id']}", set()).add(r["sequence_number"])
-    # A new application is in KCL 3.5's one-table layout: each consumer's worker metrics are an item of the
-    # lease table too (entityType WORKER_METRIC_STATS, keyed by its worker id), not a lease.
+    # Only leases (a table with KCL 3.x metadata would also hold entities: worker metrics, the migration state).
     items = [item for item in dynamodb_client.scan(TableName=app, ConsistentRead=True)["Items"]
              if is_lease_item(item)]
     identifiers = {a_id for a_id in produced}

@@ -4,8 +4,14 @@ from __future__ import annotations
 import pytest
 
 from kcl_pipeline.kcl.core import effects as fx
+from kcl_pipeline.kcl.core.coordinator_state import MigrationState
+from kcl_pipeline.kcl.core.fleet_mode import FleetView
 from kcl_pipeline.kcl.core.worker_metrics import metrics_update, worker_metrics_table
 from kcl_pipeline.kcl.shells.kcl3_tables import publish
+
+# A table a KCL 3.x fleet is upgrading: the only kind that gets worker metrics (a 2.x table gets none:
+# test_kcl2_table_items.py).
+UPGRADING = FleetView(lease_table=MigrationState("CLIENT_VERSION_UPGRADE_FROM_2X"))
 
 
 def test_the_update_sets_only_lut_and_sts_with_the_most_recent_values_last():
@@ -77,7 +83,7 @@ def test_the_cycle_publishes_on_its_period_and_keeps_the_recent_values():
     from kcl_pipeline.kcl.core import cycle as cyc
     from kcl_pipeline.kcl.core.model import TRIM_HORIZON, Checkpoint, Shard
 
-    state = cyc.ManagerState(shards=[Shard("s-0")], list_next=False)
+    state = cyc.ManagerState(shards=[Shard("s-0")], list_next=False, fleet=UPGRADING)
     settings = cyc.CycleSettings("me", Checkpoint(TRIM_HORIZON), 10.0, 1, 10, worker_metrics_period_seconds=30.0)
     now = [0.0]
     published = []
@@ -143,7 +149,7 @@ def test_the_cycle_counts_idle_peers_from_their_worker_metrics_in_the_balance():
     shards = [Shard(lease.lease_key) for lease in leases]
 
     def run(peer_items):
-        state = cyc.ManagerState(shards=shards, list_next=False)
+        state = cyc.ManagerState(shards=shards, list_next=False, fleet=UPGRADING)
         settings = cyc.CycleSettings("me", Checkpoint(TRIM_HORIZON), 10.0, 1, 10, worker_metrics_period_seconds=30.0)
         spawned = []
 

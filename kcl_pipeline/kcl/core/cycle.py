@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Any, Callable, Collection, Generator, Iterable, Sequence
+from typing import Any, Callable, Collection, Generator, Iterable, Mapping, Sequence
 
 from . import coverage, fleet_mode
 from .balance import confirmed_overloaded, reported_load, still_overloaded
@@ -32,7 +32,7 @@ from .effects import (
 )
 from .lease_codec import scan_entities
 from .lease_life import LifeOutcome
-from .lease_rules import UNSETTLED_ATTRIBUTE
+from .lease_rules import UNSETTLED_ATTRIBUTE, held_by_another_protocol
 from .model import Checkpoint, Lease, Shard
 from .planner import (
     LeaseAges,
@@ -84,6 +84,9 @@ class ManagerState:
     live_peers: frozenset[str] = frozenset()  # other workers whose metrics item is fresh (last read)
     ownership: frozenset[tuple[str, str]] = frozenset()  # (lease, owner) of the live leases last scanned
     spawned_at: dict[str, float] = field(default_factory=dict)  # lease → when its local worker was spawned
+    # Steals by graceful hand-off that took nothing: lease → (how many in a row, when the last was asked).
+    handoffs_overtaken: dict[str, tuple[int, float]] = field(default_factory=dict)
+    handoff_asked: dict[str, float] = field(default_factory=dict)  # lease → when this cycle asked for it
     # A Java 3.x fleet on this application: what its tables said last (the mode this consumer runs in).
     fleet: fleet_mode.FleetView = field(default_factory=fleet_mode.FleetView)
 
@@ -134,6 +137,15 @@ def idle_consumers(live_peers: Collection[str], leases: Sequence[Lease], worker_
     owners = {lease.lease_owner for lease in leases if lease.lease_owner is not None and not lease.is_ended}
     return sum(1 for peer in live_peers if peer != worker_id and peer not in owners
                and not (predecessor is not None and predecessor(peer)))
+
+
+def answers_handoffs(lease: Lease, live_peers: Collection[str]) -> bool:
+    """Whether the lease's holder answers a graceful hand-off: it publishes fresh worker metrics (a KCL 3.x worker,
+    or a consumer of this protocol in a table a 3.x fleet keeps its metadata in), or it took the lease by this
+    protocol's acquire (`leaseClaimOwner` names it: in a 2.x table, where nobody publishes metrics, that is how
+    this protocol's consumers know each other). A KCL 2.x holder does neither: its take sets `leaseOwner` only,
+    and it ignores `checkpointOwner`."""
+    return lease.lease_owner in live_peers or not held_by_another_protocol(lease)
 
 
 def worker_metrics_due(last_published_at: float | None, now: float, period_seconds: float) -> bool:
@@ -200,7 +212,12 @@ def manager_cycle(state: ManagerState, settings: CycleSettings, locally_worked: 
                           if lease.lease_owner is not None and not lease.is_ended)
     if ownership != state.ownership:
         state.ownership, state.overloaded_since = ownership, {}
-    metrics_due = worker_metrics_due(state.metrics_published_at, now, settings.worker_metrics_period_seconds)
+    # Worker metrics are written and read only where a KCL 3.x fleet keeps them: never into a 2.x table.
+    publishing = fleet_mode.publishes_worker_metrics(state.fleet)
+    if not publishing:
+        state.live_peers = frozenset()
+    metrics_due = publishing and worker_metrics_due(state.metrics_published_at, now,
+                                                    settings.worker_metrics_period_seconds)
     if metrics_due:
         peers = yield ReadWorkerMetrics()
         if peers is not None:
@@ -223,7 +240,8 @@ def manager_cycle(state: ManagerState, settings: CycleSettings, locally_worked: 
         drained_attribute=settings.drained_attribute, predecessor=predecessor, rng=rng,
         idle_consumers=idle_consumers(state.live_peers, leases, settings.worker_id, predecessor),
         confirmed_overloaded=confirmed_overloaded(state.overloaded_since, now, settings.balance_patience_seconds)
-        if settings.balance_patience_seconds > 0 else None)
+        if settings.balance_patience_seconds > 0 else None,
+        backing_off=handoffs_backing_off(state.handoffs_overtaken, now, settings.expiry_seconds))
     state.overloaded_since = still_overloaded(state.overloaded_since, plan.overloaded, now)
     for lease in plan.take:
         # A lease released before its stealer's wait was over: wait one expiry as the stealer would have.
@@ -234,10 +252,13 @@ def manager_cycle(state: ManagerState, settings: CycleSettings, locally_worked: 
         result.spawned.append(lease.lease_key)
     if plan.steal is not None:
         coverage.hit("cycle.steal")
-        # A holder with a fresh worker metrics item runs this protocol (or KCL 3.x's), which hands a lease
-        # over gracefully; a KCL 2.x holder publishes none and is stolen from cold, as Java steals.
-        yield Spawn(plan.steal, stolen=True, handoff=plan.steal.lease_owner in state.live_peers)
+        # A holder that answers a graceful hand-off is asked for one; a KCL 2.x holder is stolen from cold, as
+        # Java steals.
+        handoff = answers_handoffs(plan.steal, state.live_peers)
+        yield Spawn(plan.steal, stolen=True, handoff=handoff)
         _spawned(state, plan.steal.lease_key, now)
+        if handoff:
+            state.handoff_asked[plan.steal.lease_key] = now
         result.stolen = plan.steal.lease_key
     if plan.take or plan.steal:
         state.recently_ended.clear()
@@ -317,15 +338,38 @@ def wakes_manager(outcome: LifeOutcome) -> bool:
     return outcome is LifeOutcome.SHARD_ENDED
 
 
+# A hand-off overtaken n times in a row is not asked again for expiry × 2^(n-1), at most this many expiries.
+HANDOFF_BACKOFF_MAX_EXPIRIES = 8
+
+
+def handoffs_backing_off(overtaken: Mapping[str, tuple[int, float]], now: float,
+                         expiry_seconds: float) -> frozenset[str]:
+    """The leases not to steal by hand-off now: each overtaken hand-off backs its lease off exponentially, so
+    a stealer whose asks keep being overtaken (the holder's hand-off racing another move) tries another lease
+    of the richest owner instead of asking for the same one cycle after cycle."""
+    return frozenset(key for key, (times, asked_at) in overtaken.items()
+                     if now < asked_at + expiry_seconds * min(2 ** (times - 1), HANDOFF_BACKOFF_MAX_EXPIRIES))
+
+
 def note_results(state: ManagerState, outcomes: Iterable[tuple[str, LifeOutcome]]) -> None:
     """Fold finished workers' (lease key, outcome) into the state."""
     for key, outcome in outcomes:
         if outcome is LifeOutcome.SHARD_ENDED:
             state.recently_ended.add(key)
             state.list_next = True
+        asked_at = state.handoff_asked.pop(key, None)
+        if asked_at is None:
+            continue
+        if outcome is LifeOutcome.NOT_ACQUIRED:
+            coverage.hit("cycle.handoff-overtaken-backs-off")
+            times = state.handoffs_overtaken.get(key, (0, asked_at))[0] + 1
+            state.handoffs_overtaken[key] = (times, asked_at)
+        else:
+            state.handoffs_overtaken.pop(key, None)
 
 
 __all__ = [
-    "Cycle", "CycleResult", "CycleSettings", "ManagerState", "manager_cycle", "note_results", "wakes_manager",
+    "Cycle", "CycleResult", "CycleSettings", "ManagerState", "handoffs_backing_off", "manager_cycle", "note_results",
+    "wakes_manager",
     "watch_for_expiry", "watch_interval", "watch_our_id",
 ]

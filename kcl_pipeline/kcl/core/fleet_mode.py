@@ -28,6 +28,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Collection, Iterable, Mapping, Sequence
 
 from .coordinator_state import (
+    CLIENT_VERSION_2X,
+    CLIENT_VERSION_INIT,
     COMPATIBLE_VERSIONS,
     TABLE_MIGRATION_COMPLETE,
     CoordinatorStateInvalid,
@@ -88,6 +90,18 @@ class FleetView:
         version = self.migration.client_version if self.migration is not None else "no KCL 3.x migration state"
         text = f"mode={self.mode} ({version}, {self.layout} layout) leader={self.leader or '-'}"
         return text + (f" problem={self.problem}" if self.problem else "")
+
+
+def publishes_worker_metrics(view: FleetView) -> bool:
+    """Whether this consumer writes its worker metrics item (and reads the fleet's): only once a migration state
+    says a KCL 3.x fleet is upgrading or upgraded (UPGRADE_FROM_2X, the 3.x versions, a version this code does not
+    know), the versions in which Java 3.x workers publish theirs and a leader (or its MigrationReadyMonitor) reads
+    them. With no migration state, INIT or 2X the application is a 2.x one: every KCL 2.x worker's lease listing
+    fails on an item without the lease attributes (its serializer requires `leaseCounter`), so nothing but leases
+    goes into its lease table, and Java 3.x writes no metrics in those versions either (after a rollback the
+    migration tool deletes them). The same rule holds in the separate layout, as Java's does."""
+    migration = view.migration
+    return migration is not None and migration.client_version not in (CLIENT_VERSION_INIT, CLIENT_VERSION_2X)
 
 
 def watch_due(view: FleetView, now: float, period: float = WATCH_PERIOD_SECONDS) -> bool:
@@ -176,6 +190,7 @@ def assigned_to(worker_id: str, leases: Sequence[Lease], locally_worked: Collect
 
 
 __all__ = [
-    "FleetMode", "FleetView", "WATCH_PERIOD_SECONDS", "adoptions", "assigned_to", "change", "mode_of", "scanned",
+    "FleetMode", "FleetView", "WATCH_PERIOD_SECONDS", "adoptions", "assigned_to", "change", "mode_of",
+    "publishes_worker_metrics", "scanned",
     "watch_due", "watch_failed", "watched",
 ]
