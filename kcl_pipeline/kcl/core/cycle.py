@@ -338,7 +338,8 @@ def wakes_manager(outcome: LifeOutcome) -> bool:
     return outcome is LifeOutcome.SHARD_ENDED
 
 
-# A hand-off overtaken n times in a row is not asked again for expiry × 2^(n-1), at most this many expiries.
+# A hand-off overtaken n times in a row is not asked again for expiry × 2^n, at most this many expiries: the
+# first back-off (two expiries) outlasts the holder's validity, so the next ask meets a settled lease.
 HANDOFF_BACKOFF_MAX_EXPIRIES = 8
 
 
@@ -348,7 +349,7 @@ def handoffs_backing_off(overtaken: Mapping[str, tuple[int, float]], now: float,
     a stealer whose asks keep being overtaken (the holder's hand-off racing another move) tries another lease
     of the richest owner instead of asking for the same one cycle after cycle."""
     return frozenset(key for key, (times, asked_at) in overtaken.items()
-                     if now < asked_at + expiry_seconds * min(2 ** (times - 1), HANDOFF_BACKOFF_MAX_EXPIRIES))
+                     if now < asked_at + expiry_seconds * min(2 ** times, HANDOFF_BACKOFF_MAX_EXPIRIES))
 
 
 def note_results(state: ManagerState, outcomes: Iterable[tuple[str, LifeOutcome]]) -> None:

@@ -306,6 +306,7 @@ def leases_to_acquire(
     predecessor: Callable[[str], bool] | None = None,
     idle_consumers: int = 0,
     confirmed_overloaded: Collection[str] | None = None,
+    backing_off: Collection[str] = frozenset(),
     rng: random.Random,
 ) -> AcquirePlan:
     """What this consumer tries to acquire this cycle.
@@ -327,7 +328,8 @@ def leases_to_acquire(
     The plan names the owners above the load tolerance (`overloaded`); a load-aware steal is made only
     from an owner in `confirmed_overloaded` when given (the cycle's patience: seen so for a while).
     Owners for which `predecessor` is true are earlier incarnations of this very consumer (a reloaded code
-    server): their leases are never stolen nor counted for balance, only taken once expired.
+    server): their leases are never stolen nor counted for balance, only taken once expired. Leases in
+    `backing_off` (hand-offs recently overtaken: cycle.handoffs_backing_off) are counted but not stolen.
     """
     if leases_to_acquire < 0 or max_leases < 0:
         raise ValueError(f"leases_to_acquire ({leases_to_acquire}) and max_leases ({max_leases}) must be >= 0")
@@ -353,7 +355,8 @@ def leases_to_acquire(
 
     # A KCL 3.x graceful hand-off in flight (leaseOwner names the new owner, checkpointOwner the old one
     # that still has to checkpoint): counted for balance, never stolen — stealing would cut the hand-off.
-    stealable = {owner: [lease for lease in held if HANDOFF_ATTRIBUTE not in lease.extra]
+    stealable = {owner: [lease for lease in held
+                         if HANDOFF_ATTRIBUTE not in lease.extra and lease.lease_key not in backing_off]
                  for owner, held in owned.items()}
 
     capacity = min(leases_to_acquire, max_leases - held)
