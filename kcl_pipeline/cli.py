@@ -161,7 +161,8 @@ def main(verbose: int, log_format: str) -> None:
 
 
 # consume's flags that are ConsumerConfig fields of the same name.
-_CONSUMER_FLAGS = ("stream", "application", "table_name", "worker_id", "max_leases", "leases_to_acquire",
+_CONSUMER_FLAGS = ("stream", "application", "table_name", "coordinator_state_table_name",
+                   "worker_metrics_table_name", "worker_id", "max_leases", "leases_to_acquire",
                    "heartbeat_seconds", "lease_expiry_seconds", "cycle_seconds", "worker_metrics_period_seconds",
                    "metrics_namespace", "metrics_naming", "retrieval", "worker_start_method")
 
@@ -216,6 +217,12 @@ def _default(name: str):
 @click.option("--application", default=None, help="Application name, shared by the fleet (applicationName).")
 @click.option("--table-name", default=None,
               help="Lease table (tableName) [default: the application name].")
+@click.option("--coordinator-state-table-name", default=None,
+              help="A KCL 3.x application's own name for its coordinator-state table (coordinatorStateTableName) "
+                   "[default: <application>-CoordinatorState].")
+@click.option("--worker-metrics-table-name", default=None,
+              help="A KCL 3.x application's own name for its worker-metrics table (workerMetricsTableName) "
+                   "[default: <application>-WorkerMetricStats].")
 @click.option("--initial-position", type=click.Choice(["TRIM_HORIZON", "LATEST", "AT_TIMESTAMP"],
               case_sensitive=False), default=InitialPosition().kind, show_default=True,
               help="Where leases of shards with no history start (initialPositionInStream).")
@@ -265,7 +272,8 @@ def _default(name: str):
 @aws_options
 @click.pass_context
 @friendly_errors
-def consume(ctx, properties_file, stream, application, table_name, initial_position, timestamp, worker_id,
+def consume(ctx, properties_file, stream, application, table_name, coordinator_state_table_name,
+            worker_metrics_table_name, initial_position, timestamp, worker_id,
             max_leases, leases_to_acquire, heartbeat_seconds, lease_expiry_seconds, java_compatible, cycle_seconds,
             worker_metrics_period_seconds, metrics_namespace, metrics_naming, retrieval, worker_start_method, sink,
             landing, checkpoint_by, batch_seconds, batch_mb, region, endpoint_url):
@@ -327,10 +335,12 @@ def produce(stream, count, rate, aggregate, create_shards, poison_every, region,
 @main.command()
 @click.option("--application", required=True, help="Application name (the lease table unless --table-name).")
 @click.option("--table-name", default=None, help="The lease table (Java's tableName) [default: the application].")
+@click.option("--coordinator-state-table-name", default=None,
+              help="A KCL 3.x application's coordinator-state table [default: <application>-CoordinatorState].")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per lease, for scripts.")
 @aws_options
 @friendly_errors
-def leases(application, table_name, as_json, region, endpoint_url):
+def leases(application, table_name, coordinator_state_table_name, as_json, region, endpoint_url):
     """Show the lease table: owner, counter, checkpoint, parents, landing progress. Then, on stderr, this host's
     lease workers' memory (PSS in all and the largest; stdout keeps the table or the JSON lines)."""
     from .kcl.shells.kcl3_tables import fleet_status
@@ -361,7 +371,8 @@ def leases(application, table_name, as_json, region, endpoint_url):
             click.echo(f"{lease.lease_key:<{width}} {lease.lease_owner or '-':<40} {lease.lease_counter:>7}  {cps}")
     # The KCL 3.x fleet's mode and leader (its migration state, where its version keeps it), on stderr: stdout
     # keeps the table or the JSON lines.
-    click.echo(f"kcl3: {fleet_status(table.client, application, table.table_name, scanned).summary()}", err=True)
+    fleet = fleet_status(table.client, application, table.table_name, scanned, coordinator_state_table_name)
+    click.echo(f"kcl3: {fleet.summary()}", err=True)
     click.echo(host_report(), err=True)
 
 

@@ -102,6 +102,11 @@ class ConsumerConfig:
     application: str
     # The DynamoDB lease table (Java's tableName); None: named after the application, as Java KCL does.
     table_name: str | None = None
+    # KCL 3.x's separate metadata tables, when the application names its own (Java's
+    # CoordinatorStateTableConfig / WorkerMetricsTableConfig tableName); None: <application>-CoordinatorState
+    # and <application>-WorkerMetricStats, as Java names them.
+    coordinator_state_table_name: str | None = None
+    worker_metrics_table_name: str | None = None
     worker_id: str = field(default_factory=lambda: f"kclpy-{uuid.uuid4()}")
     initial_position: InitialPosition = field(default_factory=InitialPosition)
     leases_to_acquire: int = 1
@@ -150,14 +155,15 @@ class ConsumerConfig:
             check_stream(stream or "")
         if len(set(names)) != len(names):
             raise ConfigError(f"a stream is named twice: {', '.join(self.streams)}")
-        for name in ("application", "table_name"):
+        tables = ("table_name", "coordinator_state_table_name", "worker_metrics_table_name")
+        for name in ("application", *tables):
             value = getattr(self, name)
-            if value is None and name == "table_name":
+            if value is None and name in tables:
                 continue
             if not value or not _NAME_RE.fullmatch(value):
                 raise ConfigError(f"{name} {value!r} must be 1-255 characters of letters, digits, '_', '.', '-'")
-        if self.table_name is not None and len(self.table_name) < 3:
-            raise ConfigError(f"table_name {self.table_name!r} is shorter than DynamoDB's 3 characters")
+            if name in tables and len(value) < 3:
+                raise ConfigError(f"{name} {value!r} is shorter than DynamoDB's 3 characters")
         if not self.worker_id or len(self.worker_id) > 255:
             raise ConfigError("worker_id must be 1-255 characters")
         if self.leases_to_acquire < 1:

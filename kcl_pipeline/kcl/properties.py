@@ -56,6 +56,10 @@ MAPPED: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "streamArn": ("stream", _text),  # wins over streamName, as in kclpy
     "applicationName": ("application", _text),
     "tableName": ("table_name", _text),
+    # KCL 3.x's multilang keys for its separate metadata tables (CoordinatorStateTableConfigBean,
+    # WorkerMetricStatsTableConfigBean).
+    "coordinatorStateTableName": ("coordinator_state_table_name", _text),
+    "workerMetricsTableName": ("worker_metrics_table_name", _text),
     "workerId": ("worker_id", _text),
     "workerIdentifier": ("worker_id", _text),
     "regionName": ("region", _text),

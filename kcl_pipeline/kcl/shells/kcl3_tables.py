@@ -84,17 +84,21 @@ def _table_exists(client: Any, table: str) -> bool:
         raise
 
 
-def read_migration_state(dynamodb_client: Any, application: str) -> MigrationState | None:
-    """The separate table's migration item, or None when there is no such table or no item."""
-    return migration_state_from_item(_get(dynamodb_client, coordinator_state_table(application), STATE_HASH_KEY,
-                                          MIGRATION_KEY))
+def read_migration_state(dynamodb_client: Any, application: str,
+                         state_table: str | None = None) -> MigrationState | None:
+    """The separate table's migration item, or None when there is no such table or no item. `state_table`: the
+    application's coordinator-state table when it names its own (Java's CoordinatorStateTableConfig.tableName)."""
+    return migration_state_from_item(_get(dynamodb_client, state_table or coordinator_state_table(application),
+                                          STATE_HASH_KEY, MIGRATION_KEY))
 
 
 def read_fleet(client: Any, application: str, lease_table: str, view: fleet_mode.FleetView, now: float,
-               with_lease_table: bool = False) -> fleet_mode.FleetView:
+               with_lease_table: bool = False, state_table: str | None = None) -> fleet_mode.FleetView:
     """The view after reading the separate table (its existence decides the layout, with the table migration
-    state), and with `with_lease_table` the lease table's entities too (at start, before any scan)."""
-    separate_table = coordinator_state_table(application)
+    state), and with `with_lease_table` the lease table's entities too (at start, before any scan). `state_table`
+    names the coordinator-state table when the application configures its own (Java reads that name from
+    CoordinatorStateTableConfig; looking only for the default would run leaderless beside a 3.x leader)."""
+    separate_table = state_table or coordinator_state_table(application)
     exists = _table_exists(client, separate_table)
     separate = leader = status = None
     if exists:
@@ -113,11 +117,13 @@ def read_fleet(client: Any, application: str, lease_table: str, view: fleet_mode
                               lease_table_leader(lease_items))
 
 
-def start_watch(client: Any, application: str, lease_table: str, now: float) -> fleet_mode.FleetView:
+def start_watch(client: Any, application: str, lease_table: str, now: float,
+                state_table: str | None = None) -> fleet_mode.FleetView:
     """At start, before the lease table is created or touched: where the fleet keeps its metadata and the mode
     this consumer starts in. Raise Kcl3FleetActive for a client version this code does not know, or
     CoordinatorStateInvalid for a migration item not in KCL 3.x's format (a fleet's mode is never guessed)."""
-    view = read_fleet(client, application, lease_table, fleet_mode.FleetView(), now, with_lease_table=True)
+    view = read_fleet(client, application, lease_table, fleet_mode.FleetView(), now, with_lease_table=True,
+                      state_table=state_table)
     verdict = decide(view.migration, application)
     if not verdict.proceed:
         raise Kcl3FleetActive(verdict.reason)
@@ -125,30 +131,32 @@ def start_watch(client: Any, application: str, lease_table: str, now: float) -> 
     return view
 
 
-def fleet_status(client: Any, application: str, lease_table: str, scanned: Any) -> fleet_mode.FleetView:
+def fleet_status(client: Any, application: str, lease_table: str, scanned: Any,
+                 state_table: str | None = None) -> fleet_mode.FleetView:
     """What an observer (`kcl-pipeline leases`) says of the Java 3.x fleet: the separate table's state and the
     lease table's items the scan `scanned` (a LeaseScan) met."""
-    view = read_fleet(client, application, lease_table, fleet_mode.FleetView(), 0.0)
+    view = read_fleet(client, application, lease_table, fleet_mode.FleetView(), 0.0, state_table=state_table)
     return fleet_mode.scanned(view, scan_entities(scanned))
 
 
-def check_coordinator_state(dynamodb_client: Any, application: str, lease_table: str | None = None) -> Verdict:
+def check_coordinator_state(dynamodb_client: Any, application: str, lease_table: str | None = None,
+                            state_table: str | None = None) -> Verdict:
     """Raise Kcl3FleetActive (or CoordinatorStateInvalid) unless this consumer may start; the verdict."""
-    view = start_watch(dynamodb_client, application, lease_table or application, 0.0)
+    view = start_watch(dynamodb_client, application, lease_table or application, 0.0, state_table)
     return decide(view.migration, application)
 
 
 def watch(client: Any, application: str, lease_table: str, view: fleet_mode.FleetView,
-          now: float) -> fleet_mode.FleetView:
+          now: float, state_table: str | None = None) -> fleet_mode.FleetView:
     """The manager's watch, once a minute (Java's ClientVersionChangeMonitor): the separate table's migration
     state and the layout. A failed read keeps what was known (logged); a change of mode is logged."""
     if not fleet_mode.watch_due(view, now):
         return view
     try:
-        after = read_fleet(client, application, lease_table, view, now)
+        after = read_fleet(client, application, lease_table, view, now, state_table=state_table)
     except Exception as exc:
         log.warning("could not read KCL 3.x's coordinator state (%s); keeping %s: %s: %s",
-                    coordinator_state_table(application), view.summary(), type(exc).__name__, exc)
+                    state_table or coordinator_state_table(application), view.summary(), type(exc).__name__, exc)
         return fleet_mode.watch_failed(view, now, f"{type(exc).__name__}: {exc}")
     changed = fleet_mode.change(view, after)
     if changed:
@@ -160,15 +168,16 @@ def watch(client: Any, application: str, lease_table: str, view: fleet_mode.Flee
 
 def publish(dynamodb_client: Any, application: str, worker_id: str, now_epoch_seconds: int,
             throughput_kbps: Sequence[float], layout: Layout = Layout.SEPARATE_TABLES,
-            lease_table: str | None = None) -> None:
+            lease_table: str | None = None, metrics_table: str | None = None) -> None:
     """Write this worker's metrics item where the fleet's leader reads it: an item of the lease table in the
-    one-table layout (never creating another table); `<application>-WorkerMetricStats` in the separate layout,
-    created (as KCL 3.x does, PAY_PER_REQUEST) when missing."""
+    one-table layout (never creating another table); `<application>-WorkerMetricStats` (or the application's own
+    name for it, `metrics_table`) in the separate layout, created (as KCL 3.x does, PAY_PER_REQUEST) when
+    missing."""
     if layout is Layout.LEASE_TABLE:
         dynamodb_client.update_item(TableName=lease_table or application,
                                     **lease_table_metrics_update(worker_id, now_epoch_seconds, throughput_kbps))
         return
-    table = worker_metrics_table(application)
+    table = metrics_table or worker_metrics_table(application)
     update = metrics_update(worker_id, now_epoch_seconds, throughput_kbps)
     try:
         dynamodb_client.update_item(TableName=table, **update)
@@ -198,7 +207,7 @@ def _scan_all(client: Any, request: dict[str, Any]) -> list[dict]:
 
 
 def read_last_updates(dynamodb_client: Any, application: str, layout: Layout = Layout.SEPARATE_TABLES,
-                      lease_table: str | None = None) -> dict[str, float]:
+                      lease_table: str | None = None, metrics_table: str | None = None) -> dict[str, float]:
     """Every worker's last update: the lease table's WORKER_METRIC_STATS items (Java's filtered scan) in the
     one-table layout; in the separate layout `<application>-WorkerMetricStats` (no table yet: none), merged with
     the lease table's items when `lease_table` is given, the latest per worker (Java reads both until its table
@@ -206,8 +215,8 @@ def read_last_updates(dynamodb_client: Any, application: str, layout: Layout = L
     found: dict[str, float] = {}
     if layout is Layout.SEPARATE_TABLES:
         try:
-            found = last_updates(_scan_all(dynamodb_client, {"TableName": worker_metrics_table(application),
-                                                             "ProjectionExpression": "wid, lut"}))
+            table = metrics_table or worker_metrics_table(application)
+            found = last_updates(_scan_all(dynamodb_client, {"TableName": table, "ProjectionExpression": "wid, lut"}))
         except ClientError as exc:
             if not _missing(dynamodb_client, exc):
                 raise

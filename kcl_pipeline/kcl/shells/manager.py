@@ -164,7 +164,8 @@ class LeaseManager:
         self.shards = yield Call("list-shards", self._list_shards, KINESIS)
         # Before the lease table is created or touched: the mode a KCL 3.x fleet on this application runs in.
         self.state.fleet = yield Call("coordinator-state", lambda: kcl3_tables.start_watch(
-            self.table.client, self.config.application, self.config.lease_table, self.clock()))
+            self.table.client, self.config.application, self.config.lease_table, self.clock(),
+            self.config.coordinator_state_table_name))
         if (yield Call("ensure-table", self.table.ensure_table)):
             log.info("created lease table %s", self.config.lease_table)
 
@@ -256,11 +257,13 @@ class LeaseManager:
     def _read_worker_metrics(self, _effect: fx.ReadWorkerMetrics) -> Steps:
         try:
             updates = yield Call("read-worker-metrics", lambda: kcl3_tables.read_last_updates(
-                self.table.client, self.config.application, self.state.fleet.layout, self.config.lease_table))
+                self.table.client, self.config.application, self.state.fleet.layout, self.config.lease_table,
+                self.config.worker_metrics_table_name))
         except Exception as exc:  # the balance keeps the peers it knew; the next period reads again
             self.metrics.count_many({"worker_metrics_failed": 1}, None)
             log.warning("could not read the fleet's worker metrics (%s): %s: %s",
-                        worker_metrics_table(self.config.application), type(exc).__name__, exc)
+                        self.config.worker_metrics_table_name or worker_metrics_table(self.config.application),
+                        type(exc).__name__, exc)
             return None
         return fx.PeerMetrics(updates, self.transport.wall())
 
@@ -269,11 +272,12 @@ class LeaseManager:
             now = int(self.transport.wall())
             yield Call("publish-worker-metrics", lambda: kcl3_tables.publish(
                 self.table.client, self.config.application, self.config.worker_id, now, effect.throughput_kbps,
-                self.state.fleet.layout, self.config.lease_table))
+                self.state.fleet.layout, self.config.lease_table, self.config.worker_metrics_table_name))
         except Exception as exc:  # metrics never stop consuming; the next period writes again
             self.metrics.count_many({"worker_metrics_failed": 1}, None)
             log.warning("could not write this consumer's worker metrics (%s): %s: %s",
-                        worker_metrics_table(self.config.application), type(exc).__name__, exc)
+                        self.config.worker_metrics_table_name or worker_metrics_table(self.config.application),
+                        type(exc).__name__, exc)
 
     # Every effect a manager's cycle may yield, and the method that answers it (a test checks this covers
     # every CycleEffect).
@@ -294,7 +298,8 @@ class LeaseManager:
         self.transport.refresh_keepalive()
         report = CycleReport(finished=self._reap())
         self.state.fleet = yield Call("coordinator-state", lambda: kcl3_tables.watch(  # once a minute, as Java
-            self.table.client, self.config.application, self.config.lease_table, self.state.fleet, self.clock()))
+            self.table.client, self.config.application, self.config.lease_table, self.state.fleet, self.clock(),
+            self.config.coordinator_state_table_name))
         result = yield from cyc.manager_cycle(self.state, self.settings, frozenset(self.workers), self.rng,
                                               self.predecessor)
         report.total_shards = result.total_shards
