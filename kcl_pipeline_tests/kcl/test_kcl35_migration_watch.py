@@ -216,3 +216,34 @@ def test_a_follower_never_adopts_a_lease_another_process_under_its_worker_id_too
     assert fleet_mode.adoptions("me", [ours], (), {}, {SHARDS[0].shard_id: 12.0}, 10.0) == [(ours, True)]
     assigned = lease(1, "me", counter=7, leaseClaimOwner="java-1")  # the leader's assignment: not our take
     assert fleet_mode.adoptions("me", [assigned], (), {}, {SHARDS[1].shard_id: 0.0}, 10.0) == [(assigned, True)]
+
+
+@pytest.mark.parametrize("before", [
+    lease(0, "me", counter=5, checkpointOwner="java-2"),  # handed back to us by the leader's graceful hand-off
+    lease(0, "java-2", counter=5),  # assigned to us after java-2's lease expired
+])
+def test_a_lease_the_leader_moves_back_to_a_worker_that_held_it_before_is_adopted_at_once(before):
+    """Our earlier take left leaseClaimOwner = our id; the follower took it for another process under our id and
+    left the lease unworked for a full expiry, while the leader, seeing its counter stand still, could judge it
+    expired and move it again. Seen elsewhere since the last scan, it is adopted now (renewed at once) and its
+    worker waits one expiry before delivering (another process under our id may have adopted it first)."""
+    back = lease(0, "me", counter=7, leaseClaimOwner="me")
+    assert fleet_mode.adoptions("me", [back], (), {SHARDS[0].shard_id: before}, {SHARDS[0].shard_id: 0.5},
+                                10.0) == [(back, True)]
+    # Never seen elsewhere: still another process's, possibly (the duplicate worker id guard).
+    assert fleet_mode.adoptions("me", [back], (), {SHARDS[0].shard_id: back}, {SHARDS[0].shard_id: 0.5}, 10.0) == []
+
+
+@pytest.mark.emulator
+def test_adopting_a_lease_the_leader_assigned_counts_no_second_owner_switch(dynamodb_client, unique_name):
+    """KCL 3.x's assignLease adds the owner switch; Java's take adds one only when the owner changes. Our
+    adoption (a take of a lease already naming us) added a second."""
+    from kcl_pipeline.kcl.shells.lease_table import LeaseTable
+
+    table = LeaseTable(unique_name("adopt"), dynamodb_client)
+    table.ensure_table()
+    assert table.create(Lease("shardId-0", Checkpoint(TRIM_HORIZON), "me", 7, 1))
+    adopted = table.acquire("shardId-0", "me", "me", 7, claim="c1")
+    assert adopted is not None and adopted.lease_counter == 8 and adopted.owner_switches_since_checkpoint == 1
+    taken = table.acquire("shardId-0", "other", "me", 8, claim="c2")
+    assert taken is not None and taken.owner_switches_since_checkpoint == 2

@@ -172,14 +172,19 @@ def adoptions(worker_id: str, leases: Sequence[Lease], locally_worked: Collectio
         if (lease.lease_owner != worker_id or lease.is_ended or lease.lease_key in locally_worked
                 or HANDOFF_ATTRIBUTE in lease.extra):
             continue
-        if lease.extra.get(CLAIM_OWNER_ATTRIBUTE) == worker_id and (
-                ages is None or ages.get(lease.lease_key, 0.0) <= expiry_seconds):
-            continue  # ours by our own take: maybe another process under our id renews it
         before = previous.get(lease.lease_key)
         handed = (before is not None and before.lease_owner == worker_id
                   and before.extra.get(HANDOFF_ATTRIBUTE) is not None)
         free = before is not None and before.lease_owner is None
-        found.append((lease, not (free or handed)))
+        moved_to_us = handed or free or (before is not None and before.lease_owner not in (None, worker_id))
+        ours_by_our_take = lease.extra.get(CLAIM_OWNER_ATTRIBUTE) == worker_id
+        if ours_by_our_take and not moved_to_us and (
+                ages is None or ages.get(lease.lease_key, 0.0) <= expiry_seconds):
+            continue  # ours by our own take, never seen elsewhere: maybe another process under our id renews it
+        # A lease the leader moved to us since the last scan is adopted now, so its counter moves again before
+        # the leader judges it expired; when the last take was our id's (a stale take of ours, or another
+        # process under our id adopting it first), its worker waits one expiry before delivering.
+        found.append((lease, ours_by_our_take or not (free or handed)))
     return found
 
 

@@ -385,9 +385,14 @@ def acquire_write(key: str, new_owner: str, observed_owner: str | None, observed
         return _holds(seen, new_owner, observed_counter + 1) and (
             claim is None or seen.extra.get(CLAIM_ATTRIBUTE) == claim)
 
+    # Java's take counts an owner switch only when the owner changes: a lease a KCL 3.x leader assigned to us
+    # (already naming us: the assignment counted the switch) is taken without one.
+    switch = "" if observed_owner == new_owner else " ADD ownerSwitchesSinceCheckpoint :one"
+    if not switch:
+        del values[":one"]
     return Write("update_item", key, {
         "Key": item_key(key),
-        "UpdateExpression": f"SET {sets} ADD ownerSwitchesSinceCheckpoint :one{removes}",
+        "UpdateExpression": f"SET {sets}{switch}{removes}",
         "ConditionExpression": (f"attribute_exists(leaseKey) AND leaseCounter = :observed AND checkpoint <> :SHARD_END "
                                 f"AND {owner_condition}"),
         "ExpressionAttributeValues": values, "ReturnValues": "ALL_NEW"}, judge)

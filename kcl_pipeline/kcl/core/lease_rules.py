@@ -14,7 +14,8 @@ process under the same worker id — fails its next write. Only the ownerless ch
 
     create      PutItem     attribute_not_exists(leaseKey)
     acquire     UpdateItem  SET leaseOwner = :new, leaseCounter = :observed + 1, leaseClaimOwner = :new
-                            ADD ownerSwitchesSinceCheckpoint :one  REMOVE checkpointOwner (pendingCheckpoint* kept)
+                            ADD ownerSwitchesSinceCheckpoint :one (unless it names :new already)
+                            REMOVE checkpointOwner (pendingCheckpoint* kept)
                             if leaseCounter = :observed AND checkpoint <> :SHARD_END AND
                                (leaseOwner = :seen, or free when none was seen)
     heartbeat   UpdateItem  SET leaseCounter = :mine + 1 [, <progress>] [, <checkpoint>]
@@ -142,7 +143,7 @@ def acquire(lease: Lease | None, new_owner: str, observed_owner: str | None, obs
         lease,
         lease_owner=new_owner,
         lease_counter=observed_counter + 1,
-        owner_switches_since_checkpoint=lease.owner_switches_since_checkpoint + 1,
+        owner_switches_since_checkpoint=lease.owner_switches_since_checkpoint + (observed_owner != new_owner),
         extra=extra,
     )
 
