@@ -1,0 +1,320 @@
+"""What the Java-peer tests share: the peer's build and process, a KPL-faithful producer, and what both kinds of
+consumer delivered (the Java peer's output file, our JSONL sinks), judged by payload digest."""
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from kcl_pipeline.kcl.records.kpl import aggregate
+from kcl_pipeline.kcl.shells.shards import list_shards
+
+PEER_DIR = Path(__file__).resolve().parent.parent / "java_peer"
+KCL_VERSIONS = {"kcl2": "2.7.2", "kcl3": "3.5.1"}
+
+
+def missing_tools() -> str | None:
+    """Why the Java peer cannot be built here (None: it can)."""
+    absent = [tool for tool in ("java", "mvn") if shutil.which(tool) is None]
+    return f"the Java KCL peer needs {' and '.join(absent)} on PATH" if absent else None
+
+
+@dataclass(frozen=True)
+class PeerBuild:
+    """One build of the peer: its jar and the resolved dependency classpath (jars in the Maven cache)."""
+
+    kcl_version: str
+    directory: Path
+
+    @property
+    def classpath(self) -> str:
+        deps = (self.directory / "classpath.txt").read_text().strip()
+        return f"{self.directory / 'kcl-peer.jar'}{os.pathsep}{deps}"
+
+    def command(self, args: Sequence[str]) -> list[str]:
+        return ["java", "-Xmx384m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Daws.cborEnabled=false",
+                "-cp", self.classpath, "kcl_pipeline.peer.Peer", *args]
+
+
+def build_peer(profile: str, target: Path) -> PeerBuild:
+    """`mvn -q -B package -P<profile>` into target/kcl-<version>/ (dependencies from Maven Central into the cache)."""
+    version = KCL_VERSIONS[profile]
+    done = subprocess.run(["mvn", "-q", "-B", "package", f"-P{profile}", f"-Dpeer.target={target}"],
+                          cwd=PEER_DIR, capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        raise RuntimeError(f"building the Java peer (KCL {version}) failed:\n{done.stdout[-4000:]}{done.stderr[-4000:]}")
+    return PeerBuild(version, target / f"kcl-{version}")
+
+
+@dataclass
+class JavaPeer:
+    """A running peer: its process (own session), output, events and log files."""
+
+    worker_id: str
+    process: subprocess.Popen
+    output: Path
+    events_path: Path
+    log: Path
+
+    def stop(self, timeout: float = 60) -> int:
+        """SIGTERM (the peer shuts the Scheduler down gracefully) and wait; SIGKILL past `timeout`."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"the Java peer {self.worker_id} did not stop within {timeout:.0f}s:\n"
+                                 f"{self.log_tail()}")
+
+    def kill(self) -> None:
+        """kill -9, as a crashed host."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+    def records(self) -> list[dict]:
+        return _json_lines(self.output)
+
+    def events(self) -> list[dict]:
+        return _json_lines(self.events_path)
+
+    def initialized(self, shard_id: str) -> bool:
+        return any(e["event"] == "initialize" and e["shard_id"] == shard_id for e in self.events())
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def log_tail(self, chars: int = 4000) -> str:
+        return self.log_text()[-chars:]
+
+    def exceptions(self) -> list[str]:
+        """Lines of the log that name an exception or an error (the stack frames left out)."""
+        return [line for line in self.log_text().splitlines()
+                if ("Exception" in line or " ERROR " in line) and not line.lstrip().startswith("at ")]
+
+
+def start_peer(build: PeerBuild, env: dict, directory: Path, *, stream: str | Sequence[str], application: str,
+               worker_id: str, failover_ms: int = 6000, shard_sync_ms: int = 5000, extra: Sequence[str] = ()
+               ) -> JavaPeer:
+    streams = [stream] if isinstance(stream, str) else list(stream)
+    output, events, log = (directory / f"{worker_id}.{suffix}" for suffix in ("jsonl", "events", "log"))
+    args = [*(a for s in streams for a in ("--stream", s)), "--application", application, "--worker-id", worker_id,
+            "--output", str(output), "--events", str(events), "--failover-millis", str(failover_ms),
+            "--shard-sync-millis", str(shard_sync_ms), *extra]
+    process = subprocess.Popen(build.command(args), env=env, stdout=open(log, "ab"), stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    return JavaPeer(worker_id, process, output, events, log)
+
+
+def _json_lines(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    lines = path.read_text().splitlines()
+    # A line cut by kill -9 is never complete JSON: skip a torn last line.
+    out = []
+    for i, line in enumerate(lines):
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i != len(lines) - 1:
+                raise
+    return out
+
+
+def digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# -- a producer that aggregates as the KPL does --------------------------------------------------------------------
+
+def _hash_key(partition_key: str) -> int:
+    return int.from_bytes(hashlib.md5(partition_key.encode()).digest(), "big")
+
+
+class KplProducer:
+    """Puts JSON payloads {"id": n} as plain records or KPL aggregates of up to `aggregate` user records.
+
+    As the KPL does, an aggregate holds only user records whose partition keys hash into the one open shard it is
+    put to (Java KCL drops an aggregate holding a user record outside the receiving shard's hash range). Payload
+    digests of every record put are kept in `produced`."""
+
+    def __init__(self, kinesis_client: Any, stream: str, seed: int = 7):
+        self.kinesis = kinesis_client
+        self.stream = stream
+        self.next_id = 0
+        self.produced: dict[str, int] = {}  # digest -> id
+        self._n = seed * 1_000_003
+
+    def _partition_key(self) -> str:
+        self._n += 1
+        return hashlib.sha1(str(self._n).encode()).hexdigest()[:16]
+
+    def put(self, count: int, aggregate_size: int = 1) -> None:
+        shards = [s for s in list_shards(self.kinesis, self.stream)
+                  if s.ending_sequence_number is None] if aggregate_size > 1 else []
+        ranges = [(int(s.hash_key_range.starting_hash_key), int(s.hash_key_range.ending_hash_key)) for s in shards]
+        pending: dict[int, list[tuple[str, None, bytes]]] = {}
+        entries: list[dict] = []
+        for _ in range(count):
+            n = self.next_id
+            self.next_id += 1
+            data = json.dumps({"id": n}).encode()
+            self.produced[digest(data)] = n
+            pk = self._partition_key()
+            if aggregate_size == 1:
+                entries.append({"PartitionKey": pk, "Data": data})
+                continue
+            h = _hash_key(pk)
+            shard = next(i for i, (lo, hi) in enumerate(ranges) if lo <= h <= hi)
+            group = pending.setdefault(shard, [])
+            group.append((pk, None, data))
+            if len(group) == aggregate_size:
+                entries.append({"PartitionKey": group[0][0], "Data": aggregate(group)})
+                pending[shard] = []
+        for group in pending.values():
+            if group:
+                entries.append({"PartitionKey": group[0][0], "Data": aggregate(group)})
+        for i in range(0, len(entries), 250):
+            self._put_records(entries[i:i + 250])
+
+    def _put_records(self, entries: list[dict]) -> None:
+        for _ in range(20):
+            answer = self.kinesis.put_records(StreamName=self.stream, Records=entries)
+            if not answer.get("FailedRecordCount"):
+                return
+            entries = [e for e, r in zip(entries, answer["Records"]) if r.get("ErrorCode")]
+            time.sleep(0.2)
+        raise AssertionError(f"{len(entries)} records not put after 20 attempts")
+
+
+# -- what both kinds delivered ------------------------------------------------------------------------------------
+
+@dataclass
+class Delivery:
+    """One delivered user record."""
+
+    shard_id: str
+    sequence_number: str
+    sub_sequence_number: int
+    digest: str
+    by: str  # worker id (Java) or our consumer's name
+    kind: str  # "java" or "ours"
+    at_ms: int
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return self.shard_id, self.sequence_number, self.sub_sequence_number
+
+    @property
+    def position(self) -> tuple[int, int]:
+        return int(self.sequence_number), self.sub_sequence_number
+
+
+@dataclass
+class Deliveries:
+    records: list[Delivery] = field(default_factory=list)
+
+    @classmethod
+    def collect(cls, java_peers: Iterable[JavaPeer] = (), our_dirs: dict[str, Path] | None = None) -> "Deliveries":
+        out = cls()
+        for peer in java_peers:
+            for r in peer.records():
+                out.records.append(Delivery(r["shard_id"], r["sequence_number"], r["sub_sequence_number"],
+                                            r["sha256"], r["worker_id"], "java", r["delivered_at_ms"]))
+        for name, directory in (our_dirs or {}).items():
+            for f in sorted(Path(directory).glob("*.jsonl")):
+                for r in _json_lines(f):
+                    out.records.append(Delivery(r["shard_id"], r["sequence_number"], r["sub_sequence_number"],
+                                                digest(base64.b64decode(r["data_base64"])), name, "ours",
+                                                r["delivered_at_ms"]))
+        return out
+
+    def digests(self) -> set[str]:
+        return {d.digest for d in self.records}
+
+    def missing(self, produced: dict[str, int]) -> list[int]:
+        """Ids of produced records nobody delivered."""
+        seen = self.digests()
+        return sorted(n for d, n in produced.items() if d not in seen)
+
+    def duplicates(self) -> dict[tuple[str, str, int], list[Delivery]]:
+        """Records delivered more than once (by anyone), by (shard, sequence, sub-sequence)."""
+        by_key: dict[tuple[str, str, int], list[Delivery]] = {}
+        for d in self.records:
+            by_key.setdefault(d.key, []).append(d)
+        return {k: v for k, v in by_key.items() if len(v) > 1}
+
+    def of_shard(self, shard_id: str, by: str | None = None) -> list[Delivery]:
+        return [d for d in self.records if d.shard_id == shard_id and (by is None or d.by == by)]
+
+    def holders(self) -> dict[str, set[str]]:
+        """Who delivered records of each shard."""
+        out: dict[str, set[str]] = {}
+        for d in self.records:
+            out.setdefault(d.shard_id, set()).add(d.by)
+        return out
+
+
+class LeaseWatch(threading.Thread):
+    """Scans the lease table every 0.2 s; keeps each lease's history of (time, owner, counter, checkpoint)."""
+
+    def __init__(self, dynamodb_client: Any, table: str):
+        super().__init__(daemon=True)
+        self.client = dynamodb_client
+        self.table = table
+        self.halt = threading.Event()
+        self.history: dict[str, list[tuple[float, str | None, int, str]]] = {}
+        self.items: dict[str, dict] = {}
+
+    def scan(self) -> list[dict]:
+        items, kwargs = [], {"TableName": self.table, "ConsistentRead": True}
+        while True:
+            page = self.client.scan(**kwargs)
+            items.extend(page.get("Items", []))
+            if "LastEvaluatedKey" not in page:
+                return items
+            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+    def run(self) -> None:
+        while not self.halt.is_set():
+            try:
+                items = self.scan()
+            except Exception:
+                time.sleep(0.2)
+                continue
+            now = time.monotonic()
+            for item in items:
+                if "leaseKey" not in item or ("entityType" in item and item["entityType"].get("S") != "LEASE"):
+                    continue
+                key = item["leaseKey"]["S"]
+                self.items[key] = item
+                state = (item.get("leaseOwner", {}).get("S"), int(item.get("leaseCounter", {}).get("N", "0")),
+                         item.get("checkpoint", {}).get("S", ""))
+                hist = self.history.setdefault(key, [])
+                if not hist or hist[-1][1:] != state:
+                    hist.append((now, *state))
+            time.sleep(0.2)
+
+    def owners(self) -> dict[str, str | None]:
+        return {k: h[-1][1] for k, h in self.history.items()}
+
+    def checkpoint(self, key: str) -> str:
+        return self.history[key][-1][3]
+
+    def __enter__(self) -> "LeaseWatch":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.halt.set()
+        self.join(5)

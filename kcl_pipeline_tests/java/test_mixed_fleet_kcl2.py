@@ -1,0 +1,240 @@
+"""The real Java KCL 2.7.2 (kcl_pipeline_tests/java_peer) beside `kcl-pipeline consume`, on one stream and one
+lease table, judged by what both kinds delivered: the union of the Java peers' output files and our JSONL sinks
+holds every produced payload (plain and KPL-aggregated), and a record is delivered twice only in a hand-over
+window — by a new holder re-reading from the checkpoint the previous holder left (after a kill -9, or a Java take
+of a lease our consumer held until its next heartbeat).
+
+Timings: ours heartbeat 2 s / expiry 6 s / cycle 2 s; Java failoverTimeMillis 6000 (renews every ~2 s, runs its
+lease taker every 12.05 s), shardSyncIntervalMillis 5000. (Maven's KCL 2.x line ends at 2.7.2: 2.7.3 is not
+served by Maven Central.)
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from ..kcl.fleet_support import wait_until
+from .conftest import EXPIRY, FAILOVER_MS
+from .peer_support import Deliveries
+
+pytestmark = [pytest.mark.java, pytest.mark.slow, pytest.mark.emulator]
+
+TAKER_INTERVAL = 2 * (FAILOVER_MS + 25) / 1000  # Java 2.x: takeleases every 2 x (failover + epsilon)
+
+
+def _position(checkpoint: str, sub: int = 0) -> tuple[int, int]:
+    return int(checkpoint), sub
+
+
+def _checkpoint_of(item: dict) -> tuple[int, int] | None:
+    cp = item.get("checkpoint", {}).get("S", "")
+    if not cp.isdigit():
+        return None
+    return int(cp), int(item.get("checkpointSubSequenceNumber", {}).get("N", "0"))
+
+
+def _at_last_delivery(watch, fleet, shard: str, worker: str) -> bool:
+    """The lease's checkpoint is at the last record `worker` delivered of it (and it delivered some)."""
+    delivered = [d.position for d in fleet.deliveries().of_shard(shard, worker)]
+    return bool(delivered) and _checkpoint_of(watch.items[shard]) == max(delivered)
+
+
+def _assert_complete(fleet, what: str) -> Deliveries:
+    missing = fleet.missing()
+    assert not missing, f"{what}: {len(missing)} produced records delivered by nobody, e.g. {missing[:10]}\n{fleet.logs()}"
+    return fleet.deliveries()
+
+
+def _assert_no_self_repeats(got: Deliveries) -> None:
+    """A record delivered twice was delivered by two different workers (a hand-over), never twice by one."""
+    for key, ds in got.duplicates().items():
+        by = [d.by for d in ds]
+        assert len(by) == len(set(by)), f"{key} delivered {len(by)} times by {by}"
+
+
+def _wait_all_delivered(fleet, timeout: float, what: str) -> Deliveries:
+    wait_until(lambda: not fleet.missing(), timeout, what)
+    return fleet.deliveries()
+
+
+def _assert_java_clean(peer) -> None:
+    assert peer.exceptions() == [], f"the Java peer {peer.worker_id} logged:\n" + "\n".join(peer.exceptions()[:20])
+
+
+def test_leases_balance_across_kinds(mixed_fleet):
+    """(a) Four shards, one of ours and one Java worker: two leases each, and it stays so (no lease changes hands
+    for 20 s) while records flow; nothing lost; a record delivered twice only on a shard that changed hands."""
+    fleet = mixed_fleet(4)
+    fleet.producer.put(300, 1)
+    fleet.producer.put(500, 10)
+    with fleet.watch() as watch:
+        fleet.start_ours("c1")
+        wait_until(lambda: len(watch.owners()) == 4 and all(watch.owners().values()), 40, "four leases held by c1")
+        java = fleet.start_java("j1")
+
+        def balanced():
+            owners = list(watch.owners().values())
+            return owners.count("c1") == 2 and owners.count("j1") == 2
+
+        wait_until(balanced, 3 * TAKER_INTERVAL + 10, "two leases each for c1 and j1")
+        settled = {k: len(h) for k, h in watch.history.items()}
+        owners_then = watch.owners()
+        fleet.producer.put(200, 1)
+        fleet.producer.put(200, 10)
+        got = _wait_all_delivered(fleet, 60, "every record delivered")
+        time.sleep(max(0.0, 20 - 0))  # stays balanced: Java's taker runs at least once more, ours ~10 cycles
+        assert watch.owners() == owners_then, (owners_then, watch.owners())
+        moved = {k for k, h in watch.history.items() if len({owner for _, owner, _, _ in h[settled[k] - 1:]}) > 1}
+        assert not moved, f"leases changed hands after the fleet balanced: {moved}"
+    assert fleet.stop_ours("c1") == 0, fleet.our_log("c1")[-3000:]
+    assert java.stop() == 0, java.log_tail()
+    got = _assert_complete(fleet, "balance")
+    _assert_no_self_repeats(got)
+    handed_over = {k for k, h in watch.history.items() if len({o for _, o, _, _ in h if o}) > 1}
+    assert {k[0] for k in got.duplicates()} <= handed_over
+    _assert_java_clean(java)
+    print(f"balanced {owners_then}; {len(got.records)} deliveries, {len(got.duplicates())} duplicates "
+          f"on hand-over of {sorted(handed_over)}")
+
+
+def test_kill9_each_kind_resumes_from_the_others_checkpoint(mixed_fleet):
+    """(b) kill -9 of a Java worker: ours takes its lease after the expiry and reads on from Java's last
+    checkpoint; then kill -9 of ours (its whole process group): a Java worker takes our leases and reads on from
+    our last checkpoint. Records re-delivered are exactly those the dead holder delivered after its checkpoint."""
+    fleet = mixed_fleet(2)
+    fleet.producer.put(200, 1)
+    fleet.producer.put(200, 10)
+    with fleet.watch() as watch:
+        fleet.start_ours("c1")
+        wait_until(lambda: list(watch.owners().values()) == ["c1", "c1"], 40, "both leases held by c1")
+        j1 = fleet.start_java("j1")
+        java_shard = wait_until(lambda: next((k for k, o in watch.owners().items() if o == "j1"), None),
+                                2 * TAKER_INTERVAL + 10, "j1 taking one lease from c1")
+        fleet.producer.put(200, 1)
+        fleet.producer.put(200, 10)
+        _wait_all_delivered(fleet, 60, "every record delivered by c1 and j1")
+        wait_until(lambda: _at_last_delivery(watch, fleet, java_shard, "j1"), 20,
+                   "j1's checkpoint at its last delivered record")
+        j1.kill()
+        killed, killed_ms = time.monotonic(), time.time() * 1000
+        java_checkpoint = _checkpoint_of(watch.items[java_shard])
+        fleet.producer.put(150, 1)
+        fleet.producer.put(150, 10)
+        wait_until(lambda: watch.owners().get(java_shard) == "c1", EXPIRY * 2 + 4 * 2 + 10,
+                   "c1 taking the dead Java worker's lease")
+        print(f"c1 took j1's lease {time.monotonic() - killed:.1f}s after kill -9 (expiry {EXPIRY:.0f}s)")
+        got = _wait_all_delivered(fleet, 60, "every record delivered after j1's crash")
+        c1_taken = [d for d in got.of_shard(java_shard, "c1") if d.at_ms >= killed_ms]
+        c1_after = [d for d in c1_taken if d.position > java_checkpoint]
+        c1_redelivered = [d for d in c1_taken if d.position <= java_checkpoint]
+        assert c1_after, "c1 delivered nothing of the dead Java worker's shard"
+        assert not c1_redelivered, (f"c1 re-delivered {len(c1_redelivered)} records at or before j1's checkpoint "
+                                    f"{java_checkpoint}")
+
+        # And the other way round: a Java worker joins, takes one lease; ours is killed; Java takes the rest.
+        j2 = fleet.start_java("j2")
+        wait_until(lambda: sorted(watch.owners().values()) == ["c1", "j2"], 2 * TAKER_INTERVAL + 10,
+                   "j2 taking one lease from c1")
+        our_shard = next(k for k, o in watch.owners().items() if o == "c1")
+        fleet.producer.put(150, 1)
+        fleet.producer.put(150, 10)
+        _wait_all_delivered(fleet, 60, "every record delivered by c1 and j2")
+        # Ours checkpoints on its heartbeats: let one pass so the checkpoint is at its last delivered record.
+        wait_until(lambda: _at_last_delivery(watch, fleet, our_shard, "c1"), 3 * 2 + 2,
+                   "c1's checkpoint at its last delivered record")
+        fleet.kill_ours("c1")
+        killed, killed_ms = time.monotonic(), time.time() * 1000
+        our_checkpoint = _checkpoint_of(watch.items[our_shard])
+        fleet.producer.put(150, 1)
+        fleet.producer.put(150, 10)
+        wait_until(lambda: watch.owners().get(our_shard) == "j2", FAILOVER_MS / 1000 + 2 * TAKER_INTERVAL + 10,
+                   "j2 taking the dead consumer's lease")
+        print(f"j2 took c1's lease {time.monotonic() - killed:.1f}s after kill -9 (failover {FAILOVER_MS} ms)")
+        got = _wait_all_delivered(fleet, 60, "every record delivered after c1's crash")
+    assert j2.stop() == 0, j2.log_tail()
+    got = _assert_complete(fleet, "kill -9")
+    j2_taken = [d for d in got.of_shard(our_shard, "j2") if d.at_ms >= killed_ms]
+    j2_early = [d for d in j2_taken if d.position <= our_checkpoint]
+    assert not j2_early, f"j2 delivered {len(j2_early)} records at or before c1's checkpoint {our_checkpoint}"
+    assert [d for d in j2_taken if d.position > our_checkpoint]
+    _assert_no_self_repeats(got)
+    for key, ds in got.duplicates().items():
+        # The only windows: j1's records after its checkpoint (re-read by c1), c1's after its own (re-read by j2),
+        # and c1's records after its heartbeat-borne checkpoint when j1 or j2 took a lease from it.
+        assert key[0] in (java_shard, our_shard), key
+    _assert_java_clean(j2)
+    print(f"{len(got.records)} deliveries, {len(got.duplicates())} duplicates")
+
+
+def test_our_sigterm_releases_and_java_takes_at_once(mixed_fleet):
+    """(c) SIGTERM of ours: it checkpoints what it delivered and releases its leases (no owner, counter moved on);
+    the Java worker takes them at its next lease-taker run (within one taker interval, not an expiry plus a taker
+    run as after a crash) and reads on from our checkpoint: nothing lost, nothing delivered twice."""
+    fleet = mixed_fleet(2)
+    fleet.producer.put(200, 1)
+    fleet.producer.put(200, 10)
+    with fleet.watch() as watch:
+        fleet.start_ours("c1")
+        wait_until(lambda: list(watch.owners().values()) == ["c1", "c1"], 40, "both leases held by c1")
+        _wait_all_delivered(fleet, 40, "every record delivered by c1")
+        java = fleet.start_java("j1", extra=["--max-leases", "2"])
+        wait_until(lambda: sorted(watch.owners().values()) == ["c1", "j1"], 2 * TAKER_INTERVAL + 10,
+                   "j1 taking one lease from c1")
+        our_shard = next(k for k, o in watch.owners().items() if o == "c1")
+        fleet.producer.put(100, 1)
+        fleet.producer.put(100, 10)
+        _wait_all_delivered(fleet, 40, "every record delivered by c1 and j1")
+        assert fleet.stop_ours("c1") == 0, fleet.our_log("c1")[-3000:]
+        stopped = time.monotonic()
+        item = watch.scan()
+        ours_now = {i["leaseKey"]["S"]: i for i in item}[our_shard]
+        assert "leaseOwner" not in ours_now, f"c1 exited leaving {our_shard} owned: {ours_now}"
+        released_at = _checkpoint_of(ours_now)
+        c1_last = max(d.position for d in fleet.deliveries().of_shard(our_shard, "c1"))
+        assert released_at == c1_last, f"released with checkpoint {released_at}, c1 delivered up to {c1_last}"
+        wait_until(lambda: watch.owners().get(our_shard) == "j1", TAKER_INTERVAL + 10, "j1 taking the released lease")
+        took = time.monotonic() - stopped
+        print(f"j1 took the released lease {took:.1f}s after c1 exited (Java's taker runs every {TAKER_INTERVAL}s)")
+        assert took <= TAKER_INTERVAL + 3, f"j1 took the released lease only after {took:.1f}s"
+        fleet.producer.put(100, 1)
+        fleet.producer.put(100, 10)
+        _wait_all_delivered(fleet, 40, "every record delivered after c1 stopped")
+    assert java.stop() == 0, java.log_tail()
+    got = _assert_complete(fleet, "graceful hand-over")
+    handed = [key for key in got.duplicates() if key[0] == our_shard]
+    assert not handed, f"{len(handed)} records of the released shard delivered twice, e.g. {handed[:3]}"
+    _assert_no_self_repeats(got)
+    _assert_java_clean(java)
+
+
+def test_kcl2_worker_joins_a_table_ours_ran_on(mixed_fleet):
+    """(d) A KCL 2.x worker started on a lease table our consumer has run on (publishing its worker metrics every
+    second) lists the leases without error, takes its share while ours runs and the rest when ours stops, and
+    reads on from our checkpoints. Regression: a worker-metrics item in a 2.x lease table breaks every KCL 2.x
+    lease listing."""
+    fleet = mixed_fleet(2)
+    fleet.producer.put(200, 1)
+    fleet.producer.put(200, 10)
+    with fleet.watch() as watch:
+        fleet.start_ours("c1", extra=["--worker-metrics-period-seconds", "1"])
+        wait_until(lambda: list(watch.owners().values()) == ["c1", "c1"], 40, "both leases held by c1")
+        _wait_all_delivered(fleet, 40, "every record delivered by c1")
+        time.sleep(3)  # several worker-metrics periods
+        java = fleet.start_java("j1")
+        try:
+            wait_until(lambda: "j1" in watch.owners().values(), 2 * TAKER_INTERVAL + 10, "j1 taking a lease")
+        except AssertionError:
+            foreign = [i for i in watch.scan() if "leaseCounter" not in i or "checkpoint" not in i]
+            raise AssertionError(f"the KCL 2.x worker took no lease; items without lease attributes: {foreign}\n"
+                                 + "\n".join(java.exceptions()[:20]))
+        assert fleet.stop_ours("c1") == 0, fleet.our_log("c1")[-3000:]
+        wait_until(lambda: list(watch.owners().values()) == ["j1", "j1"], TAKER_INTERVAL + 10,
+                   "j1 taking the lease c1 released")
+        fleet.producer.put(100, 1)
+        fleet.producer.put(100, 10)
+        _wait_all_delivered(fleet, 40, "every record delivered")
+    assert java.stop() == 0, java.log_tail()
+    got = _assert_complete(fleet, "joining")
+    _assert_no_self_repeats(got)
+    _assert_java_clean(java)
