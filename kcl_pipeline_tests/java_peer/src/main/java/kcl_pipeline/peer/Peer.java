@@ -92,6 +92,7 @@ public final class Peer {
         {"kinesis-endpoint", "[default AWS_ENDPOINT_URL_KINESIS, else AWS_ENDPOINT_URL]"},
         {"dynamodb-endpoint", "[default AWS_ENDPOINT_URL_DYNAMODB, else AWS_ENDPOINT_URL]"},
         {"cloudwatch-endpoint", "[default AWS_ENDPOINT_URL_CLOUDWATCH, else AWS_ENDPOINT_URL]"},
+        {"shutdown-timeout-millis", "after SIGTERM: force the shutdown (exit 3) past this [default 30000]"},
         {"metrics", "NONE (default) | SUMMARY | DETAILED: CloudWatch metrics level"},
         {"client-version", "KCL 3.x only: 2X (CLIENT_VERSION_CONFIG_COMPATIBLE_WITH_2X) | 3X [default 3X]"},
         {"coordinator-state-table", "KCL 3.x only: coordinator state table name"},
@@ -246,6 +247,12 @@ public final class Peer {
             Future<Boolean> done = scheduler.startGracefulShutdown();
             Boolean ok = done.get(s.shutdownTimeoutMillis, TimeUnit.MILLISECONDS);
             log.info("kcl-peer: graceful shutdown finished: {}", ok);
+        } catch (java.util.concurrent.TimeoutException e) {
+            // KCL 2.x waits for the processor of a SHARD_END lease it still holds, which never answers.
+            log.warn("kcl-peer: graceful shutdown unfinished after {} ms: shutting down", s.shutdownTimeoutMillis);
+            output.event("shutdownTimedOut", null, String.valueOf(s.shutdownTimeoutMillis));
+            scheduler.shutdown();
+            rc = 3;
         } catch (Exception e) {
             log.error("kcl-peer: graceful shutdown failed", e);
             scheduler.shutdown();
@@ -436,7 +443,7 @@ public final class Peer {
         final String coordinatorStateTable;
         final String workerMetricsTable;
         final Boolean disableWorkerMetrics;
-        final long shutdownTimeoutMillis = 60_000;
+        final long shutdownTimeoutMillis;
 
         Settings(Map<String, List<String>> args) {
             for (String v : all(args, "stream")) {
@@ -495,6 +502,7 @@ public final class Peer {
             workerMetricsTable = one(args, "worker-metrics-table", null);
             String dwm = one(args, "disable-worker-metrics", null);
             disableWorkerMetrics = dwm == null ? null : Boolean.valueOf(dwm);
+            shutdownTimeoutMillis = Long.parseLong(one(args, "shutdown-timeout-millis", "30000"));
         }
 
         private static Date timestamp(String value) {
