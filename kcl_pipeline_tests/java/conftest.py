@@ -22,8 +22,16 @@ import pytest
 from kcl_pipeline.kcl.shells.shards import wait_stream_active
 
 from ..kcl.fleet_support import consume_process
-from .peer_support import Deliveries, JavaPeer, KplProducer, LeaseWatch, PeerBuild, build_peer, missing_tools, \
-    start_peer
+from .peer_support import (
+    Deliveries,
+    JavaPeer,
+    KplProducer,
+    LeaseWatch,
+    PeerBuild,
+    build_peer,
+    missing_tools,
+    start_peer,
+)
 
 # Our consumers' timings in a table shared with Java: a heartbeat well inside Java's failover time.
 HEARTBEAT, EXPIRY, CYCLE = 2.0, 6.0, 2.0
@@ -98,7 +106,7 @@ class MixedFleet:
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
-            raise AssertionError(f"{name} did not stop within {timeout:.0f}s:\n{self.our_log(name)[-3000:]}")
+            raise AssertionError(f"{name} did not stop within {timeout:.0f}s:\n{self.our_log(name)[-3000:]}") from None
 
     def kill_ours(self, name: str) -> None:
         """kill -9 of the consumer's whole process group (manager and workers), as a crashed host."""
@@ -127,7 +135,7 @@ class MixedFleet:
         return "\n".join(parts)
 
     def close(self) -> None:
-        for name, p in self.ours.items():
+        for p in self.ours.values():
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGCONT)
                 os.killpg(p.pid, signal.SIGTERM)
@@ -144,7 +152,8 @@ class MixedFleet:
 
 
 @pytest.fixture
-def mixed_fleet(emulators, kinesis_client, dynamodb_client, kcl2_peer, unique_name, tmp_path) -> Callable[..., MixedFleet]:
+def mixed_fleet(emulators, kinesis_client, dynamodb_client, kcl2_peer, unique_name,
+                tmp_path) -> Callable[..., MixedFleet]:
     fleets: list[MixedFleet] = []
 
     def make(shards: int) -> MixedFleet:

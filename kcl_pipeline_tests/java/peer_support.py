@@ -51,7 +51,8 @@ def build_peer(profile: str, target: Path) -> PeerBuild:
     done = subprocess.run(["mvn", "-q", "-B", "package", f"-P{profile}", f"-Dpeer.target={target}"],
                           cwd=PEER_DIR, capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
-        raise RuntimeError(f"building the Java peer (KCL {version}) failed:\n{done.stdout[-4000:]}{done.stderr[-4000:]}")
+        raise RuntimeError(f"building the Java peer (KCL {version}) failed:\n"
+                           f"{done.stdout[-4000:]}{done.stderr[-4000:]}")
     return PeerBuild(version, target / f"kcl-{version}")
 
 
@@ -74,7 +75,7 @@ class JavaPeer:
         except subprocess.TimeoutExpired:
             self.kill()
             raise AssertionError(f"the Java peer {self.worker_id} did not stop within {timeout:.0f}s:\n"
-                                 f"{self.log_tail()}")
+                                 f"{self.log_tail()}") from None
 
     def kill(self) -> None:
         """kill -9, as a crashed host."""
@@ -192,7 +193,7 @@ class KplProducer:
             answer = self.kinesis.put_records(StreamName=self.stream, Records=entries)
             if not answer.get("FailedRecordCount"):
                 return
-            entries = [e for e, r in zip(entries, answer["Records"]) if r.get("ErrorCode")]
+            entries = [e for e, r in zip(entries, answer["Records"], strict=True) if r.get("ErrorCode")]
             time.sleep(0.2)
         raise AssertionError(f"{len(entries)} records not put after 20 attempts")
 

@@ -44,7 +44,8 @@ def _at_last_delivery(watch, fleet, shard: str, worker: str) -> bool:
 
 def _assert_complete(fleet, what: str) -> Deliveries:
     missing = fleet.missing()
-    assert not missing, f"{what}: {len(missing)} produced records delivered by nobody, e.g. {missing[:10]}\n{fleet.logs()}"
+    assert not missing, (f"{what}: {len(missing)} produced records delivered by nobody, e.g. {missing[:10]}\n"
+                         f"{fleet.logs()}")
     return fleet.deliveries()
 
 
@@ -93,7 +94,8 @@ def _assert_java_clean(peer) -> None:
 
 def test_leases_balance_across_kinds(mixed_fleet):
     """(a) Four shards, one of ours and one Java worker: two leases each, and it stays so (no lease changes hands
-    over a further Java taker interval) while records flow; nothing lost; a record delivered twice only on a shard that changed hands."""
+    over a further Java taker interval) while records flow; nothing lost; a record delivered twice only on a shard
+    that changed hands."""
     fleet = mixed_fleet(4)
     fleet.producer.put(300, 1)
     fleet.producer.put(500, 10)
@@ -188,7 +190,7 @@ def test_kill9_each_kind_resumes_from_the_others_checkpoint(mixed_fleet):
     assert not j2_early, f"j2 delivered {len(j2_early)} records at or before c1's checkpoint {our_checkpoint}"
     assert [d for d in j2_taken if d.position > our_checkpoint]
     _assert_no_self_repeats(got)
-    for key, ds in got.duplicates().items():
+    for key in got.duplicates():
         # The only windows: j1's records after its checkpoint (re-read by c1), c1's after its own (re-read by j2),
         # and c1's records after its heartbeat-borne checkpoint when j1 or j2 took a lease from it.
         assert key[0] in (java_shard, our_shard), key
@@ -256,7 +258,7 @@ def test_kcl2_worker_joins_a_table_ours_ran_on(mixed_fleet):
         except AssertionError:
             foreign = [i for i in watch.scan() if "leaseCounter" not in i or "checkpoint" not in i]
             raise AssertionError(f"the KCL 2.x worker took no lease; items without lease attributes: {foreign}\n"
-                                 + "\n".join(java.exceptions()[:20]))
+                                 + "\n".join(java.exceptions()[:20])) from None
         assert fleet.stop_ours("c1") == 0, fleet.our_log("c1")[-3000:]
         wait_until(lambda: list(watch.owners().values()) == ["j1", "j1"], TAKER_INTERVAL + 10,
                    "j1 taking the lease c1 released")
@@ -290,7 +292,8 @@ def test_split_mid_run_parents_before_children_across_kinds(mixed_fleet):
         for shard in sorted(parents_held):
             lo = int(shards[shard].hash_key_range.starting_hash_key)
             hi = int(shards[shard].hash_key_range.ending_hash_key)
-            fleet.kinesis.split_shard(StreamName=fleet.stream, ShardToSplit=shard, NewStartingHashKey=str((lo + hi) // 2))
+            fleet.kinesis.split_shard(StreamName=fleet.stream, ShardToSplit=shard,
+                                      NewStartingHashKey=str((lo + hi) // 2))
             wait_stream_active(fleet.kinesis, fleet.stream)
         fleet.producer.put(200, 1)
         fleet.producer.put(200, 10)
