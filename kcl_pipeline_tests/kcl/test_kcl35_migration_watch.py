@@ -41,12 +41,16 @@ class Table:
 
     def __init__(self, leases, entities):
         self.leases = {lease.lease_key: lease for lease in leases}
+        self.renewals = 0
         self.entities = list(entities)
         self.spawned: list[tuple[str, bool]] = []
         self.published = 0
 
     def renew(self):
-        """Every holder renewed since the last cycle (they are all alive here)."""
+        """Every holder renewed since the last cycle (they are all alive here), the leader's lock too."""
+        self.entities = [{**item, "recordVersionNumber": {"S": f"v{self.renewals}"}}
+                         if item.get("leaseKey") == {"S": "Leader"} else item for item in self.entities]
+        self.renewals += 1
         for key, held in self.leases.items():
             if held.lease_owner is not None:
                 self.leases[key] = Lease(key, held.checkpoint, held.lease_owner, held.lease_counter + 1,
@@ -247,3 +251,28 @@ def test_adopting_a_lease_the_leader_assigned_counts_no_second_owner_switch(dyna
     assert adopted is not None and adopted.lease_counter == 8 and adopted.owner_switches_since_checkpoint == 1
     taken = table.acquire("shardId-0", "other", "me", 8, claim="c2")
     assert taken is not None and taken.owner_switches_since_checkpoint == 2
+
+
+def test_a_released_or_stale_leader_lock_shows_no_leader():
+    """The lock client releases by writing isReleased = "1" (a string), and a holder that stops heartbeating
+    leaves its record version standing: stale after its leaseDuration. Both showed the old holder as leader."""
+    view = fleet_mode.scanned(FleetView(), [{**LEADER, "isReleased": {"S": "1"}}], 0.0)
+    assert view.leader is None
+    view = fleet_mode.scanned(FleetView(), [LEADER], 0.0)
+    assert view.leader == "java-leader"
+    view = fleet_mode.scanned(view, [LEADER], 9.0)
+    assert view.leader == "java-leader"  # inside its 10 s lease duration
+    view = fleet_mode.scanned(view, [LEADER], 10.5)
+    assert view.leader is None  # its version stood still past the duration: the lock is stale
+    view = fleet_mode.scanned(view, [{**LEADER, "recordVersionNumber": {"S": "v2"}}], 11.0)
+    assert view.leader == "java-leader"  # heartbeating again
+
+
+def test_a_migration_item_without_entity_type_is_inferred_from_its_key_not_read_as_a_corrupt_lease():
+    """Java's CoordinatorStateDAODelegate.resolveEntityType infers CLIENT_VERSION_MIGRATION and TABLE_MIGRATION
+    from the keys of records written without entityType."""
+    from kcl_pipeline.kcl.core.lease_codec import is_lease_item
+
+    legacy = {k: v for k, v in migration("CLIENT_VERSION_3X").items() if k != "entityType"}
+    assert not is_lease_item(legacy)
+    assert fleet_mode.scanned(FleetView(), [legacy]).mode is FleetMode.FOLLOWER

@@ -69,7 +69,7 @@ def test_java_item_round_trips_with_java_names_and_types():
         child_shard_ids=("shardId-000000000002", "shardId-000000000003"), starting_hash_key="0",
         ending_hash_key="340282366920938463463374607431768211455",
         extra={"pendingCheckpoint": "49590338271490256608559692538361571095921575989136588999",
-               "throughputKBps": 12.5, "entityType": "LEASE", "someFutureFlag": True,
+               "throughputKBps": 12.5, "someFutureFlag": True,
                "notes": {"a": [1, "x", None], "b": b"\x00\x01"}, "tags": {"a", "b"}, "weights": {1, 2.5}})
     assert lease_to_item(decoded) == JAVA_ITEM
 
@@ -79,7 +79,7 @@ def test_new_lease_item_leaves_out_absent_values_and_empty_sets():
     assert item == {
         "leaseKey": {"S": "s-1"}, "leaseCounter": {"N": "0"}, "checkpoint": {"S": "TRIM_HORIZON"},
         "checkpointSubSequenceNumber": {"N": "0"}, "ownerSwitchesSinceCheckpoint": {"N": "0"},
-        "kept": {"NULL": True},
+        "entityType": {"S": "LEASE"}, "kept": {"NULL": True},  # entityType as KCL 3.x writes every lease
     }
     assert lease_from_item(item).lease_owner is None
 

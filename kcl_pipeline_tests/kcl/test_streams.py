@@ -30,7 +30,7 @@ JAVA_ITEM = {
     "parentShardId": {"SS": ["shardId-000000000000"]},
     "startingHashKey": {"S": "0"}, "endingHashKey": {"S": "170141183460469231731687303715884105727"},
     "streamName": {"S": "123456789012:orders:1700000000"}, "shardId": {"S": "shardId-000000000002"},
-    "checkpointOwner": {"S": "java-worker"}, "throughputKBps": {"N": "12.5"},
+    "checkpointOwner": {"S": "java-worker"}, "throughputKBps": {"N": "12.5"}, "entityType": {"S": "LEASE"},
 }
 
 

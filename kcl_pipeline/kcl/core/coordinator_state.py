@@ -40,7 +40,13 @@ ENTITY_WORKER_METRIC_STATS = "WORKER_METRIC_STATS"
 TABLE_MIGRATION_STATUS_ATTRIBUTE = "tm"  # TableMigrationState.TABLE_MIGRATION_STATUS_ATTRIBUTE_NAME
 TABLE_MIGRATION_COMPLETE = "TABLE_MIGRATION_STATUS_COMPLETE"
 LEADER_OWNER_ATTRIBUTE = "ownerName"  # the DynamoDB lock client's item: the lock's holder
-LEADER_RELEASED_ATTRIBUTE = "isReleased"
+LEADER_RELEASED_ATTRIBUTE = "isReleased"  # the lock client writes the string "1" on release
+LEADER_VERSION_ATTRIBUTE = "recordVersionNumber"  # a new value at every heartbeat of the lock's holder
+LEADER_DURATION_ATTRIBUTE = "leaseDuration"  # milliseconds, a string: the lock is stale after it unchanged
+
+# Java infers these entities from their key when an item has no entityType (CoordinatorStateDAODelegate's
+# resolveEntityType: records written before the attribute existed); they are never leases.
+INFERRED_ENTITIES = {MIGRATION_KEY: ENTITY_CLIENT_VERSION_MIGRATION, TABLE_MIGRATION_KEY: ENTITY_TABLE_MIGRATION}
 
 
 class Layout(enum.StrEnum):
@@ -110,8 +116,10 @@ def choose_layout(coordinator_table_exists: bool, table_migration_status: str | 
 
 def _entity(items: Iterable[Mapping[str, Any]], key: str, entity: str) -> Mapping[str, Any] | None:
     for item in items:
-        if (item.get(LEASE_TABLE_HASH_KEY, {}).get("S") == key
-                and item.get("entityType", {}).get("S") == entity):
+        if item.get(LEASE_TABLE_HASH_KEY, {}).get("S") != key:
+            continue
+        typed = item.get("entityType", {}).get("S") if "entityType" in item else INFERRED_ENTITIES.get(key)
+        if typed == entity:
             return item
     return None
 
@@ -134,15 +142,61 @@ def lease_table_table_migration(items: Iterable[Mapping[str, Any]]) -> str | Non
     return table_migration_status(_entity(list(items), TABLE_MIGRATION_KEY, ENTITY_TABLE_MIGRATION))
 
 
-def leader_from_item(item: Mapping[str, Any] | None) -> str | None:
-    """The worker holding the leader lock (the lock client's `ownerName`), None when unheld or released."""
+@dataclass(frozen=True)
+class LeaderLock:
+    """The DynamoDB lock client's item for the leader lock: its holder, the record version its heartbeats
+    change, and how long the lock lives without one (its `leaseDuration`)."""
+
+    owner: str
+    version: str | None = None
+    duration_seconds: float | None = None
+
+
+def leader_lock_from_item(item: Mapping[str, Any] | None) -> LeaderLock | None:
+    """The held lock, None when there is no item, no owner, or the lock client released it (`isReleased`: the
+    string "1", as the lock client writes it; a boolean true is read the same)."""
     if item is None:
         return None
     released = item.get(LEADER_RELEASED_ATTRIBUTE, {})
-    if isinstance(released, Mapping) and released.get("BOOL") is True:
+    if isinstance(released, Mapping) and (released.get("BOOL") is True or released.get("S") == "1"):
         return None
     owner = item.get(LEADER_OWNER_ATTRIBUTE)
-    return owner.get("S") if isinstance(owner, Mapping) and owner.get("S") else None
+    if not (isinstance(owner, Mapping) and owner.get("S")):
+        return None
+    version = item.get(LEADER_VERSION_ATTRIBUTE, {})
+    duration = item.get(LEADER_DURATION_ATTRIBUTE, {})
+    try:
+        seconds = float(duration.get("S") or duration.get("N")) / 1000 if isinstance(duration, Mapping) else None
+    except (TypeError, ValueError):
+        seconds = None
+    return LeaderLock(owner["S"], version.get("S") if isinstance(version, Mapping) else None, seconds)
+
+
+def leader_from_item(item: Mapping[str, Any] | None) -> str | None:
+    """The worker holding the leader lock (the lock client's `ownerName`), None when unheld or released."""
+    lock = leader_lock_from_item(item)
+    return lock.owner if lock is not None else None
+
+
+def lease_table_leader_lock(items: Iterable[Mapping[str, Any]]) -> LeaderLock | None:
+    """The leader lock among the lease table's items (keyed `Leader`, entityType LEADER)."""
+    return leader_lock_from_item(_entity(list(items), LEADER_KEY, ENTITY_LEADER))
+
+
+def live_leader(lock: LeaderLock | None, before: LeaderLock | None, unchanged_since: float | None,
+                now: float | None) -> tuple[str | None, float | None]:
+    """The leader to show, judged as the lock client judges a lock: stale once its record version stood still
+    for its lease duration (its holder stopped heartbeating) — and when that version was first seen. `before`
+    and `unchanged_since`: the lock and the time of the previous look; `now` None (a single look) trusts it."""
+    if lock is None:
+        return None, None
+    if now is None:
+        return lock.owner, None
+    same = before is not None and before.version == lock.version and before.owner == lock.owner
+    since = unchanged_since if same and unchanged_since is not None else now
+    if lock.duration_seconds is not None and lock.version is not None and now - since > lock.duration_seconds:
+        return None, since
+    return lock.owner, since
 
 
 def lease_table_leader(items: Iterable[Mapping[str, Any]]) -> str | None:

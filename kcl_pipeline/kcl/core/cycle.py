@@ -278,7 +278,7 @@ def _publish_metrics(state: ManagerState, settings: CycleSettings, leases: Seque
 def _see_fleet(state: ManagerState, scanned: Scanned) -> str | None:
     """Fold what a scan met of the Java 3.x fleet into the state; the change of mode it made, if any."""
     before = state.fleet
-    state.fleet = fleet_mode.scanned(before, scan_entities(scanned.leases))
+    state.fleet = fleet_mode.scanned(before, scan_entities(scanned.leases), scanned.returned_at)
     return fleet_mode.change(before, state.fleet)
 
 

@@ -34,11 +34,13 @@ from .coordinator_state import (
     TABLE_MIGRATION_COMPLETE,
     CoordinatorStateInvalid,
     Layout,
+    LeaderLock,
     MigrationState,
     effective_migration,
-    lease_table_leader,
+    lease_table_leader_lock,
     lease_table_migration,
     lease_table_table_migration,
+    live_leader,
 )
 from .lease_rules import CLAIM_OWNER_ATTRIBUTE, HANDOFF_ATTRIBUTE
 from .model import Lease
@@ -68,6 +70,10 @@ class FleetView:
     lease_table: MigrationState | None = None    # the lease table's Migration3.0, at the last scan
     separate_leader: str | None = None
     lease_table_leader: str | None = None
+    # The lease table's leader lock as last scanned, and since when its record version stood still (a lock whose
+    # holder stopped heartbeating is stale after its lease duration: no leader is shown then).
+    lease_table_lock: LeaderLock | None = None
+    lease_table_lock_since: float | None = None
     watched_at: float | None = None              # the manager's clock at the last watch (None: never)
     problem: str | None = None                   # the last item that could not be read (the view kept)
 
@@ -126,11 +132,12 @@ def watch_failed(view: FleetView, now: float, problem: str) -> FleetView:
     return replace(view, watched_at=now, problem=problem)
 
 
-def scanned(view: FleetView, entities: Iterable[Mapping[str, Any]] | None) -> FleetView:
+def scanned(view: FleetView, entities: Iterable[Mapping[str, Any]] | None, now: float | None = None) -> FleetView:
     """The view after a scan of the lease table met its non-lease items (None: the scan says nothing, e.g. a
     list from elsewhere). A malformed migration item keeps the last known state, as Java's monitor keeps
     its version when it cannot deserialize the item; a COMPLETE table migration there moves to the one-table
-    layout (Java writes COMPLETE into the lease table too)."""
+    layout (Java writes COMPLETE into the lease table too). `now` (when the scan returned) judges the leader
+    lock's staleness across scans (`coordinator_state.live_leader`)."""
     if entities is None:
         return view
     items = list(entities)
@@ -139,8 +146,10 @@ def scanned(view: FleetView, entities: Iterable[Mapping[str, Any]] | None) -> Fl
     except CoordinatorStateInvalid as exc:
         migration, problem = view.lease_table, str(exc)
     layout = Layout.LEASE_TABLE if lease_table_table_migration(items) == TABLE_MIGRATION_COMPLETE else view.layout
-    return replace(view, layout=layout, lease_table=migration, lease_table_leader=lease_table_leader(items),
-                   problem=problem)
+    lock = lease_table_leader_lock(items)
+    leader, since = live_leader(lock, view.lease_table_lock, view.lease_table_lock_since, now)
+    return replace(view, layout=layout, lease_table=migration, lease_table_leader=leader, lease_table_lock=lock,
+                   lease_table_lock_since=since, problem=problem)
 
 
 def change(before: FleetView, after: FleetView) -> str | None:

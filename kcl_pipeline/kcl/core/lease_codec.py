@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Callable, Iterable, Mapping, TypeGuard
 
+from .coordinator_state import INFERRED_ENTITIES
 from .lease_rules import (
     CLAIM_ATTRIBUTE,
     CLAIM_OWNER_ATTRIBUTE,
@@ -173,6 +174,7 @@ def lease_to_item(lease: Lease) -> dict[str, dict]:
         item["endingHashKey"] = {"S": lease.ending_hash_key}
     for name, value in multi_stream_attributes(lease.lease_key).items():
         item[name] = {"S": value}  # KCL's streamName and shardId beside a multi-stream key
+    item["entityType"] = {"S": LEASE_ENTITY_TYPE}  # as KCL 3.x's serializer writes every lease (2.x ignores it)
     for name, value in lease.extra.items():
         if name in _MODELLED:
             raise ValueError(f"lease {lease.lease_key}: extra attribute {name} shadows a lease field")
@@ -211,8 +213,12 @@ def entity_type(item: Mapping[str, Any]) -> str | None:
 
 def is_lease_item(item: Mapping[str, Any]) -> bool:
     """Java's rule (DynamoDBLeaseSerializer.fromDynamoRecord): an item without `entityType`, or with `LEASE`, is
-    a lease; anything else is another entity sharing the table."""
-    return "entityType" not in item or entity_type(item) == LEASE_ENTITY_TYPE
+    a lease; anything else is another entity sharing the table — as is an item without `entityType` under a key
+    Java infers an entity from (its migration states: coordinator_state.INFERRED_ENTITIES)."""
+    if "entityType" in item:
+        return entity_type(item) == LEASE_ENTITY_TYPE
+    key = item.get("leaseKey")
+    return not (isinstance(key, Mapping) and key.get("S") in INFERRED_ENTITIES)
 
 
 class LeaseScan(list):
@@ -257,7 +263,9 @@ def lease_from_item(item: Mapping[str, dict]) -> Lease | None:
         child_shard_ids=related_lease_keys(key, _typed(item, "childShardIds", "SS", key) or ()),
         starting_hash_key=_typed(item, "startingHashKey", "S", key),
         ending_hash_key=_typed(item, "endingHashKey", "S", key),
-        extra={name: decode_value(value) for name, value in item.items() if name not in _MODELLED},
+        # entityType is LEASE on every lease here (is_lease_item); lease_to_item writes it back.
+        extra={name: decode_value(value) for name, value in item.items()
+               if name not in _MODELLED and name != "entityType"},
     )
 
 
