@@ -245,6 +245,29 @@ class ConsumerConfig:
     def with_(self, **changes) -> "ConsumerConfig":
         return replace(self, **changes)
 
+    @property
+    def default_timings(self) -> bool:
+        """The heartbeat and expiry are ConsumerConfig's defaults (nobody chose them)."""
+        return (self.heartbeat_seconds == consumer_default("heartbeat_seconds")
+                and self.lease_expiry_seconds == consumer_default("lease_expiry_seconds")
+                and self.validity_margin_seconds is None)
+
+    @property
+    def java_safe(self) -> bool:
+        """Java KCL judges a lease expired after its failoverTimeMillis (10 s by default) without a counter change:
+        a heartbeat inside a third of that, and a validity no longer than it, keep two holders from delivering."""
+        return (self.heartbeat_seconds <= JAVA_COMPATIBLE_TIMINGS["heartbeat_seconds"]
+                and self.lease_expiry_seconds <= JAVA_COMPATIBLE_TIMINGS["lease_expiry_seconds"])
+
+
+def timings_beside_java(config: ConsumerConfig, java_seen: bool) -> ConsumerConfig | None:
+    """The configuration to run with once Java KCL consumers are seen sharing the table: Java-safe timings when
+    the configured ones are the defaults (chosen by nobody: this consumer's defaults favour cost and let Java
+    steal its leases, and deliver beside Java, for ten seconds of every thirty); None to keep what was chosen."""
+    if not java_seen or config.java_safe or not config.default_timings:
+        return None
+    return config.java_compatible()
+
 
 def default_worker_start_method() -> str:
     """ConsumerConfig.worker_start_method's default: $KCL_PIPELINE_WORKER_START_METHOD, else forkserver."""

@@ -607,6 +607,9 @@ class SimConsumer(Process):
         self.cycles += 1
         self.world.stats["cycles"] += 1
 
+    def retime(self, config: ConsumerConfig) -> None:
+        self.config = config
+
     def start_worker(self, lease: Lease, stolen: bool, handoff: bool) -> SimWorkerProcess:
         worker = SimWorkerProcess(self, lease, stolen, handoff)
         self.world.workers.append(worker)

@@ -165,9 +165,10 @@ def leader_lock_from_item(item: Mapping[str, Any] | None) -> LeaderLock | None:
         return None
     version = item.get(LEADER_VERSION_ATTRIBUTE, {})
     duration = item.get(LEADER_DURATION_ATTRIBUTE, {})
+    text = (duration.get("S") or duration.get("N")) if isinstance(duration, Mapping) else None
     try:
-        seconds = float(duration.get("S") or duration.get("N")) / 1000 if isinstance(duration, Mapping) else None
-    except (TypeError, ValueError):
+        seconds = float(text) / 1000 if text is not None else None
+    except ValueError:
         seconds = None
     return LeaderLock(owner["S"], version.get("S") if isinstance(version, Mapping) else None, seconds)
 

@@ -42,7 +42,7 @@ from .coordinator_state import (
     lease_table_table_migration,
     live_leader,
 )
-from .lease_rules import CLAIM_OWNER_ATTRIBUTE, HANDOFF_ATTRIBUTE
+from .lease_rules import CLAIM_OWNER_ATTRIBUTE, HANDOFF_ATTRIBUTE, held_by_another_protocol
 from .model import Lease
 
 # Java's ClientVersionChangeMonitor polls the migration state once a minute.
@@ -108,6 +108,12 @@ def publishes_worker_metrics(view: FleetView) -> bool:
     migration tool deletes them). The same rule holds in the separate layout, as Java's does."""
     migration = view.migration
     return migration is not None and migration.client_version not in (CLIENT_VERSION_INIT, CLIENT_VERSION_2X)
+
+
+def java_fleet_seen(leases: Sequence[Lease], view: FleetView) -> bool:
+    """Java KCL consumers share this table: a lease held by a holder that did not take it by this protocol's
+    acquire (`lease_rules.held_by_another_protocol`), or a KCL 3.x migration state."""
+    return view.migration is not None or any(held_by_another_protocol(lease) for lease in leases)
 
 
 def watch_due(view: FleetView, now: float, period: float = WATCH_PERIOD_SECONDS) -> bool:
@@ -204,7 +210,6 @@ def assigned_to(worker_id: str, leases: Sequence[Lease], locally_worked: Collect
 
 
 __all__ = [
-    "FleetMode", "FleetView", "WATCH_PERIOD_SECONDS", "adoptions", "assigned_to", "change", "mode_of",
-    "publishes_worker_metrics", "scanned",
-    "watch_due", "watch_failed", "watched",
+    "FleetMode", "FleetView", "WATCH_PERIOD_SECONDS", "adoptions", "assigned_to", "change", "java_fleet_seen",
+    "mode_of", "publishes_worker_metrics", "scanned", "watch_due", "watch_failed", "watched",
 ]

@@ -23,8 +23,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Generator, Mapping, Protocol, Sequence
 
-from ..config import ConsumerConfig
-from ..core import coverage
+from ..config import ConsumerConfig, timings_beside_java
+from ..core import coverage, fleet_mode
 from ..core import cycle as cyc
 from ..core import effects as fx
 from ..core.lease_life import LifeOutcome
@@ -115,6 +115,9 @@ class ManagerTransport(Protocol):
         """Start a worker process for the lease (it acquires it itself)."""
         ...
 
+    def retime(self, config: ConsumerConfig) -> None:
+        """Start the workers of from now on with this configuration (new timings)."""
+
     def collect_results(self) -> list[WorkerResult]:
         """The results workers reported since the last call (without waiting)."""
         ...
@@ -168,6 +171,25 @@ class LeaseManager:
             self.config.coordinator_state_table_name))
         if (yield Call("ensure-table", self.table.ensure_table)):
             log.info("created lease table %s", self.config.lease_table)
+        else:
+            self._beside_java((yield Call("scan", self.table.scan)))
+
+    def _beside_java(self, leases: Sequence[Lease]) -> bool:
+        """Java KCL consumers share the table and this consumer runs on the default timings: switch to Java-safe
+        ones (config.timings_beside_java), saying so. True when the timings changed."""
+        safer = timings_beside_java(self.config, fleet_mode.java_fleet_seen(leases, self.state.fleet))
+        if safer is None:
+            return False
+        coverage.hit("shell.manager.java-safe-timings")
+        log.warning("Java KCL consumers share lease table %s and this consumer runs on the default timings "
+                    "(heartbeat %gs, expiry %gs), under which Java (failoverTimeMillis 10 s by default) would take "
+                    "its leases while it still delivers: switching to heartbeat %gs, expiry %gs (set the timings "
+                    "explicitly to keep others)", self.config.lease_table, self.config.heartbeat_seconds,
+                    self.config.lease_expiry_seconds, safer.heartbeat_seconds, safer.lease_expiry_seconds)
+        self.config = safer
+        self.settings = cyc.CycleSettings.of(safer)
+        self.transport.retime(safer)
+        return True
 
     def consume(self, stop: StopFlag) -> Steps:
         """A consumer's whole life (`kcl-pipeline consume`): start, cycles until `stop` is set, shutdown (every
@@ -302,6 +324,12 @@ class LeaseManager:
             self.config.coordinator_state_table_name))
         result = yield from cyc.manager_cycle(self.state, self.settings, frozenset(self.workers), self.rng,
                                               self.predecessor)
+        if self._beside_java(result.leases):
+            # Workers started on the old timings heartbeat too rarely for Java: they release, and the next cycles
+            # take their leases again on the new ones.
+            for proc in self.workers.values():
+                if proc.is_alive():
+                    proc.terminate()
         report.total_shards = result.total_shards
         report.deleted, report.created, report.spawned = result.deleted, result.created, result.spawned
         report.stolen = result.stolen
@@ -446,6 +474,9 @@ class Processes:
 
     def refresh_keepalive(self) -> None:
         self._keepalive.value = time.time()
+
+    def retime(self, config: ConsumerConfig) -> None:
+        self.config = config
 
     def start_worker(self, lease: Lease, stolen: bool, handoff: bool) -> WorkerHandle:
         proc = self.worker_processes.context().Process(
