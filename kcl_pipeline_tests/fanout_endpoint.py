@@ -92,7 +92,8 @@ def exception_message(code: str, message: str) -> bytes:
 @dataclass(frozen=True)
 class SubscriptionFault:
     """What goes wrong in a subscription after `after_events` events (the initial response not counted):
-    "exception" sends an exception event of `code` and ends the stream; "drop" closes the connection without
+    "exception" sends an exception event of `code` and ends the stream; "invalid-event" sends the next records in
+    an event with neither a continuation nor child shards and ends the stream; "drop" closes the connection without
     ending the chunked body (the client reads what was sent, then the stream breaks); "reset" resets it (RST:
     the client may lose what it had not read yet, the initial response included)."""
 
@@ -408,6 +409,8 @@ class _Stream:
             if self.fault is not None and sub.events >= self.fault.after_events:
                 if self.fault.kind == "exception":
                     self._send(exception_message(self.fault.code, f"scripted {self.fault.code}"))
+                elif self.fault.kind == "invalid-event":
+                    self._invalid_event()
                 return f"fault:{self.fault.kind}"
             if time.monotonic() - sub.started >= server.subscription_seconds:
                 return "expired"
@@ -468,6 +471,14 @@ class _Stream:
         except _Refused as exc:
             return exc.code != "ResourceNotFoundException"
         return True
+
+    def _invalid_event(self) -> None:
+        """The next records in an event with neither a continuation nor child shards (what Java KCL refuses), the
+        subscription's continuation left where it was."""
+        iterator = self.iterator or self._iterator()
+        page = self.server.upstream_json("GetRecords", {"ShardIterator": iterator,
+                                                        "Limit": self.server.records_per_event}) if iterator else {}
+        self._event(page.get("Records") or [], None, 0, None)
 
     def _event(self, records: list, continuation: str | None, millis: int, children: list | None) -> None:
         payload = {"Records": records, "ContinuationSequenceNumber": continuation, "MillisBehindLatest": millis}

@@ -202,13 +202,34 @@ def test_a_deregistered_consumer_is_registered_again_and_reading_goes_on(kinesis
     reader.close()
 
 
-def test_a_missing_shard_is_an_error_not_an_endless_resubscription(kinesis, stream):
+def test_a_missing_shard_is_its_end_as_java_kcl_has_it_not_an_endless_resubscription(kinesis, stream):
+    """Java's FanOutRecordsPublisher marks a shard SubscribeToShard cannot find (the consumer ACTIVE) for
+    completion; the reader failed the worker instead, which released the lease for the next cycle to fail again."""
     name = stream()
     reader = FanOutReader(kinesis, name, "shardId-000000000042", Checkpoint(TRIM_HORIZON), consumer=f"{name}-app",
                           event_wait=0.3)
-    with pytest.raises(ReaderError, match="shardId-000000000042.*not found"):
-        for _ in range(10):
-            reader.poll()
+    batches = []
+    while not (batches and batches[-1].shard_ended):
+        assert len(batches) < 10
+        batches.append(reader.poll())
+    assert batches[-1].records == [] and batches[-1].child_shards == [] and reader.ended
+    with pytest.raises(ReaderError, match="already ended"):
+        reader.poll()
+
+
+def test_an_event_with_neither_continuation_nor_children_is_refused_and_read_again_not_a_shard_end(
+        kinesis, kinesis_client, fanout, stream):
+    """Java (DataRetrievalUtil.isValidResult) refuses such an event and subscribes again; the reader took it for the
+    shard's end, ending an open shard with its later records never read."""
+    name = stream()
+    produce(kinesis_client, name, count=20, aggregate=1)
+    fanout.records_per_event = 2
+    fanout.faults.append(SubscriptionFault(after_events=2, kind="invalid-event"))
+    reader = _reader(kinesis, name)
+    assert _ids(_read(reader, 20)) == list(range(20))  # every record once: the refused event's were read again
+    assert not reader.ended and reader.stats.subscription_errors == 1
+    assert fanout.subscriptions_of(SHARD)[0].ended == "fault:invalid-event"
+    reader.close()
 
 
 def test_a_missing_stream_is_an_error_naming_it(kinesis, unique_name):

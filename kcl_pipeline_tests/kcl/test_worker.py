@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import subprocess
 import threading
@@ -520,9 +521,10 @@ def test_a_holder_asked_to_hand_off_by_a_java_leader_renews_until_its_last_write
     assert out[0].outcome is LifeOutcome.HANDED_OFF, out[0]
     # While it was checkpointOwner, the counter never stood still for an expiry (minus the margin).
     while_asked = [(at, counter) for at, counter, owner in counters if owner == "me"]
-    changes = [at for (at, counter), (_, before) in zip(while_asked[1:], while_asked) if counter != before]
+    changes = [at for (_, before), (at, counter) in itertools.pairwise(while_asked) if counter != before]
     marks = [while_asked[0][0], *changes, while_asked[-1][0]]
-    assert max(b - a for a, b in zip(marks, marks[1:])) < config.lease_expiry_seconds - config.validity_margin_seconds
+    longest_still = max(b - a for a, b in itertools.pairwise(marks))
+    assert longest_still < config.lease_expiry_seconds - config.validity_margin_seconds
     assert while_asked[-1][1] > asked_at
     lease = table.get(shard)
     assert lease.lease_owner == "java-worker-2" and "checkpointOwner" not in lease.extra

@@ -307,6 +307,23 @@ class FanOutStats(ReaderStats):
     subscription_errors: int = 0  # refused, or failed mid-stream
 
 
+class InvalidEvent(Exception):
+    """A SubscribeToShardEvent neither Kinesis nor Java KCL considers valid (`invalid_event`)."""
+
+
+def invalid_event(continuation: str | None, child_shards: Sequence[Any]) -> str | None:
+    """What is wrong with an event, as Java's DataRetrievalUtil.isValidResult judges it, or None: a shard's end
+    is no continuation with children (each naming its parents); any other event has a continuation and no
+    children."""
+    if continuation is None and not child_shards:
+        return "an event with neither a continuation nor child shards"
+    if continuation is not None and child_shards:
+        return "an event with both a continuation and child shards"
+    if any(not child.get("ParentShards") for child in child_shards):
+        return "a child shard without its parents"
+    return None
+
+
 class FanOutReader:
     """A shard reader over SubscribeToShard: `poll()` returns ReadBatches as ShardReader's does."""
 
@@ -379,6 +396,13 @@ class FanOutReader:
 
     # -- reading ----------------------------------------------------------------------------------
     def poll(self) -> ReadBatch:
+        ended_before = self._ended
+        batch = self._poll()
+        if self._ended and not ended_before and not batch.shard_ended:
+            return ReadBatch([], None, True, [], 0, 0)  # the shard found gone: its end (see _consumer_not_found)
+        return batch
+
+    def _poll(self) -> ReadBatch:
         if self._ended:
             raise ReaderError(
                 f"shard {self.shard_id} of stream {self.stream} has already ended"
@@ -414,11 +438,18 @@ class FanOutReader:
         if body is None:
             log.debug("shard %s: event of no known type ignored: %s", self.shard_id, list(item.event))
             return _empty()
-        self._failures = 0
-        self._consumer_missing = 0
         records = body.get("Records") or []
         continuation = body.get("ContinuationSequenceNumber")
         children = [c["ShardId"] for c in body.get("ChildShards") or []]
+        invalid = invalid_event(continuation, body.get("ChildShards") or [])
+        if invalid:
+            # Java's FanOutRecordsPublisher refuses such an event (DataRetrievalUtil.isValidResult) and subscribes
+            # again: its records are read again from the last continuation, and the shard is not ended on it.
+            self.close()
+            self._on_failure(InvalidEvent(f"shard {self.shard_id}: {invalid}"))
+            return _empty()
+        self._failures = 0
+        self._consumer_missing = 0
         size = 0
         users: Sequence[UserRecord] = []
         if records:
@@ -431,7 +462,7 @@ class FanOutReader:
         self.stats.user_records += len(users)
         if continuation:
             self._continuation = continuation
-        if continuation is None or children:
+        if continuation is None:
             # A closed shard's last event: ChildShards and no continuation (Kinesis sends both).
             self._ended = True
             self._child_shards = children
@@ -541,8 +572,15 @@ class FanOutReader:
     def _consumer_not_found(self, exc: BaseException) -> None:
         self._consumer_missing += 1
         if self._consumer_missing > 1:
-            raise ReaderError(f"SubscribeToShard: shard {self.shard_id} of stream {self.stream} not found with "
-                              f"consumer {self.consumer_name} ACTIVE in {where(self.kinesis)}: {exc}") from exc
+            # The consumer is ACTIVE and the stream there: the shard itself is gone (past its retention). Java's
+            # FanOutRecordsPublisher marks such a shard for completion (its end, no children reported); the
+            # worker then ends the lease and creates the children it finds by listing the stream.
+            log.warning("shard %s of stream %s not found by SubscribeToShard with consumer %s ACTIVE (%s): the "
+                        "shard is gone; treated as its end, as Java KCL does", self.shard_id, self.stream,
+                        self.consumer_name, exc)
+            self._ended = True
+            self._child_shards = []
+            return
         log.warning("shard %s: stream consumer %s not found (%s): deregistered? It is described, and registered "
                     "again if it is gone, before subscribing again", self.shard_id, self.consumer_name, exc)
         self._consumer = None
