@@ -27,7 +27,8 @@ it was made, as the polling reader does). A SubscribeToShard refused with Resour
 subscription of the consumer to the shard: the lease's previous holder, or one made in the last 5 s) or
 LimitExceededException (1 per second per consumer and shard) backs off and retries; ResourceNotFoundException
 re-resolves the consumer (a deregistered consumer is registered again) and, when the consumer is there, means
-the shard is gone (an error).
+the shard is gone: its end, as Java KCL has it. An event Java would refuse (`invalid_event`) is a failure too:
+the reader subscribes again from the last continuation.
 
 Landing and checkpoints are the polling reader's: the worker delivers the same batches, the processor
 checkpoints user records, and a lease's checkpoint stays a record's (sequence, sub-sequence), so a lease moves
