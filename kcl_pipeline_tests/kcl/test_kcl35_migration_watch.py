@@ -276,3 +276,24 @@ def test_a_migration_item_without_entity_type_is_inferred_from_its_key_not_read_
     legacy = {k: v for k, v in migration("CLIENT_VERSION_3X").items() if k != "entityType"}
     assert not is_lease_item(legacy)
     assert fleet_mode.scanned(FleetView(), [legacy]).mode is FleetMode.FOLLOWER
+
+
+def test_a_34_to_35_table_migration_flips_no_mode_back_and_forth():
+    """KCL 3.5's table migration copies the state into the lease table and marks it COMPLETE there, while the
+    separate table keeps its own (no COMPLETE of its own). A scan that met COMPLETE before the copied state read
+    "no state" (leaderless), and the next minute's watch of the separate table flipped the layout back (follower):
+    a pair of mode-change warnings with no change of the fleet."""
+    from kcl_pipeline.kcl.core.coordinator_state import TABLE_MIGRATION_KEY
+
+    complete = {"leaseKey": {"S": TABLE_MIGRATION_KEY}, "entityType": {"S": "TABLE_MIGRATION"},
+                "tm": {"S": "TABLE_MIGRATION_STATUS_COMPLETE"}}
+    view = fleet_mode.watched(FleetView(), 0.0, Layout.SEPARATE_TABLES, MigrationState("CLIENT_VERSION_3X"))
+    assert view.mode is FleetMode.FOLLOWER
+    changes = []
+    for step in (lambda v: fleet_mode.scanned(v, [complete], 10.0),  # COMPLETE seen, the state not copied yet
+                 lambda v: fleet_mode.watched(v, 60.0, Layout.SEPARATE_TABLES, MigrationState("CLIENT_VERSION_3X")),
+                 lambda v: fleet_mode.scanned(v, [complete, migration("CLIENT_VERSION_3X")], 70.0)):
+        after = step(view)
+        changes.append(fleet_mode.change(view, after))
+        view = after
+    assert changes == [None, None, None] and view.layout is Layout.LEASE_TABLE and view.mode is FleetMode.FOLLOWER

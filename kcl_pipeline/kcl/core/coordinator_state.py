@@ -208,10 +208,12 @@ def lease_table_leader(items: Iterable[Mapping[str, Any]]) -> str | None:
 def effective_migration(layout: Layout, separate: MigrationState | None,
                         lease_table: MigrationState | None) -> MigrationState | None:
     """Java's CoordinatorStateDAO.getCoordinatorState: in the separate layout the separate table's item, else the
-    lease table's; in the one-table layout the lease table's only."""
+    lease table's; in the one-table layout the lease table's — or, while a 3.4 → 3.5 table migration has not
+    copied it there yet, the separate table's last one (the fleet's state did not change: reading "none" would
+    flip this consumer to leaderless and back)."""
     if layout is Layout.SEPARATE_TABLES and separate is not None:
         return separate
-    return lease_table
+    return lease_table if lease_table is not None else separate
 
 
 def decide(state: MigrationState | None, application: str) -> Verdict:

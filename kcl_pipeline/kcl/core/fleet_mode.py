@@ -75,6 +75,9 @@ class FleetView:
     lease_table_lock: LeaderLock | None = None
     lease_table_lock_since: float | None = None
     watched_at: float | None = None              # the manager's clock at the last watch (None: never)
+    # A COMPLETE 3.4 → 3.5 table migration was seen in the lease table: final, so the one-table layout holds
+    # whatever the separate table (which Java stops writing) says at a later watch.
+    migrated: bool = False
     problem: str | None = None                   # the last item that could not be read (the view kept)
 
     @property
@@ -126,6 +129,8 @@ def watched(view: FleetView, now: float, layout: Layout, separate: MigrationStat
             lease_table_leader: str | None = None) -> FleetView:
     """The view after the manager's watch: the layout and the separate table's items (and, at start, before
     any scan, the lease table's)."""
+    if view.migrated:
+        layout = Layout.LEASE_TABLE
     view = replace(view, layout=layout, separate=separate, separate_leader=separate_leader, watched_at=now,
                    problem=None)
     if lease_table is not None or lease_table_leader is not None:
@@ -151,11 +156,12 @@ def scanned(view: FleetView, entities: Iterable[Mapping[str, Any]] | None, now: 
         migration, problem = lease_table_migration(items), None
     except CoordinatorStateInvalid as exc:
         migration, problem = view.lease_table, str(exc)
-    layout = Layout.LEASE_TABLE if lease_table_table_migration(items) == TABLE_MIGRATION_COMPLETE else view.layout
+    migrated = view.migrated or lease_table_table_migration(items) == TABLE_MIGRATION_COMPLETE
+    layout = Layout.LEASE_TABLE if migrated else view.layout
     lock = lease_table_leader_lock(items)
     leader, since = live_leader(lock, view.lease_table_lock, view.lease_table_lock_since, now)
     return replace(view, layout=layout, lease_table=migration, lease_table_leader=leader, lease_table_lock=lock,
-                   lease_table_lock_since=since, problem=problem)
+                   lease_table_lock_since=since, problem=problem, migrated=migrated)
 
 
 def change(before: FleetView, after: FleetView) -> str | None:
