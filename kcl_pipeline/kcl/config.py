@@ -1,6 +1,7 @@
 """The consumer's configuration: one validated object, with errors that say which setting is wrong."""
 from __future__ import annotations
 
+import math
 import os
 import re
 import uuid
@@ -147,6 +148,10 @@ class ConsumerConfig:
     more_streams: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        for f in fields(self):  # nan passes every comparison below and inf none: refuse both first
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"{f.name} must be a finite number, got {value!r}")
         check_stream(self.stream or "")
         if isinstance(self.more_streams, (str, bytes)) or not isinstance(self.more_streams, tuple):
             raise ConfigError(f"more_streams must be a tuple of stream names, got {self.more_streams!r}")

@@ -170,10 +170,10 @@ def _initial_position(entries: dict[str, str]) -> InitialPosition | None:
         # kclpy: epoch seconds, and it means AT_TIMESTAMP whatever initialPositionInStream says.
         try:
             seconds = float(extended)
-        except ValueError:
+            stamp = datetime.fromtimestamp(seconds, tz=timezone.utc).isoformat()
+        except (ValueError, OverflowError, OSError):  # not a number; nan, inf or out of datetime's range
             raise ConfigError(f"property initialPositionInStreamExtended must be epoch seconds, "
                               f"got {extended!r}") from None
-        stamp = datetime.fromtimestamp(seconds, tz=timezone.utc).isoformat()
         return InitialPosition.parse(AT_TIMESTAMP, stamp)
     kind = entries.get("initialPositionInStream")
     if kind is None:

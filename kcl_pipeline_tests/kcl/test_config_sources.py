@@ -178,3 +178,25 @@ def test_landing_several_streams_for_dagster_makes_a_multi_stream_fleet_member(c
     assert result.exit_code == 0, result.output
     (config,) = captured_config
     assert config.streams == ("orders", "clicks") and config.multi_stream
+
+
+@pytest.mark.parametrize("field_name", ["cycle_seconds", "heartbeat_seconds", "lease_expiry_seconds",
+                                        "validity_margin_seconds", "polling_interval_seconds", "idle_interval_seconds",
+                                        "list_shards_probability", "worker_metrics_period_seconds",
+                                        "metrics_interval_seconds"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_a_non_finite_number_is_refused_naming_the_setting(field_name, bad):
+    """`--cycle-seconds nan` made the manager a busy loop (nan passes every `<= 0` check) and `inf` stopped it
+    after one cycle; every float setting is checked for it now."""
+    with pytest.raises(ConfigError, match=f"{field_name} must be a finite number"):
+        ConsumerConfig(stream="orders", application="app", **{field_name: bad})
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "1e300", "-1e300"])
+def test_an_initial_position_extended_out_of_range_is_one_clear_error_not_a_traceback(tmp_path, value):
+    from kcl_pipeline.kcl.properties import read_properties_file
+
+    path = tmp_path / "app.properties"
+    path.write_text(f"streamName = orders\napplicationName = app\ninitialPositionInStreamExtended = {value}\n")
+    with pytest.raises(ConfigError, match="initialPositionInStreamExtended must be epoch seconds"):
+        read_properties_file(str(path))
