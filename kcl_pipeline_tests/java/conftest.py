@@ -3,9 +3,12 @@ KCL version) beside `kcl-pipeline consume` on one stream and one lease table ove
 
 - `java_peer_build(profile)` (session): the peer built with Maven (`kcl2`: KCL 2.7.2, `kcl3`: KCL 3.5.1) into a
   temporary directory; skips with one line when `java` or `mvn` is missing (CI has both).
-- `kcl2_peer` (session): the KCL 2.7.2 build.
+- `kcl2_peer` (session): the KCL 2.7.2 build; `kcl3_peer` (session): the KCL 3.5.1 build.
 - `mixed_fleet`: a fresh stream and application; starts our consumers and Java peers, stops (or kills) them,
   collects what they delivered; every process left running is stopped at teardown.
+- `kcl3_fleet`: the same with the KCL 3.5.1 peer, and DynamoDB from the session's moto server for both kinds (KCL
+  3.5.1 adds the leaseOwner index to the on-demand lease table, which dynalite refuses); Kinesis stays on
+  kinesis-local.
 """
 from __future__ import annotations
 
@@ -64,6 +67,11 @@ def java_peer_build(tmp_path_factory) -> Callable[[str], PeerBuild]:
 @pytest.fixture(scope="session")
 def kcl2_peer(java_peer_build) -> PeerBuild:
     return java_peer_build("kcl2")
+
+
+@pytest.fixture(scope="session")
+def kcl3_peer(java_peer_build) -> PeerBuild:
+    return java_peer_build("kcl3")
 
 
 @dataclass
@@ -162,6 +170,27 @@ def mixed_fleet(emulators, kinesis_client, dynamodb_client, kcl2_peer, unique_na
         wait_stream_active(kinesis_client, stream)
         env = {**os.environ, **emulators.env(), "PYTHONUNBUFFERED": "1"}
         fleet = MixedFleet(env, tmp_path, stream, app, kinesis_client, dynamodb_client, kcl2_peer,
+                           KplProducer(kinesis_client, stream))
+        fleets.append(fleet)
+        return fleet
+
+    yield make
+    for fleet in fleets:
+        fleet.close()
+
+
+@pytest.fixture
+def kcl3_fleet(emulators, moto_endpoints, kinesis_client, _moto_dynamodb_client, kcl3_peer, unique_name,
+               tmp_path) -> Callable[..., MixedFleet]:
+    fleets: list[MixedFleet] = []
+
+    def make(shards: int) -> MixedFleet:
+        stream, app = unique_name("mixed3"), unique_name("mixed3app")
+        kinesis_client.create_stream(StreamName=stream, ShardCount=shards)
+        wait_stream_active(kinesis_client, stream)
+        env = {**os.environ, **emulators.env(), "PYTHONUNBUFFERED": "1",
+               "AWS_ENDPOINT_URL_DYNAMODB": moto_endpoints.dynamodb}
+        fleet = MixedFleet(env, tmp_path, stream, app, kinesis_client, _moto_dynamodb_client, kcl3_peer,
                            KplProducer(kinesis_client, stream))
         fleets.append(fleet)
         return fleet

@@ -40,6 +40,7 @@ import software.amazon.kinesis.common.InitialPositionInStream;
 import software.amazon.kinesis.common.InitialPositionInStreamExtended;
 import software.amazon.kinesis.common.StreamConfig;
 import software.amazon.kinesis.common.StreamIdentifier;
+import software.amazon.kinesis.coordinator.CoordinatorConfig;
 import software.amazon.kinesis.coordinator.Scheduler;
 import software.amazon.kinesis.exceptions.InvalidStateException;
 import software.amazon.kinesis.exceptions.ShutdownException;
@@ -98,6 +99,9 @@ public final class Peer {
         {"coordinator-state-table", "KCL 3.x only: coordinator state table name"},
         {"worker-metrics-table", "KCL 3.x only: worker metrics table name"},
         {"disable-worker-metrics", "KCL 3.x only: true | false"},
+        {"lease-assignment-strategy", "KCL 3.x only: WORKER_UTILIZATION_AWARE | LEASE_COUNT_BASED [default: KCL's]"},
+        {"lease-assignment-interval-millis", "KCL 3.x only: leaseAssignmentIntervalMillis [default 2 x failover]"},
+        {"worker-metrics-reporter-millis", "KCL 3.x only: workerMetricsReporterFreqInMillis [default 30000]"},
     };
 
     private Peer() {
@@ -188,7 +192,9 @@ public final class Peer {
 
         MetricsConfig metrics = configs.metricsConfig().metricsLevel(s.metricsLevel);
 
-        Object coordinator = configs.coordinatorConfig();
+        // One CoordinatorConfig for the settings and the Scheduler: ConfigsBuilder.coordinatorConfig() makes a new one
+        // at every call (settings on another instance are silently lost).
+        CoordinatorConfig coordinator = configs.coordinatorConfig();
         if (kclVersion.startsWith("3.")) {
             if (s.clientVersion != null) {
                 Class<?> enumType = Class.forName(
@@ -207,14 +213,25 @@ public final class Peer {
             if (s.disableWorkerMetrics != null) {
                 invoke(wua, "disableWorkerMetrics", s.disableWorkerMetrics);
             }
+            if (s.workerMetricsReporterMillis != null) {
+                invoke(wua, "workerMetricsReporterFreqInMillis", s.workerMetricsReporterMillis.longValue());
+            }
+            if (s.leaseAssignmentStrategy != null) {
+                Class<?> strategyType = Class.forName("software.amazon.kinesis.leases.LeaseAssignmentStrategy");
+                invoke(leases, "leaseAssignmentStrategy", enumValue(strategyType, s.leaseAssignmentStrategy));
+            }
+            if (s.leaseAssignmentIntervalMillis != null) {
+                invoke(leases, "leaseAssignmentIntervalMillis", s.leaseAssignmentIntervalMillis);
+            }
         } else if (s.clientVersion != null || s.coordinatorStateTable != null || s.workerMetricsTable != null
-                   || s.disableWorkerMetrics != null) {
+                   || s.disableWorkerMetrics != null || s.leaseAssignmentStrategy != null
+                   || s.leaseAssignmentIntervalMillis != null || s.workerMetricsReporterMillis != null) {
             System.err.println("kcl-peer: --client-version, --coordinator-state-table, --worker-metrics-table and "
-                               + "--disable-worker-metrics need KCL 3.x (this build: " + kclVersion + ")");
+                               + "--disable-worker-metrics, --lease-assignment-* need KCL 3.x (this build: " + kclVersion + ")");
             return 2;
         }
 
-        Scheduler scheduler = new Scheduler(configs.checkpointConfig(), configs.coordinatorConfig(), leases,
+        Scheduler scheduler = new Scheduler(configs.checkpointConfig(), coordinator, leases,
                                             configs.lifecycleConfig(), metrics, configs.processorConfig(), retrieval);
 
         CountDownLatch stop = new CountDownLatch(1);
@@ -443,6 +460,9 @@ public final class Peer {
         final String coordinatorStateTable;
         final String workerMetricsTable;
         final Boolean disableWorkerMetrics;
+        final String leaseAssignmentStrategy;
+        final Long leaseAssignmentIntervalMillis;
+        final Long workerMetricsReporterMillis;
         final long shutdownTimeoutMillis;
 
         Settings(Map<String, List<String>> args) {
@@ -502,6 +522,12 @@ public final class Peer {
             workerMetricsTable = one(args, "worker-metrics-table", null);
             String dwm = one(args, "disable-worker-metrics", null);
             disableWorkerMetrics = dwm == null ? null : Boolean.valueOf(dwm);
+            String las = one(args, "lease-assignment-strategy", null);
+            leaseAssignmentStrategy = las == null ? null : las.toUpperCase();
+            String lai = one(args, "lease-assignment-interval-millis", null);
+            leaseAssignmentIntervalMillis = lai == null ? null : Long.valueOf(lai);
+            String wmr = one(args, "worker-metrics-reporter-millis", null);
+            workerMetricsReporterMillis = wmr == null ? null : Long.valueOf(wmr);
             shutdownTimeoutMillis = Long.parseLong(one(args, "shutdown-timeout-millis", "30000"));
         }
 
