@@ -312,7 +312,8 @@ def consume(ctx, properties_file, stream, application, table_name, coordinator_s
 @click.option("--count", type=int, default=1000, show_default=True, help="User records to produce.")
 @click.option("--rate", type=float, default=None, help="User records per second (default: as fast as possible).")
 @click.option("--aggregate", type=int, default=1, show_default=True,
-              help="User records per KPL aggregate (1 = plain records).")
+              help="At most this many user records per KPL aggregate (1 = plain records); as the KPL does, an "
+                   "aggregate holds only records whose partition keys hash to the shard it is put to.")
 @click.option("--create-shards", type=int, default=None, help="Create the stream with N shards if it is missing.")
 @click.option("--poison-every", type=int, default=None, help="Make every k-th payload invalid JSON.")
 @aws_options

@@ -1,5 +1,6 @@
-"""What the Java-peer tests share: the peer's build and process, a KPL-faithful producer, and what both kinds of
-consumer delivered (the Java peer's output file, our JSONL sinks), judged by payload digest."""
+"""What the Java-peer tests share: the peer's build and process, the project's own producer (KPL aggregates per
+shard), and what both kinds of consumer delivered (the Java peer's output file, our JSONL sinks), judged by payload
+digest."""
 from __future__ import annotations
 
 import base64
@@ -15,8 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from kcl_pipeline.kcl.records.kpl import aggregate
-from kcl_pipeline.kcl.shells.shards import list_shards
+from kcl_pipeline.local.producer import ProduceReport, produce
 
 PEER_DIR = Path(__file__).resolve().parent.parent / "java_peer"
 KCL_VERSIONS = {"kcl2": "2.7.2", "kcl3": "3.5.1"}
@@ -136,66 +136,32 @@ def digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-# -- a producer that aggregates as the KPL does --------------------------------------------------------------------
+# -- the project's own producer ----------------------------------------------------------------------------------
 
-def _hash_key(partition_key: str) -> int:
-    return int.from_bytes(hashlib.md5(partition_key.encode()).digest(), "big")
+def payload(n: int) -> bytes:
+    return json.dumps({"id": n}).encode()
 
 
 class KplProducer:
-    """Puts JSON payloads {"id": n} as plain records or KPL aggregates of up to `aggregate` user records.
-
-    As the KPL does, an aggregate holds only user records whose partition keys hash into the one open shard it is
-    put to (Java KCL drops an aggregate holding a user record outside the receiving shard's hash range). Payload
-    digests of every record put are kept in `produced`."""
+    """Puts JSON payloads {"id": n} with the project's own producer (`kcl-pipeline produce`'s
+    kcl_pipeline.local.producer.produce): plain records, or KPL aggregates of up to `aggregate_size` user records,
+    each holding only records of the one shard it is put to (Java KCL drops an aggregate holding a user record
+    outside the receiving shard's hash key range). Payload digests of every record put are kept in `produced`."""
 
     def __init__(self, kinesis_client: Any, stream: str, seed: int = 7):
         self.kinesis = kinesis_client
         self.stream = stream
         self.next_id = 0
         self.produced: dict[str, int] = {}  # digest -> id
-        self._n = seed * 1_000_003
+        self.seed = seed
 
-    def _partition_key(self) -> str:
-        self._n += 1
-        return hashlib.sha1(str(self._n).encode()).hexdigest()[:16]
-
-    def put(self, count: int, aggregate_size: int = 1) -> None:
-        shards = [s for s in list_shards(self.kinesis, self.stream)
-                  if s.ending_sequence_number is None] if aggregate_size > 1 else []
-        ranges = [(int(s.hash_key_range.starting_hash_key), int(s.hash_key_range.ending_hash_key)) for s in shards]
-        pending: dict[int, list[tuple[str, None, bytes]]] = {}
-        entries: list[dict] = []
-        for _ in range(count):
-            n = self.next_id
-            self.next_id += 1
-            data = json.dumps({"id": n}).encode()
-            self.produced[digest(data)] = n
-            pk = self._partition_key()
-            if aggregate_size == 1:
-                entries.append({"PartitionKey": pk, "Data": data})
-                continue
-            h = _hash_key(pk)
-            shard = next(i for i, (lo, hi) in enumerate(ranges) if lo <= h <= hi)
-            group = pending.setdefault(shard, [])
-            group.append((pk, None, data))
-            if len(group) == aggregate_size:
-                entries.append({"PartitionKey": group[0][0], "Data": aggregate(group)})
-                pending[shard] = []
-        for group in pending.values():
-            if group:
-                entries.append({"PartitionKey": group[0][0], "Data": aggregate(group)})
-        for i in range(0, len(entries), 250):
-            self._put_records(entries[i:i + 250])
-
-    def _put_records(self, entries: list[dict]) -> None:
-        for _ in range(20):
-            answer = self.kinesis.put_records(StreamName=self.stream, Records=entries)
-            if not answer.get("FailedRecordCount"):
-                return
-            entries = [e for e, r in zip(entries, answer["Records"], strict=True) if r.get("ErrorCode")]
-            time.sleep(0.2)
-        raise AssertionError(f"{len(entries)} records not put after 20 attempts")
+    def put(self, count: int, aggregate_size: int = 1) -> ProduceReport:
+        first, self.seed = self.next_id, self.seed + 1
+        report = produce(self.kinesis, self.stream, count, aggregate=aggregate_size, payload=payload, first_id=first,
+                         seed=self.seed)
+        self.next_id += count
+        self.produced.update((digest(payload(n)), n) for n in range(first, first + count))
+        return report
 
 
 # -- what both kinds delivered ------------------------------------------------------------------------------------

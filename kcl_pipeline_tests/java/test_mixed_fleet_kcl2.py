@@ -1,8 +1,8 @@
 """The real Java KCL 2.7.2 (kcl_pipeline_tests/java_peer) beside `kcl-pipeline consume`, on one stream and one
 lease table, judged by what both kinds delivered: the union of the Java peers' output files and our JSONL sinks
-holds every produced payload (plain and KPL-aggregated), and a record is delivered twice only in a hand-over
-window — by a new holder re-reading from the checkpoint the previous holder left (after a kill -9, or a Java take
-of a lease our consumer held until its next heartbeat).
+holds every produced payload (plain and KPL-aggregated, put by the project's own producer), and a record is
+delivered twice only in a hand-over window — by a new holder re-reading from the checkpoint the previous holder left
+(after a kill -9, or a Java take of a lease our consumer held until its next heartbeat).
 
 Timings: ours heartbeat 2 s / expiry 6 s / cycle 2 s; Java failoverTimeMillis 6000 (renews every ~2 s, runs its
 lease taker every 12.05 s), shardSyncIntervalMillis 5000. (Maven's KCL 2.x line ends at 2.7.2: 2.7.3 is not
@@ -90,6 +90,30 @@ def _wait_all_delivered(fleet, timeout: float, what: str) -> Deliveries:
 
 def _assert_java_clean(peer) -> None:
     assert peer.exceptions() == [], f"the Java peer {peer.worker_id} logged:\n" + "\n".join(peer.exceptions()[:20])
+
+
+def test_java_delivers_every_aggregate_of_our_producer(mixed_fleet):
+    """The referee of `kcl-pipeline produce --aggregate`: 300 user records with random partition keys in KPL
+    aggregates of 10 on a 2-shard stream, read by the real Java KCL alone, are every one delivered, from inside the
+    aggregates. Java drops a whole aggregate holding a user record outside the receiving shard's hash key range:
+    before the producer aggregated per shard (it packed any keys together) Java delivered 0 of these 300."""
+    fleet = mixed_fleet(2)
+    report = fleet.producer.put(300, 10)
+    assert report.user_records == 300 and report.aggregates == report.kinesis_records >= 30
+    assert len(report.shards) == 2 and report.off_shard_user_records == 0
+    java = fleet.start_java("j1")
+    try:
+        wait_until(lambda: not fleet.missing(), 90, "every aggregated record delivered by the Java KCL")
+    except AssertionError:
+        got = fleet.deliveries()
+        raise AssertionError(f"the Java KCL delivered {len(got.digests())} of 300 aggregated user records "
+                             f"(shards {sorted(got.holders())})\n{java.log_tail()}") from None
+    assert java.stop() == 0, java.log_tail()
+    got = fleet.deliveries()
+    assert len(got.records) == 300 and not got.duplicates()
+    assert {d.by for d in got.records} == {"j1"} and len(got.holders()) == 2
+    assert max(d.sub_sequence_number for d in got.records) == 9  # read from inside the aggregates
+    _assert_java_clean(java)
 
 
 def test_leases_balance_across_kinds(mixed_fleet):

@@ -2,16 +2,21 @@
 and end to end against kinesis-local over HTTP (read back with GetRecords + deaggregate)."""
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import random
 import re
+import time
+from types import SimpleNamespace
+from typing import Callable
 
 import boto3
 import pytest
 from botocore.stub import ANY, Stubber
 
 from kcl_pipeline.kcl.records.kpl import deaggregate
-from kcl_pipeline.kcl.shells.shards import KinesisUnavailable, StreamNotFound
+from kcl_pipeline.kcl.shells.shards import KinesisUnavailable, StreamNotFound, list_shards, wait_stream_active
 from kcl_pipeline.local import producer
 from kcl_pipeline.local.producer import (
     MAX_BYTES_PER_CALL,
@@ -248,9 +253,16 @@ def test_rate_paces_batches(stubbed):
     assert fake.sleeps == pytest.approx([0.2, 0.2, 0.2, 0.2])
 
 
+def expect_one_shard(stub, stream="s1"):
+    stub.add_response("list_shards", {"Shards": [{
+        "ShardId": "shardId-000000000000", "HashKeyRange": {"StartingHashKey": "0", "EndingHashKey": str(2**128 - 1)},
+        "SequenceNumberRange": {"StartingSequenceNumber": "1"}}]}, {"StreamName": stream})
+
+
 def test_aggregated_entries_carry_their_first_user_records_partition_key(stubbed):
     kinesis, stub = stubbed
     expect_active(stub)
+    expect_one_shard(stub)
     captured: list[dict] = []
     stub.add_response("put_records", {"Records": [ok(1), ok(2), ok(3)]},
                       {"StreamName": "s1", "Records": ANY})
@@ -265,6 +277,7 @@ def test_aggregated_entries_carry_their_first_user_records_partition_key(stubbed
                            "PartitionKey": put["PartitionKey"]}, "shardId-000000000000")
         assert all(u.aggregated for u in out)
         assert out[0].partition_key == put["PartitionKey"]
+        assert put["ExplicitHashKey"] == str(md5_key(put["PartitionKey"]))
         assert len({u.partition_key for u in out}) == len(out)  # random keys
         users += [u.data for u in out]
     assert len(users) == 10
@@ -296,6 +309,189 @@ def test_a_plain_payload_over_the_record_limit_is_a_clear_error(stubbed):
     expect_active(stub)
     with pytest.raises(ValueError, match="over the Kinesis record limit"):
         produce(kinesis, "s1", 1, payload=lambda n: b"x" * (1024 * 1024))
+
+
+# -- per-shard aggregation against a fake Kinesis -------------------------------------------------------------
+MAX_KEY = 2**128 - 1
+
+
+def md5_key(partition_key: str) -> int:
+    """Kinesis's hash key of a partition key: MD5 as a 128-bit big-endian integer."""
+    return int.from_bytes(hashlib.md5(partition_key.encode()).digest(), "big")
+
+
+class FakeKinesis:
+    """Kinesis as the producer meets it: shards with hash key ranges, listed `page` at a time (NextToken), a
+    status, PutRecords routing each entry by its ExplicitHashKey (else its partition key's MD5) to the open shard
+    holding that key, and SplitShard. `calls` logs every call; `puts` every record put: (shard id, request, the
+    shard's range then, the number of the PutRecords call)."""
+
+    def __init__(self, cuts: list[int], page: int = 1) -> None:
+        self.meta = SimpleNamespace(region_name="us-east-1", endpoint_url="fake")
+        self.shards: list[dict] = []
+        self.page = page
+        self.status = "ACTIVE"
+        self.calls: list[str] = []
+        self.puts: list[tuple[str, dict, tuple[int, int], int]] = []
+        self.after_put: Callable[[], object] | None = None
+        self.on_describe: Callable[[], object] | None = None
+        bounds = [0, *cuts, MAX_KEY + 1]
+        for lo, hi in zip(bounds, bounds[1:], strict=False):
+            self._add(lo, hi - 1)
+
+    def _add(self, lo: int, hi: int, parent: str | None = None) -> str:
+        shard_id = f"shardId-{len(self.shards):012d}"
+        item = {"ShardId": shard_id, "HashKeyRange": {"StartingHashKey": str(lo), "EndingHashKey": str(hi)},
+                "SequenceNumberRange": {"StartingSequenceNumber": str(len(self.shards))}}
+        if parent:
+            item["ParentShardId"] = parent
+        self.shards.append(item)
+        return shard_id
+
+    def open_ranges(self) -> dict[str, tuple[int, int]]:
+        return {s["ShardId"]: (int(s["HashKeyRange"]["StartingHashKey"]), int(s["HashKeyRange"]["EndingHashKey"]))
+                for s in self.shards if "EndingSequenceNumber" not in s["SequenceNumberRange"]}
+
+    def split(self, shard_id: str) -> None:
+        parent = next(s for s in self.shards if s["ShardId"] == shard_id)
+        lo, hi = self.open_ranges()[shard_id]
+        parent["SequenceNumberRange"]["EndingSequenceNumber"] = "99"
+        self._add(lo, (lo + hi) // 2, shard_id)
+        self._add((lo + hi) // 2 + 1, hi, shard_id)
+
+    def describe_stream_summary(self, StreamName: str) -> dict:
+        self.calls.append("describe")
+        if self.on_describe:
+            self.on_describe()
+        return {"StreamDescriptionSummary": {"StreamName": StreamName, "StreamStatus": self.status}}
+
+    def list_shards(self, **kwargs) -> dict:
+        self.calls.append("list")
+        start = int(kwargs.get("NextToken", "0"))
+        assert ("NextToken" in kwargs) != ("StreamName" in kwargs)
+        out = {"Shards": self.shards[start:start + self.page]}
+        if start + self.page < len(self.shards):
+            out["NextToken"] = str(start + self.page)
+        return out
+
+    def put_records(self, StreamName: str, Records: list[dict]) -> dict:
+        self.calls.append("put")
+        call = self.calls.count("put")
+        results = []
+        for r in Records:
+            key = int(r["ExplicitHashKey"]) if "ExplicitHashKey" in r else md5_key(r["PartitionKey"])
+            shard_id, hash_range = next((s, (lo, hi)) for s, (lo, hi) in self.open_ranges().items() if lo <= key <= hi)
+            self.puts.append((shard_id, r, hash_range, call))
+            results.append({"ShardId": shard_id, "SequenceNumber": str(len(self.puts))})
+        if self.after_put:
+            self.after_put()
+        return {"FailedRecordCount": 0, "Records": results}
+
+
+def landed(fake: FakeKinesis) -> list[tuple[str, list, bool]]:
+    """Per record put: (shard id, user records, whether every user record's key hashes into that shard's range)."""
+    out = []
+    for i, (shard_id, r, (lo, hi), _) in enumerate(fake.puts):
+        users = deaggregate({"SequenceNumber": str(i + 1), "ApproximateArrivalTimestamp": 0, "Data": r["Data"],
+                             "PartitionKey": r["PartitionKey"]}, shard_id)
+        out.append((shard_id, users, all(lo <= md5_key(u.partition_key) <= hi for u in users)))
+    return out
+
+
+def test_every_aggregate_holds_records_of_one_shard_and_lands_there():
+    """Four shards of uneven ranges, listed one a page: every aggregate's user records hash into the range of the
+    shard it lands on (the KPL's rule; Java KCL drops an aggregate holding a record outside it), aggregates are
+    full but for one per shard, and counts, ids and poison are as before."""
+    fake = FakeKinesis([MAX_KEY // 7, MAX_KEY // 2, MAX_KEY // 2 + MAX_KEY // 5], page=1)
+    report = produce(fake, "s1", 2000, aggregate=10, poison_every=7, payload=payload, seed=3,
+                     sleep=FakeTime().sleep)
+    got = landed(fake)
+    mixed = [(shard, len(users)) for shard, users, inside in got if not inside]
+    assert not mixed, f"{len(mixed)} of {len(got)} aggregates hold user records of another shard: {mixed[:5]}"
+    assert (report.user_records, report.aggregates, report.kinesis_records) == (2000, len(got), len(got))
+    per_shard = {s: [len(users) for shard, users, _ in got if shard == s] for s in fake.open_ranges()}
+    assert all(sizes and sorted(sizes)[1:] == [10] * (len(sizes) - 1) for sizes in per_shard.values()), per_shard
+    assert report.shards == {s: len(sizes) for s, sizes in per_shard.items()}
+    assert fake.calls.count("list") == 4 and report.shard_listings == 1  # one listing of four pages
+    assert all(int(r["ExplicitHashKey"]) == md5_key(r["PartitionKey"]) for _, r, _, _ in fake.puts)
+    datas = [u.data for _, users, _ in got for u in users]
+    assert sorted(datas) == sorted(poison_payload(n) if is_poison(n, 7) else payload(n) for n in range(2000))
+    assert sorted(report.ids) == list(range(2000)) and report.poison_ids == [n for n in range(2000) if n % 7 == 6]
+    assert report.misrouted_aggregates == report.off_shard_user_records == 0
+
+
+def test_with_a_rate_a_partial_aggregate_waits_at_most_max_buffered_seconds():
+    """10 records/s into aggregates of up to 100 on two shards: an aggregate is put once 2 s of the schedule (20
+    records) have passed since its first record, so the rate holds and no record waits long for its shard's."""
+    fake = FakeKinesis([MAX_KEY // 2])
+    fake_time = FakeTime()
+    report = produce(fake, "s1", 200, rate=10.0, aggregate=100, payload=payload, seed=8, clock=fake_time.clock,
+                     sleep=fake_time.sleep)
+    spans = [[int(u.data[1:]) for u in users] for _, users, _ in landed(fake)]
+    assert all(inside for *_, inside in landed(fake))
+    assert all(max(ids) - min(ids) < 20 for ids in spans), spans
+    assert sorted(n for ids in spans for n in ids) == list(range(200)) and report.user_records == 200
+    assert 18.0 <= fake_time.now - 1000.0 <= 20.0  # 200 records at 10/s, as plain records take
+
+
+def test_plain_records_list_no_shards():
+    fake = FakeKinesis([MAX_KEY // 2])
+    report = produce(fake, "s1", 50, payload=payload, sleep=FakeTime().sleep)
+    assert "list" not in fake.calls and report.user_records == 50 and report.shard_listings == 0
+    assert all("ExplicitHashKey" not in r for _, r, _, _ in fake.puts)
+
+
+def test_a_put_landing_off_its_shard_after_a_split_lists_the_shards_again():
+    """A split right after the third PutRecords: the next call's aggregates built for the closed parent land on a
+    child (counted, with their user records outside the child's range); the producer lists the shards again, packs
+    the parent's pending records for the children, and every later aggregate is within its shard. Nothing is put
+    twice (the KPL would re-send those records)."""
+    fake = FakeKinesis([MAX_KEY // 2], page=2)
+    fake.after_put = lambda: fake.calls.count("put") == 3 and fake.split("shardId-000000000000")
+    fake_time = FakeTime()
+    report = produce(fake, "s1", 3000, rate=1000.0, aggregate=10, payload=payload, seed=5,
+                     clock=fake_time.clock, sleep=fake_time.sleep)
+    got = landed(fake)
+    assert report.shard_listings == 2
+    assert sorted(report.ids) == list(range(3000)) and report.user_records == 3000
+    assert sorted(u.data for _, users, _ in got for u in users) == sorted(payload(n) for n in range(3000))
+    off = [i for i, (_, _, inside) in enumerate(got) if not inside]
+    # Only the call that revealed the split, and the one entry batching had built ahead of it (the next call's
+    # first), hold any.
+    calls = [fake.puts[i][3] for i in off]
+    assert off and set(calls) <= {4, 5} and calls.count(5) <= 1, calls
+    assert report.off_shard_user_records == sum(len(got[i][1]) for i in off)
+    assert report.misrouted_aggregates >= len(off)
+    children = {"shardId-000000000002", "shardId-000000000003"}
+    assert children <= set(report.shards) and set(fake.open_ranges()) == {"shardId-000000000001", *children}
+
+
+def test_a_map_listed_while_updating_is_listed_again_once_the_stream_is_active():
+    """Listed during a reshard (UPDATING): the status is checked between puts and the shards are listed again as
+    soon as it is ACTIVE (the split completing there); every aggregate lands within its shard."""
+    fake = FakeKinesis([MAX_KEY // 2], page=5)
+    fake.status = "UPDATING"
+    describes = 0
+
+    def on_describe():
+        nonlocal describes
+        describes += 1
+        if describes == 3:  # the first answers ensure_stream; the second the first check; the third completes it
+            fake.split("shardId-000000000001")
+            fake.status = "ACTIVE"
+
+    fake.on_describe = on_describe
+    fake_time = FakeTime()
+    report = produce(fake, "s1", 3000, rate=1000.0, aggregate=10, payload=payload, seed=6,
+                     clock=fake_time.clock, sleep=fake_time.sleep)
+    assert report.shard_listings == 2
+    i = [n for n, c in enumerate(fake.calls) if c == "list"][-1]
+    assert fake.calls[i - 1] == "describe" and describes >= 3  # listed again right after ACTIVE was seen
+    got = landed(fake)
+    assert report.off_shard_user_records == sum(len(users) for _, users, inside in got if not inside)
+    assert sum(1 for *_, inside in got if not inside) <= 1
+    assert {"shardId-000000000002", "shardId-000000000003"} <= set(report.shards)
+    assert sorted(report.ids) == list(range(3000))
 
 
 # -- end to end on kinesis-local ------------------------------------------------------------------------------
@@ -331,17 +527,83 @@ def test_emulator_produce_and_read_back(kinesis_client, unique_name, aggregate):
     report = produce(kinesis_client, stream, 600, aggregate=aggregate, poison_every=100, create_shards=2,
                      first_id=1000)
     assert isinstance(report, ProduceReport) and report.created_stream
-    assert report.user_records == 600 and report.ids == list(range(1000, 1600))
-    assert report.kinesis_records == (600 if aggregate == 1 else 24)
-    assert report.aggregates == (0 if aggregate == 1 else 24)
-    assert sum(report.shards.values()) == report.kinesis_records
+    assert report.user_records == 600 and sorted(report.ids) == list(range(1000, 1600))
     users = read_all(kinesis_client, stream)
+    per_shard = [sum(1 for u in users if u.shard_id == s) for s in report.shards]
+    assert report.kinesis_records == (600 if aggregate == 1 else sum(math.ceil(n / 25) for n in per_shard))
+    assert report.aggregates == (0 if aggregate == 1 else report.kinesis_records)
+    assert sum(report.shards.values()) == report.kinesis_records
     assert sorted(ids_of(users)) == list(range(1000, 1600))
     assert all(u.aggregated is (aggregate > 1) for u in users)
     poison = [u for u in users if not u.data.endswith(b"}")]
     assert sorted(ids_of(poison)) == report.poison_ids == list(range(1099, 1600, 100))
     good = [json.loads(u.data) for u in users if u not in poison]
     assert all(set(d) == {"id", "ts", "value"} for d in good)
+
+
+def read_by_record(kinesis, stream: str) -> dict[str, list[list]]:
+    """Per shard, the user records of each of its Kinesis records, from TRIM_HORIZON until caught up."""
+    out: dict[str, list[list]] = {}
+    for shard in list_shards(kinesis, stream):
+        records = out.setdefault(shard.shard_id, [])
+        it = kinesis.get_shard_iterator(StreamName=stream, ShardId=shard.shard_id,
+                                        ShardIteratorType="TRIM_HORIZON")["ShardIterator"]
+        for _ in range(100):
+            resp = kinesis.get_records(ShardIterator=it, Limit=1000)
+            records += [deaggregate(record, shard.shard_id) for record in resp["Records"]]
+            it = resp.get("NextShardIterator")
+            if not resp["Records"] and resp.get("MillisBehindLatest", 0) == 0 or not it:
+                break
+    return out
+
+
+def off_shard(kinesis, stream: str) -> tuple[dict[str, list[list]], list[list]]:
+    """What was read per shard, and the aggregates holding a user record outside their shard's hash key range."""
+    ranges = {s.shard_id: (int(s.hash_key_range.starting_hash_key), int(s.hash_key_range.ending_hash_key))
+              for s in list_shards(kinesis, stream)}
+    per_shard = read_by_record(kinesis, stream)
+    off = [users for shard, records in per_shard.items() for users in records
+           if not all(ranges[shard][0] <= md5_key(u.partition_key) <= ranges[shard][1] for u in users)]
+    return per_shard, off
+
+
+def test_emulator_each_aggregate_lands_on_the_shard_all_its_records_belong_to(kinesis_client, unique_name):
+    """Three shards on kinesis-local: every aggregate is read from the shard whose hash key range holds every one of
+    its user records (Java KCL drops one that holds another shard's), one partial aggregate at most per shard. Then
+    a shard is split mid-run (from the payload callback, between puts): the producer lists the shards again, and
+    the only aggregates outside their shard are those it counted, put before the put that revealed the split."""
+    stream = unique_name("producer")
+    report = produce(kinesis_client, stream, 900, aggregate=10, poison_every=50, create_shards=3, seed=11)
+    per_shard, off = off_shard(kinesis_client, stream)
+    assert not off, f"{len(off)} aggregates hold user records of another shard"
+    assert len(per_shard) == 3 and all(per_shard.values())
+    for records in per_shard.values():
+        assert all(u.aggregated for users in records for u in users)
+        assert sorted(len(users) for users in records)[1:] == [10] * (len(records) - 1)
+    users = [u for records in per_shard.values() for users in records for u in users]
+    assert sorted(ids_of(users)) == list(range(900)) and report.kinesis_records == sum(map(len, per_shard.values()))
+    assert report.shard_listings == 1 and report.misrouted_aggregates == 0
+
+    split = list_shards(kinesis_client, stream)[0]
+    middle = (int(split.hash_key_range.starting_hash_key) + int(split.hash_key_range.ending_hash_key)) // 2
+
+    def payload(n: int) -> bytes:
+        if n == 1500:
+            kinesis_client.split_shard(StreamName=stream, ShardToSplit=split.shard_id, NewStartingHashKey=str(middle))
+            wait_stream_active(kinesis_client, stream)
+        return default_payload(n, time.time())
+
+    report = produce(kinesis_client, stream, 1000, rate=2000.0, aggregate=10, payload=payload, first_id=1000, seed=12)
+    per_shard, off = off_shard(kinesis_client, stream)
+    assert len(per_shard) == 5 and report.shard_listings >= 2
+    assert sum(map(len, off)) == report.off_shard_user_records
+    assert len(off) <= report.misrouted_aggregates
+    children = [s.shard_id for s in list_shards(kinesis_client, stream) if s.parent_shard_id == split.shard_id]
+    assert all(per_shard[c] for c in children)
+    users = [u for records in per_shard.values() for users in records for u in users]
+    assert sorted(ids_of(users)) == [*range(900), *range(1000, 2000)]
+    print(f"split mid-run: {report.misrouted_aggregates} aggregates landed on a child, "
+          f"{report.off_shard_user_records} user records outside it")
 
 
 def test_emulator_existing_stream_is_used_as_is(kinesis_client, unique_name):
