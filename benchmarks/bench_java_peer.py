@@ -34,6 +34,7 @@ import argparse
 import base64
 import json
 import os
+import random
 import re
 import signal
 import statistics
@@ -355,6 +356,12 @@ def failover_trial(ctx: Context, label: str, kind: str, expiry: float, trial_no:
             time.sleep(0.5)
         ready = time.monotonic() - started
         time.sleep(expiry + 1)  # every survivor has seen every lease's counter move
+        # Where the kill falls in the lease taker's period decides the failover (Java: taken at the second taker run
+        # after the kill, 2-4 expiries): trials started together would share one, so each waits a part of that period
+        # of its own (stratified: trial i of n somewhere in the i-th n-th of it).
+        u = random.Random(f"{a.seed}-{kind}-{trial_no}").random()
+        jitter = a.kill_jitter_seconds * (trial_no + u) / a.trials
+        time.sleep(jitter)
         owners = lease_owners(dynamodb, app)
         victim = max(names, key=lambda n: (sum(o == n for o in owners.values()), n == names[0]))
         survivor = next(n for n in names if n != victim)
@@ -389,6 +396,7 @@ def failover_trial(ctx: Context, label: str, kind: str, expiry: float, trial_no:
             m.stop()
     delivery = max(delivered.values())
     return {"label": label, "kind": kind, "trial": trial_no, "expiry": expiry, "ready_after_s": round(ready),
+            "kill_jitter_s": round(jitter, 1),
             "orphans": len(orphans), "taken_s": round(taken_at, 1), "delivered_s": round(delivery, 1),
             "taken_x": round(taken_at / expiry, 2), "delivered_x": round(delivery / expiry, 2)}
 
@@ -434,12 +442,16 @@ def main() -> None:
                    help="the Java peer checkpoints at most this often, after a batch with records [60000, the KCL "
                         "sample's CHECKPOINT_INTERVAL_MILLIS; 0: after every batch]")
     f = ap.add_argument_group("failover after kill -9")
-    f.add_argument("--trials", type=int, default=2, help="per kind [2]")
+    f.add_argument("--trials", type=int, default=3, help="per kind, all at once [3]")
     f.add_argument("--failover-shards", type=int, default=4, help="[4]")
     f.add_argument("--expiry-seconds", type=float, default=10.0,
                    help="ours: --lease-expiry-seconds; Java: failoverTimeMillis / 1000 [10]")
     f.add_argument("--heartbeat-seconds", type=float, default=3.0, help="ours [3, as --java-compatible]")
     f.add_argument("--cycle-seconds", type=float, default=20.0, help="ours [20, as bench_failover.py]")
+    f.add_argument("--kill-jitter-seconds", type=float, default=20.05,
+                   help="trial i of n kills after a random wait in the i-th n-th of 0..this, so trials sample "
+                        "where the kill falls in the takers' periods [20.05: one Java taker period at 10 s]")
+    f.add_argument("--seed", type=int, default=1, help="of the kill jitter [1]")
     f.add_argument("--failover-timeout", type=float, default=150.0, help="[150]")
     ap.add_argument("--ready-timeout", type=float, default=180.0, help="for a fleet to hold every lease [180]")
     args = ap.parse_args()
