@@ -38,8 +38,8 @@ version: Maven Central here serves amazon-kinesis-client(-multilang) 3.1.3 but n
 3.2.0's pom names, so the kclpy used is 3.1.3 — its pom names KCL 3.1.3 (and AWS SDK 2.33.0), all served — whose
 Python package is byte-identical to 3.2.0's. The daemon needs for the emulators: `kinesisEndpoint` and
 `dynamoDBEndpoint` in its properties (both set the SDK clients' endpointOverride), `metricsLevel = NONE` (no
-CloudWatch), `retrievalMode = POLLING`, and -Daws.cborEnabled=false; with those, plain http to kinesis-local and dynalite
-worked with no further setting. Two emulator gaps are worked around on kclpy's side: its lease
+CloudWatch), `retrievalMode = POLLING`, and -Daws.cborEnabled=false; with those, plain http to kinesis-local and
+dynalite worked with no further setting. Two emulator gaps are worked around on kclpy's side: its lease
 table is created here with KCL 3.x's LeaseOwnerToLeaseKeyIndex (dynalite refuses the UpdateTable KCL adds it
 with), and GetRecords asks for --kclpy-max-records 40 (~2 MB of aggregates, as our 2 MiB prefetch) every
 --kclpy-idle-ms 200 (our pacing): KCL's default 10,000 made kinesis-local time out on every call.
