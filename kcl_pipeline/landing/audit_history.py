@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Iterable, Mapping, Sequence, TypeVar
 
+from ..kcl.core.lease_rules import held_by_another_protocol
 from ..kcl.core.model import Lease
 from ..transform.manifest import COMMITS, CommitFormatError, WindowCommit, is_commit_key
 from .audit import (
@@ -507,6 +508,8 @@ def _judge_checkpoints(batches: Mapping[str, tuple[BatchKey, BatchFacts]], commi
         if not mine:
             continue  # nothing of the shard landed in this directory (the lease may be another incarnation's)
         last = max(mine, key=lambda b: b.last.key())
+        if held_by_another_protocol(lease):
+            continue  # a Java KCL holder's checkpoint is its own processor's, not the zone's (audit.check_checkpoints)
         if not cp.is_sentinel and p is not None and p.landed is not None and cp.key() > p.landed.key():
             failed.setdefault(window(last), []).append(
                 f"{shard_id}: checkpoint {cp} is past the last landed record {p.landed}")

@@ -5,6 +5,7 @@ import os
 
 import pytest
 
+from kcl_pipeline.kcl.core.lease_rules import CLAIM_OWNER_ATTRIBUTE
 from kcl_pipeline.kcl.core.model import Checkpoint, Lease
 from kcl_pipeline.landing.audit import (
     AuditReport,
@@ -76,8 +77,10 @@ def key(shard: str, first: int, last: int, minute: int = T0) -> BatchKey:
 WINDOW_BATCHES = [key(SHARD, 10, 19), key(SHARD, 20, 29, T0 + MINUTE_MS), key(SHARD1, 5, 8)]
 
 
-def lease(shard: str, checkpoint: Checkpoint, landed: int | None = 40) -> Lease:
+def lease(shard: str, checkpoint: Checkpoint, landed: int | None = 40, java: bool = False) -> Lease:
+    """Held by "w": by this protocol's take (leaseClaimOwner names it), or `java`: taken by a Java KCL worker."""
     extra = ShardProgress(shard, cp(landed), T0).to_attributes() if landed is not None else {}
+    extra[CLAIM_OWNER_ATTRIBUTE] = "an-earlier-holder" if java else "w"
     return Lease(shard, checkpoint, lease_owner="w", extra=extra)
 
 
@@ -90,6 +93,8 @@ def lease(shard: str, checkpoint: Checkpoint, landed: int | None = 40) -> Lease:
     ([lease(SHARD, Checkpoint("SHARD_END"), landed=29)], False, True),  # its last record is in this window
     ([lease(SHARD, Checkpoint("SHARD_END"), landed=45)], False, False),  # ended before this window materialised
     ([lease(SHARD, cp(50), landed=40)], True, False),  # past the last landed record
+    # A Java holder's checkpoint is its own processor's: past the zone (it lands nothing), not ours to judge.
+    ([lease(SHARD, cp(50), landed=40, java=True)], True, True),
     ([lease("shardId-000000000009", cp(3))], False, True),  # no batch of it in this window
 ])
 def test_check_checkpoints(leases, materialised, ok):
