@@ -225,7 +225,8 @@ class LeaseScan(list):
     """The leases of one scan of the lease table (a list of Lease), with what else the scan met: `entities`,
     the items of other types KCL 3.5 keeps in the same table (its migration state, the leader lock, worker
     metrics: as read, never written back), and `skipped`, the keys of items that are no readable lease (a
-    corrupt item is skipped and logged, as Java's DynamoDBLeaseRefresher does, instead of failing the scan)."""
+    corrupt item is skipped and logged, as KCL 3.x's DynamoDBLeaseRefresher does, instead of failing the scan as
+    KCL 2.x's does)."""
 
     def __init__(self, leases: Iterable[Lease] = (), entities: Iterable[dict] = (),
                  skipped: Iterable[str] = ()) -> None:

@@ -164,8 +164,8 @@ class LeaseTable:
     def scan(self) -> LeaseScan:
         """Every lease (consistent read, all pages). Other KCL 3.x entities are not leases: the scan keeps them
         apart (`LeaseScan.entities`). An item that is no readable lease (corrupt, half-written by another tool)
-        is skipped and logged, as Java's DynamoDBLeaseRefresher skips it, rather than failing every cycle of
-        every consumer: its key is in `LeaseScan.skipped` and `corrupt_items` counts it."""
+        is skipped and logged, as KCL 3.x's DynamoDBLeaseRefresher skips it (2.x fails its listing), rather than
+        failing every cycle of every consumer: its key is in `LeaseScan.skipped` and `corrupt_items` counts it."""
         leases: list[Lease] = []
         entities: list[dict] = []
         skipped: list[str] = []
