@@ -435,6 +435,10 @@ class SimWorkerProcess(Process):
         zone = self.world.zone
         zone.inside.append(call)
         _, _, _, whole, until_taken = zone.stalled[-1]
+        if whole and self.world.freeze_allowance([self.consumer], seconds) < seconds:
+            # The operator's promise (World.freeze_allowance): the fleet must run for a while within the retention.
+            whole = False
+            self.world.stats["zombie-flush: the worker alone, by the operator's promise"] += 1
         # The worker process alone (a GC pause: its manager, which is not, kills a worker whose lease went
         # unrenewed past the expiry), or its whole consumer (a host's stall: nothing watches it meanwhile).
         scope = self.consumer.group if whole else self.scope

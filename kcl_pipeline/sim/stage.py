@@ -6,7 +6,7 @@ can import the cast without the cast importing the world back.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from .checker import Checker
 from .dynamodb import SimDynamoDB, SimDynamoDBClient
@@ -49,6 +49,11 @@ class Stage(Engine):
 
     def stop_while_taking(self, consumer: Any, within: float, probability: float) -> None:
         """Maybe stop `consumer` gracefully within `within` seconds (it just started to take a lease)."""
+        raise NotImplementedError
+
+    def freeze_allowance(self, victims: Iterable[Any], seconds: float) -> float:
+        """How long the world may freeze these consumers from now, at most `seconds` (0: not at all): the fleet
+        must run for a while within the stream's retention."""
         raise NotImplementedError
 
 

@@ -8,6 +8,7 @@ every step (checker.py); the first violation ends the run with a trace of the la
 """
 from __future__ import annotations
 
+import math
 import random
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -48,6 +49,13 @@ MAX_SECONDS_PER_STEP = 0.5
 WINDOW_MS = 60_000
 WINDOW_GRACE_MS = 15_000
 WINDOW_OVERDUE_MS = 120_000
+# The operator's promise for freezes, as for crashes and stops ("an operator starts a consumer again before the
+# stream's retention runs out"): within any span of the stream's retention, the fleet (a consumer able to take a
+# lease, or a Java peer) runs this many cycles in one piece — long enough to take its leases again after a freeze
+# past the expiry cost it all of them (`World.freeze_allowance`; seeds 5784 and 1183).
+FLEET_RUN_CYCLES = 3
+# A freeze the promise would cut shorter than this is not struck at all.
+SHORTEST_FREEZE_SECONDS = 1.0
 
 # Items of other applications sharing the table: never to be changed. The leases are written as Java writes them
 # (a KCL 2.x peer's listing reads them); the non-lease entity only where no KCL 2.x peer shares the table, since
@@ -141,6 +149,11 @@ class World(Stage):
         self.settling = False
         self._restores: list = []
         self._repairs: dict[str, float] = {}  # damaged batch -> when the operator repairs it
+        # The freezes' promise (`freeze_allowance`): since when the fleet has been able to work without a break, and
+        # when it last had been for `_fleet_run` seconds (the start counts as such a moment).
+        self._fleet_run = FLEET_RUN_CYCLES * self.config.cycle_seconds
+        self._able_since: float | None = None
+        self._ran_until = 0.0
 
     # -- the cast ------------------------------------------------------------------------------------------
     def next_serial(self) -> int:
@@ -214,10 +227,12 @@ class World(Stage):
         if self.rng.random() < 0.25 and "freeze-consumer" in self.scenario.faults and not self.settling:
             # The asker's whole process freezes while it waits: on thaw the lease may have been taken by
             # expiry meanwhile (the hand-off overtaken), and a zombie asker must take nothing.
-            seconds = self.rng.uniform(1.5, 3.0) * self.config.lease_expiry_seconds
-            asker.group.frozen_until = max(asker.group.frozen_until, self.now + seconds)
-            self.stats["hand-off askers frozen"] += 1
-            self.note(f"{asker!r} frozen for {seconds:.1f}s while it waits for a hand-off")
+            seconds = self._promised([asker], self.rng.uniform(1.5, 3.0) * self.config.lease_expiry_seconds,
+                                     "while it waits for a hand-off")
+            if seconds:
+                asker.group.frozen_until = max(asker.group.frozen_until, self.now + seconds)
+                self.stats["hand-off askers frozen"] += 1
+                self.note(f"{asker!r} frozen for {seconds:.1f}s while it waits for a hand-off")
         else:
             self.stop_while_taking(asker, 1.0, 0.3)  # most often before the holder has answered
 
@@ -260,6 +275,7 @@ class World(Stage):
             peer.start(self.rng.uniform(0.0, 5.0))
         java3.join(self)  # a KCL 3.x peer, in the worlds whose seed gives one (sim/java3.py)
         self.every(1.0, self.produce)
+        self.every(1.0, self._watch_fleet)
         self.every(5.0, self._trim)
         self.every(2.0, self.checker.audit)
         if self.latest and "landing-crash" in sc.faults:
@@ -539,9 +555,70 @@ class World(Stage):
         period = self.pipeline.period_ms if self.pipeline is not None else 0
         seconds = (closes - now_ms + period) / 1000 + rng.uniform(1.0, 10.0)
         victims = live if rng.random() < 0.5 else [rng.choice(live)]
+        wanted, seconds = seconds, self._promised(victims, seconds, "past its window's run")
+        if not seconds:
+            return
         for victim in victims:
             victim.group.frozen_until = max(victim.group.frozen_until, self.now + seconds)
-            self.note(f"{victim!r} frozen for {seconds:.1f}s, past its window's run")
+            if seconds == wanted:
+                self.note(f"{victim!r} frozen for {seconds:.1f}s, past its window's run")
+
+    # -- the operator's promise for freezes -----------------------------------------------------------------
+    def _fleet_able(self) -> bool:
+        """Some consumer could take a lease now (consumer.able: alive, not frozen, not stopping, reaching DynamoDB),
+        or a Java peer runs."""
+        return any(c.able() for c in self.consumers) or any(peer.alive() for peer in self.java_peers)
+
+    def _watch_fleet(self) -> None:
+        """Every second: since when the fleet has been able to work without a break, and when it last had been so
+        for the promised stretch (`_fleet_run`)."""
+        if not self._fleet_able():
+            self._able_since = None
+            return
+        if self._able_since is None:
+            self._able_since = self.now
+        if self.now - self._able_since >= self._fleet_run:
+            self._ran_until = self.now
+
+    def freeze_allowance(self, victims: Iterable[Any], seconds: float) -> float:
+        """How long the world may freeze `victims` (their whole processes, or their managers: none takes a lease
+        meanwhile) from now, at most `seconds`; 0: not at all.
+
+        The world's promise: within any span of the stream's retention R, the fleet runs `_fleet_run` seconds (X)
+        in one piece. A fleet that ran so until b must run so again from b + R - 2X at the latest (then every span
+        of R holds such a stretch); a freeze that leaves no consumer able to work is cut to end by then. Freezes
+        come by steps, and a frozen fleet makes no steps: without the promise the only consumer of seed 1183 was
+        frozen 148 of the 173 s a closed shard had left (five freezes past the expiry, each costing it every
+        lease; one lease a cycle in the 25 s between them), and of 5784 too."""
+        if not self.producing:
+            return seconds
+        self._watch_fleet()
+        if any(peer.alive() for peer in self.java_peers):
+            return seconds
+        victims = list(victims)
+        back = math.inf  # when another consumer is able to work again (a frozen one: at its thaw)
+        for consumer in self.consumers:
+            if consumer in victims or not consumer.alive() or consumer.stopping:
+                continue
+            thaw = max(consumer.group.thaw_time(), consumer.manager_scope.thaw_time())
+            back = min(back, self.now if consumer.able() else thaw if thaw > self.now else math.inf)
+        latest = self._ran_until + self.scenario.retention - 2 * self._fleet_run
+        if back <= max(self.now, latest):
+            return seconds
+        return max(0.0, min(seconds, latest - self.now))
+
+    def _promised(self, victims: list[Any], seconds: float, why: str = "") -> float:
+        """`freeze_allowance`, noted when it cuts a freeze (0: not struck, under SHORTEST_FREEZE_SECONDS)."""
+        allowed = self.freeze_allowance(victims, seconds)
+        if allowed >= seconds:
+            return seconds
+        allowed = allowed if allowed >= SHORTEST_FREEZE_SECONDS else 0.0
+        self.stats["freezes cut by the operator's promise"] += 1
+        who = ", ".join(repr(v) for v in victims)
+        cut = f"frozen for {allowed:.1f}s of {seconds:.1f}s" if allowed else f"not frozen for {seconds:.1f}s"
+        self.note(f"{who} {cut}{' ' + why if why else ''}, by the operator's promise: the fleet runs "
+                  f"{self._fleet_run:.0f}s in one piece within any {self.scenario.retention:.0f}s of the retention")
+        return allowed
 
     def settled(self) -> list[str]:
         """What keeps the world from having settled: the fleet's, and the pipeline's."""
@@ -636,11 +713,12 @@ class World(Stage):
             seconds = rng.choice([rng.uniform(1.0, 5.0), rng.uniform(1.2, 3.0) * self.config.lease_expiry_seconds])
             if rng.random() < 0.3:
                 # Its manager alone (a code server stuck in a long tick): its workers go on until the keep-alive
-                # goes stale, when it has one.
-                seconds = rng.uniform(1.0, 6.0) * self.config.cycle_seconds
-                victim.manager_scope.frozen_until = self.now + seconds
-                self.note(f"{victim!r}'s manager frozen for {seconds:.1f}s")
-            else:
+                # goes stale, when it has one. It takes no lease meanwhile: the promise counts it as frozen.
+                seconds = self._promised([victim], rng.uniform(1.0, 6.0) * self.config.cycle_seconds, "(its manager)")
+                if seconds:
+                    victim.manager_scope.frozen_until = self.now + seconds
+                    self.note(f"{victim!r}'s manager frozen for {seconds:.1f}s")
+            elif seconds := self._promised([victim], seconds):
                 victim.group.frozen_until = self.now + seconds
                 self.note(f"{victim!r} frozen for {seconds:.1f}s")
         elif kind == "freeze-worker":

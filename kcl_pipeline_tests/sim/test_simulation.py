@@ -88,6 +88,9 @@ def test_a_few_seeds_keep_every_invariant():
 # later holder read LATEST on the closed shard and gave the lease back; the sink now follows the start link).
 # And a defect of the shipped audit: 6446 a closed shard's last batch lost (a refill aimed at the newest batch) passed
 # both audits, no footer naming it (they now hold the zone to the lease's landing progress).
+# And 1183 again, of the world: its only consumer frozen 148 of the 173 s a closed shard had left in the stream (the
+# shard's free lease offered at every cycle, one lease taken a cycle); the freezes now keep the operator's promise
+# (World.freeze_allowance, test_freeze_promise.py).
 # Their histories change with the code; each still exercises the path it was found on most of the time.
 @pytest.mark.parametrize("seed", [278, 353, 1068, 1147, 1183, 1394, 2399, 3125, 3407, 3451, 3593, 3670, 6056, 6446,
                                   6811])
