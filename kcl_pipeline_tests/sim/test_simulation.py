@@ -90,10 +90,13 @@ def test_a_few_seeds_keep_every_invariant():
 # both audits, no footer naming it (they now hold the zone to the lease's landing progress).
 # And 1183 again, of the world: its only consumer frozen 148 of the 173 s a closed shard had left in the stream (the
 # shard's free lease offered at every cycle, one lease taken a cycle); the freezes now keep the operator's promise
-# (World.freeze_allowance, test_freeze_promise.py).
+# (World.freeze_allowance, test_freeze_promise.py). And 13 (of CI's 500), the world's operator: a lost batch's refill
+# failed on a corrupted batch of its minute and was left so until the corrupted one's own answer; the parent's end
+# waited for that window, and its children left the stream with their retention (the operator now repairs the batch
+# the error names at once).
 # Their histories change with the code; each still exercises the path it was found on most of the time.
-@pytest.mark.parametrize("seed", [278, 353, 1068, 1147, 1183, 1394, 2399, 3125, 3407, 3451, 3593, 3670, 6056, 6446,
-                                  6811])
+@pytest.mark.parametrize("seed", [13, 278, 353, 1068, 1147, 1183, 1394, 2399, 3125, 3407, 3451, 3593, 3670, 6056,
+                                  6446, 6811])
 def test_seeds_the_long_runs_failed_on_keep_every_invariant(seed):
     outcome = run_seed(seed, STEPS)
     assert outcome.violation is None, f"{outcome.violation}\n" + "\n".join(outcome.trace)
