@@ -176,6 +176,8 @@ import threading  # noqa: E402
 import uuid  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+from bench_memory import tree  # noqa: E402 - the process tree, as the memory benchmark walks it
+
 HERE = Path(__file__).resolve()
 REPO = HERE.parent.parent
 sys.path.insert(0, str(REPO))
@@ -240,25 +242,6 @@ def ensure_kclpy(log) -> tuple[Path, str]:
 
 
 # -- /proc --------------------------------------------------------------------------------------------------------
-
-def tree(root: int) -> list[int]:
-    """root and its descendants (by /proc/<pid>/stat's ppid)."""
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    if root not in parents:
-        return []
-    found, frontier = {root}, [root]
-    while frontier:
-        frontier = [pid for pid, ppid in parents.items() if ppid in frontier and pid not in found]
-        found.update(frontier)
-    return sorted(found)
-
 
 def cpu_seconds(pids: list[int]) -> float:
     """utime+stime of each process and of its reaped children (cutime+cstime): a reaped descendant counted

@@ -184,7 +184,7 @@ def stop_consumer(consumer: Consumer) -> None:
 
 
 def tree(root: int) -> list[int]:
-    """root and its descendants (by /proc/<pid>/stat's ppid)."""
+    """root and its descendants (by /proc/<pid>/stat's ppid); none when root is gone."""
     parents: dict[int, int] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -193,6 +193,8 @@ def tree(root: int) -> list[int]:
                     parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
             except (OSError, IndexError, ValueError):
                 continue
+    if root not in parents:
+        return []
     found, frontier = {root}, [root]
     while frontier:
         frontier = [pid for pid, ppid in parents.items() if ppid in frontier and pid not in found]

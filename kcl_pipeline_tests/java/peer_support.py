@@ -14,7 +14,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from kcl_pipeline.local.producer import ProduceReport, produce
 
@@ -232,15 +232,26 @@ class Deliveries:
         return out
 
 
-class LeaseWatch(threading.Thread):
-    """Scans the lease table every 0.2 s; keeps each lease's history of (time, owner, counter, checkpoint)."""
+def lease_state(item: dict, now: float) -> tuple | None:
+    """A lease item as (time, owner, counter, checkpoint); None for an item that is no lease."""
+    if "leaseKey" not in item or ("entityType" in item and item["entityType"].get("S") != "LEASE"):
+        return None
+    return (now, item.get("leaseOwner", {}).get("S"), int(item.get("leaseCounter", {}).get("N", "0")),
+            item.get("checkpoint", {}).get("S", ""))
 
-    def __init__(self, dynamodb_client: Any, table: str):
+
+class LeaseWatch(threading.Thread):
+    """Scans the lease table every 0.2 s (consistent reads); keeps each lease's history of distinct samples:
+    `sample(item, now)` (None: no lease; default `lease_state`), two samples the same when `state` of them is."""
+
+    def __init__(self, dynamodb_client: Any, table: str, sample: Callable[[dict, float], Any] = lease_state,
+                 state: Callable[[Any], Any] = lambda sample: sample[1:], clock: Callable[[], float] = time.monotonic):
         super().__init__(daemon=True)
         self.client = dynamodb_client
         self.table = table
+        self.sample, self.state, self.clock = sample, state, clock
         self.halt = threading.Event()
-        self.history: dict[str, list[tuple[float, str | None, int, str]]] = {}
+        self.history: dict[str, list[Any]] = {}
         self.items: dict[str, dict] = {}
 
     def scan(self) -> list[dict]:
@@ -256,21 +267,20 @@ class LeaseWatch(threading.Thread):
         while not self.halt.is_set():
             try:
                 items = self.scan()
-            except Exception:
-                time.sleep(0.2)
+            except Exception:  # noqa: BLE001 - the table may not exist yet
+                self.halt.wait(0.2)
                 continue
-            now = time.monotonic()
+            now = self.clock()
             for item in items:
-                if "leaseKey" not in item or ("entityType" in item and item["entityType"].get("S") != "LEASE"):
+                sample = self.sample(item, now)
+                if sample is None:
                     continue
                 key = item["leaseKey"]["S"]
                 self.items[key] = item
-                state = (item.get("leaseOwner", {}).get("S"), int(item.get("leaseCounter", {}).get("N", "0")),
-                         item.get("checkpoint", {}).get("S", ""))
                 hist = self.history.setdefault(key, [])
-                if not hist or hist[-1][1:] != state:
-                    hist.append((now, *state))
-            time.sleep(0.2)
+                if not hist or self.state(hist[-1]) != self.state(sample):
+                    hist.append(sample)
+            self.halt.wait(0.2)
 
     def owners(self) -> dict[str, str | None]:
         return {k: h[-1][1] for k, h in self.history.items()}

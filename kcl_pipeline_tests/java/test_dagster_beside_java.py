@@ -70,7 +70,7 @@ from kcl_pipeline.transform.job import read_partition  # noqa: E402
 from kcl_pipeline_tests.transform.conftest import spark  # noqa: E402, F401 - the session's SparkSession
 
 from ..kcl.fleet_support import wait_until  # noqa: E402
-from .peer_support import KplProducer, start_peer  # noqa: E402
+from .peer_support import KplProducer, LeaseWatch, start_peer  # noqa: E402
 
 pytestmark = [pytest.mark.java, pytest.mark.slow, pytest.mark.emulator]
 
@@ -150,44 +150,21 @@ class Sample:
         return _position(self.checkpoint, self.sub)
 
 
-class Sampler(threading.Thread):
-    """Scans the lease table every 0.2 s (consistent reads); keeps each lease's distinct states in order."""
+def _sample(item: dict, now: float) -> Sample | None:
+    if "leaseKey" not in item or "leaseCounter" not in item:
+        return None
+    return Sample(now, item.get("leaseOwner", {}).get("S"), int(item["leaseCounter"]["N"]),
+                  item.get("checkpoint", {}).get("S", ""),
+                  int(item.get("checkpointSubSequenceNumber", {}).get("N", "0")),
+                  item.get("leaseClaimOwner", {}).get("S"))
+
+
+class Sampler(LeaseWatch):
+    """The lease table's history as `Sample`s (wall-clock times, the sub-sequence and the claim owner too)."""
 
     def __init__(self, dynamodb, table: str):
-        super().__init__(daemon=True)
-        self.client, self.table = dynamodb, table
-        self.halt = threading.Event()
-        self.history: dict[str, list[Sample]] = {}
-
-    def scan(self) -> list[dict]:
-        items, kwargs = [], {"TableName": self.table, "ConsistentRead": True}
-        while True:
-            page = self.client.scan(**kwargs)
-            items += page.get("Items", [])
-            if "LastEvaluatedKey" not in page:
-                return items
-            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
-
-    def run(self) -> None:
-        while not self.halt.is_set():
-            try:
-                items = self.scan()
-            except Exception:  # noqa: BLE001 - the table may not exist yet
-                self.halt.wait(0.2)
-                continue
-            now = time.time()
-            for item in items:
-                if "leaseKey" not in item or "leaseCounter" not in item:
-                    continue
-                s = Sample(now, item.get("leaseOwner", {}).get("S"), int(item["leaseCounter"]["N"]),
-                           item.get("checkpoint", {}).get("S", ""),
-                           int(item.get("checkpointSubSequenceNumber", {}).get("N", "0")),
-                           item.get("leaseClaimOwner", {}).get("S"))
-                hist = self.history.setdefault(item["leaseKey"]["S"], [])
-                if not hist or (hist[-1].owner, hist[-1].counter, hist[-1].checkpoint, hist[-1].sub) != (
-                        s.owner, s.counter, s.checkpoint, s.sub):
-                    hist.append(s)
-            self.halt.wait(0.2)
+        super().__init__(dynamodb, table, sample=_sample, state=lambda s: (s.owner, s.counter, s.checkpoint, s.sub),
+                         clock=time.time)
 
     def owners(self) -> dict[str, str | None]:
         return {k: h[-1].owner for k, h in self.history.items()}
