@@ -154,6 +154,8 @@ def test_a_rolled_back_separate_layout_gets_no_worker_metrics_item(emulators, dy
     dynamodb_client.create_table(TableName=coordinator_state_table(app), BillingMode="PAY_PER_REQUEST",
                                  AttributeDefinitions=[{"AttributeName": "key", "AttributeType": "S"}],
                                  KeySchema=[{"AttributeName": "key", "KeyType": "HASH"}])
+    dynamodb_client.get_waiter("table_exists").wait(TableName=coordinator_state_table(app),
+                                                    WaiterConfig={"Delay": 1, "MaxAttempts": 30})
     dynamodb_client.put_item(TableName=coordinator_state_table(app), Item={
         "key": {"S": "Migration3.0"}, "cv": {"S": "CLIENT_VERSION_2X"}, "mb": {"S": "java-1"},
         "mts": {"N": "1732441200000"}})

@@ -23,6 +23,7 @@ def _create(dynamodb_client, name: str, key: str) -> None:
     dynamodb_client.create_table(TableName=name, BillingMode="PAY_PER_REQUEST",
                                  AttributeDefinitions=[{"AttributeName": key, "AttributeType": "S"}],
                                  KeySchema=[{"AttributeName": key, "KeyType": "HASH"}])
+    dynamodb_client.get_waiter("table_exists").wait(TableName=name, WaiterConfig={"Delay": 1, "MaxAttempts": 30})
 
 
 @pytest.mark.emulator
