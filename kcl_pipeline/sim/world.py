@@ -52,7 +52,7 @@ WINDOW_OVERDUE_MS = 120_000
 # The operator's promise for freezes, as for crashes and stops ("an operator starts a consumer again before the
 # stream's retention runs out"): within any span of the stream's retention, the fleet (a consumer able to take a
 # lease, or a Java peer) runs this many cycles in one piece — long enough to take its leases again after a freeze
-# past the expiry cost it all of them (`World.freeze_allowance`; seeds 5784 and 1183).
+# past the expiry cost it all of them (`World.freeze_allowance`; docs/simulation.md has the seeds that showed it).
 FLEET_RUN_CYCLES = 3
 # A freeze the promise would cut shorter than this is not struck at all.
 SHORTEST_FREEZE_SECONDS = 1.0
@@ -532,9 +532,9 @@ class World(Stage):
         except (LandingError, SimCrash) as exc:
             self.note(f"refill of {name} failed: {exc}")
             # The error names a corrupted batch the operator has yet to answer (another of the minute's batches): the
-            # operator moves it away now, refilling it, and asks again for this one (seed 13: the lost batch waited
-            # 51 s more for the corrupted one's own answer, the parent shard's end with it, and its children left
-            # the stream with their retention, never read).
+            # operator moves it away now, refilling it, and asks again for this one: waiting for the corrupted one's
+            # own answer held the lost batch, and with it the parent shard's end, while its children's records could
+            # leave the stream with their retention, never read.
             named = [other for other in sorted(self._repairs) if other in str(exc)]
             for other in named:
                 self._repair(other)
@@ -596,9 +596,9 @@ class World(Stage):
         The world's promise: within any span of the stream's retention R, the fleet runs `_fleet_run` seconds (X)
         in one piece. A fleet that ran so until b must run so again from b + R - 2X at the latest (then every span
         of R holds such a stretch); a freeze that leaves no consumer able to work is cut to end by then. Freezes
-        come by steps, and a frozen fleet makes no steps: without the promise the only consumer of seed 1183 was
-        frozen 148 of the 173 s a closed shard had left (five freezes past the expiry, each costing it every
-        lease; one lease a cycle in the 25 s between them), and of 5784 too."""
+        come by steps, and a frozen fleet makes no steps: without the promise a lone consumer could be frozen for
+        most of the time a closed shard had left (each freeze past the expiry costing it every lease, one lease
+        taken a cycle between them), and the shard leave the stream unread."""
         if not self.producing:
             return seconds
         self._watch_fleet()
