@@ -18,7 +18,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import pytest
 
@@ -159,17 +159,17 @@ class MixedFleet:
                 p.wait()
 
 
-@pytest.fixture
-def mixed_fleet(emulators, kinesis_client, dynamodb_client, kcl2_peer, unique_name,
-                tmp_path) -> Callable[..., MixedFleet]:
+def _fleets(prefix: str, emulators, kinesis_client, dynamodb, build: PeerBuild, unique_name, tmp_path,
+            **env_extra: str):
+    """Yield a maker of mixed fleets (a fresh stream of `shards` and application each) and close them after."""
     fleets: list[MixedFleet] = []
 
     def make(shards: int) -> MixedFleet:
-        stream, app = unique_name("mixed"), unique_name("mixedapp")
+        stream, app = unique_name(prefix), unique_name(f"{prefix}app")
         kinesis_client.create_stream(StreamName=stream, ShardCount=shards)
         wait_stream_active(kinesis_client, stream)
-        env = {**os.environ, **emulators.env(), "PYTHONUNBUFFERED": "1"}
-        fleet = MixedFleet(env, tmp_path, stream, app, kinesis_client, dynamodb_client, kcl2_peer,
+        env = {**os.environ, **emulators.env(), "PYTHONUNBUFFERED": "1", **env_extra}
+        fleet = MixedFleet(env, tmp_path, stream, app, kinesis_client, dynamodb, build,
                            KplProducer(kinesis_client, stream))
         fleets.append(fleet)
         return fleet
@@ -177,24 +177,17 @@ def mixed_fleet(emulators, kinesis_client, dynamodb_client, kcl2_peer, unique_na
     yield make
     for fleet in fleets:
         fleet.close()
+
+
+@pytest.fixture
+def mixed_fleet(emulators, kinesis_client, dynamodb_client, kcl2_peer, unique_name,
+                tmp_path) -> Iterator[Callable[..., MixedFleet]]:
+    yield from _fleets("mixed", emulators, kinesis_client, dynamodb_client, kcl2_peer, unique_name, tmp_path)
 
 
 @pytest.fixture
 def kcl3_fleet(emulators, moto_endpoints, kinesis_client, _moto_dynamodb_client, kcl3_peer, unique_name,
-               tmp_path) -> Callable[..., MixedFleet]:
-    fleets: list[MixedFleet] = []
-
-    def make(shards: int) -> MixedFleet:
-        stream, app = unique_name("mixed3"), unique_name("mixed3app")
-        kinesis_client.create_stream(StreamName=stream, ShardCount=shards)
-        wait_stream_active(kinesis_client, stream)
-        env = {**os.environ, **emulators.env(), "PYTHONUNBUFFERED": "1",
-               "AWS_ENDPOINT_URL_DYNAMODB": moto_endpoints.dynamodb}
-        fleet = MixedFleet(env, tmp_path, stream, app, kinesis_client, _moto_dynamodb_client, kcl3_peer,
-                           KplProducer(kinesis_client, stream))
-        fleets.append(fleet)
-        return fleet
-
-    yield make
-    for fleet in fleets:
-        fleet.close()
+               tmp_path) -> Iterator[Callable[..., MixedFleet]]:
+    """KCL 3.5.1 needs moto's DynamoDB (dynalite refuses its owner-index update): both kinds use it."""
+    yield from _fleets("mixed3", emulators, kinesis_client, _moto_dynamodb_client, kcl3_peer, unique_name, tmp_path,
+                       AWS_ENDPOINT_URL_DYNAMODB=moto_endpoints.dynamodb)
