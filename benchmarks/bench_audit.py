@@ -30,14 +30,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from kcl_pipeline.audit.history import audit_history  # noqa: E402
+from kcl_pipeline.audit.lineage import audit_window, output_partition  # noqa: E402
 from kcl_pipeline.kcl.core.model import Checkpoint, UserRecord  # noqa: E402
-from kcl_pipeline.landing.audit import audit_window, output_partition  # noqa: E402
-from kcl_pipeline.landing.audit_history import audit_history  # noqa: E402
-from kcl_pipeline.landing.batch import encode_batch  # noqa: E402
-from kcl_pipeline.landing.layout import MINUTE_MS, Zone, link_key  # noqa: E402
-from kcl_pipeline.landing.store import S3Options, S3ZoneStore  # noqa: E402
 from kcl_pipeline.local.emulators import EmulatorStack  # noqa: E402
-from kcl_pipeline.transform.manifest import WindowCommit, commit_key  # noqa: E402
+from kcl_pipeline.windows.manifest import WindowCommit, commit_key  # noqa: E402
+from kcl_pipeline.zone.batch import encode_batch  # noqa: E402
+from kcl_pipeline.zone.layout import MINUTE_MS, Zone, link_key  # noqa: E402
+from kcl_pipeline.zone.store import S3Options, S3ZoneStore  # noqa: E402
 
 T0 = 1_714_564_800_000  # 2024-05-01T12:00Z
 STREAM = "bench"

@@ -21,10 +21,10 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from kcl_pipeline.kcl.shells.aws import client  # noqa: E402
-from kcl_pipeline.landing.backfill import BackfillPace, backfill_range  # noqa: E402
-from kcl_pipeline.landing.layout import MINUTE_MS, minute_of  # noqa: E402
 from kcl_pipeline.local.emulators import EmulatorStack  # noqa: E402
 from kcl_pipeline.local.producer import produce  # noqa: E402
+from kcl_pipeline.windows.backfill import BackfillPace, backfill_range  # noqa: E402
+from kcl_pipeline.zone.layout import MINUTE_MS, minute_of  # noqa: E402
 
 
 class TimedCalls:

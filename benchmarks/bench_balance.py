@@ -3,7 +3,7 @@
 A fleet of consumers plans in rounds (every consumer once per round, random order, each on the table as
 the previous one left it); a round is one manager cycle. Both planners run in the same process on the same
 fleets:
-  * load-aware: kcl/balance.py `plan_steal` on each lease's throughput (KB/s);
+  * load-aware: kcl/core/fleet/balance.py `plan_steal` on each lease's throughput (KB/s);
   * count-based (the named peer): the shipped planner's steal rule, `planner.leases_to_acquire`, which
     balances lease counts (Java KCL 2.x's rule).
 Reported per scenario: rounds until a round steals nothing, total steals, and max consumer load / mean
@@ -30,9 +30,9 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from kcl_pipeline.kcl.core.balance import effective_loads, plan_steal  # noqa: E402
+from kcl_pipeline.kcl.core.fleet.balance import effective_loads, plan_steal  # noqa: E402
+from kcl_pipeline.kcl.core.fleet.planner import leases_to_acquire  # noqa: E402
 from kcl_pipeline.kcl.core.model import TRIM_HORIZON, Checkpoint, Lease  # noqa: E402
-from kcl_pipeline.kcl.core.planner import leases_to_acquire  # noqa: E402
 
 MAX_ROUNDS = 500
 

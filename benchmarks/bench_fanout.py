@@ -38,16 +38,18 @@ os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "test")
 
 import pyarrow.parquet as pq  # noqa: E402
 
+from kcl_pipeline.kcl.aws_settings import AwsSettings  # noqa: E402
 from kcl_pipeline.kcl.config import FANOUT, POLLING, ConsumerConfig  # noqa: E402
+from kcl_pipeline.kcl.core.lease.effects import Spawn  # noqa: E402
 from kcl_pipeline.kcl.core.model import TRIM_HORIZON, Checkpoint, Lease  # noqa: E402
-from kcl_pipeline.kcl.shells.aws import AwsSettings, client  # noqa: E402
-from kcl_pipeline.kcl.shells.fanout import ensure_consumer  # noqa: E402
+from kcl_pipeline.kcl.shells.aws import client  # noqa: E402
 from kcl_pipeline.kcl.shells.lease_table import LeaseTable  # noqa: E402
+from kcl_pipeline.kcl.shells.read.fanout import ensure_consumer  # noqa: E402
 from kcl_pipeline.kcl.shells.shards import list_shards, wait_stream_active  # noqa: E402
-from kcl_pipeline.kcl.shells.worker import LeaseWorker  # noqa: E402
-from kcl_pipeline.landing.sink import LandingProcessor  # noqa: E402
+from kcl_pipeline.kcl.shells.workers.worker import LeaseWorker  # noqa: E402
 from kcl_pipeline.local.emulators import EmulatorStack  # noqa: E402
 from kcl_pipeline.local.producer import produce  # noqa: E402
+from kcl_pipeline.zone.sink import LandingProcessor  # noqa: E402
 
 
 class Timed(LandingProcessor):
@@ -115,7 +117,7 @@ class Bench:
         zone.mkdir()
         config = ConsumerConfig(stream=stream, application=app, worker_id="bench", retrieval=retrieval, aws=self.aws)
         processor = Timed(str(zone), stream, checkpoint_after_flush=True, max_batch_age_seconds=self.batch_seconds)
-        return stream, LeaseWorker(config, table.get(shard), processor), processor, zone
+        return stream, LeaseWorker(config, Spawn(table.get(shard)), processor), processor, zone
 
     def throughput(self, retrieval: str, backlog: str, records: int) -> float:
         """Read `backlog` (a stream holding `records` records) from its start."""

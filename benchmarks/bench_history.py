@@ -32,20 +32,23 @@ from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from kcl_pipeline.kcl.aws_settings import AwsSettings  # noqa: E402
 from kcl_pipeline.kcl.core.model import Checkpoint, Lease, Shard  # noqa: E402
 from kcl_pipeline.kcl.core.streams import StreamScope  # noqa: E402
 from kcl_pipeline.kcl.processor import InitializationInput, ProcessRecordsInput  # noqa: E402
-from kcl_pipeline.kcl.shells.aws import AwsSettings, client  # noqa: E402
-from kcl_pipeline.landing import checkpoint_commit, report_start  # noqa: E402
-from kcl_pipeline.landing.layout import MINUTE_MS  # noqa: E402
-from kcl_pipeline.landing.progress import ShardProgress, progress_from_leases  # noqa: E402
-from kcl_pipeline.landing.sink import LandingProcessor  # noqa: E402
-from kcl_pipeline.landing.store import open_store  # noqa: E402
-from kcl_pipeline.landing.stream_slice import StreamSlice  # noqa: E402
-from kcl_pipeline.landing.verify import list_batches  # noqa: E402
-from kcl_pipeline.landing.window_report import list_window  # noqa: E402
-from kcl_pipeline.landing.window_scan import complete_windows  # noqa: E402
-from kcl_pipeline.transform.manifest import WindowCommit, commit_key, read_materialised  # noqa: E402
+from kcl_pipeline.kcl.shells.aws import client  # noqa: E402
+from kcl_pipeline.windows.checkpoints import run as checkpoint_commit  # noqa: E402
+from kcl_pipeline.windows.checkpoints.record import CheckpointRecord, write_checkpoint_record  # noqa: E402
+from kcl_pipeline.windows.manifest import WindowCommit, commit_key, read_materialised  # noqa: E402
+from kcl_pipeline.windows.report import list_window  # noqa: E402
+from kcl_pipeline.windows.scan import complete_windows  # noqa: E402
+from kcl_pipeline.windows.tick import report_start  # noqa: E402
+from kcl_pipeline.zone.chain import list_batches  # noqa: E402
+from kcl_pipeline.zone.layout import MINUTE_MS  # noqa: E402
+from kcl_pipeline.zone.progress import ShardProgress, progress_from_leases  # noqa: E402
+from kcl_pipeline.zone.sink import LandingProcessor  # noqa: E402
+from kcl_pipeline.zone.store import open_store  # noqa: E402
+from kcl_pipeline.zone.stream_slice import StreamSlice  # noqa: E402
 from kcl_pipeline_tests.landing.helpers import RecordingCheckpointer, make_records  # noqa: E402
 
 STREAM = "orders"
@@ -101,7 +104,8 @@ def stores(settings: AwsSettings, bucket: str):
 
 def reset_frontier(settings: AwsSettings, bucket: str) -> None:
     """What the last checkpoint run stored (every run writes it: each measured run starts from the same)."""
-    checkpoint_commit.write_frontier(stores(settings, bucket)[1], {s: LANDED[0] for s in SHARDS})
+    write_checkpoint_record(stores(settings, bucket)[1], CheckpointRecord({s: LANDED[0] for s in SHARDS}),
+                            replaces_legacy=False)
 
 
 # -- one measured run, in a fresh process ----------------------------------------------------------------------
@@ -124,14 +128,14 @@ def use_peer() -> None:
     """Today's approach before issue 20: every commit read; a fresh cursor skips from the zone's first window
     over all of them."""
     checkpoint_commit.read_materialised_from = lambda output, start, end: read_materialised(output)
-    report_start.read_frontier = lambda output: {}
+    report_start.read_checkpoint_record = lambda output: None
     report_start.commit_windows = lambda output, begin, end: read_materialised(output).windows
 
 
 def checkpoint_run(zone, output, lease_list) -> None:
     view = StreamSlice(StreamScope(STREAM), lease_list, [Shard(s) for s in SHARDS])
     report = checkpoint_commit.commit_checkpoints(
-        Table(), view, zone, output, {s: LANDED[0] for s in SHARDS}, window_ms=W, first_window_ms=T_END - 30 * 1440 * W,
+        Table(), view, zone, output, window_ms=W, first_window_ms=T_END - 30 * 1440 * W,
         initial=Checkpoint("TRIM_HORIZON"), grace_ms=0, now_ms=NOW)
     assert all(p.commit is not None for p in report.plan.shards.values()), report.plan_rows()
 

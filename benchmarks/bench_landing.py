@@ -84,7 +84,7 @@ def responses(total_records: int, record_bytes: int, seed: int = 11):
 
 def land(replay, zone: str) -> dict:
     """Deaggregate and land every response; CPU and wall time of the loop only."""
-    from kcl_pipeline.landing.sink import LandingProcessor
+    from kcl_pipeline.zone.sink import LandingProcessor
 
     sink = LandingProcessor(zone, STREAM, create_zone=True)
     sink.initialize(InitializationInput(SHARD, "bench", Checkpoint("TRIM_HORIZON")))
@@ -138,8 +138,8 @@ class _NoPandas:
 
 
 def _rss_child(records: int, record_bytes: int, zone: str, out, without_pandas: bool = False) -> None:
-    import kcl_pipeline.kcl.shells.worker  # noqa: F401 - everything a lease worker process imports
-    import kcl_pipeline.landing.sink  # noqa: F401
+    import kcl_pipeline.kcl.shells.workers.worker  # noqa: F401 - everything a lease worker process imports
+    import kcl_pipeline.zone.sink  # noqa: F401
 
     if without_pandas:
         # What a core install (no pandas) sees: pyarrow imports pandas on its first list conversion when

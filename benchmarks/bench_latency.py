@@ -22,9 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from kcl_pipeline.kcl.shells.aws import AwsSettings  # noqa: E402
-from kcl_pipeline.landing.store import S3Options  # noqa: E402
+from kcl_pipeline.kcl.aws_settings import AwsSettings  # noqa: E402
 from kcl_pipeline.transform.job import read_output  # noqa: E402
+from kcl_pipeline.zone.store import S3Options  # noqa: E402
 
 OUTPUT = "s3://kcl-pipeline/output"
 
@@ -66,7 +66,7 @@ def main() -> None:
         s3 = S3Options.from_aws_settings(aws, env_credentials=True)
         from datetime import datetime, timezone
 
-        from kcl_pipeline.defs.kinesis.partitions import PARTITION_FMT
+        from kcl_pipeline.windows.keys import PARTITION_FMT
 
         latencies = []
         for key, at in materialised_at.items():

@@ -92,11 +92,11 @@ def consumer_main() -> None:
     import logging
 
     import kcl_pipeline
+    from kcl_pipeline.kcl.aws_settings import AwsSettings
     from kcl_pipeline.kcl.config import ConsumerConfig
-    from kcl_pipeline.kcl.shells.aws import AwsSettings
-    from kcl_pipeline.kcl.shells.manager import LeaseManager
+    from kcl_pipeline.kcl.shells.fleet.manager import LeaseManager
     from kcl_pipeline.kcl.shells.signals import stop_on_signals
-    from kcl_pipeline.landing.sink import landing_spec
+    from kcl_pipeline.zone.sink import landing_spec
 
     s = json.loads(sys.argv[1])
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -223,7 +223,7 @@ class Samples:
     host_pss: list[float] = field(default_factory=list)
 
     def take(self, consumer: Consumer) -> None:
-        from kcl_pipeline.kcl.shells.memory import measure
+        from kcl_pipeline.kcl.shells.workers.memory import measure
 
         workers = measure(consumer.pids)
         host = measure(tree(consumer.proc.pid))
@@ -310,7 +310,7 @@ def make_aggregates(count: int) -> list[bytes]:
 
 
 def owned(table, worker_id: str) -> int:
-    from kcl_pipeline.kcl.core.lease_codec import LeaseTableMissing
+    from kcl_pipeline.kcl.core.table.lease_codec import LeaseTableMissing
 
     try:
         return sum(1 for lease in table.scan() if lease.lease_owner == worker_id)
@@ -319,7 +319,7 @@ def owned(table, worker_id: str) -> int:
 
 
 def drained(table, stream: Stream) -> bool:
-    from kcl_pipeline.kcl.core.lease_codec import LeaseTableMissing
+    from kcl_pipeline.kcl.core.table.lease_codec import LeaseTableMissing
 
     try:
         leases = {lease.lease_key: lease for lease in table.scan()}
@@ -495,7 +495,7 @@ def main() -> None:
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))  # here only: a consumer child imports the code its PYTHONPATH names
 
-    from kcl_pipeline.kcl.shells.aws import AwsSettings
+    from kcl_pipeline.kcl.aws_settings import AwsSettings
     from kcl_pipeline.local.emulators import EmulatorStack
 
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")

@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from kcl_pipeline.kcl.core.lease_codec import OWNER_INDEX_NAME  # noqa: E402
 from kcl_pipeline.kcl.core.model import Checkpoint, Lease  # noqa: E402
+from kcl_pipeline.kcl.core.table.lease_codec import OWNER_INDEX_NAME  # noqa: E402
 from kcl_pipeline.kcl.shells.aws import client  # noqa: E402
 from kcl_pipeline.kcl.shells.lease_table import LeaseTable  # noqa: E402
 from kcl_pipeline.local.emulators import EmulatorStack  # noqa: E402

@@ -19,8 +19,9 @@ import random
 import statistics
 import time
 
+from kcl_pipeline.kcl.core.fleet.planner import LeaseAges, leases_to_acquire
+from kcl_pipeline.kcl.core.lineage import leases_to_create, leases_to_delete
 from kcl_pipeline.kcl.core.model import SHARD_END, TRIM_HORIZON, Checkpoint, HashKeyRange, Lease, Shard
-from kcl_pipeline.kcl.core.planner import LeaseAges, leases_to_acquire, leases_to_create, leases_to_delete
 
 SHARDS = 10_000
 CONSUMERS = 100

@@ -26,14 +26,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from kcl_pipeline.kcl.core.model import Checkpoint, Lease, Shard  # noqa: E402
 from kcl_pipeline.kcl.processor import InitializationInput, ProcessRecordsInput  # noqa: E402
 from kcl_pipeline.kcl.shells.aws import client  # noqa: E402
-from kcl_pipeline.landing.completeness import window_complete  # noqa: E402
-from kcl_pipeline.landing.layout import MINUTE_MS  # noqa: E402
-from kcl_pipeline.landing.progress import ShardProgress, progress_from_leases  # noqa: E402
-from kcl_pipeline.landing.sink import LandingProcessor  # noqa: E402
-from kcl_pipeline.landing.store import open_store  # noqa: E402
-from kcl_pipeline.landing.window_report import list_window, summarise_window  # noqa: E402
-from kcl_pipeline.landing.window_scan import scan_windows  # noqa: E402
 from kcl_pipeline.local.emulators import EmulatorStack  # noqa: E402
+from kcl_pipeline.windows.completeness import window_complete  # noqa: E402
+from kcl_pipeline.windows.report import list_window, summarise_window  # noqa: E402
+from kcl_pipeline.windows.scan import scan_windows  # noqa: E402
+from kcl_pipeline.zone.layout import MINUTE_MS  # noqa: E402
+from kcl_pipeline.zone.progress import ShardProgress, progress_from_leases  # noqa: E402
+from kcl_pipeline.zone.sink import LandingProcessor  # noqa: E402
+from kcl_pipeline.zone.store import open_store  # noqa: E402
 from kcl_pipeline_tests.landing.helpers import RecordingCheckpointer, make_records  # noqa: E402
 
 STREAM = "wide"

@@ -27,8 +27,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kcl_pipeline.kcl.core.model import Checkpoint
-from kcl_pipeline.landing.layout import BatchKey
 from kcl_pipeline.transform.job import build_local_session, transform_window
+from kcl_pipeline.zone.layout import BatchKey
 
 T0 = 1_714_564_800_000
 MINUTES = 5

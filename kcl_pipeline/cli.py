@@ -4,11 +4,15 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
+import os
 import sys
+from pathlib import Path
 
 import click
 from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError, NoRegionError
 
+from .kcl.aws_settings import AwsSettings
 from .kcl.config import (
     JAVA_COMPATIBLE_TIMINGS,
     RETRIEVALS,
@@ -18,7 +22,7 @@ from .kcl.config import (
     ConsumerConfig,
     InitialPosition,
 )
-from .kcl.shells.aws import AwsSettings, client
+from .kcl.shells.aws import client
 
 log = logging.getLogger("kcl_pipeline")
 
@@ -35,10 +39,10 @@ def friendly_errors(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from .kcl.core.lease_codec import LeaseTableError
-        from .kcl.shells.kcl3_tables import Kcl3FleetActive
+        from .kcl.core.table.lease_codec import LeaseTableError
+        from .kcl.shells.fleet.kcl3_tables import Kcl3FleetActive
         from .kcl.shells.shards import KinesisError
-        from .landing.errors import LandingError
+        from .zone.errors import LandingError
 
         try:
             return fn(*args, **kwargs)
@@ -114,6 +118,16 @@ class Progress:
 
 def _settings(region, endpoint_url) -> AwsSettings:
     return AwsSettings(region=region, endpoint_url=endpoint_url)
+
+
+def parse_sink(spec: str):
+    """`jsonl:DIR` -> the ProcessorSpec of kcl/jsonl_sink.py's JsonlSink writing into DIR."""
+    from .kcl.shells.workers.worker import ProcessorSpec
+
+    kind, sep, arg = spec.partition(":")
+    if kind != "jsonl" or not sep or not arg:
+        raise ValueError(f"--sink {spec!r}: expected jsonl:DIR")
+    return ProcessorSpec("kcl_pipeline.kcl.jsonl_sink:JsonlSink", {"directory": str(Path(arg).resolve())})
 
 
 def _version() -> str:
@@ -278,32 +292,38 @@ def consume(ctx, properties_file, stream, application, table_name, coordinator_s
             worker_metrics_period_seconds, metrics_namespace, metrics_naming, retrieval, worker_start_method, sink,
             landing, checkpoint_by, batch_seconds, batch_mb, region, endpoint_url):
     """Run a headless consumer: a full peer of the fleet sharing the lease table. Stops on SIGTERM/SIGINT."""
-    from .kcl.jsonl_sink import parse_sink
-    from .kcl.shells.consumer import run_consumer
+    from .kcl.shells.fleet.consumer import run_consumer
 
     if bool(sink) == bool(landing):
         raise UserError("give exactly one of --sink jsonl:DIR or --landing URI")
     if sink and (batch_seconds is not None or batch_mb is not None or checkpoint_by != "self"):
         raise UserError("--batch-seconds, --batch-mb and --checkpoint-by only apply to --landing")
+    from .deployment.settings import check_variable_names
+
+    # Every check runs before anything is written: the directory of a local zone is created only after them.
+    check_variable_names(os.environ)  # --retrieval and --worker-start-method are read from KCL_PIPELINE_* too
     config = consumer_config_from_cli(ctx, properties_file, java_compatible, region=region,
                                       endpoint_url=endpoint_url)
     if sink:
         spec = parse_sink(sink)
     else:
-        from .landing.layout import Zone
-        from .landing.sink import landing_spec
-        from .landing.store import open_store
+        from .zone.layout import Zone
+        from .zone.sink import landing_spec
+        from .zone.store import open_store
 
-        # Fail fast (exit 2) on a missing bucket; a local directory is created.
         local_zone = Zone.parse(landing).scheme == "file"
-        open_store(landing, config.aws).ensure_zone(create=local_zone)
         settings = {}
+        for flag, value in (("--batch-seconds", batch_seconds), ("--batch-mb", batch_mb)):
+            if value is not None and not math.isfinite(value):
+                raise UserError(f"{flag} must be a finite number, got {value!r}")
         if batch_seconds is not None:
             settings["max_batch_age_seconds"] = batch_seconds
         if batch_mb is not None:
             settings["max_batch_bytes"] = int(batch_mb * 1024 * 1024)
         spec = landing_spec(landing, config.stream_name, aws=config.aws, standalone=checkpoint_by == "self",
                             **settings)
+        # Fail fast (exit 2) on a missing bucket; a local directory is created.
+        open_store(landing, config.aws).ensure_zone(create=local_zone)
     sys.exit(run_consumer(config, spec))
 
 
@@ -344,9 +364,9 @@ def produce(stream, count, rate, aggregate, create_shards, poison_every, region,
 def leases(application, table_name, coordinator_state_table_name, as_json, region, endpoint_url):
     """Show the lease table: owner, counter, checkpoint, parents, landing progress. Then, on stderr, this host's
     lease workers' memory (PSS in all and the largest; stdout keeps the table or the JSON lines)."""
-    from .kcl.shells.kcl3_tables import fleet_status
+    from .kcl.shells.fleet.kcl3_tables import fleet_status
     from .kcl.shells.lease_table import LeaseTable
-    from .kcl.shells.memory import host_report
+    from .kcl.shells.workers.memory import host_report
 
     table = LeaseTable(table_name or application, client("dynamodb", _settings(region, endpoint_url)))
     scanned = table.scan()
@@ -440,8 +460,6 @@ def forget_incarnation(incarnation, application, table_name, region, endpoint_ur
 @friendly_errors
 def demo(port, stream, shards, rate, window_minutes, no_producer, state_dir, dagster_storage, code_servers):
     """Emulators + demo stream + KPL producer + `dagster dev` with the consumer sensor on. Ctrl-C stops all."""
-    from pathlib import Path
-
     from .local.demo import DemoOptions, run_demo
 
     if shards < 1 or rate <= 0:
@@ -459,7 +477,7 @@ def demo(port, stream, shards, rate, window_minutes, no_producer, state_dir, dag
 def _check_postgres_storage(command: str) -> None:
     import os
 
-    from .defs.home import POSTGRES_URL_ENV
+    from .deployment.home import POSTGRES_URL_ENV
 
     _require_extras(command, {"dagster_postgres": "postgres"})
     if not os.environ.get(POSTGRES_URL_ENV):
@@ -474,7 +492,7 @@ def _check_postgres_storage(command: str) -> None:
 @friendly_errors
 def dagster_home(directory, storage):
     """Write the project's Dagster instance (dagster.yaml) into DIRECTORY, to use as DAGSTER_HOME."""
-    from .defs.home import POSTGRES_URL_ENV, prepare_dagster_home
+    from .deployment.home import POSTGRES_URL_ENV, prepare_dagster_home
 
     home = prepare_dagster_home(directory, storage=storage)
     click.echo(f"export DAGSTER_HOME={home}")
@@ -493,7 +511,7 @@ def _echo_report_json(report, **extra) -> None:
 
 def _pipeline_settings():
     """The Dagster deployment's settings (KCL_PIPELINE_* variables): defaults for audit and backfill."""
-    from .defs.kinesis.settings import PipelineSettings
+    from .deployment.settings import PipelineSettings
 
     return PipelineSettings.from_env(for_partitions=False)
 
@@ -523,8 +541,8 @@ def audit(window, full, sweep_temporaries, zone, output, stream, application, wi
     materialised; over the whole history unless --window. Exit 1 when a check fails."""
     import os
 
-    from .landing.stream_audit import audit as run_audit
-    from .landing.verify import parse_window
+    from .audit.stream import audit as run_audit
+    from .audit.verify import parse_window
 
     settings = _pipeline_settings()
     window_ms = (window_minutes or settings.window_minutes) * 60_000
@@ -536,8 +554,8 @@ def audit(window, full, sweep_temporaries, zone, output, stream, application, wi
                    transform_grace_ms=int(transform_grace * 1000),
                    first_window_ms=int(start.timestamp() * 1000) if start is not None else None)
     if sweep_temporaries:
-        from .landing.errors import ZoneNotFoundError
-        from .landing.store import open_store
+        from .zone.errors import ZoneNotFoundError
+        from .zone.store import open_store
 
         for uri in (zone or settings.landing_uri, output or settings.output_uri):
             try:
@@ -567,13 +585,13 @@ def _audit_streams(streams, zone: str, output: str, application: str, window_ms:
     own output location (`<output>/<stream name>`), its checkpoints against its own leases."""
     import dataclasses
 
-    from .defs.kinesis.streams import PipelineStream
-    from .kcl.core.lease_codec import LeaseTableMissing
+    from .audit.lineage import AuditReport
+    from .deployment.streams import PipelineStream
     from .kcl.core.streams import stream_name
+    from .kcl.core.table.lease_codec import LeaseTableMissing
     from .kcl.shells.aws import client
     from .kcl.shells.lease_table import LeaseTable
-    from .landing.audit import AuditReport
-    from .landing.stream_slice import read_slice
+    from .zone.stream_slice import read_slice
 
     try:
         leases = LeaseTable(application, client("dynamodb", aws)).scan()
@@ -601,7 +619,7 @@ def _audit_streams(streams, zone: str, output: str, application: str, window_ms:
 @friendly_errors
 def backfill(window, url, window_minutes, wait, timeout, as_json, progress):
     """Re-land and re-transform a time range (bounded AT_TIMESTAMP re-reads, isolated from the live leases)."""
-    from .landing.verify import parse_window
+    from .audit.verify import parse_window
     from .local.dagster_client import DagsterApiError, launch_backfill, wait_backfill, window_keys
 
     window_ms = (window_minutes or _pipeline_settings().window_minutes) * 60_000
@@ -653,8 +671,8 @@ def landing_verify(zone, window, stream, shard, deep, application, as_json, swee
                    progress):
     """Per-shard chain status, row counts, gaps and overlaps. Exit 1 on a gap, an overlap, or (with
     --application) a chain that does not start at a starting position or falls short of the lease table."""
-    from .landing.store import open_store
-    from .landing.verify import verify_zone
+    from .audit.verify import verify_zone
+    from .zone.store import open_store
 
     aws = _settings(region, endpoint_url)
     if sweep_temporaries:
@@ -764,6 +782,26 @@ def local_down(state_dir, wait_seconds):
                             f"{wait_seconds:g} s; see its terminal")
         time.sleep(0.1)
     click.echo(f"stopped `local up` (pid {pid}): the producer and the emulators")
+
+
+@local.command("reset")
+@click.option("--state-dir", default=".kcl_local", show_default=True)
+@friendly_errors
+def local_reset(state_dir):
+    """Start afresh: delete STATE_DIR's Dagster home (its runs, asset history, sensor cursors and the first partition
+    it keeps), so that the next `demo` or `local up` makes a new one from the current window. Refused while
+    `local up` runs on it; stop `dagster dev` on that home first."""
+    from pathlib import Path
+
+    from .local.demo import reset_home
+
+    state = Path(state_dir)
+    running = _running_pid(state / "local.pid")
+    if running is not None:
+        raise UserError(f"`kcl-pipeline local up` (pid {running}) is running on {state}: stop it first "
+                        f"(`kcl-pipeline local down --state-dir {state}`)")
+    deleted = reset_home(state)
+    click.echo(deleted or f"nothing to reset: {state.resolve()} has no Dagster home")
 
 
 def _add_simulate() -> None:

@@ -1,4 +1,4 @@
-"""The code location Dagster loads (workspace.yaml): `defs`, built from the environment (defs/kinesis/settings.py)."""
+"""The code location Dagster loads (workspace.yaml): `defs`, built from the environment (deployment/settings.py)."""
 from kcl_pipeline.defs import build_definitions
 
 defs = build_definitions()

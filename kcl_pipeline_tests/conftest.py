@@ -19,7 +19,8 @@ from typing import Callable
 
 import pytest
 
-from kcl_pipeline.kcl.shells.aws import AwsSettings, client
+from kcl_pipeline.kcl.aws_settings import AwsSettings
+from kcl_pipeline.kcl.shells.aws import client
 from kcl_pipeline.local.emulators import EmulatorStack, Endpoints
 
 # The SDK refuses to sign without credentials; the emulators accept any. Never let a test reach real AWS

@@ -28,15 +28,17 @@ from pathlib import Path
 
 import pytest
 
-from kcl_pipeline.kcl.shells.aws import AwsSettings, client
+from kcl_pipeline.kcl.aws_settings import AwsSettings
+from kcl_pipeline.kcl.shells.aws import client
 from kcl_pipeline.kcl.shells.lease_table import LeaseTable
 from kcl_pipeline.kcl.shells.shards import list_shards, wait_stream_active
-from kcl_pipeline.landing.layout import MINUTE_MS
-from kcl_pipeline.landing.store import S3Options, open_store
-from kcl_pipeline.landing.verify import list_batches, read_batches
 from kcl_pipeline.local.dagster_client import graphql
 from kcl_pipeline.local.producer import produce
 from kcl_pipeline.transform.job import read_output
+from kcl_pipeline.zone.chain import list_batches, read_batches
+from kcl_pipeline.zone.layout import MINUTE_MS
+from kcl_pipeline.zone.store import S3Options, open_store
+from kcl_pipeline_tests.process_tree import descendants, process_table
 
 pytestmark = [pytest.mark.slow]
 
@@ -132,7 +134,7 @@ def _materialised(instance, asset: str) -> set[str]:
 
 
 def _key(ms: int) -> str:
-    from kcl_pipeline.defs.kinesis.partitions import partition_key
+    from kcl_pipeline.windows.keys import partition_key
 
     return partition_key(ms)
 
@@ -158,29 +160,9 @@ FREEZE_SECONDS = 25.0   # the frozen host: past the demo's 10 s lease expiry
 SKEW = "+30s"           # the second host's wall clock
 
 
-def _ps() -> dict[int, tuple[int, str]]:
-    out = subprocess.run(["ps", "-ww", "-eo", "pid=,ppid=,args="], capture_output=True, text=True).stdout
-    procs = {}
-    for line in out.splitlines():
-        parts = line.strip().split(None, 2)
-        if len(parts) == 3:
-            procs[int(parts[0])] = (int(parts[1]), parts[2])
-    return procs
-
-
-def _descendants(root: int, procs: dict[int, tuple[int, str]]) -> list[int]:
-    found, frontier = [], [root]
-    while frontier:
-        parent = frontier.pop()
-        children = [pid for pid, (ppid, _) in procs.items() if ppid == parent]
-        found += children
-        frontier += children
-    return found
-
-
 def _code_server_pid() -> int | None:
     """The inner code server (`dagster api grpc`, started by `dagster dev`'s code-server proxy)."""
-    return next((pid for pid, (_, args) in _ps().items() if "dagster api grpc" in args), None)
+    return next((pid for pid, (_, args) in process_table().items() if "dagster api grpc" in args), None)
 
 
 def _lease_worker_pids(roots: list[int]) -> list[int]:
@@ -188,20 +170,20 @@ def _lease_worker_pids(roots: list[int]) -> list[int]:
     (a code server spawns Dagster's run workers the same way as lease workers: their command lines are
     alike). Only under those trees: a test earlier in the session may have run `worker_main` in this very
     process, which names it too, and the chaos must never shoot the test runner."""
-    from kcl_pipeline.kcl.shells.worker import WORKER_PROCESS_NAME
+    from kcl_pipeline.kcl.shells.workers.worker import WORKER_PROCESS_NAME
 
     out = subprocess.run(["ps", "-eo", "pid=,comm="], capture_output=True, text=True).stdout
     named = {int(pid) for pid, comm in (line.split(None, 1) for line in out.splitlines() if line.strip())
              if comm.strip() == WORKER_PROCESS_NAME}
-    procs = _ps()
-    under = {pid for root in roots for pid in _descendants(root, procs)}
+    procs = process_table()
+    under = {pid for root in roots for pid in descendants(root, procs)}
     return sorted((named & under) - {os.getpid()})
 
 
 def test_chaos_never_shoots_a_process_outside_the_pipeline():
     """This runner named `kcl-lease` (as an in-process `worker_main` call leaves it) is not a victim; a named
     child of a pipeline root is."""
-    from kcl_pipeline.kcl.shells.worker import WORKER_PROCESS_NAME
+    from kcl_pipeline.kcl.shells.workers.worker import WORKER_PROCESS_NAME
 
     comm = Path("/proc/self/comm")
     if not comm.exists():
@@ -325,8 +307,8 @@ class Chaos:
                 runner = _run_worker_pid(self.stack, run) if run.status.value == "STARTED" else None
                 if runner is None:
                     continue
-                procs = _ps()
-                jvms = [pid for pid in _descendants(runner, procs) if "java" in procs[pid][1]]
+                procs = process_table()
+                jvms = [pid for pid in descendants(runner, procs) if "java" in procs[pid][1]]
                 if jvms:
                     for pid in jvms:
                         with contextlib.suppress(ProcessLookupError):
@@ -473,13 +455,27 @@ def _run_chaos(stack: Stack, member: subprocess.Popen, kinesis, aws, instance) -
     assert sorted(int(q.split(b":")[1].split(b",")[0]) for q in quarantined) == sorted(poison)
     assert all(reasons), "every quarantined record says why"
 
-    # Every checkpoint is the last record of a materialised window: never past what Spark committed.
-    leases = {lease.lease_key: lease for lease in LeaseTable(APP, client("dynamodb", aws)).scan()}
-    for shard_id, lease in leases.items():
-        batches = list_batches(store, STREAM, shard=shard_id)
-        if lease.is_ended or not batches or lease.checkpoint.is_starting_sentinel:
-            continue
-        assert lease.checkpoint == max(batches, key=lambda b: b.last.key()).last, shard_id
+    # Every checkpoint reaches its shard's last landed record and never passes it: never past what Spark committed.
+    # A batch that landed after its window's run (a killed worker's successor landing the rest of a minute) waits
+    # for the sensor's re-run of that window, after the window first materialised.
+    table = LeaseTable(APP, client("dynamodb", aws))
+
+    def against_last_landed() -> tuple[list[str], list[str]]:
+        """(shards whose checkpoint is past their last landed record, shards whose checkpoint is behind it)"""
+        past, behind = [], []
+        for lease in table.scan():
+            batches = list_batches(store, STREAM, shard=lease.lease_key)
+            if lease.is_ended or not batches or lease.checkpoint.is_starting_sentinel:
+                continue
+            last = max(batches, key=lambda b: b.last.key()).last
+            if lease.checkpoint.key() > last.key():
+                past.append(lease.lease_key)
+            elif lease.checkpoint != last:
+                behind.append(lease.lease_key)
+        return past, behind
+
+    assert against_last_landed()[0] == [], "a checkpoint passed its shard's last landed record"
+    _wait(lambda: against_last_landed() == ([], []), 300, "every checkpoint at its shard's last landed record", 5)
 
     # The lineage audit (CLI), the chain of every shard, and the asset checks pass.
     span = f"{_iso(windows[0])}/{_iso(windows[-1] + WINDOW_MS)}"

@@ -44,7 +44,7 @@ def test_the_packaged_deployment_files_are_the_top_level_ones():
     differing = _differing_deployment_files(REPO_ROOT)
     assert differing == [], " and ".join(f"{name} differs from kcl_pipeline/deploy/{name}: "
                                          f"cp {name} kcl_pipeline/deploy/{name}" for name in differing)
-    from kcl_pipeline.defs.home import DAGSTER_YAML
+    from kcl_pipeline.deployment.home import DAGSTER_YAML
     from kcl_pipeline.local.demo import WORKSPACE_YAML
 
     assert (DAGSTER_YAML, WORKSPACE_YAML) == (REPO_ROOT / "kcl_pipeline" / "deploy" / "dagster.yaml",

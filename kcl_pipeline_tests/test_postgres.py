@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from kcl_pipeline.defs.home import INSTANCE_FILES, POSTGRES_URL_ENV, prepare_dagster_home
-from kcl_pipeline.kcl.core.lease_codec import LeaseTableError
-from kcl_pipeline.kcl.shells.aws import AwsSettings, client
+from kcl_pipeline.deployment.home import INSTANCE_FILES, POSTGRES_URL_ENV, prepare_dagster_home
+from kcl_pipeline.kcl.aws_settings import AwsSettings
+from kcl_pipeline.kcl.core.table.lease_codec import LeaseTableError
+from kcl_pipeline.kcl.shells.aws import client
 from kcl_pipeline.kcl.shells.lease_table import LeaseTable
 from kcl_pipeline.local.emulators import free_port
 
@@ -100,7 +101,7 @@ def test_two_code_servers_on_postgres_share_the_fleet_and_report_each_window_onc
 
     from dagster import AssetKey, DagsterInstance, DagsterRunStatus, RunsFilter
 
-    from kcl_pipeline.defs.kinesis.fleet_hosting import consumer_name
+    from kcl_pipeline.deployment.fleet_hosting import consumer_name
 
     state = tmp_path / "state"
     env = {**{k: v for k, v in os.environ.items() if not k.startswith(("AWS_ENDPOINT_URL", "KCL_PIPELINE_"))},

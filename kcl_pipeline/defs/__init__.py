@@ -1,17 +1,7 @@
-"""Dagster wiring only: the logic lives in kcl/, landing/ and transform/.
+"""Dagster wiring only: every module here is Dagster code (definitions, resources, sensors, assets, checks).
 
-`build_definitions` is imported on first use, so the deployment's settings (kinesis/settings.py, plain
-Python) stay readable from a core install without Dagster (the CLI's audit and verify defaults)."""
-from __future__ import annotations
-
-from typing import Any
+The logic it wires lives below: the consumer in kcl/, the landing zone in zone/, the sensor's decisions in
+windows/, the deployment's plain settings in deployment/, the transform in transform/."""
+from .kinesis.definitions import build_definitions, build_member_definitions
 
 __all__ = ["build_definitions", "build_member_definitions"]
-
-
-def __getattr__(name: str) -> Any:
-    if name in __all__:
-        from .kinesis import definitions
-
-        return getattr(definitions, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,14 +9,14 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 from datetime import datetime, timezone
 from typing import Any
 
+from .aws_settings import AwsSettings
 from .core.model import AT_TIMESTAMP, LATEST, TRIM_HORIZON, Checkpoint
 from .core.streams import STREAM_ARN_RE, identifier_parts, is_stream_identifier, stream_name
-from .shells.aws import AwsSettings
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,255}")
 # Java KCL 2.x expires a lease after failoverTimeMillis = 10 s: peers sharing its table must heartbeat inside it.
 JAVA_COMPATIBLE_TIMINGS = {"heartbeat_seconds": 3.0, "lease_expiry_seconds": 10.0}
-# How lease worker processes start (shells/worker_processes.py): forked from a preloaded server, or spawned.
+# How lease worker processes start (shells/workers/worker_processes.py): forked from a preloaded server, or spawned.
 # The default is the first; the environment variable sets another for every consumer of the process that
 # does not choose one itself (the way back to spawn without a code change: docs/memory.md).
 WORKER_START_METHODS = ("forkserver", "spawn")
@@ -51,6 +51,11 @@ def check_stream(stream: str) -> None:
     elif not _NAME_RE.fullmatch(stream) or len(stream) > 128:
         raise ConfigError(f"stream {stream!r} must be 1-128 characters of letters, digits, '_', '.', '-' "
                           f"(or a stream ARN)")
+    if stream_name(stream) in (".", ".."):
+        # Kinesis allows them, but a stream's name is a directory of the landing zone and of the output:
+        # '.' or '..' would land, commit and write datasets into the zone's root or its parent.
+        raise ConfigError(f"stream {stream!r}: a stream named '.' or '..' cannot be consumed here (its name is a "
+                          f"directory of the landing zone and the output)")
 
 
 @dataclass(frozen=True)
@@ -79,8 +84,12 @@ class InitialPosition:
             dt = datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
         except ValueError as exc:
             raise ConfigError(f"--timestamp {timestamp!r} is not ISO 8601: {exc}") from None
-        if dt.tzinfo is None:
-            dt = dt.replace(tzinfo=timezone.utc)
+        try:
+            dt = dt.replace(tzinfo=timezone.utc) if dt.tzinfo is None else dt.astimezone(timezone.utc)
+        except OverflowError:  # its offset takes it past year 1 or 9999 in UTC
+            raise ConfigError(f"--timestamp {timestamp!r} is out of range in UTC") from None
+        if dt.year < 1970:  # no Kinesis record is older; GetShardIterator refuses a negative timestamp
+            raise ConfigError(f"--timestamp {timestamp!r} is before 1970-01-01 UTC")
         return cls(AT_TIMESTAMP, int(dt.timestamp() * 1000))
 
     def checkpoint(self) -> Checkpoint:
@@ -133,7 +142,7 @@ class ConsumerConfig:
     # bytes, whatever the shard's backlog (docs/memory.md has the formula of a worker's memory).
     prefetch_bytes: int = 2 * MiB
     # "forkserver": workers fork from one server that preloaded boto3, pyarrow and the worker (shared memory);
-    # "spawn": each worker is a fresh interpreter (shells/worker_processes.py).
+    # "spawn": each worker is a fresh interpreter (shells/workers/worker_processes.py).
     worker_start_method: str = field(default_factory=lambda: default_worker_start_method())
     metrics_namespace: str | None = None  # CloudWatch namespace; None = metrics kept locally only
     # "pipeline": this project's names; "kcl": Java KCL's names and dimensions (its dashboards carry over).

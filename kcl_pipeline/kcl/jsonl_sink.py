@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import TextIO
 
 from .core.streams import multi_stream_key
-from .processor import Checkpointer, InitializationInput, ProcessRecordsInput
+from .processor import Checkpointer, InitializationInput, ProcessRecordsInput, RecordProcessor
 
 
-class JsonlSink:
+class JsonlSink(RecordProcessor):
     def __init__(self, directory: str):
         self.directory = Path(directory)
         self._file: TextIO | None = None
@@ -81,13 +81,3 @@ class JsonlSink:
         if self._file is not None:
             self._file.close()
             self._file = None
-
-
-def parse_sink(spec: str):
-    """`jsonl:DIR` -> a ProcessorSpec (imported lazily to keep this module importable alone)."""
-    from .shells.worker import ProcessorSpec
-
-    kind, sep, arg = spec.partition(":")
-    if kind != "jsonl" or not sep or not arg:
-        raise ValueError(f"--sink {spec!r}: expected jsonl:DIR")
-    return ProcessorSpec("kcl_pipeline.kcl.jsonl_sink:JsonlSink", {"directory": str(Path(arg).resolve())})

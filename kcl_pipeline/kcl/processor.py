@@ -9,7 +9,7 @@ learns that its shard is idle or caught up (millis_behind_latest) — then exact
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from .core.model import Checkpoint, UserRecord
 
@@ -47,7 +47,13 @@ class ProcessRecordsInput:
     service_time_ms: int | None = None
 
 
+@runtime_checkable
 class RecordProcessor(Protocol):
+    """Every hook the worker calls. The first five a processor implements; `resume_position` and
+    `heartbeat_attributes` are optional: a processor that subclasses RecordProcessor inherits their defaults
+    (nothing landed elsewhere, no progress attributes), one that does not must define them too (the worker
+    checks this when it builds a processor: `ProcessorSpec.build`)."""
+
     def initialize(self, init: InitializationInput) -> None: ...
 
     def process_records(self, batch: ProcessRecordsInput) -> None: ...
@@ -61,6 +67,13 @@ class RecordProcessor(Protocol):
     def shutdown_requested(self, checkpointer: Checkpointer) -> None:
         """Graceful stop (SIGTERM/SIGINT): flush and checkpoint what was processed."""
 
-    # Optional: `heartbeat_attributes() -> Mapping[str, Any]`. When a processor has it, the worker calls
-    # it before every heartbeat and writes the returned attributes on the same UpdateItem (progress rides
-    # on the heartbeat: no extra writes). Names must not collide with the Java KCL lease attributes.
+    def resume_position(self) -> Checkpoint | None:
+        """The last record the processor already has (say, landed), when reading should start after it rather
+        than after the lease checkpoint; called once, after `initialize`. None: after the checkpoint."""
+        return None
+
+    def heartbeat_attributes(self) -> Mapping[str, Any] | None:
+        """Progress attributes written on every heartbeat's UpdateItem (progress rides on the heartbeat: no
+        extra writes); called before each. Names must not collide with the Java KCL lease attributes. None
+        or empty: a plain heartbeat."""
+        return None

@@ -8,7 +8,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Callable
 
-from ..defs.kinesis.partitions import partition_key
+from ..windows.keys import partition_key
 
 BACKFILL_ASSETS = ("landed_records", "transformed_records")
 

@@ -1,5 +1,10 @@
 """The one-command demo: emulators on loopback, a demo stream with a KPL producer, and `dagster dev`.
 
+A state directory's Dagster home outlives a run on purpose (runs, the sensor's cursor): it keeps the first
+partition it was made with (deployment/home.py), so the demo and `local up` start again on the same partitions
+and the windows a stopped run left unfinished complete. The emulators keep nothing: each start has a new stream,
+lease table and zones. `kcl-pipeline local reset` deletes the home to start afresh.
+
 `kcl-pipeline local up` runs the same thing but `dagster dev`: it writes the demo's environment (one source,
 `demo_vars`) into `<state dir>/env.sh`, so that a person who sources it runs `dagster dev` at the repository root
 (its workspace.yaml) as the demo would.
@@ -12,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -191,9 +197,30 @@ def run_local_up(options: DemoOptions, *, ready: Callable[[Started], None] | Non
     return _run(options, serve=False, ready=ready, stop=stop)
 
 
+HOME_DIR = "dagster_home"  # in the state directory: DAGSTER_HOME
+
+
+def reset_home(state_dir: Path) -> str | None:
+    """Delete the state directory's Dagster home (a fresh one, with a new first partition, is made on the next
+    start). Returns what was deleted, in words (None: there was no home)."""
+    from ..deployment.home import PARTITIONS_FILE, HomeMismatch, read_home_partitions
+
+    home = state_dir.resolve() / HOME_DIR
+    if not home.exists():
+        return None
+    try:
+        partitions = read_home_partitions(home)
+        made = "" if partitions is None else (f", and its first partition {partitions.start.isoformat()} "
+                                              f"({partitions.window_minutes}-minute windows)")
+    except HomeMismatch:  # unreadable: deleted all the same
+        made = f", and {PARTITIONS_FILE}"
+    shutil.rmtree(home)
+    return f"deleted {home}: Dagster's runs, asset history and the sensors' cursors{made}"
+
+
 def _run(options: DemoOptions, *, serve: bool, ready: Callable[[Started], None] | None,
          stop: threading.Event | None) -> int:
-    from ..defs.home import prepare_dagster_home
+    from ..deployment.home import home_partitions, prepare_dagster_home, read_home_partitions
 
     stop = stop or threading.Event()
     logging.getLogger("kcl_pipeline.local.producer").setLevel(logging.WARNING)  # one line per batch is noise here
@@ -203,6 +230,7 @@ def _run(options: DemoOptions, *, serve: bool, ready: Callable[[Started], None] 
     state.mkdir(parents=True, exist_ok=True)
     env_file = state / ENV_FILE
     env_file.unlink(missing_ok=True)  # a stale one (a killed run's) names endpoints that are gone
+    read_home_partitions(state / HOME_DIR, options.window_minutes)  # another window length: refused before starting
     caller_env = dict(os.environ)  # before the emulators' endpoints and credentials go into it
     stack = EmulatorStack(state / "logs")
     dagster = None
@@ -223,9 +251,13 @@ def _run(options: DemoOptions, *, serve: bool, ready: Callable[[Started], None] 
             producer.start()
             print(f"producer    {options.rate:g} records/s, KPL aggregates of {options.aggregate} "
                   f"alternating with plain records, every {options.poison_every}th payload poison", flush=True)
-        home = prepare_dagster_home(state / "dagster_home", storage=options.dagster_storage)
-        variables = demo_vars(endpoints, options, home,
-                              stream_start_window(kinesis, options.stream, options.window_minutes), environ=caller_env)
+        home = prepare_dagster_home(state / HOME_DIR, storage=options.dagster_storage)
+        partitions = home_partitions(home, options.window_minutes,
+                                     stream_start_window(kinesis, options.stream, options.window_minutes))
+        print(f"partitions  {options.window_minutes}-minute windows from {partitions.start.isoformat()} "
+              + ("(kept by this Dagster home: `kcl-pipeline local reset` starts afresh)" if partitions.kept
+                 else "(this new Dagster home keeps them)"), flush=True)
+        variables = demo_vars(endpoints, options, home, partitions.start, environ=caller_env)
         write_env_file(env_file, variables)
         url = None
         if serve:

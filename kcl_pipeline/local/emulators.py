@@ -28,7 +28,7 @@ from typing import Callable, Iterable, Mapping
 import boto3
 from botocore.config import Config
 
-from kcl_pipeline.kcl.shells.aws import AwsSettings
+from kcl_pipeline.kcl.aws_settings import AwsSettings
 
 from . import prerequisites
 from .prerequisites import NODE_MODULES_ENV, NODE_PACKAGES  # the npm packages, pinned in local/npm/
@@ -76,7 +76,7 @@ class Endpoints:
         return AwsSettings(region=self.region, endpoint_urls=self.endpoint_urls())
 
     def env(self, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-        """Environment variables pointing the AWS SDKs (and kcl/aws.py) at these emulators; dummy credentials
+        """Environment variables pointing the AWS SDKs (and kcl/shells/aws.py) at these emulators; dummy credentials
         when `environ` (default: this process's environment) has none."""
         environ = os.environ if environ is None else environ
         env = {f"AWS_ENDPOINT_URL_{service.upper()}": url for service, url in self.endpoint_urls().items()}

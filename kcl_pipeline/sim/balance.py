@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..kcl.core.balance import BalanceSettings
-from .scenario import Scenario
+from ..kcl.core.fleet.balance import BalanceSettings
+from .runtime.scenario import Scenario
 from .world import World
 
 RATE = 0.3  # a record per shard every ~3 s (1-4 user records of 200 B each); the hot shard `hot`× that

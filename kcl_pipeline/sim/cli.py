@@ -5,9 +5,18 @@ import sys
 
 import click
 
-from .mutations import MUTATIONS
-from .runner import SeedOutcome, coverage_report, quiet, replay_command, run_mutation, run_seed, run_seeds
-from .scenario import FAULTS, KNOWN_FAULTS, OPT_IN_FAULTS
+from .judge.mutations import MUTATIONS
+from .runner import (
+    DEFAULT_MIX_LIMIT,
+    SeedOutcome,
+    coverage_report,
+    quiet,
+    replay_command,
+    run_mutation,
+    run_seed,
+    run_seeds,
+)
+from .runtime.scenario import FAULTS, KNOWN_FAULTS, OPT_IN_FAULTS
 
 
 def _faults(text: str | None) -> tuple[str, ...]:
@@ -40,7 +49,8 @@ def _report(outcome: SeedOutcome, steps: int, faults, mutation) -> None:
 @click.option("--mutation", type=click.Choice(sorted(MUTATIONS)), default=None,
               help="Run with one seeded bug (it must be caught).")
 @click.option("--mutations", "all_mutations", is_flag=True,
-              help="Run the mutation set: each seeded bug must be caught within its stated number of seeds.")
+              help="Run the mutation set: each seeded bug must be caught within its stated number of seeds with its "
+                   f"own fault kinds, and within {DEFAULT_MIX_LIMIT} with the default mix.")
 @click.option("--jobs", type=click.IntRange(min=1), default=None, help="Processes [default: one per CPU].")
 @click.option("--coverage", "show_coverage", is_flag=True,
               help="Report the effects the shells answered and the named branches of the lease life, the cycle "
@@ -55,13 +65,14 @@ def simulate(seeds, first_seed, seed, steps, faults, mutation, all_mutations, jo
         missed = 0
         for name, m in MUTATIONS.items():
             outcome = run_mutation(name, steps, jobs)
-            verdict = (f"caught at seed {outcome.caught_at}" if outcome.caught_at is not None
-                       else f"NOT caught in {m.within} seeds")
-            click.echo(f"mutation {name}: {verdict} (limit {m.within}) — {m.defect}")
-            if outcome.violation:
-                click.echo(f"    {outcome.violation[:300]}")
+            click.echo(f"mutation {name}: own kinds {outcome.own.verdict()} (limit {outcome.own.within}), default "
+                       f"mix {outcome.default.verdict()} (limit {outcome.default.within}) — {m.defect}")
+            for mix, catch in (("own kinds", outcome.own), ("default mix", outcome.default)):
+                if catch.violation:
+                    click.echo(f"    {mix}: {catch.violation[:300]}")
             missed += not outcome.ok
-        click.echo(f"mutations: {len(MUTATIONS) - missed} of {len(MUTATIONS)} caught within their limits")
+        click.echo(f"mutations: {len(MUTATIONS) - missed} of {len(MUTATIONS)} caught within their limits (own kinds "
+                   f"and default mix)")
         sys.exit(1 if missed else 0)
     if seed is not None:
         quiet()

@@ -1,12 +1,12 @@
-"""Every seed's world with a Java KCL 3.x peer (sim/java3.py), whatever the seed draws:
-`python -m kcl_pipeline.sim.java3_runs --seeds N`. Apart from java3.py, which the world imports to add its peer,
+"""Every seed's world with a Java KCL 3.x peer (sim/actors/java3.py), whatever the seed draws:
+`python -m kcl_pipeline.sim.java3_runs --seeds N`. Apart from actors/java3.py, which the world imports to add its peer,
 so that the peer's module never imports the world back."""
 from __future__ import annotations
 
 from dataclasses import replace
 from typing import Any
 
-from .scenario import Scenario
+from .runtime.scenario import Scenario
 from .world import World
 
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
 from ..kcl.core import coverage
-from ..kcl.core import effects as fx
-from .mutations import MUTATIONS, check_planted
-from .scenario import FAULTS
+from ..kcl.core.lease import effects as fx
+from .judge.mutations import MUTATIONS, check_planted
+from .runtime.scenario import FAULTS
 from .world import Result, simulate
 
 
@@ -161,29 +161,60 @@ def coverage_report(summary: RunSummary) -> list[str]:
     return lines
 
 
+# Every mutation must also be caught by the default fault mix, not only by the kinds it names: a mix that needs
+# to be told where a bug lives finds none that nobody thought of.
+DEFAULT_MIX_LIMIT = 400
+
+
 @dataclass(frozen=True)
-class MutationOutcome:
-    name: str
+class Catch:
+    """One fault mix's run of a mutation: the first seed whose history violated an invariant (None: no seed of
+    the run did), and the limit it must be below."""
     within: int
-    caught_at: int | None  # the first seed whose run violated an invariant
+    caught_at: int | None
     violation: str | None
 
     @property
     def ok(self) -> bool:
         return self.caught_at is not None and self.caught_at < self.within
 
+    def verdict(self) -> str:
+        return (f"caught at seed {self.caught_at}" if self.caught_at is not None
+                else f"NOT caught in {self.within} seeds")
+
+
+@dataclass(frozen=True)
+class MutationOutcome:
+    name: str
+    own: Catch      # with the mutation's own fault kinds (`Mutation.faults`), within its `within`
+    default: Catch  # with the default mix (`FAULTS`), within DEFAULT_MIX_LIMIT
+
+    @property
+    def ok(self) -> bool:
+        return self.own.ok and self.default.ok
+
+
+def _first_catch(name: str, faults: Sequence[str], within: int, steps: int, jobs: int | None) -> Catch:
+    summary = run_seeds(range(within), steps, faults, name, jobs=jobs, stop_at_first=True)
+    first = min(summary.failures, key=lambda o: o.seed) if summary.failures else None
+    return Catch(within, first.seed if first else None, first.violation if first else None)
+
 
 def run_mutation(name: str, steps: int = 1000, jobs: int | None = None) -> MutationOutcome:
-    """Run mutation `name` on seeds 0, 1, … until one catches it or its `within` is spent; histories of `steps`
-    steps, or of the mutation's own `steps` when it needs longer ones."""
+    """Run mutation `name` on seeds 0, 1, … until one catches it, twice: with its own fault kinds (within its
+    `within`) and with the default mix (within DEFAULT_MIX_LIMIT); histories of `steps` steps, or of the
+    mutation's own `steps` when it needs longer ones."""
     mutation = MUTATIONS[name]
     check_planted(name)  # a stale mutation raises here instead of "failing" every seed
-    faults = mutation.faults or FAULTS
     steps = max(steps, mutation.steps)
-    summary = run_seeds(range(mutation.within), steps, faults, name, jobs=jobs, stop_at_first=True)
-    first = min(summary.failures, key=lambda o: o.seed) if summary.failures else None
-    return MutationOutcome(name, mutation.within, first.seed if first else None, first.violation if first else None)
+    if not mutation.faults or set(mutation.faults) == set(FAULTS):
+        # Its own kinds are the default mix: one run to the larger limit answers both.
+        seen = _first_catch(name, FAULTS, max(mutation.within, DEFAULT_MIX_LIMIT), steps, jobs)
+        return MutationOutcome(name, dataclasses.replace(seen, within=mutation.within),
+                               dataclasses.replace(seen, within=DEFAULT_MIX_LIMIT))
+    return MutationOutcome(name, _first_catch(name, mutation.faults, mutation.within, steps, jobs),
+                           _first_catch(name, FAULTS, DEFAULT_MIX_LIMIT, steps, jobs))
 
 
-__all__ = ["MutationOutcome", "RunSummary", "SeedOutcome", "coverage_report", "quiet", "replay_command",
-           "run_mutation", "run_seed", "run_seeds"]
+__all__ = ["DEFAULT_MIX_LIMIT", "Catch", "MutationOutcome", "RunSummary", "SeedOutcome", "coverage_report", "quiet",
+           "replay_command", "run_mutation", "run_seed", "run_seeds"]

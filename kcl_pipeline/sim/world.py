@@ -1,10 +1,10 @@
 """One seeded world: a stream, a lease table shared with other applications, a landing zone, hosts with
-drifting clocks, our consumers (and maybe a Java KCL 2.x peer), and faults at chosen steps (scenario.py).
+drifting clocks, our consumers (and maybe a Java KCL 2.x peer), and faults at chosen steps (runtime/scenario.py).
 
 A run has two phases. The main phase runs `steps` steps (events of the system under test) while records
 are produced and faults strike. Then every fault heals, production stops, and the fleet must settle:
 every record delivered and landed, every lease worked, the consumers balanced. Invariants are checked at
-every step (checker.py); the first violation ends the run with a trace of the last events.
+every step (judge/checker.py); the first violation ends the run with a trace of the last events.
 """
 from __future__ import annotations
 
@@ -16,36 +16,38 @@ from typing import Any, Callable, Iterable
 
 from ..kcl.config import ConsumerConfig, InitialPosition
 from ..kcl.core import coverage
-from ..kcl.core.lease_codec import lease_from_item
-from ..kcl.core.lease_life import handoff_timeout
-from ..kcl.core.lease_rules import HANDOFF_ATTRIBUTE
+from ..kcl.core.lease.lease_life import handoff_timeout
 from ..kcl.core.model import LATEST, Checkpoint
-from ..kcl.core.worker_metrics import HASH_KEY as METRICS_HASH_KEY
-from ..kcl.core.worker_metrics import worker_metrics_table
+from ..kcl.core.table.lease_codec import lease_from_item
+from ..kcl.core.table.lease_rules import HANDOFF_ATTRIBUTE
+from ..kcl.core.table.worker_metrics import HASH_KEY as METRICS_HASH_KEY
+from ..kcl.core.table.worker_metrics import worker_metrics_table
+from ..kcl.shells.fleet.manager import shutdown_timeout
 from ..kcl.shells.lease_table import LeaseTable
-from ..kcl.shells.manager import shutdown_timeout
-from ..landing.backfill import BackfillPace, backfill_range
-from ..landing.errors import LandingError
-from ..landing.layout import BatchKey, link_key, parse_batch_key
-from . import java3, mutations
-from .checker import Checker
-from .consumer import SimConsumer, SimWorkerProcess
-from .dynamodb import NetworkFaults, SimDynamoDB, SimDynamoDBClient, SimTable
-from .engine import EPOCH, Host
-from .java import JavaPeer
-from .kinesis import SimKinesisClient, SimStream
-from .landing import CRASH_POINTS, STALL_POINTS, SimCrash, SimZone
-from .pauses import Pauses
-from .pipeline import PIPELINE_CRASHES, SimPipeline
-from .scenario import FAULTS, FaultEvent, Scenario
-from .stage import Stage
+from ..windows.backfill import BackfillPace, backfill_range
+from ..zone.errors import LandingError
+from ..zone.layout import BatchKey, link_key, parse_batch_key
+from .actors import java3
+from .actors.consumer import SimConsumer, SimWorkerProcess
+from .actors.java import JavaPeer
+from .actors.pipeline import PIPELINE_CRASHES, SimPipeline
+from .actors.stage import Stage
+from .aws.dynamodb import NetworkFaults, SimDynamoDB, SimDynamoDBClient, SimTable
+from .aws.kinesis import SimKinesisClient, SimStream
+from .aws.landing import CRASH_POINTS, STALL_POINTS, SimCrash, SimZone
+from .judge import mutations
+from .judge.checker import Checker
+from .runtime.engine import EPOCH, Host
+from .runtime.pauses import Pauses
+from .runtime.scenario import FAULTS, FaultEvent, Scenario
 
 STREAM = "simstream"
 APPLICATION = "simapp"
 
 # The main phase ends after `steps` steps or this much virtual time per step, whichever comes first.
 MAX_SECONDS_PER_STEP = 0.5
-# The pipeline's windows (sim/pipeline.py): one minute, closed 15 s after their end, stalled 2 minutes after it.
+# The pipeline's windows (sim/actors/pipeline.py): one minute, the completeness rule's grace 15 s (a shard caught up
+# that long after a window's end has passed it), stalled 2 minutes after their end.
 WINDOW_MS = 60_000
 WINDOW_GRACE_MS = 15_000
 WINDOW_OVERDUE_MS = 120_000
@@ -128,14 +130,15 @@ class World(Stage):
         self.consumers: list[SimConsumer] = []
         self.java_peers: list[JavaPeer] = []
         self.workers: list[SimWorkerProcess] = []
-        # The checker sees the stream, the store, the table's items and this world as a fleet view (fleet.py).
+        # The checker sees the stream, the store, the table's items and this world as a fleet view (judge/fleet.py).
         self.checker = Checker(stream=self.stream, zone=self.zone, items=table.items, foreign=foreign, fleet=self,
                                config=self.config, liveness_slack=scenario.liveness_slack, now=lambda: self.now,
-                               note=self.note)
+                               note=self.note, spawn_seconds=scenario.spawn_seconds)
         # The world's own reaction first: it needs the holder as it was before the write.
         self.dynamodb.observers.append(self._on_handoff_asked)
         self.dynamodb.observers.append(self.checker.on_write)
         self.zone.on_land = self.checker.on_land
+        self.zone.on_relanded = self.checker.on_relanded
         # `latest-start`: the application starts at LATEST (never beside a KCL 3.x peer, whose leases start at
         # TRIM_HORIZON); the checker then owes a shard's records from its chain's first (checker._floor).
         self.latest = scenario.initial_position == LATEST and not java3.chosen(self)
@@ -273,7 +276,7 @@ class World(Stage):
             peer = JavaPeer(self, self.new_host("java-host"), "java-peer-0")
             self.java_peers.append(peer)
             peer.start(self.rng.uniform(0.0, 5.0))
-        java3.join(self)  # a KCL 3.x peer, in the worlds whose seed gives one (sim/java3.py)
+        java3.join(self)  # a KCL 3.x peer, in the worlds whose seed gives one (sim/actors/java3.py)
         self.every(1.0, self.produce)
         self.every(1.0, self._watch_fleet)
         self.every(5.0, self._trim)
@@ -323,7 +326,7 @@ class World(Stage):
                                   WINDOW_OVERDUE_MS + self.pipeline.period_ms)
 
     def _pipeline(self) -> SimPipeline:
-        """The pipeline process (sim/pipeline.py): its own view of the zone, the real LeaseTable on the simulated
+        """The pipeline process (sim/actors/pipeline.py): its own view of the zone, the real LeaseTable on the simulated
         DynamoDB, the stream listed through the simulated Kinesis."""
         first = int(EPOCH * 1000) // WINDOW_MS * WINDOW_MS
         table = LeaseTable(self.table_name, SimDynamoDBClient(self.dynamodb, self.child_rng(), actor="pipeline"))
@@ -512,7 +515,7 @@ class World(Stage):
         self._refill(name)
 
     def _refill(self, name: str) -> None:
-        """An operator refills the lost batch's minute with the shipped backfill (landing/backfill.py), beside the
+        """An operator refills the lost batch's minute with the shipped backfill (windows/backfill.py), beside the
         live workers; a shard the live side is not done with is left to it: asked again 15 s later, until the
         batch is back. (Before, four or eight tries and then not until the faults stopped: seeds 1485 and 3161 of
         the opt-in kinds, a parent shard's lost batch left to its frozen holder until the tries ran out and then
@@ -675,7 +678,7 @@ class World(Stage):
         victim = rng.choice(live)
         if kind == "landing-crash":
             # Killed at one step of a landing: after its link was claimed, while its batch was uploaded (the
-            # put never shows), or right after the batch was written (sim/landing.py).
+            # put never shows), or right after the batch was written (sim/aws/landing.py).
             workers = [w for w in victim.workers.values() if not w.finished]
             if workers:
                 worker = rng.choice(workers)
@@ -686,7 +689,7 @@ class World(Stage):
         if kind == "zombie-flush":
             # Paused inside its next flush, at the put of a link or a batch (past the check that let the
             # delivery start: a GC pause), longer than the expiry: its lease is taken meanwhile, and at its thaw
-            # it goes on with the flush, beside the new holder (sim/landing.py, sim/pauses.py InsideCall).
+            # it goes on with the flush, beside the new holder (sim/aws/landing.py, sim/runtime/pauses.py InsideCall).
             workers = [w for w in victim.workers.values() if not w.finished]
             if workers:
                 worker = rng.choice(workers)

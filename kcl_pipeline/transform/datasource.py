@@ -21,7 +21,7 @@ Writer `kcl_window_output` (`df.write.format("kcl_window_output").mode("overwrit
   the run and exactly its files (the switch), then removes everything else under the partition (the previous
   run, failed task attempts). An empty input still publishes one empty Parquet file, so the partition exists
   with its schema. Abort removes the run directory unless the manifest already names it. A reader of the
-  manifest's run directory sees exactly one run's files; see docs/transform.md for readers of the whole
+  manifest's run directory sees exactly one run's files; see docs/transform-commits.md for readers of the whole
   directory.
 """
 from __future__ import annotations
@@ -45,9 +45,9 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from ..kcl.records.record_batch import arrow_schema
-from ..landing.batch import decode_batch
-from ..landing.layout import MINUTE_MS, Zone, parse_batch_key, split_batch_keys, window_prefixes
-from ..landing.store import S3Options, ZoneStore, open_store
+from ..zone.batch import decode_batch
+from ..zone.layout import MINUTE_MS, Zone, parse_batch_key, split_batch_keys, window_prefixes
+from ..zone.store import S3Options, ZoneStore, open_store
 
 LANDING_FORMAT = "kcl_landing"
 OUTPUT_FORMAT = "kcl_window_output"

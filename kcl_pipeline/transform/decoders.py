@@ -28,10 +28,16 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructType
 
+from ..kcl.records.kpl import bad_aggregate_reason
+from .names import JSON, JSON_SPARK
+
 REASON_INVALID_UTF8 = "invalid_utf8"
 REASON_INVALID_JSON = "invalid_json"
 REASON_NOT_OBJECT = "not_a_json_object"
-REASON_CODES = (REASON_INVALID_UTF8, REASON_INVALID_JSON, REASON_NOT_OBJECT)
+# A record that starts with the KPL's magic but did not deaggregate (the consumer delivered it whole): its
+# bytes are not UTF-8 from byte 0, and the KPL's reason says what is wrong with it.
+REASON_BAD_KPL_AGGREGATE = "bad_kpl_aggregate"
+REASON_CODES = (REASON_INVALID_UTF8, REASON_INVALID_JSON, REASON_NOT_OBJECT, REASON_BAD_KPL_AGGREGATE)
 
 DecoderFn = Callable[[Column], Column]
 
@@ -62,6 +68,9 @@ def json_object_reason(data: bytes) -> str | None:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
+        kpl = bad_aggregate_reason(data)
+        if kpl is not None:
+            return f"{REASON_BAD_KPL_AGGREGATE}: {kpl}"
         return f"{REASON_INVALID_UTF8}: {exc.reason} at byte {exc.start}"
     if text.startswith("\ufeff"):
         return f"{REASON_INVALID_JSON}: starts with a byte order mark"
@@ -130,7 +139,7 @@ def json_spark_decoder_with(schema: StructType | str | None = None) -> DecoderFn
 json_decoder: DecoderFn = json_object_decoder()
 json_spark_decoder: DecoderFn = json_spark_decoder_with()
 
-_REGISTRY: dict[str, DecoderFn] = {"json": json_decoder, "json_spark": json_spark_decoder}
+_REGISTRY: dict[str, DecoderFn] = {JSON: json_decoder, JSON_SPARK: json_spark_decoder}
 
 
 def register_decoder(name: str, decoder: DecoderFn) -> None:

@@ -26,7 +26,6 @@ import json
 import os
 import sys
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any, NamedTuple, Union
 
 import pyarrow as pa
@@ -37,9 +36,11 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructType
 
 from ..kcl.core.model import Checkpoint
-from ..landing.errors import ZoneNotFoundError
-from ..landing.layout import parse_batch_key
-from ..landing.store import S3Options, ZoneStore, open_store
+from ..windows.commit import begin_window
+from ..windows.manifest import QUARANTINE, TRANSFORMED, window_partition
+from ..zone.errors import ZoneNotFoundError
+from ..zone.layout import parse_batch_key
+from ..zone.store import S3Options, ZoneStore, open_store
 from .datasource import (
     BATCHES_OPTION,
     DEFAULT_MAX_PARTITION_BYTES,
@@ -57,14 +58,12 @@ from .datasource import (
     use_native_reader,
 )
 from .decoders import DecoderFn, get_decoder
-from .manifest import WindowCommit, commit_key, pending_commit_key
+from .names import LOCAL_MASTER
 
 RECORD_KEY = ("shard_id", "sequence_number", "sub_sequence_number")
 _CARRIED = ("partition_key", "approximate_arrival_timestamp", "data")
 OUTPUT_BASE = ("shard_id", "sequence_number", "sub_sequence_number", "partition_key",
                "approximate_arrival_timestamp", "window_start")
-TRANSFORMED = "transformed"
-QUARANTINE = "quarantine"
 
 
 class OutputNotFoundError(FileNotFoundError):
@@ -108,12 +107,6 @@ class TransformReport:
         }
 
 
-def window_partition(window_start_ms: int) -> str:
-    """`window=20240501T120000Z` for the window starting at `window_start_ms`."""
-    start = datetime.fromtimestamp(window_start_ms / 1000, tz=timezone.utc)
-    return f"window={start:%Y%m%dT%H%M%SZ}"
-
-
 def spark_session_conf(python_executable: str | None = None, *, shuffle_partitions: int = 4) -> dict[str, str]:
     """The SparkSession settings the transform needs (for dagster-pyspark's PySparkResource or a builder).
 
@@ -134,6 +127,27 @@ def spark_session_conf(python_executable: str | None = None, *, shuffle_partitio
     return conf
 
 
+LOOPBACK = "127.0.0.1"
+
+
+def is_local_master(master: str) -> bool:
+    return LOCAL_MASTER.fullmatch(master.strip()) is not None
+
+
+def loopback_conf(master: str) -> dict[str, str]:
+    """For a local master: the driver's RPC and block manager bound to loopback, and no web UI.
+
+    Spark's driver serves them unauthenticated (spark.authenticate is off by default) and, by default, on the
+    host's external address: anyone who reaches the host could submit work to it. A local session has no
+    executor elsewhere to reach it, so nothing needs more than loopback. The UI is off rather than bound:
+    Spark binds it to every interface whatever the driver's address (only SPARK_LOCAL_IP in the environment
+    moves it). Settings the user gives (KCL_PIPELINE_SPARK_CONF, a builder's extra settings) are applied after
+    these and win. A cluster master gets nothing here: its executors must reach the driver."""
+    if not is_local_master(master):
+        return {}
+    return {"spark.driver.bindAddress": LOOPBACK, "spark.driver.host": LOOPBACK, "spark.ui.enabled": "false"}
+
+
 def build_local_session(master: str = "local[2]", app_name: str = "kcl-pipeline-transform",
                         **extra_conf: str) -> SparkSession:
     """A SparkSession for tests, benchmarks and the CLI (Dagster builds its own through PySparkResource):
@@ -149,9 +163,10 @@ def build_local_session(master: str = "local[2]", app_name: str = "kcl-pipeline-
         return builder.getOrCreate()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.master(master).appName(app_name)
-    local = master.startswith("local")
+    local = is_local_master(master)
     for key, value in {**spark_session_conf(os.environ["PYSPARK_PYTHON"] if local else None),
-                       "spark.ui.enabled": "false", "spark.log.level": "WARN", **extra_conf}.items():
+                       "spark.ui.enabled": "false", "spark.log.level": "WARN", **loopback_conf(master),
+                       **extra_conf}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     return spark
@@ -257,9 +272,9 @@ def transform_window(
                "window_end_ms": str(window_end_ms), **s3.to_options()}
     if max_partition_bytes:
         options["max_partition_bytes"] = str(max_partition_bytes)
-    # The window is un-materialised from here until this run's commit is written (last, below); the
+    # The window is un-materialised from here until this run's commit is written (`finish`, below); the
     # listing fixed now is exactly what the reader reads and what the commit names.
-    out_store.delete([commit_key(window_start_ms), pending_commit_key(window_start_ms)])
+    write = begin_window(out_store, window_start_ms, window_end_ms, publish=publish)
     batches = WindowRead.from_options(options).list_batches()
     options[BATCHES_OPTION] = batches_option(batches)
 
@@ -291,15 +306,8 @@ def transform_window(
              .options(path=_dataset_uri(output_uri, name), partition=partition, **s3.to_options()).save())
     finally:
         decoded.unpersist()
-    datasets = {}
-    for name in (TRANSFORMED, QUARANTINE):
-        dataset_manifest = json.loads(_output(_dataset_uri(output_uri, name), s3).get(f"{partition}/{MANIFEST}"))
-        datasets[name] = {"job_id": dataset_manifest["job_id"], "run": dataset_manifest["run"],
-                          "files": dataset_manifest["files"], "rows": dataset_manifest["rows"]}
-    commit = WindowCommit(window_start_ms, window_end_ms, datasets[TRANSFORMED]["job_id"],
-                          frozenset(b.key for b in batches), datasets)
     # last: the window is now materialised (or, pending, once its rows_reconcile check publishes it)
-    out_store.put(commit_key(window_start_ms) if publish else pending_commit_key(window_start_ms), commit.to_json())
+    write.finish(b.key for b in batches)
 
     rows_in = sum(r["rows_in"] for r in shard_rows)
     distinct_rows = sum(r["distinct"] for r in shard_rows)
@@ -358,6 +366,6 @@ def read_output(engine: Any, output_uri: str, window_start_ms: int,
 
 __all__ = [
     "OutputNotFoundError", "ShardRange", "build_local_session", "TransformReport", "WindowOutput", "ZoneNotFoundError",
-    "read_output", "read_partition", "spark_session_conf", "transform_window", "use_configured_python",
-    "window_partition",
+    "is_local_master", "loopback_conf", "read_output", "read_partition", "spark_session_conf", "transform_window",
+    "use_configured_python", "window_partition",
 ]

@@ -18,20 +18,20 @@ from dagster import (
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 from dagster_aws.s3 import S3Resource
 
-from kcl_pipeline.defs.kinesis.assets import SINGLE, build_assets, kinesis_stream
+from kcl_pipeline.defs.kinesis.assets import build_assets, kinesis_stream
 from kcl_pipeline.defs.kinesis.checks import build_checks
-from kcl_pipeline.defs.kinesis.partitions import PARTITION_FMT, partition_key
 from kcl_pipeline.defs.kinesis.resources import AwsResource, KinesisConsumerResource, SparkResource, spark_config
-from kcl_pipeline.defs.kinesis.settings import PipelineSettings
-from kcl_pipeline.kcl.core.lease_rules import CLAIM_OWNER_ATTRIBUTE
+from kcl_pipeline.deployment.settings import PipelineSettings
 from kcl_pipeline.kcl.core.model import Checkpoint, Lease, checkpoint_advances
+from kcl_pipeline.kcl.core.table.lease_rules import CLAIM_OWNER_ATTRIBUTE
 from kcl_pipeline.kcl.shells.aws import client
 from kcl_pipeline.kcl.shells.lease_table import LeaseTable
-from kcl_pipeline.landing.progress import ShardProgress
-from kcl_pipeline.landing.store import open_store
-from kcl_pipeline.landing.verify import list_batches, read_batches
 from kcl_pipeline.local.producer import produce
-from kcl_pipeline.transform.manifest import commit_key
+from kcl_pipeline.windows.keys import PARTITION_FMT, partition_key
+from kcl_pipeline.windows.manifest import commit_key
+from kcl_pipeline.zone.chain import list_batches, read_batches
+from kcl_pipeline.zone.progress import ShardProgress
+from kcl_pipeline.zone.store import open_store
 
 pytestmark = pytest.mark.slow
 W = 60_000  # 1-minute windows: the records produced now fall in one or two of them
@@ -188,9 +188,8 @@ def test_a_window_that_received_a_batch_after_its_run_is_requested_again(spark, 
     refill of a lost batch) held the shard's checkpoint before it for ever, and nothing asked for the window
     again. Now the checkpoint run names it and the sensor requests the window's run once more (and follows it:
     test_window_tracking_instance.py)."""
-    from kcl_pipeline.defs.kinesis.partitions import window_of
-    from kcl_pipeline.defs.kinesis.tick import read_checkpoint_report
-    from kcl_pipeline.landing.window_followup import reopen_run_key, track_reports
+    from kcl_pipeline.windows.checkpoints.record import read_checkpoint_record
+    from kcl_pipeline.windows.followup import reopen_run_key, track_reports
 
     p = pipeline
     assert run(p, [AssetKey("landed_records")]).success
@@ -219,9 +218,12 @@ def test_a_window_that_received_a_batch_after_its_run_is_requested_again(spark, 
     assert materialization(checkpoints, "kinesis_checkpoints")["reopened_windows"].value == {window: [lost.key()]}
     checkpoint = {lease.lease_key: lease.checkpoint for lease in table.scan()}["shardId-000000000000"]
     assert checkpoint_advances(checkpoint, lost.first)  # never past a batch no run transformed
-    report = read_checkpoint_report(p["instance"], SINGLE, lambda k: window_of(p["partitions"], k)[0])
-    assert report is not None
-    tracked = track_reports({}, report.late, report.uncommitted, report=str(report.storage_id),
+    # what the sensor reads: the checkpoint record the run stored beside the commits (not the metadata)
+    report = read_checkpoint_record(open_store(p["consumer"].output_uri))
+    assert report is not None and report.new_since(None)
+    assert report.late == {lost.minute_ms - lost.minute_ms % W: (lost.key(),)}
+    assert report.requested_for == (p["first"], p["last"] + W)  # the run's partition range
+    tracked = track_reports({}, report.late, report.uncommitted, report=str(report.report),
                             reported_before_ms=None, now_ms=int(time.time() * 1000), partition=partition_key)
     (start,) = tracked.request
     assert (partition_key(start), tracked.outstanding[start].run_key(window)) == \

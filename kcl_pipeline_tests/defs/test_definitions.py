@@ -18,9 +18,9 @@ from dagster import (
 )
 
 from kcl_pipeline.defs import build_definitions
-from kcl_pipeline.defs.home import prepare_dagster_home
 from kcl_pipeline.defs.kinesis.resources import SPARK_POOL, SPARK_RUN_TAG, AwsResource, SparkResource, spark_config
-from kcl_pipeline.defs.kinesis.settings import PipelineSettings
+from kcl_pipeline.deployment.home import prepare_dagster_home
+from kcl_pipeline.deployment.settings import PipelineSettings
 
 DAGSTER = os.path.join(os.path.dirname(sys.executable), "dagster")
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -231,13 +231,13 @@ def test_a_split_child_is_not_stalled_behind_its_parents_untransformed_window():
     """Children read once the parent's last record has landed, not once SHARD_END is committed (that waits for
     the window's transform, so one failed run would stop the split for ever)."""
     from kcl_pipeline.defs.kinesis.resources import KinesisConsumerResource
+    from kcl_pipeline.kcl.core.lineage import blocked_on_parents
     from kcl_pipeline.kcl.core.model import TRIM_HORIZON, Checkpoint, Lease
-    from kcl_pipeline.kcl.core.planner import blocked_on_parents
-    from kcl_pipeline.landing.progress import ShardProgress
+    from kcl_pipeline.zone.progress import ShardProgress
 
     consumer = KinesisConsumerResource(stream="s", application="a", window_minutes=2, landing_uri="/tmp/z",
                                        output_uri="/tmp/o")
-    config = consumer.consumer_config(AwsResource().settings(), "me#1", 20.0)
+    config = consumer.settings().consumer_config(AwsResource().settings(), "me#1", 20.0)
     drained = ShardProgress("shardId-0", shard_end_landed=True).to_attributes()
     parent = Lease(lease_key="shardId-0", checkpoint=Checkpoint(TRIM_HORIZON),
                    extra={k: v for k, v in drained.items() if v is not None})
@@ -267,7 +267,7 @@ def test_a_multi_stream_deployment_has_each_streams_assets_jobs_checks_and_sched
     sensor = multi.resolve_sensor_def("kinesis_consumer")
     assert {job.name for job in sensor.jobs} == {f"kinesis_{kind}_job__{p}" for kind in ("window", "checkpoints")
                                                  for p in ("orders", "click_stream")}
-    assert multi.resources["consumer"].streams == ("orders", "click-stream")
+    assert multi.resources["consumer"].settings().streams == ("orders", "click-stream")
 
 
 def test_a_stream_setting_with_an_empty_name_or_two_streams_sharing_a_dagster_name_fails_to_load():

@@ -15,8 +15,8 @@ from dagster._core.storage.dagster_run import DagsterRunStatus
 from dagster._core.test_utils import create_run_for_test
 from dagster._daemon.monitoring import concurrency as slot_monitor
 
-from kcl_pipeline.defs.home import POSTGRES_URL_ENV, prepare_dagster_home
 from kcl_pipeline.defs.kinesis.sensors import WINDOW_JOB
+from kcl_pipeline.deployment.home import POSTGRES_URL_ENV, prepare_dagster_home
 
 SPARK_POOL = "spark"
 REPO_ROOT = Path(__file__).resolve().parents[2]

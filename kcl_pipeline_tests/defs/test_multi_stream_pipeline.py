@@ -18,23 +18,23 @@ from dagster_aws.s3 import S3Resource
 
 from kcl_pipeline.cli import main
 from kcl_pipeline.defs.kinesis import definitions as definitions_module
-from kcl_pipeline.defs.kinesis.cursor import Cursor
 from kcl_pipeline.defs.kinesis.definitions import build_definitions
-from kcl_pipeline.defs.kinesis.fleet_hosting import CONSUMER_SENSOR, shutdown_hosted
-from kcl_pipeline.defs.kinesis.partitions import partition_key
 from kcl_pipeline.defs.kinesis.resources import AwsResource, KinesisConsumerResource, SparkResource, spark_config
-from kcl_pipeline.defs.kinesis.settings import PipelineSettings
-from kcl_pipeline.defs.kinesis.streams import stream_prefix
+from kcl_pipeline.deployment.fleet_hosting import CONSUMER_SENSOR, shutdown_hosted
+from kcl_pipeline.deployment.settings import PipelineSettings
+from kcl_pipeline.deployment.streams import stream_prefix
 from kcl_pipeline.kcl.core.model import SHARD_END, Checkpoint
 from kcl_pipeline.kcl.shells.aws import client
 from kcl_pipeline.kcl.shells.lease_table import LeaseTable
 from kcl_pipeline.kcl.shells.shards import list_shards, stream_scope, wait_stream_active
-from kcl_pipeline.landing.layout import landing_directory
-from kcl_pipeline.landing.progress import progress_from_leases
-from kcl_pipeline.landing.store import open_store
-from kcl_pipeline.landing.verify import list_batches
 from kcl_pipeline.local.producer import produce
 from kcl_pipeline.transform.job import read_partition
+from kcl_pipeline.windows.keys import partition_key
+from kcl_pipeline.windows.tick.cursor import Cursor
+from kcl_pipeline.zone.chain import list_batches
+from kcl_pipeline.zone.layout import landing_directory
+from kcl_pipeline.zone.progress import progress_from_leases
+from kcl_pipeline.zone.store import open_store
 
 pytestmark = pytest.mark.slow
 W = 60_000

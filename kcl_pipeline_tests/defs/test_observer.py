@@ -12,12 +12,12 @@ import time
 import pytest
 from dagster import AssetMaterialization
 
-from kcl_pipeline.defs.kinesis import fleet_hosting
-from kcl_pipeline.defs.kinesis.cursor import Cursor
-from kcl_pipeline.defs.kinesis.partitions import partition_key
 from kcl_pipeline.defs.kinesis.resources import KinesisConsumerResource
-from kcl_pipeline.kcl.core.lease_codec import LeaseTableMissing
+from kcl_pipeline.deployment import fleet_hosting
 from kcl_pipeline.kcl.core.model import TRIM_HORIZON
+from kcl_pipeline.kcl.core.table.lease_codec import LeaseTableMissing
+from kcl_pipeline.windows.keys import partition_key
+from kcl_pipeline.windows.tick.cursor import Cursor
 from kcl_pipeline_tests.defs import test_sensor
 from kcl_pipeline_tests.defs.test_sensor import INTERVAL, owners, tick, wait_until
 

@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 from dagster import AssetCheckKey, AssetKey
 
-from kcl_pipeline.kcl.core.lease_rules import CLAIM_OWNER_ATTRIBUTE
 from kcl_pipeline.kcl.core.model import Checkpoint, Lease
+from kcl_pipeline.kcl.core.table.lease_rules import CLAIM_OWNER_ATTRIBUTE
 from kcl_pipeline.kcl.shells.aws import client
 from kcl_pipeline.kcl.shells.lease_table import LeaseTable
-from kcl_pipeline.landing.progress import ShardProgress
-from kcl_pipeline.landing.store import open_store
-from kcl_pipeline.landing.verify import list_batches
-from kcl_pipeline.transform.manifest import commit_key, pending_commit_key
+from kcl_pipeline.windows.manifest import commit_key, pending_commit_key
+from kcl_pipeline.zone.chain import list_batches
+from kcl_pipeline.zone.progress import ShardProgress
+from kcl_pipeline.zone.store import open_store
 
 from .test_assets import W, evaluations, pipeline, run  # noqa: F401 - the pipeline fixture
 

@@ -21,19 +21,19 @@ from dagster import (
 )
 from dagster_aws.s3 import S3Resource
 
-from kcl_pipeline.defs.kinesis import fleet_hosting as hosting
 from kcl_pipeline.defs.kinesis.assets import build_assets
-from kcl_pipeline.defs.kinesis.cursor import Cursor
-from kcl_pipeline.defs.kinesis.fleet_hosting import consumer_name, shutdown_hosted
 from kcl_pipeline.defs.kinesis.jobs import CHECKPOINTS_JOB, SHARD_END_TAG, WINDOW_JOB
-from kcl_pipeline.defs.kinesis.partitions import PARTITION_FMT, partition_key
 from kcl_pipeline.defs.kinesis.resources import SPARK_RUN_TAG, AwsResource, KinesisConsumerResource
 from kcl_pipeline.defs.kinesis.sensors import build_consumer_sensor, build_member_sensor
+from kcl_pipeline.deployment import fleet_hosting as hosting
+from kcl_pipeline.deployment.fleet_hosting import consumer_name, shutdown_hosted
 from kcl_pipeline.kcl.shells.aws import client
 from kcl_pipeline.kcl.shells.lease_table import LeaseTable
-from kcl_pipeline.landing.store import open_store
-from kcl_pipeline.landing.verify import read_batches
 from kcl_pipeline.local.producer import produce
+from kcl_pipeline.windows.keys import PARTITION_FMT, partition_key
+from kcl_pipeline.windows.tick.cursor import Cursor
+from kcl_pipeline.zone.chain import read_batches
+from kcl_pipeline.zone.store import open_store
 
 pytestmark = pytest.mark.slow
 W = 60_000
@@ -79,7 +79,7 @@ def tick(s, cursor: str | None) -> SensorResult:
 
 
 def hosted(s):
-    return hosting._REGISTRY[hosting.registry_key(s["consumer"])]
+    return hosting._REGISTRY[hosting.registry_key(s["consumer"].settings())]
 
 
 def owners(table) -> dict[str, str | None]:
@@ -102,8 +102,8 @@ def test_successive_ticks_report_each_complete_window_once(setup, monkeypatch):
     def no_batch_reads(*args, **kwargs):  # a tick reading every batch's footer grows with the window
         raise AssertionError("a sensor tick read a landed batch")
 
-    from kcl_pipeline.landing import window_report
-    monkeypatch.setattr(window_report, "read_batch_info", no_batch_reads)
+    from kcl_pipeline.windows import report
+    monkeypatch.setattr(report, "read_batch_info", no_batch_reads)
     first = tick(s, None)
     cursor = Cursor.parse(first.cursor)
     assert cursor.worker_id and cursor.worker_id.startswith("dagster-")
@@ -223,7 +223,7 @@ def test_a_missing_stream_fails_the_tick_with_its_name(setup, unique_name):
         output_uri=s["consumer"].output_uri, create_zones=True)
     with pytest.raises(Exception, match=f"Kinesis stream {missing} does not exist"):
         tick(s, None)
-    assert hosting.registry_key(s["resources"]["consumer"]) not in hosting._REGISTRY  # not kept half-started
+    assert hosting.registry_key(s["resources"]["consumer"].settings()) not in hosting._REGISTRY  # not kept half-started
 
 
 def test_a_new_consumer_id_hands_the_leases_over_and_an_old_cursor_skips_to_the_partitions(setup):
@@ -249,9 +249,9 @@ def test_a_split_parent_is_ended_by_the_checkpoint_plan_and_its_children_are_con
 
     from dagster import materialize
 
+    from kcl_pipeline.audit.lineage import output_partition
     from kcl_pipeline.kcl.shells.shards import list_shards, wait_stream_active
-    from kcl_pipeline.landing.audit import output_partition
-    from kcl_pipeline.landing.progress import progress_from_leases
+    from kcl_pipeline.zone.progress import progress_from_leases
 
     s = setup
     parent = "shardId-000000000000"
@@ -311,7 +311,7 @@ def test_children_are_read_once_their_parent_landed_its_last_record_before_its_e
     stream: the parent's SHARD_END is committed only after materialisation, but its children are read as soon as
     the parent's last record has landed."""
     from kcl_pipeline.kcl.shells.shards import list_shards, wait_stream_active
-    from kcl_pipeline.landing.progress import progress_from_leases
+    from kcl_pipeline.zone.progress import progress_from_leases
 
     s = setup
     parent = "shardId-000000000000"
@@ -346,7 +346,7 @@ def test_a_fleet_member_location_shares_the_leases_and_never_reports_a_window(se
     """Two code servers in one deployment: the pipeline location's sensor and a fleet-member location's sensor
     each host workers; the leases split between them, every record lands once, and only the pipeline's sensor
     reports windows or requests runs."""
-    from kcl_pipeline.landing.verify import verify_zone
+    from kcl_pipeline.audit.verify import verify_zone
 
     s = setup
     member = build_member_sensor(INTERVAL)
@@ -379,7 +379,8 @@ def test_a_fleet_member_location_shares_the_leases_and_never_reports_a_window(se
 
     assert wait_until(both_hold_and_everything_landed, 150, step=INTERVAL), (held, reported)
     assert len(reported) == len(set(reported)), "a window was reported twice"
-    member_workers = set(hosting._REGISTRY[hosting.registry_key(s["consumer"], hosting.MEMBER_SENSOR)].manager.workers)
+    member_key = hosting.registry_key(s["consumer"].settings(), hosting.MEMBER_SENSOR)
+    member_workers = set(hosting._REGISTRY[member_key].manager.workers)
     assert member_workers and member_workers.isdisjoint(hosted(s).manager.workers)
     shutdown_hosted(timeout=15)
     assert set(owners(s["table"]).values()) == {None}
@@ -397,3 +398,40 @@ def test_a_fleet_member_location_without_hosting_enabled_takes_no_lease(setup):
         result = member(context)
     assert "KCL_PIPELINE_HOST_WORKERS" in result.skip_reason.skip_message
     assert not hosting._REGISTRY
+
+
+def test_windows_outside_the_partitions_are_reported_once_and_never_run(setup):
+    """A home kept from a deployment whose partitions started earlier: the cursor still follows a window before
+    the first partition, and a run of it waits in the queue (queued before the restart, or a run retry). Such a
+    run fails at launch and is retried, and the sensor re-requested the window after each failure. The tick
+    names the window once, with what the zone holds of it, never requests it, and cancels the queued run."""
+    from dagster._core.remote_origin import RegisteredCodeLocationOrigin, RemoteJobOrigin, RemoteRepositoryOrigin
+    from dagster._core.storage.dagster_run import DagsterRun, DagsterRunStatus
+    from dagster._core.storage.tags import PARTITION_NAME_TAG
+    from dagster._core.utils import make_new_run_id
+
+    from kcl_pipeline.windows.followup import Outstanding
+
+    s = setup
+    first = s["windows"][0] - 3600_000  # the setup's first partition
+    outside = first - 2 * W
+    origin = RemoteJobOrigin(RemoteRepositoryOrigin(RegisteredCodeLocationOrigin("kcl_pipeline"), "__repository__"),
+                             WINDOW_JOB)
+    queued = DagsterRun(job_name=WINDOW_JOB, run_id=make_new_run_id(), status=DagsterRunStatus.QUEUED,
+                        tags={PARTITION_NAME_TAG: partition_key(outside)}, remote_job_origin=origin)
+    s["instance"].add_run(queued)
+    now = int(time.time() * 1000)
+    # the next window is the current one: nothing is complete, so the tick's lines are its status line
+    cursor = Cursor("dagster-outside", next_window_ms=now - now % W, outstanding={outside: Outstanding(2)})
+    result = tick(s, cursor.to_json())
+    assert result.run_requests == [], result.run_requests
+    assert f"window {partition_key(outside)} (followed by the sensor's cursor) is outside the partitions definition " \
+           f"(its first partition is {partition_key(first)}): abandoned, never requested again; it holds 0 batches " \
+           f"from 0 shards" in result.skip_reason.skip_message
+    assert f"queued run {queued.run_id} of window {partition_key(outside)} canceled" in \
+        result.skip_reason.skip_message
+    assert s["instance"].get_run_by_id(queued.run_id).status == DagsterRunStatus.CANCELED
+    assert Cursor.parse(result.cursor).outstanding == {}
+    again = tick(s, result.cursor)
+    said = again.skip_reason.skip_message if again.skip_reason else ""
+    assert "outside the partitions" not in said and "canceled" not in said

@@ -7,11 +7,12 @@ from datetime import datetime, timezone
 
 import pytest
 
-from kcl_pipeline.defs.kinesis.partitions import partition_key, window_cron, window_of, window_partitions
+from kcl_pipeline.defs.kinesis.partitions import window_cron, window_of, window_partitions
 from kcl_pipeline.defs.kinesis.schedules import previous_day_keys
 from kcl_pipeline.defs.kinesis.sensors import Cursor, CursorError
-from kcl_pipeline.defs.kinesis.settings import PipelineSettings, check_window_minutes
+from kcl_pipeline.deployment.settings import PipelineSettings, check_window_minutes
 from kcl_pipeline.kcl.config import ConfigError
+from kcl_pipeline.windows.keys import partition_key
 
 NOW = datetime(2026, 11, 22, 3, 17, 41, tzinfo=timezone.utc)
 
@@ -121,7 +122,7 @@ def test_choices_and_booleans_are_read_in_any_case():
     assert s.window_minutes == 2  # the demo's default, the other two overridden
 
 
-def test_variables_of_other_programs_with_the_prefix_are_ignored():
+def test_variables_other_parts_of_the_project_read_are_known_and_not_refused():
     s = PipelineSettings.from_env(env(PARTITIONS_START="2026-11-15", NODE_MODULES="/x", PARENT_PID="1"), now=NOW)
     assert s.window_minutes == 60
 
@@ -217,7 +218,7 @@ def test_without_pydantic_settings_a_set_variable_is_a_clear_error_and_the_modul
     """A core install has no pydantic-settings: the CLI's audit names the extra rather than a traceback."""
     result = _run_python(
         "import sys; sys.modules['pydantic_settings'] = None\n"
-        "from kcl_pipeline.defs.kinesis.settings import PipelineSettings, check_window_minutes\n"
+        "from kcl_pipeline.deployment.settings import PipelineSettings, check_window_minutes\n"
         "check_window_minutes(60)\n"
         "from kcl_pipeline.kcl.config import ConfigError\n"
         "try:\n"
@@ -233,7 +234,7 @@ def test_a_core_install_without_pydantic_settings_reads_the_defaults_when_no_var
     """`kcl-pipeline audit` / `backfill` with every flag given must not need the [dagster] extra."""
     result = _run_python(
         "import sys; sys.modules['pydantic_settings'] = None; sys.modules['pydantic'] = None\n"
-        "from kcl_pipeline.defs.kinesis.settings import PipelineSettings\n"
+        "from kcl_pipeline.deployment.settings import PipelineSettings\n"
         "s = PipelineSettings.from_env({'KCL_PIPELINE_STREAM': '  ', 'HOME': '/x'}, for_partitions=False)\n"
         "print(s.window_minutes == PipelineSettings.window_minutes)\n")
     assert result.returncode == 0, result.stderr
@@ -243,8 +244,8 @@ def test_a_core_install_without_pydantic_settings_reads_the_defaults_when_no_var
 def test_the_deployment_settings_and_stream_names_are_readable_without_dagster_installed():
     """The CLI's audit and verify read the deployment's settings on a core install (no Dagster)."""
     code = ("import sys; sys.modules['dagster'] = None\n"
-            "from kcl_pipeline.defs.kinesis.settings import PipelineSettings\n"
-            "from kcl_pipeline.defs.kinesis.streams import PipelineStream\n"
+            "from kcl_pipeline.deployment.settings import PipelineSettings\n"
+            "from kcl_pipeline.deployment.streams import PipelineStream\n"
             "s = PipelineSettings.from_env({'KCL_PIPELINE_STREAM': 'a,b-c'}, for_partitions=False)\n"
             "print(s.streams, PipelineStream(s.streams[1]).output_uri('s3://x/out'))\n")
     result = _run_python(code)

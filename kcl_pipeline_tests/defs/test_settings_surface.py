@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from kcl_pipeline.defs.kinesis.resources import KinesisConsumerResource
-from kcl_pipeline.defs.kinesis.settings import PipelineSettings
+from kcl_pipeline.deployment.settings import PipelineSettings
 
 START = {"KCL_PIPELINE_PARTITIONS_START": "2026-01-01"}  # required outside the demo profile
 

@@ -15,13 +15,13 @@ from dagster import (
     materialize,
 )
 
-from kcl_pipeline.defs.kinesis.cursor import Cursor
 from kcl_pipeline.defs.kinesis.jobs import WINDOW_JOB
-from kcl_pipeline.defs.kinesis.partitions import PARTITION_FMT, partition_key
 from kcl_pipeline.defs.kinesis.tick import observe_windows
-from kcl_pipeline.landing.store import open_store
-from kcl_pipeline.landing.window_followup import Outstanding, RunState, follow_up, rerun_key
-from kcl_pipeline.transform.manifest import WindowCommit, commit_key
+from kcl_pipeline.windows.followup import Outstanding, RunState, follow_up, rerun_key
+from kcl_pipeline.windows.keys import PARTITION_FMT, partition_key
+from kcl_pipeline.windows.manifest import WindowCommit, commit_key
+from kcl_pipeline.windows.tick.cursor import Cursor
+from kcl_pipeline.zone.store import open_store
 
 W = 60_000
 T0 = 1_795_000_000_000 - 1_795_000_000_000 % W

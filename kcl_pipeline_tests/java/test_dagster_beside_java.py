@@ -50,23 +50,24 @@ from dagster import (  # noqa: E402
 )
 from dagster_aws.s3 import S3Resource  # noqa: E402
 
+from kcl_pipeline.audit.lineage import audit_window  # noqa: E402
+from kcl_pipeline.audit.verify import verify_zone
 from kcl_pipeline.defs.kinesis import definitions as definitions_module  # noqa: E402
 from kcl_pipeline.defs.kinesis.definitions import build_definitions  # noqa: E402
-from kcl_pipeline.defs.kinesis.fleet_hosting import CONSUMER_SENSOR, consumer_name, shutdown_hosted  # noqa: E402
-from kcl_pipeline.defs.kinesis.partitions import partition_key  # noqa: E402
 from kcl_pipeline.defs.kinesis.resources import (  # noqa: E402
     AwsResource,
     KinesisConsumerResource,
     SparkResource,
     spark_config,
 )
-from kcl_pipeline.defs.kinesis.settings import PipelineSettings  # noqa: E402
+from kcl_pipeline.deployment.fleet_hosting import CONSUMER_SENSOR, consumer_name, shutdown_hosted  # noqa: E402
+from kcl_pipeline.deployment.settings import PipelineSettings  # noqa: E402
 from kcl_pipeline.kcl.shells.shards import wait_stream_active  # noqa: E402
-from kcl_pipeline.landing.audit import audit_window  # noqa: E402
-from kcl_pipeline.landing.batch import decode_batch  # noqa: E402
-from kcl_pipeline.landing.store import open_store  # noqa: E402
-from kcl_pipeline.landing.verify import list_batches, verify_zone  # noqa: E402
 from kcl_pipeline.transform.job import read_partition  # noqa: E402
+from kcl_pipeline.windows.keys import partition_key  # noqa: E402
+from kcl_pipeline.zone.batch import decode_batch  # noqa: E402
+from kcl_pipeline.zone.chain import list_batches  # noqa: E402
+from kcl_pipeline.zone.store import open_store  # noqa: E402
 from kcl_pipeline_tests.transform.conftest import spark  # noqa: E402, F401 - the session's SparkSession
 
 from ..kcl.fleet_support import wait_until  # noqa: E402

@@ -13,5 +13,5 @@ def captured_config(monkeypatch):
         seen.append(config)
         return 0
 
-    monkeypatch.setattr("kcl_pipeline.kcl.shells.consumer.run_consumer", fake_run)
+    monkeypatch.setattr("kcl_pipeline.kcl.shells.fleet.consumer.run_consumer", fake_run)
     return seen

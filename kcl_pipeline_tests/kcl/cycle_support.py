@@ -4,8 +4,8 @@ from __future__ import annotations
 import random
 from typing import Any, Callable, Collection, Sequence
 
-from kcl_pipeline.kcl.core import cycle as cyc
-from kcl_pipeline.kcl.core import effects as fx
+from kcl_pipeline.kcl.core.fleet import cycle as cyc
+from kcl_pipeline.kcl.core.lease import effects as fx
 from kcl_pipeline.kcl.core.model import Lease
 
 

@@ -10,8 +10,9 @@ import botocore.exceptions
 import botocore.loaders
 import botocore.session
 
+from kcl_pipeline.kcl.aws_settings import AwsSettings
 from kcl_pipeline.kcl.shells import aws
-from kcl_pipeline.kcl.shells.aws import AwsSettings, boto3_session, client
+from kcl_pipeline.kcl.shells.aws import boto3_session, client
 
 SETTINGS = AwsSettings(region="us-east-1", endpoint_url="http://127.0.0.1:9")
 

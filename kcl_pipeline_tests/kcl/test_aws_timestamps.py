@@ -8,7 +8,7 @@ import pytest
 from botocore.utils import parse_timestamp as botocores
 
 from kcl_pipeline.kcl.shells.aws import client, parse_timestamp
-from kcl_pipeline.landing.store import S3Options
+from kcl_pipeline.zone.store import S3Options
 
 
 @pytest.mark.parametrize("value", [

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kcl_pipeline.kcl.core import effects as fx
-from kcl_pipeline.kcl.core.balance import BalanceSettings, effective_loads, plan_steal
+from kcl_pipeline.kcl.core.fleet.balance import BalanceSettings, effective_loads, plan_steal
+from kcl_pipeline.kcl.core.lease import effects as fx
 
 VECTORS = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "balance_vectors.json").read_text())
 
@@ -109,9 +109,9 @@ def test_negative_settings_are_refused():
 
 
 # -- wired into the planner and the lease writes ------------------------------------------------------
-from kcl_pipeline.kcl.core import lease_rules  # noqa: E402
+from kcl_pipeline.kcl.core.fleet.planner import leases_to_acquire  # noqa: E402
 from kcl_pipeline.kcl.core.model import TRIM_HORIZON, Checkpoint, Lease  # noqa: E402
-from kcl_pipeline.kcl.core.planner import leases_to_acquire  # noqa: E402
+from kcl_pipeline.kcl.core.table import lease_rules  # noqa: E402
 
 
 def _lease(key, owner, kbps=None):
@@ -153,7 +153,7 @@ def test_heartbeat_writes_throughput_kbps_and_refuses_a_bad_value():
 
 
 def test_throughput_meter_reports_kb_per_second_between_heartbeats():
-    from kcl_pipeline.kcl.core.balance import ThroughputMeter
+    from kcl_pipeline.kcl.core.fleet.balance import ThroughputMeter
     meter = ThroughputMeter()
     assert meter.take(100.0) is None  # first heartbeat: no interval yet
     meter.add(10 * 1024)
@@ -165,7 +165,7 @@ def test_throughput_meter_reports_kb_per_second_between_heartbeats():
 def test_one_bursty_heartbeat_interval_does_not_look_like_a_load_change():
     """A shard at a steady 4 KB/s whose polls fall alternately before and after the heartbeats measures
     0, 8, 0, 8 ... raw (the report swung by 100 % each heartbeat); the moving average keeps it near 4."""
-    from kcl_pipeline.kcl.core.balance import ThroughputMeter
+    from kcl_pipeline.kcl.core.fleet.balance import ThroughputMeter
     meter = ThroughputMeter(smoothed=4.0)
     meter.take(0.0)
     reports = []
@@ -178,7 +178,7 @@ def test_one_bursty_heartbeat_interval_does_not_look_like_a_load_change():
 def test_a_new_holder_continues_the_previous_holders_average_instead_of_reporting_its_catch_up():
     """Re-reading from the checkpoint delivers a burst: reported raw, it made the new holder's consumer
     look overloaded and the lease moved on again."""
-    from kcl_pipeline.kcl.core.balance import ThroughputMeter
+    from kcl_pipeline.kcl.core.fleet.balance import ThroughputMeter
     meter = ThroughputMeter(smoothed=2.0)  # the lease's last report, by its previous holder
     meter.take(0.0)
     meter.add(60 * 1024)  # 20 KB/s for 3 s: the catch-up
@@ -188,7 +188,7 @@ def test_a_new_holder_continues_the_previous_holders_average_instead_of_reportin
 def test_an_idle_lease_reports_zero_instead_of_its_old_load_for_ever():
     """An average never reaches 0: without the idle floor an idle stream kept its old load ratios, and
     the balance kept weighing leases that carried nothing."""
-    from kcl_pipeline.kcl.core.balance import ThroughputMeter
+    from kcl_pipeline.kcl.core.fleet.balance import ThroughputMeter
     meter = ThroughputMeter()
     meter.take(0.0)
     meter.add(300 * 1024)
@@ -252,7 +252,7 @@ def _cycle(state, settings, leases, now):
 def test_a_passing_overload_moves_nothing_and_a_lasting_one_moves_a_lease_after_the_patience():
     """Without patience one noisy scan (or a new holder's catch-up burst) moved a lease, and the
     fleet flapped in the simulation."""
-    from kcl_pipeline.kcl.core import cycle as cyc
+    from kcl_pipeline.kcl.core.fleet import cycle as cyc
     leases, shards = _patience_world()
     state = cyc.ManagerState(shards=shards, list_next=False)
     settings = cyc.CycleSettings("me", Checkpoint(TRIM_HORIZON), 10.0, 1, 10, balance_patience_seconds=20.0)
@@ -262,7 +262,7 @@ def test_a_passing_overload_moves_nothing_and_a_lasting_one_moves_a_lease_after_
 
 
 def test_a_move_anywhere_in_the_fleet_restarts_the_patience():
-    from kcl_pipeline.kcl.core import cycle as cyc
+    from kcl_pipeline.kcl.core.fleet import cycle as cyc
     leases, shards = _patience_world()
     state = cyc.ManagerState(shards=shards, list_next=False)
     settings = cyc.CycleSettings("me", Checkpoint(TRIM_HORIZON), 10.0, 1, 10, balance_patience_seconds=20.0)
@@ -277,13 +277,13 @@ def test_a_move_anywhere_in_the_fleet_restarts_the_patience():
 
 def test_the_patience_is_two_cycles():
     from kcl_pipeline.kcl.config import ConsumerConfig
-    from kcl_pipeline.kcl.core import cycle as cyc
+    from kcl_pipeline.kcl.core.fleet import cycle as cyc
     config = ConsumerConfig(stream="s", application="app", worker_id="me", cycle_seconds=10.0)
     assert cyc.CycleSettings.of(config).balance_patience_seconds == 20.0
 
 
 def test_without_patience_the_first_scan_that_sees_the_overload_steals():
-    from kcl_pipeline.kcl.core import cycle as cyc
+    from kcl_pipeline.kcl.core.fleet import cycle as cyc
     leases, shards = _patience_world()
     state = cyc.ManagerState(shards=shards, list_next=False)
     settings = cyc.CycleSettings("me", Checkpoint(TRIM_HORIZON), 10.0, 1, 10)

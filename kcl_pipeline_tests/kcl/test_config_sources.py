@@ -8,9 +8,10 @@ import pytest
 from click.testing import CliRunner
 
 from kcl_pipeline.cli import main
+from kcl_pipeline.kcl.aws_settings import AwsSettings
 from kcl_pipeline.kcl.config import JAVA_COMPATIBLE_TIMINGS, ConfigError, ConsumerConfig, consumer_default
-from kcl_pipeline.kcl.shells.aws import AwsSettings, client
-from kcl_pipeline.landing.layout import minute_prefix
+from kcl_pipeline.kcl.shells.aws import client
+from kcl_pipeline.zone.layout import minute_prefix
 
 ARN = "arn:aws:kinesis:eu-west-1:123456789012:stream/orders"
 
@@ -27,7 +28,7 @@ def _defs():
     """The Dagster layer (absent from a core install: those tests are skipped there)."""
     pytest.importorskip("dagster")
     from kcl_pipeline.defs.kinesis.resources import KinesisConsumerResource
-    from kcl_pipeline.defs.kinesis.settings import PipelineSettings
+    from kcl_pipeline.deployment.settings import PipelineSettings
 
     return PipelineSettings, KinesisConsumerResource
 
@@ -84,7 +85,7 @@ def test_table_name_names_the_lease_table_and_defaults_to_the_application():
 def test_table_name_setting_reaches_the_resource():
     PipelineSettings, KinesisConsumerResource = _defs()
     settings = PipelineSettings.from_env({**START, "KCL_PIPELINE_TABLE_NAME": "leases-prod"})
-    assert KinesisConsumerResource.from_settings(settings).lease_table == "leases-prod"
+    assert KinesisConsumerResource.from_settings(settings).settings().lease_table == "leases-prod"
 
 
 def _consume(args, tmp_path):
@@ -148,7 +149,7 @@ def test_metrics_naming_reaches_the_consumer_from_the_environment():
     PipelineSettings, KinesisConsumerResource = _defs()
     settings = PipelineSettings.from_env({**START, "KCL_PIPELINE_METRICS_NAMING": "KCL"})
     resource = KinesisConsumerResource.from_settings(settings)
-    assert resource.consumer_config(AwsSettings(), "w", 20.0).metrics_naming == "kcl"
+    assert resource.settings().consumer_config(AwsSettings(), "w", 20.0).metrics_naming == "kcl"
     with pytest.raises(ConfigError, match="KCL_PIPELINE_METRICS_NAMING must be 'pipeline' or 'kcl', got 'java'"):
         PipelineSettings.from_env({**START, "KCL_PIPELINE_METRICS_NAMING": "java"})
 

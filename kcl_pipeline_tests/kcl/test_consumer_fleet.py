@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kcl_pipeline.kcl.core.balance import imbalance, reported_load
+from kcl_pipeline.kcl.core.fleet.balance import imbalance, reported_load
 from kcl_pipeline.kcl.core.model import Checkpoint
 from kcl_pipeline.kcl.shells.lease_table import LeaseTable
 from kcl_pipeline.kcl.shells.shards import list_shards, wait_stream_active

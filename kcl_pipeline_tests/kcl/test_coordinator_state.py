@@ -1,5 +1,5 @@
 """Sharing an application with KCL 3.x: start beside a 2.x-compatible fleet (leaderless) and beside a
-leader-assigned one (as its follower: core/fleet_mode.py), refuse an unknown client version, and leave every
+leader-assigned one (as its follower: core/fleet/fleet_mode.py), refuse an unknown client version, and leave every
 KCL 3.x item exactly as KCL 3.x wrote it."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from kcl_pipeline.kcl.config import ConsumerConfig
-from kcl_pipeline.kcl.core.coordinator_state import (
+from kcl_pipeline.kcl.core.table.coordinator_state import (
     CLIENT_VERSION_2X,
     CLIENT_VERSION_3X,
     CLIENT_VERSION_3X_WITH_ROLLBACK,
@@ -23,11 +23,11 @@ from kcl_pipeline.kcl.core.coordinator_state import (
     decide,
     migration_state_from_item,
 )
-from kcl_pipeline.kcl.shells.kcl3_tables import Kcl3FleetActive
+from kcl_pipeline.kcl.shells.fleet.kcl3_tables import Kcl3FleetActive
+from kcl_pipeline.kcl.shells.fleet.manager import LeaseManager
 from kcl_pipeline.kcl.shells.lease_table import LeaseTable
-from kcl_pipeline.kcl.shells.manager import LeaseManager
 from kcl_pipeline.kcl.shells.shards import list_shards, wait_stream_active
-from kcl_pipeline.kcl.shells.worker import ProcessorSpec
+from kcl_pipeline.kcl.shells.workers.worker import ProcessorSpec
 
 
 def migration_item(version: str) -> dict:
@@ -118,7 +118,7 @@ def test_kcl3_items_round_trip_unchanged_through_this_consumer(
                             lease_expiry_seconds=30.0, max_leases=4, aws=emulators.aws_settings())
     clock = [1000.0]
     manager = LeaseManager(config, ProcessorSpec("kcl_pipeline.kcl.jsonl_sink:JsonlSink"), clock=lambda: clock[0])
-    manager._spawn = lambda lease, **how: None  # the decisions only
+    manager._spawn = lambda spawn: None  # the decisions only
     manager.start()  # 2.x-compatible: proceeds and creates the lease table
     table = LeaseTable(app, dynamodb_client)
     # A 3.x graceful hand-off in flight: the new owner holds the lease, the old one still has to checkpoint.

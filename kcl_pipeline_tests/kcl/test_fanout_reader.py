@@ -16,7 +16,7 @@ from botocore.eventstream import ChecksumMismatch, EventStreamBuffer
 
 from kcl_pipeline.kcl.core.model import LATEST, TRIM_HORIZON, Checkpoint
 from kcl_pipeline.kcl.shells.aws import boto3_session
-from kcl_pipeline.kcl.shells.fanout import FanOutReader, ReaderError
+from kcl_pipeline.kcl.shells.read.fanout import FanOutReader, ReaderError
 from kcl_pipeline.kcl.shells.shards import KinesisUnavailable, list_shards, wait_stream_active
 from kcl_pipeline.local.producer import produce
 from kcl_pipeline_tests.fanout_endpoint import (

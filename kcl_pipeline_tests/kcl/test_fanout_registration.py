@@ -11,10 +11,11 @@ from botocore.exceptions import ClientError
 from click.testing import CliRunner
 
 from kcl_pipeline.cli import main
+from kcl_pipeline.kcl.aws_settings import AwsSettings
 from kcl_pipeline.kcl.config import FANOUT, POLLING, ConfigError, ConsumerConfig
 from kcl_pipeline.kcl.core.model import TRIM_HORIZON, Checkpoint
-from kcl_pipeline.kcl.shells.aws import AwsSettings, boto3_session
-from kcl_pipeline.kcl.shells.fanout import (
+from kcl_pipeline.kcl.shells.aws import boto3_session
+from kcl_pipeline.kcl.shells.read.fanout import (
     FanOutError,
     FanOutReader,
     StreamConsumer,
@@ -22,8 +23,8 @@ from kcl_pipeline.kcl.shells.fanout import (
     deregister_consumer,
     ensure_consumer,
 )
-from kcl_pipeline.kcl.shells.reader import ShardReader
-from kcl_pipeline.kcl.shells.retrieval import open_reader
+from kcl_pipeline.kcl.shells.read.reader import ShardReader
+from kcl_pipeline.kcl.shells.read.retrieval import open_reader
 from kcl_pipeline.kcl.shells.shards import StreamNotFound, wait_stream_active
 from kcl_pipeline_tests.fanout_endpoint import FanOutEndpoint
 
@@ -251,12 +252,12 @@ def test_consume_refuses_an_unknown_retrieval(tmp_path):
 def test_the_deployments_retrieval_reaches_its_hosted_workers():
     pytest.importorskip("dagster")
     from kcl_pipeline.defs.kinesis.resources import KinesisConsumerResource
-    from kcl_pipeline.defs.kinesis.settings import PipelineSettings
+    from kcl_pipeline.deployment.settings import PipelineSettings
 
     start = {"KCL_PIPELINE_PARTITIONS_START": "2026-11-15"}
     assert PipelineSettings.from_env(start).retrieval == POLLING
     settings = PipelineSettings.from_env({**start, "KCL_PIPELINE_RETRIEVAL": "FanOut"})
-    config = KinesisConsumerResource.from_settings(settings).consumer_config(AwsSettings(), "w", 20.0)
+    config = KinesisConsumerResource.from_settings(settings).settings().consumer_config(AwsSettings(), "w", 20.0)
     assert config.retrieval == FANOUT
     with pytest.raises(ConfigError, match="KCL_PIPELINE_RETRIEVAL must be 'polling' or 'fanout', got 'push'"):
         PipelineSettings.from_env({**start, "KCL_PIPELINE_RETRIEVAL": "push"})

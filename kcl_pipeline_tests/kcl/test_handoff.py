@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import pytest
 
-from kcl_pipeline.kcl.core import cycle as cyc
-from kcl_pipeline.kcl.core import effects as fx
-from kcl_pipeline.kcl.core import lease_life as life
-from kcl_pipeline.kcl.core.lease_hold import LeaseHold, LeaseTiming, Outcome
-from kcl_pipeline.kcl.core.lease_life import LifeOutcome
+from kcl_pipeline.kcl.core.fleet import cycle as cyc
+from kcl_pipeline.kcl.core.lease import effects as fx
+from kcl_pipeline.kcl.core.lease import lease_life as life
+from kcl_pipeline.kcl.core.lease.lease_hold import CurrentHold, LeaseHold, LeaseTiming, Outcome
+from kcl_pipeline.kcl.core.lease.lease_life import LifeOutcome
 from kcl_pipeline.kcl.core.model import TRIM_HORIZON, Checkpoint, Lease, Shard
 from kcl_pipeline.kcl.shells.lease_table import LeaseTable
 from kcl_pipeline_tests.kcl.cycle_support import drive_cycle
@@ -36,12 +36,23 @@ class Taker:
         self.overtaken = overtaken
         self.lease = Lease("s-0", Checkpoint("100"), "holder", 7)
         self.acquired_from: Lease | None = None
-        self.hold: LeaseHold | None = None
+        self.current = CurrentHold()
         self.waited_before_delivering = 0.0
         self.delivered_at: float | None = None
+        self.was_asked = False
+
+    @property
+    def hold(self) -> LeaseHold | None:
+        """The hold the coroutines share (installed by the acquire)."""
+        return self.current.hold if self.current.acquired else None
+
+    @hold.setter
+    def hold(self, hold: LeaseHold) -> None:
+        self.current.move(hold)
 
     def __call__(self, effect):
         if isinstance(effect, fx.InitiateHandoff):
+            self.was_asked = True
             if not self.asked:
                 return None
             self.lease = Lease("s-0", Checkpoint("100"), "me", 7, extra={"checkpointOwner": "holder", **MINE})
@@ -51,6 +62,8 @@ class Taker:
         if isinstance(effect, fx.Stopping):
             return False
         if isinstance(effect, fx.GetLease):
+            if not self.was_asked:
+                return self.lease  # the holder's, as the steal saw it
             if self.overtaken:
                 return self.overtaken
             if self.steps_aside_after is not None and self.now >= self.steps_aside_after:
@@ -80,8 +93,8 @@ class StopAsking(Exception):
 
 
 def _run(script, settings=None):
-    return fx.drive(life.lease_life(Lease("s-0", Checkpoint("100"), "holder", 7), settings or _settings(), "me"),
-                    script)
+    observed = Lease("s-0", Checkpoint("100"), "holder", 7)
+    return fx.drive(life.lease_life(observed, settings or _settings(), script.current, "me"), script)
 
 
 def test_a_holder_that_steps_aside_lets_the_new_owner_start_at_once_from_its_checkpoint():
@@ -116,8 +129,9 @@ def test_a_refused_ask_or_an_overtaken_hand_off_takes_nothing(overtaken):
 
 
 def test_a_hand_off_needs_the_worker_id():
-    result = fx.drive(life.lease_life(Lease("s-0", Checkpoint("100"), "holder", 7), _settings()),
-                      Taker(steps_aside_after=0.0))
+    script = Taker(steps_aside_after=0.0)
+    result = fx.drive(life.lease_life(Lease("s-0", Checkpoint("100"), "holder", 7), _settings(), script.current),
+                      script)
     assert result.outcome is LifeOutcome.FAILED and "worker id" in result.detail
 
 
@@ -135,7 +149,7 @@ class StoppedTaker(Taker):
             return True
         if isinstance(effect, fx.CancelHandoff):
             return not self.finished
-        if isinstance(effect, fx.GetLease) and self.finished:
+        if isinstance(effect, fx.GetLease) and self.finished and self.was_asked:
             return Lease("s-0", Checkpoint("150"), "me", 8, extra=MINE)
         if isinstance(effect, fx.ReleaseObserved):
             return True
@@ -149,14 +163,14 @@ def test_a_taker_stopped_while_waiting_gives_the_lease_back(finished, expected):
     fleet test: a lease still owned after every consumer stopped)."""
     script = StoppedTaker(finished)
     assert _run(script).outcome is LifeOutcome.NOT_ACQUIRED
-    assert script.calls[script.calls.index("Stopping") + 1:] == expected
+    assert script.calls[script.calls.index("Stopping") + 1:] == expected, script.calls
 
 
 def test_a_holder_stopping_while_asked_finishes_the_hand_off_instead_of_leaving_it():
     asked = Lease("s-0", Checkpoint("100"), "taker", 12, extra={"checkpointOwner": "holder"})
     script = Holder(asked)
     script.release_ok = False
-    result = fx.drive(life._shutdown("s-0", fx.Status(100.0, HOLD_LOST, True)), script)
+    result = fx.drive(life._shutdown("s-0", script.current, fx.Status(100.0, HOLD_LOST, True)), script)
     assert (result.outcome, result.detail) == (LifeOutcome.SHUTDOWN, "handed_off")
     assert [e.checkpoint for e in script.effects if isinstance(e, fx.FinishHandoff)] == [None]
 
@@ -169,6 +183,8 @@ class Holder:
         self.finish_ok = finish_ok
         self.effects: list = []
         self.pending = Checkpoint("140")
+        self.current = CurrentHold()
+        self.current.move(HOLD_LOST)
 
     def __call__(self, effect):
         self.effects.append(effect)
@@ -201,7 +217,7 @@ def test_a_holder_asked_to_hand_off_lands_its_work_checkpoints_and_steps_aside()
     checkpoint of its own), and the new owner re-read what it had delivered."""
     asked = Lease("s-0", Checkpoint("100"), "taker", 12, extra={"checkpointOwner": "holder"})
     script = Holder(asked)
-    result = fx.drive(life._lost("s-0", HOLD_LOST), script)
+    result = fx.drive(life._lost("s-0", script.current, HOLD_LOST), script)
     assert result.outcome is LifeOutcome.HANDED_OFF and "taker" in result.detail
     kinds = [type(e).__name__ for e in script.effects]
     assert kinds.index("Notify") < kinds.index("FinishHandoff")
@@ -209,10 +225,35 @@ def test_a_holder_asked_to_hand_off_lands_its_work_checkpoints_and_steps_aside()
     assert [e.checkpoint for e in script.effects if isinstance(e, fx.FinishHandoff)] == [Checkpoint("140")]
 
 
+def test_a_holder_whose_read_of_the_table_failed_still_reports_its_finished_hand_off():
+    """Found by typing the effects' answers (mypy: the read's answer may be None): a holder already handing
+    off (its heartbeat saw the ask) whose read after the loss failed finished the hand-off, then named the
+    taker from the failed read — an AttributeError reported as a failed life, and a needless release."""
+    from dataclasses import replace
+
+    asked = Lease("s-0", Checkpoint("100"), "taker", 12, extra={"checkpointOwner": "holder"})
+    handing = replace(HOLD_LOST, lost=None, handing_to="taker")
+    script = Holder(asked)
+    script.current.move(handing)
+    reads = iter([ConnectionError("dynamodb unreachable"), asked])
+    original = script.__call__
+
+    def answer(effect):
+        if isinstance(effect, fx.GetLease):
+            read = next(reads)
+            if isinstance(read, Exception):
+                raise read
+            return read
+        return original(effect)
+
+    result = fx.drive(life._lost("s-0", script.current, handing), answer)
+    assert (result.outcome, result.detail) == (LifeOutcome.HANDED_OFF, "to taker")
+
+
 def test_a_hand_off_taken_over_before_it_finished_falls_back_to_the_ownerless_checkpoint():
     asked = Lease("s-0", Checkpoint("100"), "taker", 12, extra={"checkpointOwner": "holder"})
     script = Holder(asked, finish_ok=False)
-    result = fx.drive(life._lost("s-0", HOLD_LOST), script)
+    result = fx.drive(life._lost("s-0", script.current, HOLD_LOST), script)
     assert result.outcome is LifeOutcome.LEASE_LOST
     assert any(isinstance(e, fx.OwnerlessCheckpoint) for e in script.effects)
 
@@ -224,8 +265,9 @@ def test_a_hand_off_taken_over_before_it_finished_falls_back_to_the_ownerless_ch
     None,
 ])
 def test_only_a_hand_off_still_ours_to_finish_is_finished(table_lease):
-    assert not life.asked_to_hand_off(HOLD_LOST, table_lease)
-    result = fx.drive(life._lost("s-0", HOLD_LOST), Holder(table_lease))
+    assert not HOLD_LOST.asked_to_hand_off(table_lease)
+    script = Holder(table_lease)
+    result = fx.drive(life._lost("s-0", script.current, HOLD_LOST), script)
     assert result.outcome is LifeOutcome.LEASE_LOST
 
 
@@ -235,8 +277,8 @@ def test_the_manager_asks_for_a_hand_off_only_from_a_holder_with_fresh_worker_me
     """A KCL 2.x holder publishes no worker metrics and ignores checkpointOwner: it is stolen from cold. (Metrics
     are read only in a table a KCL 3.x fleet upgrades; in a 2.x table this protocol's holders are known by their
     take instead: test_kcl2_table_items.py.)"""
-    from kcl_pipeline.kcl.core.coordinator_state import MigrationState
-    from kcl_pipeline.kcl.core.fleet_mode import FleetView
+    from kcl_pipeline.kcl.core.fleet.fleet_mode import FleetView
+    from kcl_pipeline.kcl.core.table.coordinator_state import MigrationState
 
     leases = [Lease(f"s-{i}", Checkpoint(TRIM_HORIZON), "peer", 5) for i in range(4)]
     shards = [Shard(lease.lease_key) for lease in leases]
@@ -325,11 +367,11 @@ def test_a_lease_given_back_by_a_withdrawn_hand_off_is_released_not_left_owned()
     delivering; the holder exited and the lease stayed owned by a worker that was gone."""
     given_back = Lease("s-0", Checkpoint("100"), "holder", 12)
     script = Holder(given_back)
-    assert fx.drive(life._lost("s-0", HOLD_LOST), script).outcome is LifeOutcome.LEASE_LOST
+    assert fx.drive(life._lost("s-0", script.current, HOLD_LOST), script).outcome is LifeOutcome.LEASE_LOST
     assert [e.lease for e in script.effects if isinstance(e, fx.ReleaseObserved)] == [given_back]
     stopping = Holder(given_back)
     stopping.release_ok = False  # its own release ran while the asker still owned the lease
-    result = fx.drive(life._shutdown("s-0", fx.Status(100.0, HOLD_LOST, True)), stopping)
+    result = fx.drive(life._shutdown("s-0", stopping.current, fx.Status(100.0, HOLD_LOST, True)), stopping)
     assert result.outcome is LifeOutcome.SHUTDOWN
     assert [e.lease for e in stopping.effects if isinstance(e, fx.ReleaseObserved)] == [given_back]
 
@@ -351,7 +393,7 @@ def test_a_stopping_holder_whose_hand_off_finish_lost_to_the_askers_withdrawal_r
             return next(reads)
         return original(effect)
 
-    result = fx.drive(life._shutdown("s-0", fx.Status(100.0, HOLD_LOST, True)), answer)
+    result = fx.drive(life._shutdown("s-0", script.current, fx.Status(100.0, HOLD_LOST, True)), answer)
     assert result.outcome is LifeOutcome.SHUTDOWN
     assert [e.lease for e in script.effects if isinstance(e, fx.ReleaseObserved)] == [given_back]
 
@@ -361,9 +403,19 @@ class Renewing:
 
     def __init__(self, table_lease: Lease | None, hold: LeaseHold):
         self.table_lease = table_lease
+        self.current = CurrentHold()
         self.hold = hold
         self.effects: list = []
         self.pending: Checkpoint | None = Checkpoint("140")
+
+    @property
+    def hold(self) -> LeaseHold | None:
+        """The hold the coroutines share (installed by the acquire)."""
+        return self.current.hold if self.current.acquired else None
+
+    @hold.setter
+    def hold(self, hold: LeaseHold) -> None:
+        self.current.move(hold)
 
     def __call__(self, effect):
         self.effects.append(type(effect).__name__)
@@ -382,15 +434,9 @@ class Renewing:
             return Outcome.REFUSED
         if isinstance(effect, fx.GetLease):
             return self.table_lease
-        if isinstance(effect, fx.Asked):
-            handing = life.asked(self.hold, effect.current)
-            self.hold = handing or self.hold
-            return handing is not None
         if isinstance(effect, fx.RenewAsked):
             self.hold = self.hold.after_renew(Outcome.APPLIED, 100.0, TIMING, 100.0)
             return Outcome.APPLIED
-        if isinstance(effect, fx.Reinstate):
-            return False
         return None
 
 
@@ -400,12 +446,12 @@ HELD = LeaseHold("s-0", "holder", 12, valid_until=105.0)
 def test_a_holder_asked_to_hand_off_keeps_renewing_and_keeps_its_checkpoint_for_the_last_write():
     asked = Lease("s-0", Checkpoint("100"), "taker", 12, extra={"checkpointOwner": "holder"})
     script = Renewing(asked, HELD)
-    fx.drive(life.heartbeat_once(), script)
+    fx.drive(life.heartbeat_once(script.current), script)
     assert script.effects.count("RenewAsked") == 1
     assert script.hold.lost is None and script.hold.handing_to == "taker" and script.hold.counter == 13
     assert not script.hold.may_deliver(100.0)  # delivery stops; the hand-off's last write follows
     assert script.pending == Checkpoint("140")
-    fx.drive(life.heartbeat_once(), script)  # the next heartbeat renews as checkpointOwner straight away
+    fx.drive(life.heartbeat_once(script.current), script)  # the next heartbeat renews as checkpointOwner straight away
     assert script.effects.count("Renew") == 1 and script.effects.count("RenewAsked") == 2
     assert script.hold.counter == 14 and script.pending == Checkpoint("140")
 
@@ -417,7 +463,7 @@ def test_a_holder_asked_to_hand_off_keeps_renewing_and_keeps_its_checkpoint_for_
 ])
 def test_a_refused_renewal_without_a_hand_off_asked_of_this_holder_still_loses_the_lease(table_lease):
     script = Renewing(table_lease, HELD)
-    fx.drive(life.heartbeat_once(), script)
+    fx.drive(life.heartbeat_once(script.current), script)
     assert "RenewAsked" not in script.effects and script.hold.lost is not None
 
 

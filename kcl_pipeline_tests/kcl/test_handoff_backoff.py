@@ -6,12 +6,12 @@ tried another. The cycle now remembers overtaken hand-offs per lease and backs e
 (expiry × 2^n, at most 8 expiries), so the next cycle asks for another of the richest owner's leases."""
 from __future__ import annotations
 
-from kcl_pipeline.kcl.core import cycle as cyc
-from kcl_pipeline.kcl.core import effects as fx
-from kcl_pipeline.kcl.core.coordinator_state import MigrationState
-from kcl_pipeline.kcl.core.fleet_mode import FleetView
-from kcl_pipeline.kcl.core.lease_life import LifeOutcome
+from kcl_pipeline.kcl.core.fleet import cycle as cyc
+from kcl_pipeline.kcl.core.fleet.fleet_mode import FleetView
+from kcl_pipeline.kcl.core.lease import effects as fx
+from kcl_pipeline.kcl.core.lease.lease_life import LifeOutcome
 from kcl_pipeline.kcl.core.model import TRIM_HORIZON, Checkpoint, Lease, Shard
+from kcl_pipeline.kcl.core.table.coordinator_state import MigrationState
 from kcl_pipeline_tests.kcl.cycle_support import drive_cycle
 
 EXPIRY = 3.0

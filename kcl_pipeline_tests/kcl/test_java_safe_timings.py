@@ -9,14 +9,14 @@ from __future__ import annotations
 import pytest
 
 from kcl_pipeline.kcl.config import JAVA_COMPATIBLE_TIMINGS, ConsumerConfig, timings_beside_java
-from kcl_pipeline.kcl.core.coordinator_state import MigrationState
-from kcl_pipeline.kcl.core.fleet_mode import FleetView, java_fleet_seen
-from kcl_pipeline.kcl.core.lease_rules import CLAIM_OWNER_ATTRIBUTE
+from kcl_pipeline.kcl.core.fleet.fleet_mode import FleetView, java_fleet_seen
 from kcl_pipeline.kcl.core.model import TRIM_HORIZON, Checkpoint, Lease
+from kcl_pipeline.kcl.core.table.coordinator_state import MigrationState
+from kcl_pipeline.kcl.core.table.lease_rules import CLAIM_OWNER_ATTRIBUTE
+from kcl_pipeline.kcl.shells.fleet.manager import LeaseManager
 from kcl_pipeline.kcl.shells.lease_table import LeaseTable
-from kcl_pipeline.kcl.shells.manager import LeaseManager
 from kcl_pipeline.kcl.shells.shards import list_shards, wait_stream_active
-from kcl_pipeline.kcl.shells.worker import ProcessorSpec
+from kcl_pipeline.kcl.shells.workers.worker import ProcessorSpec
 
 JAVA_HELD = Lease("shardId-000000000000", Checkpoint(TRIM_HORIZON), "java-worker", 4)
 OURS = Lease("shardId-000000000001", Checkpoint(TRIM_HORIZON), "consumer-b", 9,
@@ -55,7 +55,7 @@ def test_a_consumer_starting_beside_a_java_holder_on_the_defaults_runs_java_safe
     table.create(Lease(first, Checkpoint(TRIM_HORIZON), "java-worker", 4))  # a Java take: no leaseClaimOwner
     manager = LeaseManager(ConsumerConfig(stream=stream, application=app, aws=emulators.aws_settings()),
                            ProcessorSpec("kcl_pipeline.kcl.jsonl_sink:JsonlSink"))
-    manager._spawn = lambda lease, **how: None
+    manager._spawn = lambda spawn: None
     manager.start()
     assert manager.config.java_safe and manager.settings.expiry_seconds == 10.0
     assert manager.transport.config.heartbeat_seconds == 3.0  # the workers it starts heartbeat every 3 s

@@ -12,16 +12,16 @@ import random
 
 import pytest
 
-from kcl_pipeline.kcl.core import cycle as cyc
-from kcl_pipeline.kcl.core import effects as fx
-from kcl_pipeline.kcl.core import fleet_mode
-from kcl_pipeline.kcl.core.coordinator_state import Layout, MigrationState, coordinator_state_table
-from kcl_pipeline.kcl.core.lease_codec import LeaseScan
-from kcl_pipeline.kcl.core.lease_rules import CLAIM_OWNER_ATTRIBUTE
+from kcl_pipeline.kcl.core.fleet import cycle as cyc
+from kcl_pipeline.kcl.core.fleet import fleet_mode
+from kcl_pipeline.kcl.core.lease import effects as fx
 from kcl_pipeline.kcl.core.model import TRIM_HORIZON, Checkpoint, Lease, Shard
-from kcl_pipeline.kcl.core.worker_metrics import worker_metrics_table
+from kcl_pipeline.kcl.core.table.coordinator_state import Layout, MigrationState, coordinator_state_table
+from kcl_pipeline.kcl.core.table.lease_codec import LeaseScan
+from kcl_pipeline.kcl.core.table.lease_rules import CLAIM_OWNER_ATTRIBUTE
+from kcl_pipeline.kcl.core.table.worker_metrics import worker_metrics_table
 from kcl_pipeline.kcl.shells.lease_table import LeaseTable
-from kcl_pipeline.sim.java import java2_rejects
+from kcl_pipeline.sim.actors.java import java2_rejects
 
 from .cycle_support import drive_cycle
 from .test_kcl35_layouts import application, manager_for, migration  # noqa: F401  (application: a fixture)

@@ -10,13 +10,15 @@ from datetime import datetime, timezone
 
 import pytest
 
+from kcl_pipeline.kcl.aws_settings import AwsSettings
 from kcl_pipeline.kcl.config import ConsumerConfig, InitialPosition
-from kcl_pipeline.kcl.core.lease_codec import lease_from_item, lease_to_item
-from kcl_pipeline.kcl.core.lease_life import AtTimestampUnknown, start_position
+from kcl_pipeline.kcl.core.lease.effects import Spawn
+from kcl_pipeline.kcl.core.lease.lease_life import AtTimestampUnknown, start_position
 from kcl_pipeline.kcl.core.model import AT_TIMESTAMP, Checkpoint, Lease
-from kcl_pipeline.kcl.shells.aws import AwsSettings
-from kcl_pipeline.kcl.shells.reader import ShardReader
-from kcl_pipeline.kcl.shells.worker import LeaseWorker
+from kcl_pipeline.kcl.core.table.lease_codec import lease_from_item, lease_to_item
+from kcl_pipeline.kcl.processor import RecordProcessor
+from kcl_pipeline.kcl.shells.read.reader import ShardReader
+from kcl_pipeline.kcl.shells.workers.worker import LeaseWorker
 
 CONFIGURED = "2026-11-22T03:00:00.123Z"
 CONFIGURED_MS = 1795316400123
@@ -44,12 +46,16 @@ def test_a_java_created_at_timestamp_lease_is_read_from_the_configured_timestamp
     assert iterator_timestamp(start) == datetime(2026, 11, 22, 3, 0, 0, 123000, tzinfo=timezone.utc)
 
 
+class _Unused(RecordProcessor):
+    """A processor nothing is delivered to (it resumes nowhere of its own)."""
+
+
 def test_the_worker_starts_a_java_created_at_timestamp_lease_at_its_configured_timestamp():
     config = ConsumerConfig(stream="orders", application="app", worker_id="me",
                             initial_position=InitialPosition.parse(AT_TIMESTAMP, CONFIGURED),
                             aws=AwsSettings(region="us-east-1", endpoint_url="http://127.0.0.1:9"))
     lease = lease_from_item(JAVA_AT_TIMESTAMP_LEASE)
-    worker = LeaseWorker(config, lease, processor=object())
+    worker = LeaseWorker(config, Spawn(lease), processor=_Unused())
     assert worker._start_position(lease) == Checkpoint(AT_TIMESTAMP, CONFIGURED_MS)
 
 

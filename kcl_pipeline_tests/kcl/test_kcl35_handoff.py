@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import pytest
 
-from kcl_pipeline.kcl.core import effects as fx
-from kcl_pipeline.kcl.core import lease_life as life
-from kcl_pipeline.kcl.core.lease_codec import lease_from_item
-from kcl_pipeline.kcl.core.lease_hold import LeaseHold, LeaseTiming, Outcome
-from kcl_pipeline.kcl.core.lease_life import LifeOutcome
+from kcl_pipeline.kcl.core.lease import effects as fx
+from kcl_pipeline.kcl.core.lease import lease_life as life
+from kcl_pipeline.kcl.core.lease.lease_hold import CurrentHold, LeaseHold, LeaseTiming, Outcome
+from kcl_pipeline.kcl.core.lease.lease_life import LifeOutcome
 from kcl_pipeline.kcl.core.model import TRIM_HORIZON, Checkpoint, Lease
+from kcl_pipeline.kcl.core.table.lease_codec import lease_from_item
 from kcl_pipeline.kcl.shells.lease_table import LeaseTable
 
 TIMING = LeaseTiming(10.0, 1.0)
@@ -53,17 +53,30 @@ class Asker:
         self.reads = [lease_from_item(read) for read in reads]
         self.now = 0.0
         self.acquired_from: Lease | None = None
-        self.hold: LeaseHold | None = None
+        self.current = CurrentHold()
         self.delivered_at: float | None = None
+        self.was_asked = False
+
+    @property
+    def hold(self) -> LeaseHold | None:
+        """The hold the coroutines share (installed by the acquire)."""
+        return self.current.hold if self.current.acquired else None
+
+    @hold.setter
+    def hold(self, hold: LeaseHold) -> None:
+        self.current.move(hold)
 
     def __call__(self, effect):
         if isinstance(effect, fx.InitiateHandoff):
+            self.was_asked = True
             return self.reads[0]
         if isinstance(effect, fx.Now):
             return self.now
         if isinstance(effect, fx.Stopping):
             return False
         if isinstance(effect, fx.GetLease):
+            if not self.was_asked:  # the holder's lease, as the steal saw it
+                return Lease(KEY, Checkpoint(seq(100)), "java-holder", 20)
             return self.reads.pop(0) if len(self.reads) > 1 else self.reads[0]
         if isinstance(effect, fx.Wait):
             self.now += effect.seconds
@@ -91,7 +104,8 @@ class Delivering(Exception):
 def run(script):
     settings = life.LifeSettings(TIMING, Checkpoint(TRIM_HORIZON), heartbeat_seconds=3.0, stolen=True,
                                  handoff_from="java-holder")
-    return fx.drive(life.lease_life(Lease(KEY, Checkpoint(seq(100)), "java-holder", 20), settings, "me"), script)
+    observed = Lease(KEY, Checkpoint(seq(100)), "java-holder", 20)
+    return fx.drive(life.lease_life(observed, settings, script.current, "me"), script)
 
 
 def test_a_java_holders_renew_checkpoint_assign_sequence_completes_the_hand_off():

@@ -12,7 +12,8 @@ import copy
 import pytest
 
 from kcl_pipeline.kcl.config import ConsumerConfig
-from kcl_pipeline.kcl.core.coordinator_state import (
+from kcl_pipeline.kcl.core.fleet.fleet_mode import FleetMode
+from kcl_pipeline.kcl.core.table.coordinator_state import (
     Layout,
     MigrationState,
     choose_layout,
@@ -20,13 +21,12 @@ from kcl_pipeline.kcl.core.coordinator_state import (
     lease_table_leader,
     lease_table_migration,
 )
-from kcl_pipeline.kcl.core.fleet_mode import FleetMode
-from kcl_pipeline.kcl.core.worker_metrics import lease_table_last_updates, worker_metrics_table
-from kcl_pipeline.kcl.shells import kcl3_tables
+from kcl_pipeline.kcl.core.table.worker_metrics import lease_table_last_updates, worker_metrics_table
+from kcl_pipeline.kcl.shells.fleet import kcl3_tables
+from kcl_pipeline.kcl.shells.fleet.manager import LeaseManager
 from kcl_pipeline.kcl.shells.lease_table import LeaseTable
-from kcl_pipeline.kcl.shells.manager import LeaseManager
 from kcl_pipeline.kcl.shells.shards import list_shards, wait_stream_active
-from kcl_pipeline.kcl.shells.worker import ProcessorSpec
+from kcl_pipeline.kcl.shells.workers.worker import ProcessorSpec
 
 SEQ = "49590338271490256608559692538361571095921575989136588898"
 
@@ -100,7 +100,7 @@ def manager_for(emulators, stream: str, app: str) -> tuple[LeaseManager, list]:
     clock = [1000.0]
     manager = LeaseManager(config, ProcessorSpec("kcl_pipeline.kcl.jsonl_sink:JsonlSink"), clock=lambda: clock[0])
     spawned: list = []
-    manager._spawn = lambda lease, **how: spawned.append((lease.lease_key, how))
+    manager._spawn = lambda spawn: spawned.append((spawn.lease.lease_key, spawn.stolen, spawn.handoff))
     return manager, spawned
 
 
@@ -118,7 +118,7 @@ def test_a_35_application_in_the_one_table_layout_is_not_taken_for_2x_its_leader
     manager.start()
     assert manager.state.fleet.layout is Layout.LEASE_TABLE and manager.state.fleet.mode is FleetMode.FOLLOWER
     report = manager.run_cycle()
-    assert spawned == [(assigned, {"stolen": True, "handoff": False})]  # adopted; the free lease is the leader's
+    assert spawned == [(assigned, True, False)]  # adopted; the free lease is the leader's
     assert "mode=follower" in report.summary() and "leader=java-leader" in report.summary()
     # Our metrics where the leader reads them: an item of the lease table, keyed by our worker id.
     ours = dynamodb_client.get_item(TableName=app, Key={"leaseKey": {"S": "me"}}, ConsistentRead=True)["Item"]
@@ -148,7 +148,7 @@ def test_the_separate_layout_of_3_0_to_3_4_is_read_and_written_where_it_is(
     manager.start()
     assert manager.state.fleet.layout is Layout.SEPARATE_TABLES and manager.state.fleet.mode is FleetMode.LEADERLESS
     manager.run_cycle()  # creates the leases and takes them, leaderless
-    assert first in {key for key, _ in spawned}
+    assert first in {key for key, _, _ in spawned}
     legacy = dynamodb_client.get_item(TableName=worker_metrics_table(app), Key={"wid": {"S": "me"}},
                                       ConsistentRead=True).get("Item")
     assert legacy is not None and "THROUGHPUT" in legacy["sts"]["M"]

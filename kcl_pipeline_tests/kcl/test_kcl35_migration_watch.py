@@ -12,14 +12,14 @@ import random
 
 import pytest
 
-from kcl_pipeline.kcl.core import cycle as cyc
-from kcl_pipeline.kcl.core import effects as fx
-from kcl_pipeline.kcl.core import fleet_mode
-from kcl_pipeline.kcl.core.coordinator_state import Layout, MigrationState
-from kcl_pipeline.kcl.core.fleet_mode import FleetMode, FleetView
-from kcl_pipeline.kcl.core.lease_codec import LeaseScan
+from kcl_pipeline.kcl.core.fleet import cycle as cyc
+from kcl_pipeline.kcl.core.fleet import fleet_mode
+from kcl_pipeline.kcl.core.fleet.fleet_mode import FleetMode, FleetView
+from kcl_pipeline.kcl.core.lease import effects as fx
 from kcl_pipeline.kcl.core.model import TRIM_HORIZON, Checkpoint, Lease, Shard
-from kcl_pipeline.kcl.shells import kcl3_tables
+from kcl_pipeline.kcl.core.table.coordinator_state import Layout, MigrationState
+from kcl_pipeline.kcl.core.table.lease_codec import LeaseScan
+from kcl_pipeline.kcl.shells.fleet import kcl3_tables
 
 SEQ = "49590338271490256608559692538361571095921575989136588898"
 SHARDS = [Shard(f"shardId-00000000000{i}") for i in range(4)]
@@ -271,7 +271,7 @@ def test_a_released_or_stale_leader_lock_shows_no_leader():
 def test_a_migration_item_without_entity_type_is_inferred_from_its_key_not_read_as_a_corrupt_lease():
     """Java's CoordinatorStateDAODelegate.resolveEntityType infers CLIENT_VERSION_MIGRATION and TABLE_MIGRATION
     from the keys of records written without entityType."""
-    from kcl_pipeline.kcl.core.lease_codec import is_lease_item
+    from kcl_pipeline.kcl.core.table.lease_codec import is_lease_item
 
     legacy = {k: v for k, v in migration("CLIENT_VERSION_3X").items() if k != "entityType"}
     assert not is_lease_item(legacy)
@@ -283,7 +283,7 @@ def test_a_34_to_35_table_migration_flips_no_mode_back_and_forth():
     separate table keeps its own (no COMPLETE of its own). A scan that met COMPLETE before the copied state read
     "no state" (leaderless), and the next minute's watch of the separate table flipped the layout back (follower):
     a pair of mode-change warnings with no change of the fleet."""
-    from kcl_pipeline.kcl.core.coordinator_state import TABLE_MIGRATION_KEY
+    from kcl_pipeline.kcl.core.table.coordinator_state import TABLE_MIGRATION_KEY
 
     complete = {"leaseKey": {"S": TABLE_MIGRATION_KEY}, "entityType": {"S": "TABLE_MIGRATION"},
                 "tm": {"S": "TABLE_MIGRATION_STATUS_COMPLETE"}}

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from kcl_pipeline.kcl.core.lease_rules import CLAIM_OWNER_ATTRIBUTE
 from kcl_pipeline.kcl.core.model import TRIM_HORIZON, Checkpoint, Lease
+from kcl_pipeline.kcl.core.table.lease_rules import CLAIM_OWNER_ATTRIBUTE
 from kcl_pipeline.kcl.shells.lease_table import LeaseTable
 
 KEY = "shardId-000000000002"

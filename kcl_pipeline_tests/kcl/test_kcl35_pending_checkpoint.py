@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from kcl_pipeline.kcl.core import lease_rules as rules
-from kcl_pipeline.kcl.core.lease_codec import lease_from_item
 from kcl_pipeline.kcl.core.model import Checkpoint
+from kcl_pipeline.kcl.core.table import lease_rules as rules
+from kcl_pipeline.kcl.core.table.lease_codec import lease_from_item
 from kcl_pipeline.kcl.shells.lease_table import LeaseTable
 
 KEY = "shardId-000000000004"

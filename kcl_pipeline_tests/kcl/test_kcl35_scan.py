@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from kcl_pipeline.kcl.core.lease_codec import LeaseScan, lease_from_item, scan_entities
+from kcl_pipeline.kcl.core.table.lease_codec import LeaseScan, lease_from_item, scan_entities
 from kcl_pipeline.kcl.shells.lease_table import LeaseTable
 
 SEQ = "49590338271490256608559692538361571095921575989136588898"

@@ -1,4 +1,4 @@
-"""KCL 3.5 coexistence in the deterministic simulation: a Java KCL 3.x peer (sim/java3.py) beside the shipped
+"""KCL 3.5 coexistence in the deterministic simulation: a Java KCL 3.x peer (sim/actors/java3.py) beside the shipped
 consumers — a leader assigning and evicting without counter conditions, graceful hand-offs with Java's
 renew/checkpoint/assign sequence, the migration state flipping mid-run (the leader's readiness flip, an operator's
 rollback and roll-forward, a joining worker writing CLIENT_VERSION_3X) — every invariant holding. The 2,000-seed
@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from kcl_pipeline.sim import java3, java3_runs
-from kcl_pipeline.sim.scenario import Scenario
+from kcl_pipeline.sim import java3_runs
+from kcl_pipeline.sim.actors import java3
+from kcl_pipeline.sim.runtime.scenario import Scenario
 from kcl_pipeline.sim.world import World
 
 SEEDS = range(24)

@@ -10,9 +10,8 @@ from __future__ import annotations
 import pytest
 
 from kcl_pipeline.kcl.config import ConfigError, ConsumerConfig
-from kcl_pipeline.kcl.core.lease_codec import lease_from_item, lease_to_item
+from kcl_pipeline.kcl.core.lineage import leases_to_create, scoped_leases
 from kcl_pipeline.kcl.core.model import TRIM_HORIZON, Checkpoint
-from kcl_pipeline.kcl.core.planner import leases_to_create, scoped_leases
 from kcl_pipeline.kcl.core.streams import (
     StreamScope,
     identifier_parts,
@@ -20,10 +19,11 @@ from kcl_pipeline.kcl.core.streams import (
     scope_of,
     stream_name,
 )
+from kcl_pipeline.kcl.core.table.lease_codec import lease_from_item, lease_to_item
+from kcl_pipeline.kcl.shells.fleet.manager import LeaseManager
 from kcl_pipeline.kcl.shells.lease_table import LeaseTable
-from kcl_pipeline.kcl.shells.manager import LeaseManager
 from kcl_pipeline.kcl.shells.shards import list_application_shards, stream_scope, wait_stream_active
-from kcl_pipeline.kcl.shells.worker import ProcessorSpec
+from kcl_pipeline.kcl.shells.workers.worker import ProcessorSpec
 
 SEQ = "49590338271490256608559692538361571095921575989136588898"
 
@@ -115,7 +115,7 @@ def test_the_manager_takes_javas_leases_of_a_configured_identifier_and_creates_n
     clock = [1000.0]
     manager = LeaseManager(config, ProcessorSpec("kcl_pipeline.kcl.jsonl_sink:JsonlSink"), clock=lambda: clock[0])
     spawned = []
-    manager._spawn = lambda lease, **how: spawned.append(lease.lease_key)
+    manager._spawn = lambda spawn: spawned.append(spawn.lease.lease_key)
     manager.start()
     first = manager.run_cycle()
     clicks_key = f"{stream_scope(kinesis_client, clicks).identifier}:shardId-000000000000"

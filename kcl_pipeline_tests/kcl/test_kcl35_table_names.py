@@ -9,13 +9,13 @@ from __future__ import annotations
 import pytest
 
 from kcl_pipeline.kcl.config import ConfigError, ConsumerConfig
-from kcl_pipeline.kcl.core.coordinator_state import Layout
-from kcl_pipeline.kcl.core.fleet_mode import FleetMode
+from kcl_pipeline.kcl.core.fleet.fleet_mode import FleetMode
+from kcl_pipeline.kcl.core.table.coordinator_state import Layout
 from kcl_pipeline.kcl.properties import read_properties_file
+from kcl_pipeline.kcl.shells.fleet.manager import LeaseManager
 from kcl_pipeline.kcl.shells.lease_table import LeaseTable
-from kcl_pipeline.kcl.shells.manager import LeaseManager
 from kcl_pipeline.kcl.shells.shards import list_shards, wait_stream_active
-from kcl_pipeline.kcl.shells.worker import ProcessorSpec
+from kcl_pipeline.kcl.shells.workers.worker import ProcessorSpec
 from kcl_pipeline_tests.kcl.test_kcl35_layouts import lease_item
 
 
@@ -52,7 +52,7 @@ def test_a_renamed_coordinator_state_table_with_a_3x_leader_is_followed_and_our_
                             coordinator_state_table_name=state_table, worker_metrics_table_name=metrics_table)
     manager = LeaseManager(config, ProcessorSpec("kcl_pipeline.kcl.jsonl_sink:JsonlSink"), clock=lambda: 1000.0)
     spawned: list = []
-    manager._spawn = lambda lease, **how: spawned.append(lease.lease_key)
+    manager._spawn = lambda spawn: spawned.append(spawn.lease.lease_key)
     manager.start()
     assert manager.state.fleet.layout is Layout.SEPARATE_TABLES and manager.state.fleet.mode is FleetMode.FOLLOWER
     report = manager.run_cycle()

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from kcl_pipeline.kcl.core.lease_codec import LeaseTableUnavailable
-from kcl_pipeline.kcl.core.lease_rules import CLAIM_OWNER_ATTRIBUTE
+from kcl_pipeline.kcl.aws_settings import AwsSettings
 from kcl_pipeline.kcl.core.model import SHARD_END, TRIM_HORIZON, Checkpoint, Lease
-from kcl_pipeline.kcl.shells.aws import AwsSettings, client
+from kcl_pipeline.kcl.core.table.lease_codec import LeaseTableUnavailable
+from kcl_pipeline.kcl.core.table.lease_rules import CLAIM_OWNER_ATTRIBUTE
+from kcl_pipeline.kcl.shells.aws import client
 from kcl_pipeline.kcl.shells.lease_table import LeaseTable
 from kcl_pipeline_tests.fault_proxy import Fault, FaultKind, FaultProxy, Scripted
 

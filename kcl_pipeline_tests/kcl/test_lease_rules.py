@@ -5,8 +5,8 @@ from dataclasses import replace
 
 import pytest
 
-from kcl_pipeline.kcl.core import lease_rules as rules
 from kcl_pipeline.kcl.core.model import AT_TIMESTAMP, LATEST, SHARD_END, TRIM_HORIZON, Checkpoint, Lease
+from kcl_pipeline.kcl.core.table import lease_rules as rules
 
 SEQ56 = "49590338271490256608559692538361571095921575989136588898"  # a real-sized Kinesis sequence number
 assert len(SEQ56) == 56

@@ -13,9 +13,11 @@ from botocore.awsrequest import AWSResponse
 from botocore.config import Config
 from botocore.stub import Stubber
 
-from kcl_pipeline.kcl.core import lease_codec
-from kcl_pipeline.kcl.core import lease_rules as rules
-from kcl_pipeline.kcl.core.lease_codec import (
+from kcl_pipeline.kcl.aws_settings import AwsSettings
+from kcl_pipeline.kcl.core.model import AT_TIMESTAMP, LATEST, SHARD_END, TRIM_HORIZON, Checkpoint, Lease
+from kcl_pipeline.kcl.core.table import lease_codec
+from kcl_pipeline.kcl.core.table import lease_rules as rules
+from kcl_pipeline.kcl.core.table.lease_codec import (
     LeaseItemInvalid,
     LeaseTableError,
     LeaseTableMissing,
@@ -25,8 +27,7 @@ from kcl_pipeline.kcl.core.lease_codec import (
     lease_from_item,
     lease_to_item,
 )
-from kcl_pipeline.kcl.core.model import AT_TIMESTAMP, LATEST, SHARD_END, TRIM_HORIZON, Checkpoint, Lease
-from kcl_pipeline.kcl.shells.aws import AwsSettings, client
+from kcl_pipeline.kcl.shells.aws import client
 from kcl_pipeline.kcl.shells.lease_table import LeaseTable
 
 SEQ56 = "49590338271490256608559692538361571095921575989136588898"
@@ -527,7 +528,7 @@ def test_release_only_by_the_holder(table):
 
 
 def test_a_release_marked_unsettled_is_read_back_and_cleared_by_the_next_acquire(table):
-    from kcl_pipeline.kcl.core.lease_rules import UNSETTLED_ATTRIBUTE
+    from kcl_pipeline.kcl.core.table.lease_rules import UNSETTLED_ATTRIBUTE
 
     assert table.create(lease(owner="w1", counter=9))
     assert table.release(KEY, "w1", 9, unsettled=True) is True

@@ -12,8 +12,8 @@ import pytest
 
 from kcl_pipeline.kcl.core.model import Checkpoint, Lease
 from kcl_pipeline.kcl.shells.lease_table import LeaseTable
-from kcl_pipeline.kcl.shells.memory import lease_workers_memory
-from kcl_pipeline.kcl.shells.worker import WORKER_PROCESS_NAME
+from kcl_pipeline.kcl.shells.workers.memory import lease_workers_memory
+from kcl_pipeline.kcl.shells.workers.worker import WORKER_PROCESS_NAME
 
 REPORT = re.compile(r"^\d+ lease workers? on this host: PSS \d+\.\d MiB in all, at most \d+\.\d MiB "
                     r"\(USS \d+\.\d MiB in all, at most \d+\.\d MiB\)")

@@ -11,10 +11,10 @@ import pytest
 
 from kcl_pipeline.kcl.config import ConsumerConfig
 from kcl_pipeline.kcl.core.model import TRIM_HORIZON, Checkpoint, Lease
+from kcl_pipeline.kcl.shells.fleet.manager import LeaseManager
 from kcl_pipeline.kcl.shells.lease_table import LeaseTable
-from kcl_pipeline.kcl.shells.manager import LeaseManager
 from kcl_pipeline.kcl.shells.shards import list_shards, wait_stream_active
-from kcl_pipeline.kcl.shells.worker import ProcessorSpec
+from kcl_pipeline.kcl.shells.workers.worker import ProcessorSpec
 
 pytestmark = pytest.mark.emulator
 
@@ -32,7 +32,7 @@ def fleet(emulators, kinesis_client, dynamodb_client, unique_name):
         clock = [1000.0]
         manager = LeaseManager(config, ProcessorSpec("kcl_pipeline.kcl.jsonl_sink:JsonlSink"), clock=lambda: clock[0])
         spawned: list[str] = []
-        manager._spawn = lambda lease, **how: spawned.append(lease.lease_key)  # no processes: the decisions only
+        manager._spawn = lambda spawn: spawned.append(spawn.lease.lease_key)  # no processes: the decisions only
         manager.start()
         table = LeaseTable(app, dynamodb_client)
         return manager, table, clock, spawned, [s.shard_id for s in list_shards(kinesis_client, stream)]
@@ -172,8 +172,8 @@ def test_a_failed_worker_metrics_write_never_fails_the_cycle(fleet, caplog):
 
 
 def test_the_manager_reads_the_fleets_worker_metrics_and_a_failed_read_never_fails_the_cycle(fleet, caplog):
-    from kcl_pipeline.kcl.core.coordinator_state import Layout
-    from kcl_pipeline.kcl.shells import kcl3_tables
+    from kcl_pipeline.kcl.core.table.coordinator_state import Layout
+    from kcl_pipeline.kcl.shells.fleet import kcl3_tables
 
     manager, table, clock, spawned, _ = fleet()
     upgrading(table)
@@ -192,3 +192,27 @@ def test_the_manager_reads_the_fleets_worker_metrics_and_a_failed_read_never_fai
     report = manager.run_cycle()
     assert report.total_leases == 2 and "could not read the fleet's worker metrics" in caplog.text
     assert manager.state.live_peers == frozenset({"idle-peer"})  # the last known peers stay
+
+
+@pytest.mark.parametrize("since", [None, "renewed", "same-id-took-it"])
+def test_a_lease_a_lost_worker_left_in_our_name_is_released_when_the_consumer_stops(fleet, since):
+    """Simulation seed 6197: a worker cut off from DynamoDB lost its lease (no heartbeat within the expiry) and could
+    not read the table to release it; the consumer then stopped gracefully and exited with the lease still in its
+    name, so every peer waited an expiry for it. The worker reports the counter it left the lease at, and its
+    manager releases the lease fenced on that counter when it stops — never one another process wrote since
+    (another process under the same worker id, say)."""
+    from kcl_pipeline.kcl.core.lease.lease_life import LifeOutcome
+    from kcl_pipeline.kcl.shells.workers.worker import WorkerResult
+
+    manager, table, clock, spawned, (shard, _) = fleet()
+    assert table.create(Lease(shard, Checkpoint(TRIM_HORIZON)))
+    left = table.acquire(shard, "me", None, 0)
+    assert left is not None
+    if since == "renewed":
+        assert table.heartbeat(shard, "me", left.lease_counter)
+    elif since == "same-id-took-it":
+        assert table.acquire(shard, "me", "me", left.lease_counter) is not None
+    manager._pending.append(WorkerResult(shard, LifeOutcome.LEASE_LOST, "no successful heartbeat",
+                                         left_at=left.lease_counter))
+    manager.shutdown(timeout=1.0)
+    assert table.get(shard).lease_owner == (None if since is None else "me")

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from kcl_pipeline.kcl.shells import memory
-from kcl_pipeline.kcl.shells.memory import (
+from kcl_pipeline.kcl.shells.workers import memory
+from kcl_pipeline.kcl.shells.workers.memory import (
     ProcessMemory,
     WorkersMemory,
     host_report,
@@ -19,7 +19,7 @@ from kcl_pipeline.kcl.shells.memory import (
     processes_named,
     read_smaps_rollup,
 )
-from kcl_pipeline.kcl.shells.worker import WORKER_PROCESS_NAME
+from kcl_pipeline.kcl.shells.workers.worker import WORKER_PROCESS_NAME
 
 ROLLUP = """55d0c0a00000-7ffd3c3f1000 ---p 00000000 00:00 0                          [rollup]
 Rss:               98304 kB
@@ -126,9 +126,9 @@ def test_a_live_process_named_as_a_lease_worker_is_measured():
 
 
 def test_the_sensors_observation_keys_are_fixed_and_say_how_workers_start(tmp_path, monkeypatch):
-    from kcl_pipeline.kcl.shells import worker_processes
-    from kcl_pipeline.kcl.shells.memory import host_metadata
-    from kcl_pipeline.kcl.shells.worker_processes import StartMethod
+    from kcl_pipeline.kcl.shells.workers import worker_processes
+    from kcl_pipeline.kcl.shells.workers.memory import host_metadata
+    from kcl_pipeline.kcl.shells.workers.worker_processes import StartMethod
 
     keys = {"lease_workers_on_host", "lease_workers_pss_mib", "lease_worker_pss_max_mib", "lease_worker_uss_max_mib",
             "worker_start_method"}

@@ -6,7 +6,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from kcl_pipeline.kcl.shells.aws import AwsSettings, client
+from kcl_pipeline.kcl.aws_settings import AwsSettings
+from kcl_pipeline.kcl.shells.aws import client
 from kcl_pipeline.kcl.shells.metrics import MAX_DATUMS_PER_CALL, Metrics
 
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from kcl_pipeline.kcl.core.lease_codec import is_lease_item
 from kcl_pipeline.kcl.core.streams import parse_multi_stream_key
+from kcl_pipeline.kcl.core.table.lease_codec import is_lease_item
 from kcl_pipeline.kcl.shells.lease_table import LeaseTable
 from kcl_pipeline.kcl.shells.shards import list_shards, stream_scope, wait_stream_active
 from kcl_pipeline.local.producer import produce
@@ -152,9 +152,10 @@ def test_multi_stream_landing_puts_each_stream_incarnation_in_its_own_directory_
     every record landed exactly once, chains verified; the re-created stream never continues the old chains."""
     import sys
 
-    from kcl_pipeline.landing.layout import stream_directory
-    from kcl_pipeline.landing.store import open_store
-    from kcl_pipeline.landing.verify import read_batches, verify_zone
+    from kcl_pipeline.audit.verify import verify_zone
+    from kcl_pipeline.zone.chain import read_batches
+    from kcl_pipeline.zone.layout import stream_directory
+    from kcl_pipeline.zone.store import open_store
 
     a, b, app = unique_name("mla"), unique_name("mlb"), unique_name("mlapp")
     for stream in (a, b):

@@ -7,6 +7,16 @@ from pathlib import Path
 
 import pytest
 
+from kcl_pipeline.kcl.core.fleet.planner import AcquirePlan, LeaseAges, leases_to_acquire
+from kcl_pipeline.kcl.core.lineage import (
+    blocked_on_parents,
+    child_leases_on_end,
+    leases_to_create,
+    leases_to_delete,
+    parent_finished,
+    scoped_leases,
+    unknown_lease_keys,
+)
 from kcl_pipeline.kcl.core.model import (
     AT_TIMESTAMP,
     LATEST,
@@ -16,18 +26,6 @@ from kcl_pipeline.kcl.core.model import (
     HashKeyRange,
     Lease,
     Shard,
-)
-from kcl_pipeline.kcl.core.planner import (
-    AcquirePlan,
-    LeaseAges,
-    blocked_on_parents,
-    child_leases_on_end,
-    leases_to_acquire,
-    leases_to_create,
-    leases_to_delete,
-    parent_finished,
-    scoped_leases,
-    unknown_lease_keys,
 )
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

@@ -72,7 +72,8 @@ def _uncommented(text: str) -> str:
 @pytest.fixture
 def captured(monkeypatch):
     seen = []
-    monkeypatch.setattr("kcl_pipeline.kcl.shells.consumer.run_consumer", lambda config, spec: seen.append(config) or 0)
+    monkeypatch.setattr("kcl_pipeline.kcl.shells.fleet.consumer.run_consumer",
+                        lambda config, spec: seen.append(config) or 0)
     return seen
 
 

@@ -13,7 +13,7 @@ from botocore.stub import Stubber
 from kcl_pipeline.kcl.core.model import AT_TIMESTAMP, LATEST, SHARD_END, TRIM_HORIZON, Checkpoint
 from kcl_pipeline.kcl.records.kpl import KplStats, aggregate
 from kcl_pipeline.kcl.shells.aws import client
-from kcl_pipeline.kcl.shells.reader import ReaderError, ShardReader, paced_delay
+from kcl_pipeline.kcl.shells.read.reader import ReaderError, ShardReader, paced_delay
 from kcl_pipeline.kcl.shells.shards import KinesisUnavailable, list_shards, wait_stream_active
 
 STREAM = "orders"
@@ -629,3 +629,17 @@ def test_botocore_retries_count_against_the_five_calls_per_second(kinesis, clock
     reader.poll()
     reader.poll()
     assert clock.sleeps == [1.0]  # the second call waits for the 1 s window
+
+
+def test_a_get_records_call_botocore_retried_is_logged_with_how_long_the_shard_waited(kinesis, clock, caplog):
+    """Six throttled reads retried inside botocore held a shard for 18 s with no log line: the reader's own
+    throttle warning sees only the throttles that reach it."""
+    expect_iterator(kinesis, "it-1", ShardIteratorType="TRIM_HORIZON")
+    kinesis.stub.add_response("get_records", {"Records": [rec(A)], "MillisBehindLatest": 0,
+                                              "NextShardIterator": "it-2", **_metadata(retries=6)},
+                              {"ShardIterator": "it-1", "Limit": 10000})
+    reader = reader_for(kinesis, clock, Checkpoint(TRIM_HORIZON), polling_interval=0.0, idle_interval=0.0)
+    with caplog.at_level("WARNING", logger="kcl_pipeline.kcl.shells.read.reader"):
+        reader.poll()
+    lines = [r.getMessage() for r in caplog.records if "retries inside the call" in r.getMessage()]
+    assert lines and lines[0].startswith(f"shard {SHARD}: GetRecords answered after 6 retries inside the call")

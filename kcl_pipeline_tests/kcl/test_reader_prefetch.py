@@ -7,7 +7,7 @@ import pytest
 from botocore.stub import Stubber
 
 from kcl_pipeline.kcl.core.model import TRIM_HORIZON, Checkpoint
-from kcl_pipeline.kcl.shells.reader import MAX_RECORD_BYTES, ReaderError, ShardReader
+from kcl_pipeline.kcl.shells.read.reader import MAX_RECORD_BYTES, ReaderError, ShardReader
 
 from .test_reader import SHARD, STREAM, A, B, C, D, FakeClock, expect_iterator, rec
 
@@ -82,7 +82,7 @@ def test_the_worker_reads_with_its_configured_prefetch(kinesis, clock):
     """The worker's reader (retrieval.open_reader, what the worker opens) is bounded by
     ConsumerConfig.prefetch_bytes, not by what a GetRecords response may carry."""
     from kcl_pipeline.kcl.config import ConsumerConfig
-    from kcl_pipeline.kcl.shells.retrieval import open_reader
+    from kcl_pipeline.kcl.shells.read.retrieval import open_reader
 
     config = ConsumerConfig(stream=STREAM, application="app").with_(prefetch_bytes=3 * MiB)
     opened = open_reader(config, kinesis, STREAM, SHARD, Checkpoint(TRIM_HORIZON), kpl_stats=None,

@@ -160,7 +160,7 @@ def test_slice_after_shard_end_is_an_error():
 # -- Arrow ------------------------------------------------------------------------------------------------
 def test_arrow_schema_is_the_landing_schema():
     """kcl/ cannot import landing/; this keeps the two definitions equal."""
-    from kcl_pipeline.landing.batch import SCHEMA
+    from kcl_pipeline.zone.batch import SCHEMA
 
     assert arrow_schema() == SCHEMA
     assert make_batch().to_arrow("s").schema == SCHEMA

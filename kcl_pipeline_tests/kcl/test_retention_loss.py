@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import logging
 
-from kcl_pipeline.kcl.core import cycle as cyc
+from kcl_pipeline.kcl.core.fleet import cycle as cyc
 from kcl_pipeline.kcl.core.model import SHARD_END, TRIM_HORIZON, Checkpoint, Lease, Shard
-from kcl_pipeline.kcl.shells.manager import log_trimmed_unfinished
+from kcl_pipeline.kcl.shells.fleet.manager import log_trimmed_unfinished
 from kcl_pipeline_tests.kcl.cycle_support import drive_cycle
 
 
@@ -25,7 +25,7 @@ def test_a_lease_deleted_because_its_shard_left_the_stream_before_it_ended_is_re
     result = _cycle(leases, [Shard("k", "t", "e")])
     assert sorted(result.deleted) == ["e", "t"]
     assert result.trimmed_unfinished == [("t", Checkpoint("4000", 0))]
-    with caplog.at_level(logging.ERROR, logger="kcl_pipeline.kcl.shells.manager"):
+    with caplog.at_level(logging.ERROR, logger="kcl_pipeline.kcl.shells.fleet.manager"):
         log_trimmed_unfinished(result.trimmed_unfinished)
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert len(errors) == 1, errors

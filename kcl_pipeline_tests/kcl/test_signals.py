@@ -35,7 +35,8 @@ def test_a_stop_signal_landing_inside_event_wait_stops_instead_of_deadlocking():
 def test_the_worker_and_the_consumer_stop_through_the_pipe_not_inside_a_handler():
     import inspect
 
-    from kcl_pipeline.kcl.shells import consumer, worker
+    from kcl_pipeline.kcl.shells.fleet import consumer
+    from kcl_pipeline.kcl.shells.workers import worker
 
     for module in (worker, consumer):
         source = inspect.getsource(module)

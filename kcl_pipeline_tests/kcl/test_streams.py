@@ -6,9 +6,8 @@ from datetime import datetime, timezone
 import pytest
 
 from kcl_pipeline.kcl.config import ConfigError, ConsumerConfig
-from kcl_pipeline.kcl.core.lease_codec import lease_from_item, lease_to_item
+from kcl_pipeline.kcl.core.lineage import leases_to_create, scoped_leases
 from kcl_pipeline.kcl.core.model import Checkpoint, HashKeyRange, Shard
-from kcl_pipeline.kcl.core.planner import leases_to_create, scoped_leases
 from kcl_pipeline.kcl.core.streams import (
     StreamScope,
     multi_stream_attributes,
@@ -16,6 +15,7 @@ from kcl_pipeline.kcl.core.streams import (
     scope_of,
     stream_identifier,
 )
+from kcl_pipeline.kcl.core.table.lease_codec import lease_from_item, lease_to_item
 
 ORDERS = StreamScope("orders", "123456789012:orders:1700000000")
 CLICKS = StreamScope("clicks", "123456789012:clicks:1700000500")

@@ -11,17 +11,25 @@ import time
 import pytest
 
 from kcl_pipeline.kcl.config import ConsumerConfig
-from kcl_pipeline.kcl.core.lease_life import LifeOutcome
+from kcl_pipeline.kcl.core.lease.effects import Spawn
+from kcl_pipeline.kcl.core.lease.lease_life import LifeOutcome
 from kcl_pipeline.kcl.core.model import TRIM_HORIZON, Checkpoint, Lease
+from kcl_pipeline.kcl.processor import RecordProcessor
 from kcl_pipeline.kcl.shells.aws import client
 from kcl_pipeline.kcl.shells.lease_table import LeaseTable
 from kcl_pipeline.kcl.shells.shards import list_shards, wait_stream_active
-from kcl_pipeline.kcl.shells.worker import WORKER_PROCESS_NAME, LeaseWorker, ProcessorSpec, WorkerResult, worker_main
+from kcl_pipeline.kcl.shells.workers.worker import (
+    WORKER_PROCESS_NAME,
+    LeaseWorker,
+    ProcessorSpec,
+    WorkerResult,
+    worker_main,
+)
 
 pytestmark = pytest.mark.emulator
 
 
-class Recorder:
+class Recorder(RecordProcessor):
     """A processor that records every call; checkpoints each batch; ends the shard when told to."""
 
     def __init__(self, end_shard: bool = True, checkpoint: bool = True):
@@ -103,7 +111,7 @@ def _wait(pred, timeout=20.0):
 def test_delivers_checkpoints_and_releases_on_shutdown(setup):
     config, table, (shard,) = setup(records=30)
     proc = Recorder()
-    worker = LeaseWorker(config, table.get(shard), proc)
+    worker = LeaseWorker(config, Spawn(table.get(shard)), proc)
     t, out = _start(worker)
     _wait(lambda: len(proc.records) == 30)
     _wait(lambda: getattr(proc, "polls", 0) > 1)  # empty (idle) polls reach the processor too
@@ -121,7 +129,7 @@ def test_not_acquired_when_someone_else_holds_it(setup):
     config, table, (shard,) = setup(records=1)
     observed = table.get(shard)
     assert table.acquire(shard, "other", None, 0)
-    result = LeaseWorker(config, observed, Recorder()).run()
+    result = LeaseWorker(config, Spawn(observed), Recorder()).run()
     assert result.outcome is LifeOutcome.NOT_ACQUIRED
     assert table.get(shard).lease_owner == "other"
 
@@ -129,7 +137,7 @@ def test_not_acquired_when_someone_else_holds_it(setup):
 def test_stolen_lease_stops_delivery_and_tells_the_processor(setup, kinesis_client):
     config, table, (shard,) = setup(records=5)
     proc = Recorder()
-    worker = LeaseWorker(config, table.get(shard), proc)
+    worker = LeaseWorker(config, Spawn(table.get(shard)), proc)
     t, out = _start(worker)
     _wait(lambda: len(proc.records) == 5)
     take(table, shard, "thief")
@@ -145,7 +153,7 @@ def test_stolen_lease_stops_delivery_and_tells_the_processor(setup, kinesis_clie
 def test_heartbeat_errors_past_the_expiry_lose_the_lease(setup):
     config, table, (shard,) = setup(records=3)
     proc = Recorder(checkpoint=False)  # a synchronous checkpoint is a heartbeat too: it would raise to the processor
-    worker = LeaseWorker(config, table.get(shard), proc)
+    worker = LeaseWorker(config, Spawn(table.get(shard)), proc)
 
     def broken(*_a, **_k):
         raise RuntimeError("DynamoDB unreachable")
@@ -161,7 +169,7 @@ def test_stops_itself_when_the_keepalive_goes_stale(setup):
     config, table, (shard,) = setup(records=3)
     proc = Recorder()
     stale = time.time() - 100
-    worker = LeaseWorker(config, table.get(shard), proc, keepalive=lambda: stale, keepalive_timeout=5)
+    worker = LeaseWorker(config, Spawn(table.get(shard)), proc, keepalive=lambda: stale, keepalive_timeout=5)
     result = worker.run()
     assert result.outcome is LifeOutcome.SHUTDOWN
     assert table.get(shard).lease_owner is None
@@ -172,7 +180,7 @@ def test_shard_end_ends_the_lease_and_creates_children(setup, kinesis_client):
     kinesis_client.split_shard(StreamName=config.stream, ShardToSplit=shard, NewStartingHashKey=str(2 ** 127))
     wait_stream_active(kinesis_client, config.stream)
     proc = Recorder()
-    result = LeaseWorker(config, table.get(shard), proc).run()
+    result = LeaseWorker(config, Spawn(table.get(shard)), proc).run()
     assert result.outcome is LifeOutcome.SHARD_ENDED
     assert len(proc.records) == 10
     assert table.get(shard).is_ended
@@ -188,7 +196,7 @@ def test_shard_end_left_to_someone_else_waits_for_it(setup, kinesis_client):
     kinesis_client.split_shard(StreamName=config.stream, ShardToSplit=shard, NewStartingHashKey=str(2 ** 127))
     wait_stream_active(kinesis_client, config.stream)
     proc = Recorder(end_shard=False)
-    worker = LeaseWorker(config, table.get(shard), proc)
+    worker = LeaseWorker(config, Spawn(table.get(shard)), proc)
     t, out = _start(worker)
     _wait(lambda: ("shard_ended",) in proc.calls)
     time.sleep(1.5)  # longer than the expiry: the idle worker keeps its lease alive
@@ -204,7 +212,7 @@ def in_process_worker_main(monkeypatch):
     its SIGTERM. Keep both as they were."""
     import signal
 
-    from kcl_pipeline.kcl.shells import worker
+    from kcl_pipeline.kcl.shells.workers import worker
 
     monkeypatch.setattr(worker, "name_process", lambda name: None)
     handler = signal.getsignal(signal.SIGTERM)
@@ -219,7 +227,7 @@ def test_worker_main_reports_a_processor_that_cannot_be_built(setup, in_process_
         put = list.append
 
     results = Q()
-    in_process_worker_main(config, Lease(shard, Checkpoint(TRIM_HORIZON)),
+    in_process_worker_main(config, Spawn(Lease(shard, Checkpoint(TRIM_HORIZON))),
                            ProcessorSpec("kcl_pipeline.no_such_module:Nope"), results)
     assert results[0].outcome is LifeOutcome.FAILED and "no_such_module" in results[0].detail
 
@@ -236,7 +244,7 @@ def test_processor_failure_is_reported_not_raised(setup):
         def process_records(self, batch):
             raise ValueError("poison")
 
-    result = LeaseWorker(config, table.get(shard), Boom()).run()
+    result = LeaseWorker(config, Spawn(table.get(shard)), Boom()).run()
     assert result.outcome is LifeOutcome.FAILED and "poison" in result.detail
 
 
@@ -255,7 +263,7 @@ class LazyRecorder(Recorder):
 def test_checkpoint_rides_on_the_next_heartbeat(setup):
     config, table, (shard,) = setup(records=12)
     proc = LazyRecorder()
-    worker = LeaseWorker(config, table.get(shard), proc)
+    worker = LeaseWorker(config, Spawn(table.get(shard)), proc)
     t, out = _start(worker)
     _wait(lambda: len(proc.records) == 12)
     # Still owned, and the checkpoint arrived with a heartbeat (no separate checkpoint write).
@@ -274,7 +282,7 @@ def test_pending_checkpoint_is_flushed_after_a_loss_only_while_nobody_else_holds
     config, table, (shard,) = setup(records=6)
     proc = LazyRecorder()
     worker = LeaseWorker(config.with_(heartbeat_seconds=5.0, lease_expiry_seconds=10.0, validity_margin_seconds=1.0),
-                         table.get(shard), proc)
+                         Spawn(table.get(shard)), proc)
     t, out = _start(worker)
     _wait(lambda: len(proc.records) == 6)
     before = table.get(shard).checkpoint
@@ -303,7 +311,7 @@ def test_zombie_with_the_same_worker_id_delivers_nothing_after_a_new_incarnation
                 thaw.wait()  # frozen mid-delivery
 
     proc = Freezes(checkpoint=False)
-    worker = LeaseWorker(config, table.get(shard), proc, monotonic=lambda: clock[0])
+    worker = LeaseWorker(config, Spawn(table.get(shard)), proc, monotonic=lambda: clock[0])
     real_heartbeat = worker.table.heartbeat
     worker.table.heartbeat = lambda *a, **k: (thaw.wait(), real_heartbeat(*a, **k))[1]
     t, out = _start(worker)
@@ -325,7 +333,8 @@ def test_zombie_heartbeat_with_the_same_worker_id_is_fenced_out(setup):
     """Without the validity check (the clock did not move), the counter alone fences the zombie out."""
     config, table, (shard,) = setup(records=2)
     proc = Recorder(checkpoint=False)
-    worker = LeaseWorker(config.with_(heartbeat_seconds=100.0, lease_expiry_seconds=300.0), table.get(shard), proc)
+    worker = LeaseWorker(config.with_(heartbeat_seconds=100.0, lease_expiry_seconds=300.0), Spawn(table.get(shard)),
+                         proc)
     t, out = _start(worker)
     _wait(lambda: len(proc.records) == 2)
     take(table, shard, "me")
@@ -344,7 +353,7 @@ def test_frozen_worker_stops_delivering_when_its_validity_passes(setup):
     now = [1000.0]
     worker = LeaseWorker(config.with_(heartbeat_seconds=100.0, lease_expiry_seconds=300.0,
                                       validity_margin_seconds=10.0),
-                         table.get(shard), proc, monotonic=lambda: now[0])
+                         Spawn(table.get(shard)), proc, monotonic=lambda: now[0])
     t, out = _start(worker)
     _wait(lambda: len(proc.records) == 3)
     now[0] += 300.0 - 10.0  # exactly send + expiry - margin: no longer valid
@@ -356,7 +365,7 @@ def test_ended_lease_observed_free_is_not_acquired(setup):
     config, table, (shard,) = setup(records=1)
     observed = table.get(shard)
     assert table.end(shard)  # ended between the manager's scan and the worker's acquire
-    result = LeaseWorker(config, observed, Recorder()).run()
+    result = LeaseWorker(config, Spawn(observed), Recorder()).run()
     assert result.outcome is LifeOutcome.NOT_ACQUIRED
     assert table.get(shard).lease_owner is None
 
@@ -370,7 +379,7 @@ def test_child_is_not_read_while_a_parent_is_in_progress(setup, kinesis_client):
     assert table.end(shards[0])  # one parent finished, the other still in progress
     table.create(Lease(child.shard_id, Checkpoint(TRIM_HORIZON), parent_shard_ids=child.parent_ids))
     proc = Recorder()
-    result = LeaseWorker(config, table.get(child.shard_id), proc).run()
+    result = LeaseWorker(config, Spawn(table.get(child.shard_id)), proc).run()
     assert result.outcome is LifeOutcome.BLOCKED_ON_PARENTS and shards[1] in result.detail
     assert proc.calls == []  # never initialised, never read
     assert table.get(child.shard_id).lease_owner is None  # given back at once
@@ -396,7 +405,7 @@ def test_heartbeat_hook_failures_fall_back_to_a_plain_heartbeat(setup, attrs):
     # room on a loaded machine (the lease lapsed under Python 3.13 beside other work).
     config = dataclasses.replace(config, heartbeat_seconds=0.4, lease_expiry_seconds=2.5, validity_margin_seconds=0.3)
     proc = BadHook(attrs)
-    worker = LeaseWorker(config, table.get(shard), proc)
+    worker = LeaseWorker(config, Spawn(table.get(shard)), proc)
     t, out = _start(worker)
     _wait(lambda: len(proc.records) == 2)
     first = table.get(shard).lease_counter
@@ -461,7 +470,7 @@ def test_a_lease_of_a_deleted_and_recreated_stream_is_not_read_from_the_new_stre
     key = old.lease_key("shardId-000000000000")
     table.create(Lease(key, Checkpoint(TRIM_HORIZON)))
     proc = Recorder()
-    worker = LeaseWorker(config, table.get(key), proc)
+    worker = LeaseWorker(config, Spawn(table.get(key)), proc)
     t, out = _start(worker)
     t.join(30)
     if t.is_alive():  # it is reading the new stream: stop it, and fail below rather than hang
@@ -506,7 +515,7 @@ def test_a_holder_asked_to_hand_off_by_a_java_leader_renews_until_its_last_write
     the new owner re-reads what was landed; the holder renews as checkpointOwner meanwhile, as Java's does."""
     config, table, (shard,) = setup(records=20)
     proc = SlowToLand(seconds=3 * config.lease_expiry_seconds)
-    worker = LeaseWorker(config, table.get(shard), proc)
+    worker = LeaseWorker(config, Spawn(table.get(shard)), proc)
     t, out = _start(worker)
     _wait(lambda: len(proc.records) == 20)
     time.sleep(3 * config.heartbeat_seconds)
@@ -530,3 +539,38 @@ def test_a_holder_asked_to_hand_off_by_a_java_leader_renews_until_its_last_write
     assert lease.lease_owner == "java-worker-2" and "checkpointOwner" not in lease.extra
     assert lease.checkpoint == proc.records[-1].checkpoint  # the hand-off's last write carried it
     assert ("shutdown_requested",) in proc.calls and ("lease_lost",) not in proc.calls
+
+
+@pytest.mark.parametrize("handoff", [False, True], ids=["cold-steal", "hand-off"])
+def test_a_steal_whose_holder_renewed_since_the_scan_still_takes_the_lease(setup, handoff):
+    """The steal was decided on a scan; the spawn and the worker's start took longer than a heartbeat (a busy
+    host), and the holder renewed meanwhile. The take, or the hand-off's ask, was conditioned on the scan's
+    counter and failed every time: on a slow host the fleet never balanced (the simulation's slow spawns). The
+    worker now re-reads the lease and steals from the same holder at its current counter."""
+    config, table, (shard,) = setup(records=5)
+    held = table.acquire(shard, "peer", None, 0)
+    observed = table.get(shard)
+    assert held is not None and table.heartbeat(shard, "peer", held.lease_counter)  # renewed after the scan
+    proc = Recorder()
+    worker = LeaseWorker(config, Spawn(observed, stolen=True, handoff=handoff), proc)
+    t, out = _start(worker)
+    _wait(lambda: len(proc.records) == 5)  # the peer never answers: a hand-off is taken cold at its timeout
+    worker.stop.set()
+    t.join(10)
+    assert out[0].outcome is LifeOutcome.SHUTDOWN
+
+
+@pytest.mark.parametrize("moved", ["released", "taken-by-another"])
+def test_a_steal_whose_holder_let_go_since_the_scan_takes_nothing(setup, moved):
+    """Re-targeting follows the same holder only: a lease released or taken by a third consumer since the
+    scan is a new situation for the next cycle to judge, not this steal's."""
+    config, table, (shard,) = setup(records=1)
+    held = table.acquire(shard, "peer", None, 0)
+    observed = table.get(shard)
+    if moved == "released":
+        assert table.release(shard, "peer", held.lease_counter)
+    else:
+        assert table.acquire(shard, "third", "peer", held.lease_counter)
+    result = LeaseWorker(config, Spawn(observed, stolen=True), Recorder()).run()
+    assert result.outcome is LifeOutcome.NOT_ACQUIRED and "moved on since the steal" in result.detail
+    assert table.get(shard).lease_owner == (None if moved == "released" else "third")

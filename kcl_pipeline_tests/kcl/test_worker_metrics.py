@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import pytest
 
-from kcl_pipeline.kcl.core import effects as fx
-from kcl_pipeline.kcl.core.coordinator_state import MigrationState
-from kcl_pipeline.kcl.core.fleet_mode import FleetView
-from kcl_pipeline.kcl.core.worker_metrics import metrics_update, worker_metrics_table
-from kcl_pipeline.kcl.shells.kcl3_tables import publish
+from kcl_pipeline.kcl.core.fleet.fleet_mode import FleetView
+from kcl_pipeline.kcl.core.lease import effects as fx
+from kcl_pipeline.kcl.core.table.coordinator_state import MigrationState
+from kcl_pipeline.kcl.core.table.worker_metrics import metrics_update, worker_metrics_table
+from kcl_pipeline.kcl.shells.fleet.kcl3_tables import publish
 
 # A table a KCL 3.x fleet is upgrading: the only kind that gets worker metrics (a 2.x table gets none:
 # test_kcl2_table_items.py).
@@ -55,7 +55,7 @@ def test_publish_creates_the_table_and_keeps_attributes_it_does_not_manage(dynam
 # -- when and what the manager cycle publishes (pure) -----------------------------------------------------------
 
 def test_worker_metrics_are_due_at_the_first_cycle_then_once_per_period():
-    from kcl_pipeline.kcl.core.cycle import worker_metrics_due
+    from kcl_pipeline.kcl.core.fleet.cycle import worker_metrics_due
 
     assert worker_metrics_due(None, 5.0, 30.0)
     assert not worker_metrics_due(5.0, 34.9, 30.0) and worker_metrics_due(5.0, 35.0, 30.0)
@@ -65,7 +65,7 @@ def test_worker_metrics_are_due_at_the_first_cycle_then_once_per_period():
 def test_a_consumers_throughput_is_what_its_holders_reported_on_its_live_leases():
     from dataclasses import replace
 
-    from kcl_pipeline.kcl.core.cycle import worker_throughput_kbps
+    from kcl_pipeline.kcl.core.fleet.cycle import worker_throughput_kbps
     from kcl_pipeline.kcl.core.model import SHARD_END, Checkpoint, Lease
 
     def lease(key, owner, kbps, checkpoint="5"):
@@ -80,7 +80,7 @@ def test_a_consumers_throughput_is_what_its_holders_reported_on_its_live_leases(
 def test_the_cycle_publishes_on_its_period_and_keeps_the_recent_values():
     import random
 
-    from kcl_pipeline.kcl.core import cycle as cyc
+    from kcl_pipeline.kcl.core.fleet import cycle as cyc
     from kcl_pipeline.kcl.core.model import TRIM_HORIZON, Checkpoint, Shard
 
     state = cyc.ManagerState(shards=[Shard("s-0")], list_next=False, fleet=UPGRADING)
@@ -109,7 +109,7 @@ def test_the_cycle_publishes_on_its_period_and_keeps_the_recent_values():
 # -- reading the fleet's items: idle consumers count in the balance's mean ---------------------------------------
 
 def test_last_updates_skips_items_it_cannot_read():
-    from kcl_pipeline.kcl.core.worker_metrics import last_updates
+    from kcl_pipeline.kcl.core.table.worker_metrics import last_updates
 
     items = [{"wid": {"S": "a"}, "lut": {"N": "100"}}, {"wid": {"S": "b"}, "lut": {"N": "not-a-number"}},
              {"wid": {"S": "c"}}, {"lut": {"N": "5"}}, {"wid": {"S": "d"}, "lut": {"N": "NaN"}},
@@ -118,13 +118,13 @@ def test_last_updates_skips_items_it_cannot_read():
 
 
 def test_a_worker_is_live_while_its_item_is_fresh():
-    from kcl_pipeline.kcl.core.worker_metrics import live_workers
+    from kcl_pipeline.kcl.core.table.worker_metrics import live_workers
 
     assert live_workers({"a": 100.0, "b": 30.0, "c": 69.0}, 100.0, 31.0) == {"a", "c"}
 
 
 def test_idle_consumers_are_live_peers_holding_no_live_lease():
-    from kcl_pipeline.kcl.core.cycle import idle_consumers
+    from kcl_pipeline.kcl.core.fleet.cycle import idle_consumers
     from kcl_pipeline.kcl.core.model import SHARD_END, Checkpoint, Lease
 
     leases = [Lease("s1", Checkpoint("5"), "busy", 1), Lease("s2", Checkpoint(SHARD_END), "ended-only", 1)]
@@ -139,7 +139,7 @@ def test_the_cycle_counts_idle_peers_from_their_worker_metrics_in_the_balance():
     import random
     from dataclasses import replace
 
-    from kcl_pipeline.kcl.core import cycle as cyc
+    from kcl_pipeline.kcl.core.fleet import cycle as cyc
     from kcl_pipeline.kcl.core.model import TRIM_HORIZON, Checkpoint, Lease, Shard
 
     def lease(key, owner, kbps):
@@ -177,7 +177,7 @@ def test_the_cycle_counts_idle_peers_from_their_worker_metrics_in_the_balance():
 
 @pytest.mark.emulator
 def test_read_last_updates_reads_every_workers_item_and_no_table_is_no_peers(dynamodb_client, unique_name):
-    from kcl_pipeline.kcl.shells.kcl3_tables import read_last_updates
+    from kcl_pipeline.kcl.shells.fleet.kcl3_tables import read_last_updates
 
     app = unique_name("wmread")
     assert read_last_updates(dynamodb_client, app) == {}

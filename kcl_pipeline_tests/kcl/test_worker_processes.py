@@ -21,9 +21,9 @@ from click.testing import CliRunner
 
 from kcl_pipeline.cli import main
 from kcl_pipeline.kcl.config import WORKER_START_METHOD_ENV, ConfigError, ConsumerConfig
-from kcl_pipeline.kcl.shells import worker_processes as wp
-from kcl_pipeline.kcl.shells.memory import process_name
-from kcl_pipeline.kcl.shells.worker_processes import (
+from kcl_pipeline.kcl.shells.workers import worker_processes as wp
+from kcl_pipeline.kcl.shells.workers.memory import process_name
+from kcl_pipeline.kcl.shells.workers.worker_processes import (
     PRELOAD,
     SERVER_PROCESS_NAME,
     WARM_UP_MODULE,
@@ -67,11 +67,16 @@ def _watch_parent(out: str) -> None:
     """As a worker starts (worker_main) and tests its parent (worker.py `_should_stop`): it changed since."""
     wp.detach_from_server()
     first = os.getppid()
-    Path(out + ".started").write_text(json.dumps({"pid": os.getpid(), "ppid": first}))
+    # Written whole, then renamed: the test polls for the name and reads it at once.
+    staged = Path(out + ".started.tmp")
+    staged.write_text(json.dumps({"pid": os.getpid(), "ppid": first}))
+    staged.rename(out + ".started")
     deadline = time.monotonic() + 120
     while os.getppid() == first and time.monotonic() < deadline:
         time.sleep(0.05)
-    Path(out).write_text("parent gone" if os.getppid() != first else "still there")
+    staged = Path(out + ".tmp")
+    staged.write_text("parent gone" if os.getppid() != first else "still there")
+    staged.rename(out)
 
 
 def _wait_for(predicate, timeout: float, what: str):
@@ -89,10 +94,10 @@ def _wait_for(predicate, timeout: float, what: str):
 def test_the_preload_list_holds_the_heavy_modules_the_processor_and_the_warm_up_last():
     modules = preload_modules("my.processors:Factory")
     assert modules[:len(PRELOAD)] == list(PRELOAD)
-    assert {"boto3", "botocore", "pyarrow", "kcl_pipeline.kcl.shells.worker",
-            "kcl_pipeline.landing.sink"} <= set(PRELOAD)
+    assert {"boto3", "botocore", "pyarrow", "kcl_pipeline.kcl.shells.workers.worker",
+            "kcl_pipeline.zone.sink"} <= set(PRELOAD)
     assert modules[-2:] == ["my.processors", WARM_UP_MODULE]
-    assert preload_modules("kcl_pipeline.landing.sink:LandingProcessor") == [*PRELOAD, WARM_UP_MODULE]
+    assert preload_modules("kcl_pipeline.zone.sink:LandingProcessor") == [*PRELOAD, WARM_UP_MODULE]
     assert preload_modules(None) == [*PRELOAD, WARM_UP_MODULE]
 
 
@@ -217,7 +222,7 @@ def test_a_worker_runs_with_its_hosts_environment_as_of_its_start(method, monkey
 
 HOST = """
 import sys, time
-from kcl_pipeline.kcl.shells.worker_processes import WorkerProcesses, preload_modules
+from kcl_pipeline.kcl.shells.workers.worker_processes import WorkerProcesses, preload_modules
 from kcl_pipeline_tests.kcl.test_worker_processes import _watch_parent
 
 if __name__ == "__main__":
@@ -362,7 +367,7 @@ def test_the_warm_up_never_raises_and_names_what_it_missed(monkeypatch):
     monkeypatch.setattr(wp, "_warm_botocore", broken)
     monkeypatch.setattr(wp, "_warm_pyarrow", lambda: None)
     monkeypatch.setattr(wp.gc, "freeze", lambda: None)  # not this test process's heap
-    monkeypatch.setattr("kcl_pipeline.kcl.shells.worker.name_process", lambda name: None)
+    monkeypatch.setattr("kcl_pipeline.kcl.shells.workers.worker.name_process", lambda name: None)
     assert wp.warm_up() == ["botocore: RuntimeError: no data"]
 
 
@@ -371,11 +376,11 @@ def test_the_warm_up_never_raises_and_names_what_it_missed(monkeypatch):
 @pytest.mark.parametrize("method", METHODS)
 def test_a_manager_works_its_leases_with_workers_of_either_method(method, emulators, kinesis_client, dynamodb_client,
                                                                   unique_name, tmp_path):
+    from kcl_pipeline.kcl.shells.fleet.manager import LeaseManager
     from kcl_pipeline.kcl.shells.lease_table import LeaseTable
-    from kcl_pipeline.kcl.shells.manager import LeaseManager
-    from kcl_pipeline.kcl.shells.memory import measure
     from kcl_pipeline.kcl.shells.shards import wait_stream_active
-    from kcl_pipeline.kcl.shells.worker import ProcessorSpec
+    from kcl_pipeline.kcl.shells.workers.memory import measure
+    from kcl_pipeline.kcl.shells.workers.worker import ProcessorSpec
 
     stream, app = unique_name("sm"), unique_name("smapp")
     kinesis_client.create_stream(StreamName=stream, ShardCount=2)
@@ -435,7 +440,7 @@ def test_glibcs_trim_is_found_and_runs():
 def test_the_worker_trims_when_a_poll_finds_the_shard_caught_up():
     import inspect
 
-    from kcl_pipeline.kcl.shells.worker import LeaseWorker
+    from kcl_pipeline.kcl.shells.workers.worker import LeaseWorker
 
     source = inspect.getsource(LeaseWorker._deliver)
     assert "if batch.millis_behind_latest == 0:" in source and "self.heap.caught_up(" in source
@@ -463,7 +468,7 @@ def test_glibcs_mallopt_is_found_and_takes_the_threshold():
 def test_a_worker_pins_the_threshold_first_thing():
     import inspect
 
-    from kcl_pipeline.kcl.shells.worker import worker_main
+    from kcl_pipeline.kcl.shells.workers.worker import worker_main
 
     lines = [line.strip() for line in inspect.getsource(worker_main).splitlines()]
     body = [line for line in lines if line and not line.startswith(('"""', "def ", "results,", "log_level"))]
@@ -477,7 +482,7 @@ def test_the_servers_allocator_module_chooses_arrows_pool_unless_the_environment
     env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
     if named:
         env["ARROW_DEFAULT_MEMORY_POOL"] = named
-    code = ("import kcl_pipeline.kcl.shells.forkserver_allocator, pyarrow; "
+    code = ("import kcl_pipeline.kcl.shells.workers.forkserver_allocator, pyarrow; "
             "print(pyarrow.default_memory_pool().backend_name)")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

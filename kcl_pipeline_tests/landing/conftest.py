@@ -5,8 +5,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from kcl_pipeline.kcl.shells.aws import AwsSettings, client
-from kcl_pipeline.landing.store import ZoneStore, open_store
+from kcl_pipeline.kcl.aws_settings import AwsSettings
+from kcl_pipeline.kcl.shells.aws import client
+from kcl_pipeline.zone.store import ZoneStore, open_store
 
 
 @dataclass(frozen=True)
@@ -57,5 +58,5 @@ def memory_zone(unique_name) -> TestZone:
 
 @pytest.fixture(params=["local", "s3", "memory"])
 def every_store(request) -> TestZone:
-    """The three stores of landing/store.py (a directory, S3 on the moto server, memory): one contract."""
+    """The three stores of zone/store.py (a directory, S3 on the moto server, memory): one contract."""
     return request.getfixturevalue(f"{request.param}_zone")

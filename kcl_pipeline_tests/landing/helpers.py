@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 from kcl_pipeline.kcl.core.model import Checkpoint, UserRecord
 from kcl_pipeline.kcl.processor import InitializationInput, ProcessRecordsInput
-from kcl_pipeline.landing.layout import MINUTE_MS
-from kcl_pipeline.landing.store import UPLOAD_PART_BYTES, ZoneStore
+from kcl_pipeline.zone.layout import MINUTE_MS
+from kcl_pipeline.zone.store import UPLOAD_PART_BYTES, ZoneStore
 
 T0 = 1_795_316_400_000  # 2026-11-22T03:00:00Z, a whole hour
 SHARD = "shardId-000000000000"
@@ -181,7 +181,7 @@ def write_commit(output: ZoneStore, start_ms: int, end_ms: int, batches, transfo
     import json
     from datetime import datetime, timezone
 
-    from kcl_pipeline.transform.manifest import WindowCommit, commit_key
+    from kcl_pipeline.windows.manifest import WindowCommit, commit_key
 
     partition = f"window={datetime.fromtimestamp(start_ms / 1000, tz=timezone.utc):%Y%m%dT%H%M%SZ}"
     datasets = {}

@@ -5,9 +5,7 @@ import os
 
 import pytest
 
-from kcl_pipeline.kcl.core.lease_rules import CLAIM_OWNER_ATTRIBUTE
-from kcl_pipeline.kcl.core.model import Checkpoint, Lease
-from kcl_pipeline.landing.audit import (
+from kcl_pipeline.audit.lineage import (
     AuditReport,
     OutputCounts,
     audit_window,
@@ -18,12 +16,14 @@ from kcl_pipeline.landing.audit import (
     output_partition,
     read_output_counts,
 )
-from kcl_pipeline.landing.layout import MINUTE_MS, BatchKey
-from kcl_pipeline.landing.progress import ShardProgress
-from kcl_pipeline.landing.sink import LandingProcessor
-from kcl_pipeline.landing.store import open_store
-from kcl_pipeline.landing.stream_audit import audit
-from kcl_pipeline.landing.verify import ChainReport, Gap, list_batches
+from kcl_pipeline.audit.stream import audit
+from kcl_pipeline.kcl.core.model import Checkpoint, Lease
+from kcl_pipeline.kcl.core.table.lease_rules import CLAIM_OWNER_ATTRIBUTE
+from kcl_pipeline.zone.chain import ChainReport, Gap, list_batches
+from kcl_pipeline.zone.layout import MINUTE_MS, BatchKey
+from kcl_pipeline.zone.progress import ShardProgress
+from kcl_pipeline.zone.sink import LandingProcessor
+from kcl_pipeline.zone.store import open_store
 
 from .helpers import SHARD, STREAM, T0, Clock, deliver, init, make_records, seq, write_commit
 
@@ -172,7 +172,7 @@ def test_audit_finds_a_lost_batch_a_count_mismatch_and_an_early_checkpoint(lande
 
 
 def test_audit_counts_records_landed_twice(landed):
-    from kcl_pipeline.landing.batch import encode_batch
+    from kcl_pipeline.zone.batch import encode_batch
 
     uri, store, out, records = landed
     dup = records[SHARD][5:9]
@@ -272,7 +272,7 @@ def test_chain_detects_a_deleted_batch_when_the_previous_window_is_empty(sparse)
 
 
 def test_chain_detects_a_duplicated_batch(sparse):
-    from kcl_pipeline.landing.batch import encode_batch
+    from kcl_pipeline.zone.batch import encode_batch
 
     uri, store, out, records = sparse
     copy = encode_batch(STREAM, SHARD, records[2:9], records[1].checkpoint)
@@ -283,7 +283,7 @@ def test_chain_detects_a_duplicated_batch(sparse):
 
 def test_chain_detects_a_reordered_batch(sparse):
     """A batch replaced by one that covers the same records but names another predecessor (re-ordered chain)."""
-    from kcl_pipeline.landing.batch import encode_batch
+    from kcl_pipeline.zone.batch import encode_batch
 
     uri, store, out, records = sparse
     batches = sorted(list_batches(store, STREAM, T0, T0 + W), key=lambda b: b.first.key())
@@ -297,7 +297,7 @@ def test_chain_detects_a_reordered_batch(sparse):
 
 
 def test_a_backfills_first_batch_is_a_valid_chain_start(local_zone, tmp_path):
-    from kcl_pipeline.landing.batch import encode_batch
+    from kcl_pipeline.zone.batch import encode_batch
 
     uri, store = local_zone
     records = make_records(20, per_minute=10)
@@ -317,7 +317,7 @@ def test_the_overlap_sweep_finds_exactly_the_batches_a_pairwise_comparison_finds
     two shards interleaved)."""
     import random
 
-    from kcl_pipeline.landing.layout import overlapping_batches
+    from kcl_pipeline.zone.layout import overlapping_batches
 
     rng = random.Random(11)
     for trial in range(400):

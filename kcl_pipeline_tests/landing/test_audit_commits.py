@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from kcl_pipeline.kcl.core.model import Checkpoint, Lease
-from kcl_pipeline.landing.audit import (
+from kcl_pipeline.audit.lineage import (
     audit_window,
     check_checkpoints,
     materialised_windows,
     read_output_counts,
 )
-from kcl_pipeline.landing.batch import encode_batch, read_batch_info
-from kcl_pipeline.landing.layout import MINUTE_MS
-from kcl_pipeline.landing.progress import ShardProgress
-from kcl_pipeline.landing.sink import LandingProcessor
-from kcl_pipeline.landing.verify import list_batches
-from kcl_pipeline.transform.manifest import CommitFormatError, commit_key
+from kcl_pipeline.kcl.core.model import Checkpoint, Lease
+from kcl_pipeline.windows.manifest import CommitFormatError, commit_key
+from kcl_pipeline.zone.batch import encode_batch, read_batch_info
+from kcl_pipeline.zone.chain import list_batches
+from kcl_pipeline.zone.layout import MINUTE_MS
+from kcl_pipeline.zone.progress import ShardProgress
+from kcl_pipeline.zone.sink import LandingProcessor
 
 from .helpers import SHARD, STREAM, T0, Clock, deliver, init, make_records, write_commit
 
@@ -139,7 +139,7 @@ def test_a_truncated_dataset_manifest_is_not_what_the_audit_reads(zone):
 
 
 def test_the_checkpoints_check_takes_the_commits_batch_list():
-    from kcl_pipeline.landing.layout import BatchKey
+    from kcl_pipeline.zone.layout import BatchKey
 
     from .helpers import seq
 

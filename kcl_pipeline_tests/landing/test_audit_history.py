@@ -7,17 +7,17 @@ import re
 
 import pytest
 
+from kcl_pipeline.audit.history import AuditIncompleteError, audit_history
+from kcl_pipeline.audit.index import index_key
+from kcl_pipeline.audit.stream import audit
 from kcl_pipeline.kcl.core.model import Checkpoint, Lease
-from kcl_pipeline.landing.audit_history import AuditIncompleteError, audit_history
-from kcl_pipeline.landing.audit_index import index_key
-from kcl_pipeline.landing.batch import read_batch_info
-from kcl_pipeline.landing.errors import ZoneUnavailableError
-from kcl_pipeline.landing.layout import MINUTE_MS
-from kcl_pipeline.landing.progress import ShardProgress
-from kcl_pipeline.landing.sink import LandingProcessor
-from kcl_pipeline.landing.stream_audit import audit
-from kcl_pipeline.landing.verify import list_batches
-from kcl_pipeline.transform.manifest import commit_key
+from kcl_pipeline.windows.manifest import commit_key
+from kcl_pipeline.zone.batch import read_batch_info
+from kcl_pipeline.zone.chain import list_batches
+from kcl_pipeline.zone.errors import ZoneUnavailableError
+from kcl_pipeline.zone.layout import MINUTE_MS
+from kcl_pipeline.zone.progress import ShardProgress
+from kcl_pipeline.zone.sink import LandingProcessor
 
 from .helpers import SHARD, STREAM, T0, Clock, ForwardingStore, deliver, init, make_records, write_commit
 
@@ -204,7 +204,7 @@ def test_the_index_of_another_zone_is_not_used(history, tmp_path):
     store, output, _ = history
     run(store, output)
     other = LandingProcessor(str(tmp_path), STREAM)  # noqa: F841 - a second zone, same output
-    from kcl_pipeline.landing.store import open_store
+    from kcl_pipeline.zone.store import open_store
 
     empty = open_store(str(tmp_path))
     report = run(empty, output)
@@ -219,7 +219,7 @@ def test_the_command_audits_the_whole_history_and_fails_on_an_old_stalled_window
 
     from kcl_pipeline.cli import main
     from kcl_pipeline.kcl.shells.lease_table import LeaseTable
-    from kcl_pipeline.landing.store import open_store
+    from kcl_pipeline.zone.store import open_store
 
     application = unique_name("audit")
     LeaseTable(application, dynamodb_client).ensure_table()  # empty: no checkpoint to compare
@@ -244,7 +244,7 @@ def test_the_command_audits_the_whole_history_and_fails_on_an_old_stalled_window
 def test_an_output_not_created_yet_is_a_history_never_transformed(local_zone, tmp_path):
     store = local_zone.store
     land(store, minutes=3)
-    from kcl_pipeline.landing.store import open_store
+    from kcl_pipeline.zone.store import open_store
 
     missing = open_store(str(tmp_path / "no-output"))
     report = run(store, missing, now_ms=T0 + W - 1)  # no window is overdue yet
@@ -268,7 +268,7 @@ def test_unreadable_batches_and_commits_and_foreign_keys_fail_naming_them(histor
 
 
 def test_records_landed_twice_fail_the_chain_and_are_counted_as_duplicates(history):
-    from kcl_pipeline.landing.batch import encode_batch
+    from kcl_pipeline.zone.batch import encode_batch
 
     store, output, records = history
     copy = encode_batch(STREAM, SHARD, records[41:43], records[40].checkpoint)  # two records of window 10 again

@@ -8,12 +8,12 @@ import pytest
 
 from kcl_pipeline.kcl.core.model import Checkpoint, Lease, Shard, UserRecord
 from kcl_pipeline.kcl.shells.aws import client
-from kcl_pipeline.landing.backfill import BackfillPace, backfill_range, cut_batch, live_shards, start_position
-from kcl_pipeline.landing.layout import MINUTE_MS, minute_of
-from kcl_pipeline.landing.progress import ShardProgress
-from kcl_pipeline.landing.store import open_store
-from kcl_pipeline.landing.verify import list_batches, read_batches, verify_batches
 from kcl_pipeline.local.producer import produce
+from kcl_pipeline.windows.backfill import BackfillPace, backfill_range, cut_batch, live_shards, start_position
+from kcl_pipeline.zone.chain import list_batches, read_batches, verify_batches
+from kcl_pipeline.zone.layout import MINUTE_MS, minute_of
+from kcl_pipeline.zone.progress import ShardProgress
+from kcl_pipeline.zone.store import open_store
 
 from .helpers import T0, seq
 

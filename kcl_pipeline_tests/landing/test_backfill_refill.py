@@ -4,18 +4,21 @@ A backfill reads from AT_TIMESTAMP and so does not know the record before its fi
 started its minute (the range's first), the refill landed under a start chain of its own, fenced by no live
 link, cut where its own buffer happened to flush; the live successor still named the lost key, and the
 chain was reported broken for ever with no record missing. The fuzz below lands a live chain, deletes a
-batch, refills it, and asks the whole-history chain (and the rows) to come out whole."""
+batch, refills it, and asks the whole-history chain (and the rows) to come out whole, and the refilled batch's
+footer to make the claims the lost one made (its predecessor's position and key)."""
 from __future__ import annotations
 
 import random
 
+from kcl_pipeline.audit.verify import verify_zone
 from kcl_pipeline.kcl.core.model import LATEST, SHARD_END, Checkpoint, Lease, UserRecord
 from kcl_pipeline.kcl.processor import ProcessRecordsInput
-from kcl_pipeline.landing.backfill import BackfillPace, backfill_range, live_predecessor
-from kcl_pipeline.landing.layout import MINUTE_MS, minute_of
-from kcl_pipeline.landing.sink import LandingProcessor
-from kcl_pipeline.landing.store import MemoryZoneStore
-from kcl_pipeline.landing.verify import list_batches, read_batches, verify_zone
+from kcl_pipeline.windows.backfill import BackfillPace, backfill_range, live_predecessor
+from kcl_pipeline.zone.batch import read_batch_info
+from kcl_pipeline.zone.chain import list_batches, read_batches
+from kcl_pipeline.zone.layout import MINUTE_MS, minute_of
+from kcl_pipeline.zone.sink import LandingProcessor
+from kcl_pipeline.zone.store import MemoryZoneStore
 
 from .fake_kinesis import FakeKinesis, Ticking
 from .helpers import SHARD, STREAM, T0, Clock, RecordingCheckpointer, init, make_records
@@ -54,6 +57,7 @@ def refill_case(seed: int, zone) -> str | None:
     before = rows(store)
     batches = list_batches(store, STREAM)
     lost = rng.choice(batches)
+    claims = read_batch_info(store, lost)
     store.delete([lost.key()])
     # The range starts at the lost batch's minute (the case that broke), or a few minutes earlier.
     start = lost.minute_ms - rng.choice([0, 0, 1, 2]) * MINUTE_MS
@@ -67,11 +71,15 @@ def refill_case(seed: int, zone) -> str | None:
         return f"seed {seed}: chain broken after the refill of {lost.key()}: {verified.lines()[1:4]}"
     if lost.key() not in {b.key() for b in list_batches(store, STREAM)}:
         return f"seed {seed}: {lost.key()} was refilled under other keys ({report.records_landed} records landed)"
+    refilled = read_batch_info(store, lost)
+    if (refilled.prev, refilled.prev_key) != (claims.prev, claims.prev_key):
+        return (f"seed {seed}: {lost.key()} was refilled naming predecessor {refilled.prev} {refilled.prev_key}, "
+                f"the live writer's named {claims.prev} {claims.prev_key}")
     return None
 
 
 def test_fuzzed_refills_of_a_lost_batch_leave_the_chain_whole(memory_zone, tmp_path):
-    from kcl_pipeline.landing.store import open_store
+    from kcl_pipeline.zone.store import open_store
 
     broken = []
     for seed in range(40):

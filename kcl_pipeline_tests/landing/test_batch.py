@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from kcl_pipeline.kcl.core.model import Checkpoint
-from kcl_pipeline.landing.batch import (
+from kcl_pipeline.zone.batch import (
     SCHEMA,
     decode_batch,
     encode_batch,
@@ -16,8 +16,8 @@ from kcl_pipeline.landing.batch import (
     parse_position,
     read_batch_info,
 )
-from kcl_pipeline.landing.errors import CorruptBatchError
-from kcl_pipeline.landing.layout import BatchKey, parse_batch_key
+from kcl_pipeline.zone.errors import CorruptBatchError
+from kcl_pipeline.zone.layout import BatchKey, parse_batch_key
 
 from .helpers import SHARD, STREAM, T0, make_records, seq
 
@@ -156,7 +156,7 @@ def test_big_batches_are_written_in_row_groups():
 def test_the_encoded_body_is_written_once_and_arrow_holds_one_row_group_at_a_time(monkeypatch):
     """The body is the buffer Parquet was written into (bytes, not a copy out of an Arrow stream), and Arrow's
     memory during the encoding is about one row group's, not the whole body's."""
-    import kcl_pipeline.landing.batch as batch_module
+    import kcl_pipeline.zone.batch as batch_module
 
     pool = pa.proxy_memory_pool(pa.system_memory_pool())
     monkeypatch.setattr(batch_module, "_POOL", pool)

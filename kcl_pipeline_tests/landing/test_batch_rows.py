@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from kcl_pipeline.kcl.core.model import Checkpoint, UserRecord
-from kcl_pipeline.landing.batch import (
+from kcl_pipeline.zone.batch import (
     ROWS_FORMAT,
     ROWS_MAGIC,
     SCHEMA,
@@ -19,9 +19,9 @@ from kcl_pipeline.landing.batch import (
     encode_batch,
     read_batch_info,
 )
-from kcl_pipeline.landing.errors import CorruptBatchError
-from kcl_pipeline.landing.layout import BatchKey
-from kcl_pipeline.landing.store import MemoryZoneStore
+from kcl_pipeline.zone.errors import CorruptBatchError
+from kcl_pipeline.zone.layout import BatchKey
+from kcl_pipeline.zone.store import MemoryZoneStore
 
 from .helpers import SHARD, STREAM, T0, make_records, seq
 

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from kcl_pipeline.kcl.core.model import Checkpoint, Lease, Shard
 from kcl_pipeline.kcl.core.streams import StreamScope
-from kcl_pipeline.landing.checkpoint_commit import commit_checkpoints
-from kcl_pipeline.landing.layout import BatchKey, link_key
-from kcl_pipeline.landing.store import open_store
-from kcl_pipeline.landing.stream_slice import StreamSlice
-from kcl_pipeline.transform.manifest import WindowCommit, commit_key
+from kcl_pipeline.windows.checkpoints.run import commit_checkpoints
+from kcl_pipeline.windows.manifest import WindowCommit, commit_key
+from kcl_pipeline.zone.layout import BatchKey, link_key
+from kcl_pipeline.zone.store import open_store
+from kcl_pipeline.zone.stream_slice import StreamSlice
 
 from .helpers import T0, seq
 
@@ -49,7 +49,7 @@ def test_a_commit_plans_from_the_zone_commits_and_names_the_late_batches(tmp_pat
     leases = [Lease(A, TH, lease_owner="w")]
     table = Table(leases)
 
-    report = commit_checkpoints(table, StreamSlice(StreamScope("s"), leases, [Shard(A)]), zone, output, {},
+    report = commit_checkpoints(table, StreamSlice(StreamScope("s"), leases, [Shard(A)]), zone, output,
                                 window_ms=W, first_window_ms=T0, initial=TH, grace_ms=0)
 
     assert table.checkpoints == {A: Checkpoint(seq(5))}  # never past the batch no run transformed

@@ -12,15 +12,16 @@ import pytest
 
 from kcl_pipeline.kcl.core.model import Checkpoint, Lease, Shard
 from kcl_pipeline.kcl.core.streams import StreamScope
-from kcl_pipeline.landing.checkpoint_commit import FRONTIER_KEY, commit_checkpoints
-from kcl_pipeline.landing.checkpoint_plan import chain_evidence, plan_checkpoints
-from kcl_pipeline.landing.layout import BatchKey, link_key, parse_link_key
-from kcl_pipeline.landing.progress import ShardProgress
-from kcl_pipeline.landing.sink import LandingProcessor
-from kcl_pipeline.landing.store import open_store
-from kcl_pipeline.landing.stream_slice import StreamSlice
-from kcl_pipeline.landing.verify import list_batches
-from kcl_pipeline.transform.manifest import WindowCommit, commit_key
+from kcl_pipeline.windows.checkpoints.plan import chain_evidence, plan_checkpoints
+from kcl_pipeline.windows.checkpoints.record import RECORD_KEY
+from kcl_pipeline.windows.checkpoints.run import commit_checkpoints
+from kcl_pipeline.windows.manifest import WindowCommit, commit_key
+from kcl_pipeline.zone.chain import list_batches
+from kcl_pipeline.zone.layout import BatchKey, link_key, parse_link_key
+from kcl_pipeline.zone.progress import ShardProgress
+from kcl_pipeline.zone.sink import LandingProcessor
+from kcl_pipeline.zone.store import open_store
+from kcl_pipeline.zone.stream_slice import StreamSlice
 
 from .helpers import SHARD, STREAM, T0, Clock, RecordingLeaseTable, deliver, init, make_records, seq
 
@@ -61,14 +62,14 @@ def checkpoint(zone, output, lease: Lease,
                progress: ShardProgress | None = None) -> tuple[Checkpoint | None, RecordingLeaseTable]:
     """A checkpoint run for a lease in the state given: each call stands alone (no frontier of an earlier
     call, which would assume the lease checkpoint it committed)."""
-    output.delete([FRONTIER_KEY])
+    output.delete([RECORD_KEY])
     table = RecordingLeaseTable()
     view = StreamSlice(StreamScope(STREAM), [lease], [Shard(SHARD)])
     if progress is not None:
         lease = Lease(lease.lease_key, lease.checkpoint, extra={k: v for k, v in progress.to_attributes().items()
                                                                   if v is not None})
         view = StreamSlice(StreamScope(STREAM), [lease], [Shard(SHARD)])
-    report = commit_checkpoints(table, view, zone, output, {}, window_ms=W, first_window_ms=T0, initial=TH,
+    report = commit_checkpoints(table, view, zone, output, window_ms=W, first_window_ms=T0, initial=TH,
                                 grace_ms=0)
     return report.plan.shards[SHARD].commit, table
 
@@ -103,7 +104,7 @@ def test_the_plan_names_the_gap(landed):
     run_windows(zone, output)
     table = RecordingLeaseTable()
     report = commit_checkpoints(table, StreamSlice(StreamScope(STREAM), [Lease(SHARD, TH)], [Shard(SHARD)]), zone,
-                                output, {}, window_ms=W, first_window_ms=T0, initial=TH, grace_ms=0)
+                                output, window_ms=W, first_window_ms=T0, initial=TH, grace_ms=0)
     reason = report.plan.shards[SHARD].reason
     assert f"gap before {batches[6].key()}" in reason and str(batches[4].last) in reason
 
@@ -207,5 +208,5 @@ def test_a_shard_is_never_ended_while_its_start_link_names_a_batch_nothing_lande
     table = RecordingLeaseTable()
     table.scan = lambda: [lease]  # type: ignore[attr-defined]  # the children's creation reads the leases
     report = commit_checkpoints(table, StreamSlice(StreamScope(STREAM), [lease], [Shard(SHARD)]),
-                                zone, output, {}, window_ms=W, first_window_ms=T0, initial=TH, grace_ms=0)
+                                zone, output, window_ms=W, first_window_ms=T0, initial=TH, grace_ms=0)
     assert report.plan.shards[SHARD].end is not claimed and table.ended == ([] if claimed else [SHARD])

@@ -4,10 +4,10 @@ from __future__ import annotations
 import pytest
 
 from kcl_pipeline.kcl.core.model import Checkpoint, Lease, Shard
-from kcl_pipeline.landing.checkpoint_plan import apply_plan, plan_checkpoints
-from kcl_pipeline.landing.layout import BatchKey
-from kcl_pipeline.landing.progress import ShardProgress
-from kcl_pipeline.landing.window_scan import window_floor
+from kcl_pipeline.windows.checkpoints.plan import apply_plan, plan_checkpoints
+from kcl_pipeline.windows.scan import window_floor
+from kcl_pipeline.zone.layout import BatchKey
+from kcl_pipeline.zone.progress import ShardProgress
 
 from .helpers import seq
 

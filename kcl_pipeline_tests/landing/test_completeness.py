@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from kcl_pipeline.kcl.core.model import Checkpoint, Lease, Shard
-from kcl_pipeline.landing.completeness import window_complete
-from kcl_pipeline.landing.progress import ShardProgress, merge_all
+from kcl_pipeline.windows.completeness import window_complete
+from kcl_pipeline.zone.progress import ShardProgress, merge_all
 
 from .helpers import seq
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from kcl_pipeline.kcl.core.model import Checkpoint
-from kcl_pipeline.landing.exclusion import exclude_landed
-from kcl_pipeline.landing.layout import BatchKey
+from kcl_pipeline.zone.exclusion import exclude_landed
+from kcl_pipeline.zone.layout import BatchKey
 
 from .helpers import SHARD, STREAM, T0, make_records
 

@@ -16,17 +16,19 @@ from pathlib import Path
 
 import pytest
 
+from kcl_pipeline.audit.verify import verify_zone
+from kcl_pipeline.kcl.aws_settings import AwsSettings
 from kcl_pipeline.kcl.config import FANOUT, ConsumerConfig
-from kcl_pipeline.kcl.core.lease_life import LifeOutcome
+from kcl_pipeline.kcl.core.lease.effects import Spawn
+from kcl_pipeline.kcl.core.lease.lease_life import LifeOutcome
 from kcl_pipeline.kcl.core.model import TRIM_HORIZON, Checkpoint, Lease
-from kcl_pipeline.kcl.shells.aws import AwsSettings
 from kcl_pipeline.kcl.shells.lease_table import LeaseTable
 from kcl_pipeline.kcl.shells.shards import list_shards, wait_stream_active
-from kcl_pipeline.kcl.shells.worker import LeaseWorker
-from kcl_pipeline.landing.sink import LandingProcessor
-from kcl_pipeline.landing.store import open_store
-from kcl_pipeline.landing.verify import read_batches, verify_zone
+from kcl_pipeline.kcl.shells.workers.worker import LeaseWorker
 from kcl_pipeline.local.producer import produce
+from kcl_pipeline.zone.chain import read_batches
+from kcl_pipeline.zone.sink import LandingProcessor
+from kcl_pipeline.zone.store import open_store
 from kcl_pipeline_tests.fanout_endpoint import FanOutEndpoint, SubscriptionFault
 
 pytestmark = pytest.mark.emulator
@@ -75,7 +77,7 @@ class Pipeline:
     def worker(self, shard: str, processor_class=LandingProcessor, **settings) -> LeaseWorker:
         processor = processor_class(self.zone, self.stream, checkpoint_after_flush=True, max_batch_records=7,
                                     max_batch_age_seconds=0.3, **settings)
-        return LeaseWorker(self.config, self.table.get(shard), processor)
+        return LeaseWorker(self.config, Spawn(self.table.get(shard)), processor)
 
     def assert_exactly_once(self) -> None:
         landed = self.landed()

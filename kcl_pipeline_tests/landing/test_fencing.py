@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from itertools import pairwise
 
-from kcl_pipeline.landing.sink import LandingProcessor
-from kcl_pipeline.landing.store import ZoneStore
-from kcl_pipeline.landing.verify import list_batches, read_batches, verify_zone
+from kcl_pipeline.audit.verify import verify_zone
+from kcl_pipeline.zone.chain import list_batches, read_batches
+from kcl_pipeline.zone.sink import LandingProcessor
+from kcl_pipeline.zone.store import ZoneStore
 
 from .helpers import STREAM, T0, Clock, ForwardingStore, deliver, init, make_records
 
@@ -64,8 +65,8 @@ def test_a_winner_that_died_between_link_and_batch_is_completed_by_the_loser(loc
     records = make_records(12, per_minute=12)
     clock = Clock(T0 + 5 * 60_000)
     from kcl_pipeline.kcl.core.model import Checkpoint
-    from kcl_pipeline.landing.batch import encode_batch
-    from kcl_pipeline.landing.layout import link_key
+    from kcl_pipeline.zone.batch import encode_batch
+    from kcl_pipeline.zone.layout import link_key
     dead = encode_batch(STREAM, records[0].shard_id, records[:7], Checkpoint("TRIM_HORIZON"))
     assert store.put_if_absent(link_key(STREAM, dead.key.minute_ms, records[0].shard_id, Checkpoint("TRIM_HORIZON")),
                                dead.key.key().encode())

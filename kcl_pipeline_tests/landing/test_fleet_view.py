@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from kcl_pipeline.kcl.core.model import Checkpoint, Lease, Shard
-from kcl_pipeline.landing.fleet_view import OBSERVE_EVERY_MS, lease_counts, lease_lags, observation_due
-from kcl_pipeline.landing.progress import ShardProgress
+from kcl_pipeline.windows.fleet_view import OBSERVE_EVERY_MS, lease_counts, lease_lags, observation_due
+from kcl_pipeline.zone.progress import ShardProgress
 
 TH = Checkpoint("TRIM_HORIZON")
 

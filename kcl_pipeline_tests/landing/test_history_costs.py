@@ -4,8 +4,9 @@ Before: every kinesis_checkpoints run listed and read every window commit ever w
 batch of its window: time and memory grew with the output's age), a fresh sensor cursor (a new Dagster
 instance, a cleared cursor) read them all too, and a fresh Dagster instance had no frontier, so its first
 checkpoint run listed the landing zone from its first batch. Now the runs read the commits from their listing
-start on (one listing per UTC day), the frontier is stored beside the commits, and a fresh cursor starts from
-it reading commit keys only. Counted in requests and keys here; timed in benchmarks/bench_history.py.
+start on (one listing per UTC day), the frontier is stored beside the commits (in the checkpoint record), and a
+fresh cursor starts from it reading commit keys only. Counted in requests and keys here; timed in
+benchmarks/bench_history.py.
 """
 from __future__ import annotations
 
@@ -15,14 +16,15 @@ import pytest
 
 from kcl_pipeline.kcl.core.model import Checkpoint, Lease, Shard
 from kcl_pipeline.kcl.core.streams import StreamScope
-from kcl_pipeline.landing.checkpoint_commit import FRONTIER_KEY, commit_checkpoints, read_frontier
-from kcl_pipeline.landing.progress import ShardProgress
-from kcl_pipeline.landing.report_start import start_reports
-from kcl_pipeline.landing.sink import LandingProcessor
-from kcl_pipeline.landing.store import open_store
-from kcl_pipeline.landing.stream_slice import StreamSlice
-from kcl_pipeline.landing.verify import list_batches
-from kcl_pipeline.transform.manifest import COMMITS, WindowCommit, commit_key
+from kcl_pipeline.windows.checkpoints.record import CheckpointRecord, read_checkpoint_record, write_checkpoint_record
+from kcl_pipeline.windows.checkpoints.run import commit_checkpoints
+from kcl_pipeline.windows.manifest import COMMITS, WindowCommit, commit_key
+from kcl_pipeline.windows.tick.report_start import start_reports
+from kcl_pipeline.zone.chain import list_batches
+from kcl_pipeline.zone.progress import ShardProgress
+from kcl_pipeline.zone.sink import LandingProcessor
+from kcl_pipeline.zone.store import open_store
+from kcl_pipeline.zone.stream_slice import StreamSlice
 
 from .helpers import SHARD, STREAM, T0, Clock, ForwardingStore, RecordingLeaseTable, deliver, init, make_records
 
@@ -71,9 +73,17 @@ def zone(tmp_path):
     return zone, Counting(output), records
 
 
-def run(zone, output, lease: Lease, previous: dict[str, int]):
+def stored_frontier(output) -> dict[str, int]:
+    record = read_checkpoint_record(output)
+    return dict(record.frontier) if record is not None else {}
+
+
+def run(zone, output, lease: Lease, previous: dict[str, int] | None = None):
+    """A checkpoint run; `previous`: the frontier an earlier run stored (None: whatever is stored)."""
+    if previous is not None:
+        write_checkpoint_record(output, CheckpointRecord(previous), replaces_legacy=False)
     view = StreamSlice(StreamScope(STREAM), [lease], [Shard(SHARD)])
-    return commit_checkpoints(RecordingLeaseTable(), view, zone, output, previous, window_ms=W,
+    return commit_checkpoints(RecordingLeaseTable(), view, zone, output, window_ms=W,
                               first_window_ms=T0 - 100 * DAY,
                               initial=Checkpoint("TRIM_HORIZON"), grace_ms=0, now_ms=T0 + 10 * W)
 
@@ -90,9 +100,9 @@ def test_a_checkpoint_run_reads_the_commits_from_its_listing_start_only(zone):
 def test_a_fresh_dagster_instance_starts_from_the_frontier_the_last_run_stored(zone):
     zone, output, records = zone
     first = run(zone, output, Lease(SHARD, records[9].checkpoint), {SHARD: T0 + W})
-    assert read_frontier(output) == first.frontier == {SHARD: T0 + 2 * W}
+    assert stored_frontier(output) == first.frontier == {SHARD: T0 + 2 * W}
     output.counts.clear()
-    again = run(zone, output, Lease(SHARD, records[-1].checkpoint), {})  # no metadata of earlier runs
+    again = run(zone, output, Lease(SHARD, records[-1].checkpoint))  # what the Dagster instance knows: nothing
     assert again.listed_from_ms == T0 + 2 * W and output.counts["commit GETs"] == 1
 
 
@@ -110,12 +120,6 @@ def test_a_fresh_sensor_cursor_reads_no_commit_and_lists_from_the_frontier(zone)
     assert output.counts["commit GETs"] == 0 and output.counts["commit keys listed"] == 3  # today's only
 
 
-def test_an_unreadable_stored_frontier_is_ignored(zone):
-    _, output, _ = zone
-    output.put(FRONTIER_KEY, b"not json")
-    assert read_frontier(output) == {}
-
-
 def test_a_checkpoint_the_table_refused_does_not_move_the_frontier(zone):
     """The stored frontier is trusted by every later run: it moves with checkpoints the table took only (one
     refused — a Java holder's lease, say — leaves the lease where it was, to be listed from again)."""
@@ -126,8 +130,9 @@ def test_a_checkpoint_the_table_refused_does_not_move_the_frontier(zone):
             return False
 
     view = StreamSlice(StreamScope(STREAM), [Lease(SHARD, records[9].checkpoint)], [Shard(SHARD)])
-    report = commit_checkpoints(Refusing(), view, zone, output, {SHARD: T0}, window_ms=W,
+    write_checkpoint_record(output, CheckpointRecord({SHARD: T0}), replaces_legacy=False)
+    report = commit_checkpoints(Refusing(), view, zone, output, window_ms=W,
                                 first_window_ms=T0 - 100 * DAY, initial=Checkpoint("TRIM_HORIZON"), grace_ms=0,
                                 now_ms=T0 + 10 * W)
     assert report.plan.shards[SHARD].commit == records[-1].checkpoint and report.commits == 0
-    assert read_frontier(output) == {SHARD: T0}  # the window of the batch holding the lease's checkpoint
+    assert stored_frontier(output) == {SHARD: T0}  # the window of the batch holding the lease's checkpoint

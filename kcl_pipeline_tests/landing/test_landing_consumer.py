@@ -18,10 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from kcl_pipeline.audit.verify import verify_zone
 from kcl_pipeline.kcl.shells.shards import list_shards, wait_stream_active
-from kcl_pipeline.landing.store import open_store
-from kcl_pipeline.landing.verify import list_batches, read_batches, verify_zone
 from kcl_pipeline.local.producer import produce
+from kcl_pipeline.zone.chain import list_batches, read_batches
+from kcl_pipeline.zone.store import open_store
 
 pytestmark = [pytest.mark.emulator, pytest.mark.slow]
 

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from kcl_pipeline.kcl.core.model import Checkpoint
-from kcl_pipeline.landing.layout import (
+from kcl_pipeline.zone.layout import (
     MINUTE_MS,
     BatchKey,
     hour_prefix,

@@ -5,10 +5,10 @@ from decimal import Decimal
 
 import pytest
 
-from kcl_pipeline.kcl.core.lease_codec import encode_value
-from kcl_pipeline.kcl.core.lease_rules import JAVA_HANDOVER_ATTRIBUTES, LEASE_ATTRIBUTES
 from kcl_pipeline.kcl.core.model import Checkpoint, Lease
-from kcl_pipeline.landing.progress import (
+from kcl_pipeline.kcl.core.table.lease_codec import encode_value
+from kcl_pipeline.kcl.core.table.lease_rules import JAVA_HANDOVER_ATTRIBUTES, LEASE_ATTRIBUTES
+from kcl_pipeline.zone.progress import (
     ATTRIBUTES,
     ShardProgress,
     merge_all,

@@ -6,14 +6,15 @@ import shutil
 
 import pytest
 
+from kcl_pipeline.audit.verify import verify_zone
 from kcl_pipeline.kcl.core.model import Checkpoint
 from kcl_pipeline.kcl.processor import ProcessRecordsInput
-from kcl_pipeline.landing.errors import LandingConfigError, ZoneAccessError, ZoneNotFoundError
-from kcl_pipeline.landing.layout import MINUTE_MS, minute_of, parse_batch_key
-from kcl_pipeline.landing.progress import ShardProgress
-from kcl_pipeline.landing.sink import LandingProcessor, landing_spec
-from kcl_pipeline.landing.store import open_store
-from kcl_pipeline.landing.verify import list_batches, read_batches, verify_zone
+from kcl_pipeline.zone.chain import list_batches, read_batches
+from kcl_pipeline.zone.errors import LandingConfigError, ZoneAccessError, ZoneNotFoundError
+from kcl_pipeline.zone.layout import MINUTE_MS, minute_of, parse_batch_key
+from kcl_pipeline.zone.progress import ShardProgress
+from kcl_pipeline.zone.sink import LandingProcessor, landing_spec
+from kcl_pipeline.zone.store import open_store
 
 from .helpers import (
     SHARD,
@@ -410,7 +411,7 @@ def test_landing_a_deaggregated_batch_builds_no_object_per_record(local_zone, mo
 
 
 def test_the_columnar_and_the_object_path_encode_the_same_batch():
-    from kcl_pipeline.landing.batch import encode_batch
+    from kcl_pipeline.zone.batch import encode_batch
 
     batch = _kpl_batch(aggregates=5, minute_every=100)
     objects = list(batch)

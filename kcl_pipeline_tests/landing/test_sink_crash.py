@@ -14,13 +14,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kcl_pipeline.audit.verify import verify_zone
 from kcl_pipeline.kcl.core.model import Checkpoint
-from kcl_pipeline.landing.errors import CorruptBatchError
-from kcl_pipeline.landing.layout import MINUTE_MS, BatchKey, link_key, minute_prefix
-from kcl_pipeline.landing.progress import ShardProgress
-from kcl_pipeline.landing.sink import LandingProcessor
-from kcl_pipeline.landing.store import ZoneStore, open_store
-from kcl_pipeline.landing.verify import list_batches, read_batches, verify_zone
+from kcl_pipeline.zone.chain import list_batches, read_batches
+from kcl_pipeline.zone.errors import CorruptBatchError
+from kcl_pipeline.zone.layout import MINUTE_MS, BatchKey, link_key, minute_prefix
+from kcl_pipeline.zone.progress import ShardProgress
+from kcl_pipeline.zone.sink import LandingProcessor
+from kcl_pipeline.zone.store import ZoneStore, open_store
 
 from .helpers import SHARD, STREAM, T0, Clock, ForwardingStore, after, deliver, init, make_records
 

@@ -15,12 +15,13 @@ from itertools import pairwise
 
 import pytest
 
+from kcl_pipeline.audit.verify import verify_zone
 from kcl_pipeline.kcl.core.model import Checkpoint
 from kcl_pipeline.kcl.processor import ProcessRecordsInput
-from kcl_pipeline.landing.batch import read_batch_info
-from kcl_pipeline.landing.sink import LandingProcessor
-from kcl_pipeline.landing.store import ZoneStore
-from kcl_pipeline.landing.verify import list_batches, verify_zone
+from kcl_pipeline.zone.batch import read_batch_info
+from kcl_pipeline.zone.chain import list_batches
+from kcl_pipeline.zone.sink import LandingProcessor
+from kcl_pipeline.zone.store import ZoneStore
 
 from .helpers import STREAM, T0, Clock, ForwardingStore, RecordingCheckpointer, init, make_records
 

@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import pytest
 
+from kcl_pipeline.audit.verify import verify_zone
 from kcl_pipeline.kcl.core.model import AT_TIMESTAMP, LATEST, TRIM_HORIZON, Checkpoint, Lease, Shard
 from kcl_pipeline.kcl.core.streams import StreamScope
 from kcl_pipeline.kcl.processor import ProcessRecordsInput
-from kcl_pipeline.landing.batch import encode_batch
-from kcl_pipeline.landing.checkpoint_commit import list_landed, read_chain_evidence
-from kcl_pipeline.landing.errors import ChainStartTaken, CorruptBatchError
-from kcl_pipeline.landing.layout import link_key, link_target
-from kcl_pipeline.landing.sink import LandingProcessor
-from kcl_pipeline.landing.stream_slice import StreamSlice
-from kcl_pipeline.landing.verify import list_batches, read_batches, verify_zone
+from kcl_pipeline.windows.checkpoints.run import list_landed, read_chain_evidence
+from kcl_pipeline.zone.batch import encode_batch
+from kcl_pipeline.zone.chain import list_batches, read_batches
+from kcl_pipeline.zone.errors import ChainStartTaken, CorruptBatchError
+from kcl_pipeline.zone.layout import link_key, link_target
+from kcl_pipeline.zone.sink import LandingProcessor
+from kcl_pipeline.zone.stream_slice import StreamSlice
 
 from .helpers import SHARD, STREAM, T0, Clock, RecordingCheckpointer, make_records
 

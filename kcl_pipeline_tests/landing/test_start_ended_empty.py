@@ -17,19 +17,20 @@ import random
 
 import pytest
 
+from kcl_pipeline.audit.history import audit_history
+from kcl_pipeline.audit.verify import verify_zone
 from kcl_pipeline.kcl.core.model import LATEST, SHARD_END, Checkpoint, Lease, Shard
 from kcl_pipeline.kcl.core.streams import StreamScope
 from kcl_pipeline.kcl.processor import InitializationInput, ProcessRecordsInput
-from kcl_pipeline.landing.audit_history import audit_history
-from kcl_pipeline.landing.backfill import BackfillPace, backfill_range, live_start
-from kcl_pipeline.landing.checkpoint_commit import commit_checkpoints
-from kcl_pipeline.landing.checkpoint_plan import ChainEvidence, plan_checkpoints
-from kcl_pipeline.landing.errors import ChainStartTaken
-from kcl_pipeline.landing.layout import MINUTE_MS, ended_empty_body, ends_empty, link_key, link_target
-from kcl_pipeline.landing.progress import ShardProgress
-from kcl_pipeline.landing.sink import LandingProcessor
-from kcl_pipeline.landing.stream_slice import StreamSlice
-from kcl_pipeline.landing.verify import list_batches, verify_zone
+from kcl_pipeline.windows.backfill import BackfillPace, backfill_range, live_start
+from kcl_pipeline.windows.checkpoints.plan import ChainEvidence, plan_checkpoints
+from kcl_pipeline.windows.checkpoints.run import commit_checkpoints
+from kcl_pipeline.zone.chain import list_batches
+from kcl_pipeline.zone.errors import ChainStartTaken
+from kcl_pipeline.zone.layout import MINUTE_MS, ended_empty_body, ends_empty, link_key, link_target
+from kcl_pipeline.zone.progress import ShardProgress
+from kcl_pipeline.zone.sink import LandingProcessor
+from kcl_pipeline.zone.stream_slice import StreamSlice
 
 from .fake_kinesis import FakeKinesis, Ticking
 from .helpers import SHARD, STREAM, T0, Clock, RecordingCheckpointer, RecordingLeaseTable, make_records
@@ -118,7 +119,7 @@ def test_the_checkpoint_plan_ends_a_shard_whose_start_link_says_it_ended_empty()
 def test_the_pipeline_ends_a_shard_after_the_zombies_claim_failed_on_the_marker(memory_zone, unique_name):
     """Through the zone: before, the zombie's batch sat on the start link with nothing landed after it as far as
     the ender's progress told, and the plan never ended the shard (the records after that batch never landed)."""
-    from kcl_pipeline.landing.store import open_store
+    from kcl_pipeline.zone.store import open_store
 
     store = memory_zone.store
     zombie_after_the_end(store)
@@ -128,14 +129,14 @@ def test_the_pipeline_ends_a_shard_after_the_zombies_claim_failed_on_the_marker(
     table = RecordingLeaseTable()
     table.scan = lambda: [lease]  # type: ignore[attr-defined]  # the children's creation reads the leases
     report = commit_checkpoints(table, StreamSlice(StreamScope(STREAM), [lease], [Shard(SHARD)]), store, output,
-                                {}, window_ms=60_000, first_window_ms=T0, initial=LATEST_START, grace_ms=0)
+                                window_ms=60_000, first_window_ms=T0, initial=LATEST_START, grace_ms=0)
     assert report.plan.shards[SHARD].end and table.ended == [SHARD], report.plan.shards[SHARD].reason
     output.drop()  # type: ignore[attr-defined]
 
 
 def test_verify_and_the_audit_take_a_shard_ended_empty_for_a_complete_empty_chain(memory_zone, unique_name):
     """A shard whose only object is its start link's marker: no corrupt link, no missing batch, no chain."""
-    from kcl_pipeline.landing.store import open_store
+    from kcl_pipeline.zone.store import open_store
 
     store = memory_zone.store
     zombie_after_the_end(store)

@@ -11,14 +11,15 @@ import time
 import pytest
 from botocore.stub import Stubber
 
-from kcl_pipeline.kcl.shells.aws import AwsSettings, client
-from kcl_pipeline.landing.errors import (
+from kcl_pipeline.kcl.aws_settings import AwsSettings
+from kcl_pipeline.kcl.shells.aws import client
+from kcl_pipeline.zone.errors import (
     LandingError,
     ZoneAccessError,
     ZoneNotFoundError,
 )
-from kcl_pipeline.landing.layout import Zone
-from kcl_pipeline.landing.store import LocalZoneStore, S3Options, S3ZoneStore, Upload, open_store
+from kcl_pipeline.zone.layout import Zone
+from kcl_pipeline.zone.store import LocalZoneStore, S3Options, S3ZoneStore, Upload, open_store
 
 from .helpers import run_unprivileged, shared_tmpdir
 
@@ -242,7 +243,7 @@ def test_s3_access_denied_on_head_bucket():
 
 
 def test_s3_conditional_conflict_is_retried_then_answered(monkeypatch):
-    monkeypatch.setattr("kcl_pipeline.landing.store.time.sleep", lambda s: None)
+    monkeypatch.setattr("kcl_pipeline.zone.store.s3.time.sleep", lambda s: None)
     # 409 while another conditional write of the key is in flight; then ours goes through ...
     store, stub = _stubbed("put_object", "ConditionalRequestConflict", 409, times=2, then_ok=True)
     assert store.put_if_absent("s/k", b"x") is True
@@ -274,7 +275,7 @@ def test_two_writers_that_conflicted_do_not_retry_in_lockstep(monkeypatch):
     pauses: list[float] = []
     # Only the store's own pauses: patching `time.sleep` itself would also record every sleep of the threads other
     # tests left running (the CI saw 16,789 one-second pauses here).
-    monkeypatch.setattr("kcl_pipeline.landing.store.time", _TimeRecordingSleeps(pauses))
+    monkeypatch.setattr("kcl_pipeline.zone.store.s3.time", _TimeRecordingSleeps(pauses))
     writers = [_stubbed("put_object", "ConditionalRequestConflict", 409, times=3, then_ok=True) for _ in range(2)]
     schedules = []
     for store, stub in writers:

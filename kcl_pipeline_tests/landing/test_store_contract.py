@@ -1,4 +1,4 @@
-"""The object store contract, run against all three stores of landing/store.py: a local directory, S3 on the
+"""The object store contract, run against all three stores of zone/store.py: a local directory, S3 on the
 moto server (over HTTP on 127.0.0.1) and memory. Whatever a caller (the sink's fencing, the transform's
 commit, the audit's index) relies on is asserted here once, for every store."""
 from __future__ import annotations
@@ -13,8 +13,8 @@ import uuid
 import pytest
 
 from kcl_pipeline.kcl.shells.aws import client
-from kcl_pipeline.landing.errors import LandingError, ZoneNotFoundError
-from kcl_pipeline.landing.store import MemoryZoneStore, open_store
+from kcl_pipeline.zone.errors import LandingError, ZoneNotFoundError
+from kcl_pipeline.zone.store import MemoryZoneStore, open_store
 
 from .helpers import run_unprivileged, shared_tmpdir
 
@@ -278,8 +278,8 @@ def test_an_s3_sweep_skips_uploads_that_finish_or_vanish_while_it_looks():
     import boto3
     from botocore.stub import Stubber
 
-    from kcl_pipeline.landing.layout import Zone
-    from kcl_pipeline.landing.store import S3ZoneStore
+    from kcl_pipeline.zone.layout import Zone
+    from kcl_pipeline.zone.store import S3ZoneStore
 
     s3 = boto3.client("s3", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="y")
     old = datetime(2020, 1, 1, tzinfo=timezone.utc)

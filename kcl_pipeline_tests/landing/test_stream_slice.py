@@ -2,10 +2,10 @@
 audit name shards by id; a slice never mixes two streams or two incarnations of one stream."""
 from __future__ import annotations
 
-from kcl_pipeline.defs.kinesis.streams import PipelineStream, pipeline_streams, stream_prefix
+from kcl_pipeline.deployment.streams import PipelineStream, pipeline_streams, stream_prefix
 from kcl_pipeline.kcl.core.model import Checkpoint, Lease, Shard
 from kcl_pipeline.kcl.core.streams import StreamScope
-from kcl_pipeline.landing.stream_slice import slice_of
+from kcl_pipeline.zone.stream_slice import slice_of
 
 ORDERS = "123456789012:orders:1700000000"
 ORDERS_BEFORE = "123456789012:orders:1600000000"  # the same stream before it was deleted and re-created
@@ -51,7 +51,7 @@ def test_dagster_names_keep_a_single_stream_plain_and_prefix_each_of_several():
 
 
 def test_unfinished_leases_of_an_earlier_incarnation_are_found_and_finished_or_other_streams_are_not():
-    from kcl_pipeline.landing.stream_slice import earlier_incarnations
+    from kcl_pipeline.zone.stream_slice import earlier_incarnations
 
     ended = Lease(f"{ORDERS_BEFORE}:shardId-000000000002", Checkpoint("SHARD_END"))
     leases = [_lease(f"{ORDERS}:shardId-000000000000"), _lease(f"{ORDERS_BEFORE}:shardId-000000000001"), ended,

@@ -5,18 +5,12 @@ import os
 
 import pytest
 
+from kcl_pipeline.audit.verify import parse_window, verify_zone
 from kcl_pipeline.kcl.core.model import Checkpoint
-from kcl_pipeline.landing.batch import BatchInfo, encode_batch
-from kcl_pipeline.landing.layout import MINUTE_MS, BatchKey
-from kcl_pipeline.landing.sink import LandingProcessor
-from kcl_pipeline.landing.verify import (
-    list_batches,
-    parse_window,
-    read_batches,
-    scan_batches,
-    verify_chain,
-    verify_zone,
-)
+from kcl_pipeline.zone.batch import BatchInfo, encode_batch
+from kcl_pipeline.zone.chain import list_batches, read_batches, scan_batches, verify_chain
+from kcl_pipeline.zone.layout import MINUTE_MS, BatchKey
+from kcl_pipeline.zone.sink import LandingProcessor
 
 from .helpers import SHARD, STREAM, T0, Clock, deliver, init, make_records, seq
 
@@ -160,7 +154,7 @@ def test_corrupt_object_is_reported_not_raised(landed):
 
 def test_empty_and_missing_zones(local_zone, tmp_path):
     assert verify_zone(local_zone.uri).ok and verify_zone(local_zone.uri).lines()[1] == "  no batches"
-    from kcl_pipeline.landing.errors import ZoneNotFoundError
+    from kcl_pipeline.zone.errors import ZoneNotFoundError
 
     with pytest.raises(ZoneNotFoundError):
         verify_zone(str(tmp_path / "nope"))

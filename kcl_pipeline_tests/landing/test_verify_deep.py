@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from kcl_pipeline.landing import verify
-from kcl_pipeline.landing.batch import encode_batch
-from kcl_pipeline.landing.sink import LandingProcessor
+from kcl_pipeline.audit import verify
+from kcl_pipeline.zone import chain
+from kcl_pipeline.zone.batch import encode_batch
+from kcl_pipeline.zone.sink import LandingProcessor
 
 from .helpers import SHARD, STREAM, T0, Clock, deliver, init, make_records
 
@@ -20,7 +21,7 @@ def test_a_deep_verify_holds_one_decoded_batch_at_a_time_whatever_the_range(loca
         p = LandingProcessor(uri, STREAM, max_batch_records=20, clock=Clock(T0).time)
         init(p, shard=shard)
         p.shutdown_requested(deliver(p, records, 100))
-    decoded = verify.decode_batch
+    decoded = chain.decode_batch
     sizes: list[int] = []
     held: list[int] = []
     baseline = pa.total_allocated_bytes()
@@ -31,7 +32,7 @@ def test_a_deep_verify_holds_one_decoded_batch_at_a_time_whatever_the_range(loca
         held.append(pa.total_allocated_bytes() - baseline)  # Arrow memory alive right after this decode
         return table
 
-    monkeypatch.setattr(verify, "decode_batch", measured)
+    monkeypatch.setattr(chain, "decode_batch", measured)
     report = verify.verify_zone(uri, deep=True)
     assert report.ok and report.rows == 1200 and len(sizes) == 60
     assert max(held) < 3 * max(sizes), (max(held), sum(sizes))  # it was the whole range: ~sum(sizes)
@@ -56,7 +57,7 @@ def test_a_deep_verify_reports_an_unreadable_batch_and_goes_on(local_zone):
     p = LandingProcessor(uri, STREAM, max_batch_records=10, clock=Clock(T0).time)
     init(p)
     p.shutdown_requested(deliver(p, records, 10))
-    middle = sorted(verify.list_batches(store, STREAM), key=lambda b: b.first.key())[1]
+    middle = sorted(chain.list_batches(store, STREAM), key=lambda b: b.first.key())[1]
     store.delete([middle.key()])
     store.put_if_absent(middle.key(), b"not parquet at all")
     report = verify.verify_zone(uri, deep=True).streams[STREAM][SHARD]

@@ -10,11 +10,12 @@ import sys
 
 import pytest
 
+from kcl_pipeline.audit.verify import check_leases, verify_zone
 from kcl_pipeline.kcl.core.model import Checkpoint, Lease
 from kcl_pipeline.kcl.shells.lease_table import LeaseTable
-from kcl_pipeline.landing.progress import ShardProgress
-from kcl_pipeline.landing.sink import LandingProcessor
-from kcl_pipeline.landing.verify import check_leases, list_batches, verify_zone
+from kcl_pipeline.zone.chain import list_batches
+from kcl_pipeline.zone.progress import ShardProgress
+from kcl_pipeline.zone.sink import LandingProcessor
 
 from .helpers import SHARD, STREAM, T0, Clock, deliver, init, make_records
 
@@ -72,7 +73,7 @@ def test_verify_fails_on_a_removed_last_batch(emulators, landed_with_leases):
 
 
 def test_check_leases_flags_a_checkpoint_past_the_zone():
-    from kcl_pipeline.landing.verify import ChainReport
+    from kcl_pipeline.zone.chain import ChainReport
 
     chain = ChainReport(SHARD, batches=1, rows=3, first=Checkpoint("1"), last=Checkpoint("3"),
                         starts_after=Checkpoint("TRIM_HORIZON"))

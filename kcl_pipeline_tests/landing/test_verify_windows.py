@@ -6,12 +6,13 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
+from kcl_pipeline.audit.verify import leases_of_directory, verify_zone
 from kcl_pipeline.kcl.core.model import Checkpoint, Lease
 from kcl_pipeline.kcl.shells.lease_table import LeaseTable
-from kcl_pipeline.landing.layout import MINUTE_MS
-from kcl_pipeline.landing.progress import ShardProgress
-from kcl_pipeline.landing.sink import LandingProcessor
-from kcl_pipeline.landing.verify import leases_of_directory, list_batches, verify_zone
+from kcl_pipeline.zone.chain import list_batches
+from kcl_pipeline.zone.layout import MINUTE_MS
+from kcl_pipeline.zone.progress import ShardProgress
+from kcl_pipeline.zone.sink import LandingProcessor
 
 from .helpers import SHARD, STREAM, T0, Clock, deliver, init, make_records
 

@@ -10,15 +10,15 @@ import json
 
 import pytest
 
+from kcl_pipeline.audit.reconcile import reconcile_window
 from kcl_pipeline.kcl.core.model import Checkpoint, Lease, Shard
 from kcl_pipeline.kcl.core.streams import StreamScope
-from kcl_pipeline.landing.checkpoint_commit import commit_checkpoints
-from kcl_pipeline.landing.sink import LandingProcessor
-from kcl_pipeline.landing.store import open_store
-from kcl_pipeline.landing.stream_slice import StreamSlice
-from kcl_pipeline.landing.verify import list_batches
-from kcl_pipeline.landing.window_commit import reconcile_window
-from kcl_pipeline.transform.manifest import WindowCommit, commit_key, pending_commit_key, read_materialised
+from kcl_pipeline.windows.checkpoints.run import commit_checkpoints
+from kcl_pipeline.windows.manifest import WindowCommit, commit_key, pending_commit_key, read_materialised
+from kcl_pipeline.zone.chain import list_batches
+from kcl_pipeline.zone.sink import LandingProcessor
+from kcl_pipeline.zone.store import open_store
+from kcl_pipeline.zone.stream_slice import StreamSlice
 
 from .helpers import SHARD, STREAM, T0, Clock, RecordingLeaseTable, deliver, init, make_records
 
@@ -53,7 +53,7 @@ def run_leaves_pending(zone, output, w: int, transformed_rows: int | None = None
 def checkpoints(zone, output) -> dict[str, Checkpoint]:
     table = RecordingLeaseTable()
     commit_checkpoints(table, StreamSlice(StreamScope(STREAM), [Lease(SHARD, TH)], [Shard(SHARD)]), zone, output,
-                       {}, window_ms=W, first_window_ms=T0, initial=TH, grace_ms=0)
+                       window_ms=W, first_window_ms=T0, initial=TH, grace_ms=0)
     return table.checkpoints
 
 
@@ -112,5 +112,5 @@ def test_the_checkpoint_report_names_the_window_without_a_commit_it_waits_on(zon
     reconcile_window(zone, output, STREAM, T0 + W, T0 + 2 * W)
     report = commit_checkpoints(RecordingLeaseTable(),
                                 StreamSlice(StreamScope(STREAM), [Lease(SHARD, TH)], [Shard(SHARD)]),
-                                zone, output, {}, window_ms=W, first_window_ms=T0, initial=TH, grace_ms=0)
+                                zone, output, window_ms=W, first_window_ms=T0, initial=TH, grace_ms=0)
     assert report.uncommitted == [T0] and report.late == {} and report.broken == {}

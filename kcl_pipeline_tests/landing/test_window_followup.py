@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from kcl_pipeline.landing.window_followup import (
+from kcl_pipeline.windows.followup import (
     FollowUp,
     Outstanding,
     RunState,

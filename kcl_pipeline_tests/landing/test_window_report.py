@@ -1,9 +1,9 @@
 """Window summaries from keys and footers, and where the zone's data begins (local directory and S3)."""
 from __future__ import annotations
 
-from kcl_pipeline.landing.layout import MINUTE_MS
-from kcl_pipeline.landing.sink import LandingProcessor
-from kcl_pipeline.landing.window_report import earliest_landed_minute, list_window, summarise_window
+from kcl_pipeline.windows.report import earliest_landed_minute, list_window, summarise_window
+from kcl_pipeline.zone.layout import MINUTE_MS
+from kcl_pipeline.zone.sink import LandingProcessor
 
 from .helpers import SHARD, STREAM, T0, Clock, deliver, init, make_records
 

@@ -4,10 +4,8 @@ from __future__ import annotations
 import pytest
 
 from kcl_pipeline.kcl.core.model import Checkpoint, Lease, Shard
-from kcl_pipeline.landing.completeness import WindowStatus
-from kcl_pipeline.landing.layout import BatchKey
-from kcl_pipeline.landing.progress import ShardProgress
-from kcl_pipeline.landing.window_scan import (
+from kcl_pipeline.windows.completeness import WindowStatus
+from kcl_pipeline.windows.scan import (
     ShardEnds,
     complete_windows,
     ending_shards,
@@ -20,6 +18,8 @@ from kcl_pipeline.landing.window_scan import (
     shard_ends_to_plan,
     window_floor,
 )
+from kcl_pipeline.zone.layout import BatchKey
+from kcl_pipeline.zone.progress import ShardProgress
 
 from .helpers import T0, seq
 
@@ -156,7 +156,7 @@ def test_plan_listing_end_covers_the_last_materialised_window_and_every_landed_s
 
 
 def test_a_fresh_cursor_does_not_re_transform_windows_whose_output_is_committed():
-    from kcl_pipeline.landing.window_scan import skip_materialised
+    from kcl_pipeline.windows.scan import skip_materialised
 
     assert skip_materialised(T0, [T0, T0 + W, T0 + 2 * W, T0 + 4 * W], W) == T0 + 3 * W  # stops at the gap
     assert skip_materialised(T0, [T0 + W], W) == T0

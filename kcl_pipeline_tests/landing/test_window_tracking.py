@@ -10,7 +10,7 @@ transform without its check) are asked for the same way, once per report.
 """
 from __future__ import annotations
 
-from kcl_pipeline.landing.window_followup import (
+from kcl_pipeline.windows.followup import (
     Outstanding,
     RunState,
     WindowObservation,

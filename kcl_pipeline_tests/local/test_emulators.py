@@ -332,7 +332,7 @@ def test_the_demo_partitions_start_in_the_window_its_stream_was_created(emulator
     from datetime import datetime, timezone
 
     pytest.importorskip("dagster")  # the demo's settings are the Dagster deployment's: absent from a core install
-    from kcl_pipeline.defs.kinesis.settings import PipelineSettings
+    from kcl_pipeline.deployment.settings import PipelineSettings
     from kcl_pipeline.local.demo import DemoOptions, demo_env, ensure_stream, stream_start_window
 
     stream = unique_name("demo-start")

@@ -29,6 +29,8 @@ from kcl_pipeline.local.demo import (
     write_env_file,
 )
 from kcl_pipeline.local.emulators import Endpoints, free_port
+from kcl_pipeline_tests.kcl.fleet_support import wait_until
+from kcl_pipeline_tests.local.support import graphql_or_none
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ENDPOINTS = Endpoints(kinesis="http://127.0.0.1:1", dynamodb="http://127.0.0.1:2", s3="http://127.0.0.1:3",
@@ -51,14 +53,6 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _wait(predicate, timeout: float, what: str, interval: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 # -- the environment: one source for the demo and the env file -------------------------------------------------
@@ -164,7 +158,7 @@ def test_local_up_creates_the_stream_feeds_it_and_writes_the_demo_environment(tm
     options = DemoOptions(state_dir=state, stream="local-up-demo", shards=1, rate=20.0)
     thread, stop, started, result = _run_in_thread(options)
     try:
-        _wait(lambda: started or result, 120, "local up")
+        wait_until(lambda: started or result, 120, "local up")
         assert not result, result
         (up,) = started
         assert up.url is None and up.env_file == state.resolve() / ENV_FILE
@@ -183,7 +177,7 @@ def test_local_up_creates_the_stream_feeds_it_and_writes_the_demo_environment(tm
         (shard,) = kinesis.list_shards(StreamName="local-up-demo")["Shards"]
         iterator = kinesis.get_shard_iterator(StreamName="local-up-demo", ShardId=shard["ShardId"],
                                               ShardIteratorType="TRIM_HORIZON")["ShardIterator"]
-        _wait(lambda: kinesis.get_records(ShardIterator=iterator)["Records"], 60, "the demo producer's records")
+        wait_until(lambda: kinesis.get_records(ShardIterator=iterator)["Records"], 60, "the demo producer's records")
     finally:
         stop.set()
         thread.join(60)
@@ -196,7 +190,7 @@ def test_local_up_exits_1_when_an_emulator_dies(tmp_path, capsys):
     options = DemoOptions(state_dir=tmp_path / "state", stream="local-up-dies", shards=1, producer=False)
     thread, stop, started, result = _run_in_thread(options)
     try:
-        _wait(lambda: started or result, 120, "local up")
+        wait_until(lambda: started or result, 120, "local up")
         (up,) = started
         os.kill(up.emulator_pids["dynamodb"], signal.SIGKILL)
         thread.join(30)
@@ -222,16 +216,6 @@ def test_local_up_whose_stream_is_refused_exits_2_and_stops_the_emulators(tmp_pa
 
 # -- the README's three lines ----------------------------------------------------------------------------------
 
-def _graphql(url: str, query: str) -> dict | None:
-    """The answer, or None while the webserver is not serving yet."""
-    from kcl_pipeline.local.dagster_client import DagsterApiError, graphql
-
-    try:
-        return graphql(url, query, {})
-    except DagsterApiError as exc:
-        if str(exc).startswith("cannot reach"):
-            return None
-        raise
 
 
 LOCATIONS = """{ workspaceOrError { __typename ... on Workspace { locationEntries { name loadStatus
@@ -258,7 +242,7 @@ def test_local_up_then_dagster_dev_at_the_repository_root_serves_the_pipeline(tm
     dagster = Path(sys.executable).with_name("dagster")
     try:
         env_file = state / ENV_FILE
-        _wait(lambda: env_file.exists() or up.poll() is not None, 120, "local up's env file")
+        wait_until(lambda: env_file.exists() or up.poll() is not None, 120, "local up's env file")
         assert up.poll() is None, (tmp_path / "local-up.out").read_text()
         # What a person types, at the repository root.
         dev = subprocess.Popen(
@@ -268,14 +252,14 @@ def test_local_up_then_dagster_dev_at_the_repository_root_serves_the_pipeline(tm
             start_new_session=True, preexec_fn=_default_signals)
 
         def loaded():
-            data = _graphql(url, LOCATIONS)
+            data = graphql_or_none(url, LOCATIONS)
             if data is None:
                 assert dev.poll() is None, (tmp_path / "dagster.out").read_text()
                 return None
             entries = data["workspaceOrError"]["locationEntries"]
             return data if entries and all(e["loadStatus"] == "LOADED" for e in entries) else None
 
-        data = _wait(loaded, 300, "the code location", interval=2)
+        data = wait_until(loaded, 300, "the code location", interval=2)
         (entry,) = data["workspaceOrError"]["locationEntries"]
         assert entry["name"] == "kcl_pipeline"
         assert entry["locationOrLoadError"]["__typename"] == "RepositoryLocation", entry
@@ -363,3 +347,74 @@ def test_a_second_local_up_on_a_running_state_dir_is_refused_and_leaves_the_firs
     finally:
         running.kill()
         running.wait()
+
+
+# -- a home keeps its first partition; `local reset` starts afresh -------------------------------------------------
+
+def test_a_home_keeps_the_first_partition_it_was_made_with(tmp_path):
+    """The demo's windows were 19:54, 19:56; an hour later `local up` chose the current window, and the sensor
+    re-executed the home's unfinished windows before it, each failing at launch. A home chooses once."""
+    from kcl_pipeline.deployment.home import home_partitions
+
+    made = home_partitions(tmp_path, 2, START)
+    assert made.start == START and not made.kept
+    later = home_partitions(tmp_path, 2, datetime(2026, 11, 25, 11, 2, tzinfo=timezone.utc))
+    assert later.start == START and later.kept
+    assert not list(tmp_path.glob("*.partial"))
+
+
+def test_a_home_refuses_another_window_length_naming_local_reset(tmp_path):
+    from kcl_pipeline.deployment.home import HomeMismatch, home_partitions
+
+    home_partitions(tmp_path, 2, START)
+    with pytest.raises(HomeMismatch, match=r"holds 2-minute windows from 2026-11-25T10:06:00\+00:00; "
+                                           r"--window-minutes 1 needs a fresh home: `kcl-pipeline local reset`"):
+        home_partitions(tmp_path, 1, START)
+
+
+def test_a_home_whose_partitions_file_is_unreadable_names_local_reset(tmp_path):
+    from kcl_pipeline.deployment.home import PARTITIONS_FILE, HomeMismatch, read_home_partitions
+
+    (tmp_path / PARTITIONS_FILE).write_text("{not json")
+    with pytest.raises(HomeMismatch, match="`kcl-pipeline local reset` makes a fresh home"):
+        read_home_partitions(tmp_path, 2)
+
+
+def test_local_reset_deletes_the_home_and_says_what_it_held(tmp_path):
+    from kcl_pipeline.deployment.home import home_partitions
+
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    (home / "history").mkdir()
+    home_partitions(home, 2, START)
+    result = CliRunner().invoke(main, ["local", "reset", "--state-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert f"deleted {home.resolve()}: Dagster's runs, asset history and the sensors' cursors, and its first " \
+           f"partition 2026-11-25T10:06:00+00:00 (2-minute windows)" in result.output
+    assert not home.exists()
+    again = CliRunner().invoke(main, ["local", "reset", "--state-dir", str(tmp_path)])
+    assert again.exit_code == 0 and "nothing to reset" in again.output
+
+
+def test_local_reset_is_refused_while_local_up_runs(tmp_path):
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        (tmp_path / "local.pid").write_text(str(running.pid))
+        (tmp_path / "dagster_home").mkdir()
+        result = CliRunner().invoke(main, ["local", "reset", "--state-dir", str(tmp_path)])
+        assert result.exit_code == 2 and f"(pid {running.pid}) is running on {tmp_path}" in result.output
+        assert (tmp_path / "dagster_home").exists()
+    finally:
+        running.kill()
+        running.wait()
+
+
+def test_local_up_on_a_home_of_another_window_length_is_refused_before_starting_anything(tmp_path):
+    from kcl_pipeline.deployment.home import home_partitions
+
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    home_partitions(home, 2, START)
+    result = CliRunner().invoke(main, ["local", "up", "--state-dir", str(tmp_path), "--window-minutes", "1"])
+    assert result.exit_code == 2 and "needs a fresh home: `kcl-pipeline local reset`" in result.output
+    assert not (tmp_path / "logs").exists()  # no emulator started

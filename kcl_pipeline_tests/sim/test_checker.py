@@ -5,18 +5,18 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from kcl_pipeline.kcl.core.lease_codec import lease_to_item
-from kcl_pipeline.kcl.core.lease_hold import LeaseTiming
+from kcl_pipeline.kcl.core.lease.lease_hold import LeaseTiming
 from kcl_pipeline.kcl.core.model import TRIM_HORIZON, Checkpoint, Lease, UserRecord
-from kcl_pipeline.landing.batch import encode_batch
-from kcl_pipeline.landing.layout import BatchKey
-from kcl_pipeline.landing.store import MemoryZoneStore
-from kcl_pipeline.sim.checker import Checker
-from kcl_pipeline.sim.kinesis import SimStream
-from kcl_pipeline.sim.landing import SimZone
-from kcl_pipeline.sim.pipeline import SimPipeline
+from kcl_pipeline.kcl.core.table.lease_codec import lease_to_item
+from kcl_pipeline.sim.actors.pipeline import SimPipeline
+from kcl_pipeline.sim.aws.kinesis import SimStream
+from kcl_pipeline.sim.aws.landing import SimZone
+from kcl_pipeline.sim.judge.checker import Checker
 from kcl_pipeline.sim.world import base_config
-from kcl_pipeline.transform.manifest import WindowCommit, commit_key
+from kcl_pipeline.windows.manifest import WindowCommit, commit_key
+from kcl_pipeline.zone.batch import encode_batch
+from kcl_pipeline.zone.layout import BatchKey
+from kcl_pipeline.zone.store import MemoryZoneStore
 
 KEY = "shardId-000000000000"
 CONFIG = base_config("template", 1)
@@ -446,3 +446,37 @@ def test_a_refill_that_lands_a_lost_batchs_records_under_other_keys_is_a_violati
     assert _refill_of_a_lost_batch(under_its_own_key=True) == []
     violations = _refill_of_a_lost_batch(under_its_own_key=False)
     assert len(violations) == 1 and "under other keys" in violations[0]
+
+
+def _relanded_with_claims(names_its_predecessor: bool) -> list[str]:
+    """A shard's second batch lost and landed again under its own key: its footer naming its predecessor's
+    position and key as the live writer's did, or the position alone while the zone holds that batch."""
+    now = [10.0]
+    stream, zone, positions = _one_shard_zone(now)
+    records = [UserRecord(KEY, sequence, sub, "pk", None, 1_000, b"x") for _, sequence, sub in positions]
+    half = len(records) // 2
+    first = encode_batch("simstream", KEY, records[:half], Checkpoint(TRIM_HORIZON), batch_format="rows")
+    second = encode_batch("simstream", KEY, records[half:], first.key.last, prev_key=first.key.key(),
+                          batch_format="rows")
+    for batch in (first, second):
+        zone.store.put(batch.key.key(), batch.body)
+        zone.stored(batch.key.key())
+    checker = Checker(stream=stream, zone=zone, items={}, foreign={}, fleet=Fleet([]), config=CONFIG,
+                      liveness_slack=6.0, now=lambda: now[0], note=lambda text: None)
+    zone.on_relanded = checker.on_relanded
+    zone.lose(second.key.key())
+    again = encode_batch("simstream", KEY, records[half:], first.key.last,
+                         prev_key=first.key.key() if names_its_predecessor else None, batch_format="rows")
+    zone.store.put(again.key.key(), again.body)
+    zone.stored(again.key.key())
+    return checker.violations
+
+
+def test_a_lost_batch_landed_again_naming_no_predecessor_the_zone_holds_is_a_violation():
+    """Issue 29, item 6: a refill's sink whose first flush found a later batch of the minute (another writer's)
+    took that batch for its tail and named no predecessor key, where the live writer named the batch before it.
+    The chain is followed back by the footers' claims: a batch landed again must make the claims of the one it
+    replaces."""
+    assert _relanded_with_claims(names_its_predecessor=True) == []
+    violations = _relanded_with_claims(names_its_predecessor=False)
+    assert len(violations) == 1 and "naming predecessor key None" in violations[0]

@@ -12,11 +12,11 @@ import random
 import pytest
 from botocore.exceptions import ClientError
 
-from kcl_pipeline.kcl.core import lease_rules as rules
-from kcl_pipeline.kcl.core.lease_codec import LeaseTableUnavailable, lease_from_item, lease_to_item
 from kcl_pipeline.kcl.core.model import AT_TIMESTAMP, LATEST, SHARD_END, TRIM_HORIZON, Checkpoint, Lease
+from kcl_pipeline.kcl.core.table import lease_rules as rules
+from kcl_pipeline.kcl.core.table.lease_codec import LeaseTableUnavailable, lease_from_item, lease_to_item
 from kcl_pipeline.kcl.shells.lease_table import LeaseTable
-from kcl_pipeline.sim.dynamodb import NetworkFaults, SimDynamoDB, SimDynamoDBClient
+from kcl_pipeline.sim.aws.dynamodb import NetworkFaults, SimDynamoDB, SimDynamoDBClient
 
 OWNERS = [None, "a", "b"]
 

@@ -1,4 +1,4 @@
-"""The simulator's DynamoDB expressions (kcl_pipeline/sim/expressions.py) against moto's evaluator: random items,
+"""The simulator's DynamoDB expressions (kcl_pipeline/sim/aws/expressions.py) against moto's evaluator: random items,
 random condition and update expressions, the same answers.
 
 The reference is moto's server over HTTP on 127.0.0.1 (the test session's, kcl_pipeline/local/moto_process.py),
@@ -31,7 +31,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from kcl_pipeline.kcl.shells.aws import client
-from kcl_pipeline.sim.expressions import (
+from kcl_pipeline.sim.aws.expressions import (
     Context,
     ExpressionError,
     apply_update,

@@ -11,7 +11,7 @@ import dataclasses
 
 import pytest
 
-from kcl_pipeline.sim.scenario import FAULTS, Scenario
+from kcl_pipeline.sim.runtime.scenario import FAULTS, Scenario
 from kcl_pipeline.sim.world import FLEET_RUN_CYCLES, World
 
 FREEZES = ("freeze-consumer", "late-batch", "zombie-flush", "reshard")

@@ -1,12 +1,12 @@
-"""sim/pauses.py InsideCall: a call that pauses part-way (zombie-flush: a GC pause at the zone's put) and goes on
-later, or ends when its process died meanwhile."""
+"""InsideCall (sim/runtime/pauses.py): a call that pauses part-way (zombie-flush: a GC pause at the zone's put)
+and goes on later, or ends when its process died meanwhile."""
 from __future__ import annotations
 
 import pytest
 
-from kcl_pipeline.sim.landing import SimCrash
-from kcl_pipeline.sim.pauses import InsideCall
-from kcl_pipeline.sim.scenario import Scenario
+from kcl_pipeline.sim.aws.landing import SimCrash
+from kcl_pipeline.sim.runtime.pauses import InsideCall
+from kcl_pipeline.sim.runtime.scenario import Scenario
 from kcl_pipeline.sim.world import World
 
 

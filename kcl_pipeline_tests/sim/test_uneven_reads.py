@@ -1,7 +1,9 @@
 """The world's `short-reads` (Kinesis answering GetRecords with fewer records than it holds, even none; aimed at
 a lease's new holder whose start thawed a zombie) and `mixed-batch-sizes` (each worker process cutting batches
 at the old or the new size of a rolling change): what they do, that a world without them draws exactly what it
-drew before, and that the shipped code keeps every invariant beside them."""
+drew before, and that the shipped code keeps every invariant beside them. And the default mix's `rolling-change`
+(the workers started beside a paused zombie cutting smaller batches, the zombie's new holder reading short at first),
+which changes only the worlds it strikes."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,9 +11,9 @@ import random
 
 import pytest
 
-from kcl_pipeline.sim.consumer import ROLLING_BATCH_SIZES, SHORT_READS_AFTER_A_ZOMBIE
-from kcl_pipeline.sim.kinesis import SimKinesisClient, SimStream
-from kcl_pipeline.sim.scenario import FAULTS, OPT_IN_FAULTS, Scenario
+from kcl_pipeline.sim.actors.consumer import ROLLING_BATCH_SIZES, SHORT_READS_AFTER_A_ZOMBIE
+from kcl_pipeline.sim.aws.kinesis import SimKinesisClient, SimStream
+from kcl_pipeline.sim.runtime.scenario import FAULTS, OPT_IN_FAULTS, Scenario
 from kcl_pipeline.sim.world import World
 
 NEW = OPT_IN_FAULTS
@@ -119,3 +121,30 @@ def test_the_shipped_code_keeps_every_invariant_with_short_reads_and_mixed_batch
     sizes = [k for k, n in result.stats.items() if k.startswith("mixed-batch-sizes:") and n]
     assert len(sizes) >= 2, sizes  # its workers cut batches of different sizes
     assert {int(k.rsplit(" ", 1)[1]) for k in sizes} <= set(ROLLING_BATCH_SIZES)
+
+
+ROLLED = "rolling-change: a worker started beside a paused zombie cuts at the new size"
+AIMED = "short-reads: aimed at a new holder that thawed a zombie"
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3, 26])
+def test_a_rolling_change_draws_nothing_and_changes_only_the_worlds_it_strikes(seed):
+    """Only a world that cuts the old size and starts a worker beside a paused zombie changes (from then on); any
+    other world runs as it would without the kind (the default mix's other catches stay where they were)."""
+    without = Scenario.generate(seed, 1000, [k for k in FAULTS if k != "rolling-change"])
+    scenario = Scenario.generate(seed, 1000, FAULTS)
+    assert dataclasses.replace(scenario, faults=without.faults) == without
+    rolled, plain = World(scenario).run(), World(without).run()
+    assert rolled.ok, rolled.violations
+    if scenario.flush_records != max(ROLLING_BATCH_SIZES):
+        assert not rolled.stats[ROLLED]
+    if not rolled.stats[ROLLED]:
+        assert rolled.trace == plain.trace and not rolled.stats[AIMED]
+
+
+def test_a_rolling_change_beside_a_paused_zombie_cuts_smaller_and_aims_the_new_holders_reads():
+    """Seed 26 of the default mix: a world cutting 8 records pauses a zombie, a worker started meanwhile cuts 3, and
+    the new holder that thaws the zombie reads short at first (the stale predecessor's race)."""
+    result = World(Scenario.generate(26, 1000, FAULTS)).run()
+    assert result.ok, result.violations
+    assert result.stats[ROLLED] >= 1 and result.stats[AIMED] >= 1

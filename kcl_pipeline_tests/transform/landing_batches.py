@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kcl_pipeline.kcl.core.model import Checkpoint
-from kcl_pipeline.landing.layout import BatchKey, minute_of
+from kcl_pipeline.zone.layout import BatchKey, minute_of
 
 T0 = 1_714_564_800_000  # 2024-05-01T12:00:00Z
 MINUTE = 60_000

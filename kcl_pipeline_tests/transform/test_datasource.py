@@ -9,9 +9,6 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import functions as F
 
-from kcl_pipeline.landing.batch import SCHEMA, conform
-from kcl_pipeline.landing.errors import CorruptBatchError
-from kcl_pipeline.landing.layout import minute_prefix
 from kcl_pipeline.transform.datasource import (
     LANDING_ARROW_SCHEMA,
     LANDING_FORMAT,
@@ -25,6 +22,9 @@ from kcl_pipeline.transform.datasource import (
     register,
     select_window_batches,
 )
+from kcl_pipeline.zone.batch import SCHEMA, conform
+from kcl_pipeline.zone.errors import CorruptBatchError
+from kcl_pipeline.zone.layout import minute_prefix
 
 from .landing_batches import MINUTE, SHARD0, SHARD1, T0, Rec, batch_key, batch_table, seq, write_local
 
@@ -221,7 +221,7 @@ def test_a_malformed_batch_key_is_reported_not_silently_skipped():
 
 
 def test_one_listing_rule_for_sink_verify_and_transform():
-    from kcl_pipeline.landing.layout import split_batch_keys
+    from kcl_pipeline.zone.layout import split_batch_keys
 
     good = key_at(T0)
     listing = split_batch_keys([good, minute_prefix("s1", T0) + f"{SHARD0}/after=1_0",
@@ -238,8 +238,8 @@ def test_a_write_task_streams_its_file_in_parts_straight_to_its_run_directory(em
     5 GiB cap) and the commit copied it into place."""
     from pyspark.sql.types import BinaryType, StructField, StructType
 
-    from kcl_pipeline.landing.store import S3Options, S3ZoneStore
     from kcl_pipeline.transform.datasource import PartitionTarget, PartitionWriter
+    from kcl_pipeline.zone.store import S3Options, S3ZoneStore
 
     bucket = unique_name("out")
     s3_client.create_bucket(Bucket=bucket)
@@ -273,8 +273,8 @@ def test_a_write_task_streams_its_file_in_parts_straight_to_its_run_directory(em
 def test_a_failed_write_task_publishes_nothing(emulators, s3_client, unique_name):
     from pyspark.sql.types import BinaryType, StructField, StructType
 
-    from kcl_pipeline.landing.store import S3Options
     from kcl_pipeline.transform.datasource import PartitionTarget, PartitionWriter
+    from kcl_pipeline.zone.store import S3Options
 
     bucket = unique_name("out")
     s3_client.create_bucket(Bucket=bucket)

@@ -112,3 +112,23 @@ def test_schema_adds_typed_top_level_fields(spark):
     d = _decode(spark, decoder, [b'{"user":"ann","amount":3,"x":1}', b'{"amount":"three"}', b"[]"])
     assert [(r["user"], r["amount"], r["reason"] is None) for r in d] == [
         ("ann", 3, True), (None, None, True), (None, None, False)]
+
+
+def test_every_decoder_the_settings_accept_is_registered():
+    """KCL_PIPELINE_DECODER is checked against DECODERS without pyspark: each must be a registered decoder."""
+    from kcl_pipeline.transform.names import DECODERS
+
+    assert all(callable(get_decoder(name)) for name in DECODERS)
+
+
+def test_a_bad_kpl_aggregate_is_quarantined_with_the_kpl_reason_not_as_invalid_utf8():
+    """A bad aggregate delivered whole was quarantined as `invalid_utf8: … at byte 0` (issue 30 item 7)."""
+    from kcl_pipeline.kcl.records.kpl import MAGIC, aggregate
+
+    good = aggregate([("pk", None, b'{"a": 1}'), ("pk", None, b'{"b": 2}')])
+    md5_mismatch = good[:-16] + b"\x00" * 16
+    too_short = MAGIC + b"0123456789abcdef"
+    assert json_object_reason(md5_mismatch) == "bad_kpl_aggregate: md5_mismatch"
+    assert json_object_reason(too_short) == "bad_kpl_aggregate: too_short: 20 bytes"
+    assert json_object_reasons(pa.array([md5_mismatch, b"\xff", b"{}"], pa.binary())).to_pylist() == \
+        ["bad_kpl_aggregate: md5_mismatch", "invalid_utf8: invalid start byte at byte 0", None]

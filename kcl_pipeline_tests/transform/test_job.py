@@ -3,8 +3,6 @@ from __future__ import annotations
 import pytest
 
 from kcl_pipeline.kcl.core.model import Checkpoint
-from kcl_pipeline.landing.errors import ZoneNotFoundError
-from kcl_pipeline.landing.store import S3Options
 from kcl_pipeline.transform.decoders import json_object_decoder
 from kcl_pipeline.transform.job import (
     OutputNotFoundError,
@@ -14,7 +12,9 @@ from kcl_pipeline.transform.job import (
     transform_window,
     window_partition,
 )
-from kcl_pipeline.transform.manifest import commit_key
+from kcl_pipeline.windows.manifest import commit_key
+from kcl_pipeline.zone.errors import ZoneNotFoundError
+from kcl_pipeline.zone.store import S3Options
 
 from .landing_batches import MINUTE, SHARD0, SHARD1, T0, Rec, seq, write_local, write_s3
 

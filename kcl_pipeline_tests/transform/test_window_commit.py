@@ -6,12 +6,9 @@ import shutil
 import pytest
 
 from kcl_pipeline.kcl.core.model import Checkpoint, Lease
-from kcl_pipeline.landing.checkpoint_plan import plan_checkpoints
-from kcl_pipeline.landing.layout import parse_batch_key
-from kcl_pipeline.landing.store import open_store as open_zone
-from kcl_pipeline.landing.verify import list_batches
 from kcl_pipeline.transform.job import transform_window, window_partition
-from kcl_pipeline.transform.manifest import (
+from kcl_pipeline.windows.checkpoints.plan import plan_checkpoints
+from kcl_pipeline.windows.manifest import (
     CommitFormatError,
     Materialised,
     WindowCommit,
@@ -21,6 +18,9 @@ from kcl_pipeline.transform.manifest import (
     read_materialised,
     reopened_windows,
 )
+from kcl_pipeline.zone.chain import list_batches
+from kcl_pipeline.zone.layout import parse_batch_key
+from kcl_pipeline.zone.store import open_store as open_zone
 
 from .landing_batches import MINUTE, SHARD0, T0, Rec, seq, write_local
 

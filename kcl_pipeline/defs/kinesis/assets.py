@@ -1,11 +1,10 @@
 """The pipeline's assets: kinesis_stream (observed) → landed_records → transformed_records → kinesis_checkpoints.
 
 Wiring only: each asset calls its domain function and attaches metadata from what it reports:
-landing/backfill.py (bounded re-reads) and landing/window_report.py (what the windows hold), transform/job.py
-(Spark), landing/checkpoint_commit.py (plan and commit the checkpoints). Every asset shares the window partitions.
+windows/backfill.py (bounded re-reads) and windows/report.py (what the windows hold), transform/job.py
+(Spark), windows/checkpoints/run.py (plan and commit the checkpoints). Every asset shares the window partitions.
 """
 
-import json
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -27,16 +26,19 @@ from dagster import (
 from dagster._core.definitions.metadata.metadata_set import TableMetadataSet, UriMetadataSet  # not re-exported
 from dagster_aws.s3 import S3Resource
 
-from ...kcl.core.lease_codec import LeaseTableMissing
+from ...deployment.consumer import ConsumerSettings
+from ...deployment.streams import PipelineStream
+from ...kcl.core.table.lease_codec import LeaseTableMissing
 from ...kcl.shells.aws import client
 from ...kcl.shells.lease_table import LeaseTable
-from ...landing.backfill import BackfillReport, backfill_range
-from ...landing.checkpoint_commit import CheckpointReport, commit_checkpoints
-from ...landing.store import S3Options, ZoneStore, open_store
-from ...landing.window_report import RangeSummary, json_position, summarise_range
-from .partitions import partition_key, window_of
+from ...windows.backfill import BackfillReport, backfill_range
+from ...windows.checkpoints.record import MAX_LATE_KEYS
+from ...windows.checkpoints.run import CheckpointReport, commit_checkpoints
+from ...windows.keys import partition_key
+from ...windows.report import RangeSummary, json_position, summarise_range
+from ...zone.store import S3Options, ZoneStore, open_store
+from .partitions import window_of
 from .resources import SPARK_POOL, AwsResource, KinesisConsumerResource, SparkResource
-from .streams import PipelineStream
 
 if TYPE_CHECKING:
     from ...transform.job import TransformReport  # pyspark: imported by the runs that transform
@@ -45,9 +47,6 @@ KINESIS_STREAM = AssetKey("kinesis_stream")
 LANDED = AssetKey("landed_records")
 TRANSFORMED = AssetKey("transformed_records")
 CHECKPOINTS = AssetKey("kinesis_checkpoints")
-REOPENED = "reopened_windows"  # kinesis_checkpoints metadata the sensor reads
-UNCOMMITTED = "uncommitted_windows"  # kinesis_checkpoints metadata the sensor reads
-MAX_LATE_KEYS = 50
 
 
 def stream_spec(target: PipelineStream) -> AssetSpec:
@@ -61,7 +60,8 @@ SINGLE = PipelineStream()
 kinesis_stream = stream_spec(SINGLE)
 
 
-def landing_store(consumer: KinesisConsumerResource, aws: AwsResource, s3: S3Resource | None) -> ZoneStore:
+def landing_store(consumer: ConsumerSettings | KinesisConsumerResource, aws: AwsResource,
+                  s3: S3Resource | None) -> ZoneStore:
     """The landing zone, through dagster-aws's S3 client when the zone is on S3."""
     uri = consumer.landing_uri
     s3_client = s3.get_client() if s3 is not None and uri.startswith("s3://") else None
@@ -70,7 +70,7 @@ def landing_store(consumer: KinesisConsumerResource, aws: AwsResource, s3: S3Res
     return store
 
 
-def output_store(consumer: KinesisConsumerResource, aws: AwsResource, s3: S3Resource | None,
+def output_store(consumer: ConsumerSettings | KinesisConsumerResource, aws: AwsResource, s3: S3Resource | None,
                  target: PipelineStream = SINGLE) -> ZoneStore:
     """The stream's transform output location, read (manifests) with the landing zone's store code."""
     uri = target.output_uri(consumer.output_uri)
@@ -81,7 +81,7 @@ def output_store(consumer: KinesisConsumerResource, aws: AwsResource, s3: S3Reso
 def live_leases(consumer: KinesisConsumerResource, aws: AwsResource) -> list:
     """A read-only snapshot of the live lease table ([] when it does not exist yet)."""
     try:
-        return LeaseTable(consumer.lease_table, client("dynamodb", aws.settings())).scan()
+        return LeaseTable(consumer.settings().lease_table, client("dynamodb", aws.settings())).scan()
     except LeaseTableMissing:
         return []
 
@@ -136,14 +136,16 @@ def build_landed_records(partitions_def: TimeWindowPartitionsDefinition, window_
                        s3: S3Resource) -> MaterializeResult:
         span = window_range(context, partitions_def, window_ms)
         store = landing_store(consumer, aws, s3)
+        consumer_settings = consumer.settings()
         # leases and directory only: backfill_range lists the shards itself
         view = target.read_slice(consumer, aws.settings(), live_leases(consumer, aws), shards=False)
         report = backfill_range(target.configured(consumer), span.start_ms, span.end_ms, store,
                                 directory=view.directory, leases=view.leases_by_shard_id(),
-                                grace_ms=consumer.grace_ms, aws=aws.settings(), pace=consumer.backfill_pace(),
+                                grace_ms=consumer_settings.grace_ms, aws=aws.settings(),
+                                pace=consumer_settings.backfill_pace(),
                                 deadline_seconds=consumer.backfill_deadline_seconds,
                                 on_progress=lambda p: context.log.info(p.describe()),
-                                application_start=consumer.initial_checkpoint())
+                                application_start=consumer_settings.initial_checkpoint())
         for _, shard in sorted(report.shards.items()):
             context.log.info(shard.describe())
         _fail_unless_whole(report, consumer.backfill_deadline_seconds)
@@ -206,7 +208,8 @@ def build_transformed_records(partitions_def: TimeWindowPartitionsDefinition, wi
         directory = target.directory(consumer, settings)
         if consumer.create_zones:
             open_store(output_uri, settings).ensure_zone(create=True)
-        s3_options = S3Options.from_aws_settings(settings, env_credentials=True)
+        s3_options = S3Options.from_aws_settings(
+            settings, env_credentials=S3Options.pins_credentials(settings, pyspark.aws_credentials))
         spark = pyspark.spark_session
         reports = []
         for start in span.starts:
@@ -263,31 +266,22 @@ def build_kinesis_checkpoints(partitions_def: TimeWindowPartitionsDefinition, wi
            description=target.about("Lease checkpoints committed for materialised windows: per shard, the last landed"
                                     " record of the longest run of materialised windows from its checkpoint, and "
                                     "SHARD_END once its last record is in. The only place the pipeline advances "
-                                    "checkpoints."))
+                                    "checkpoints. A partition is the commit made after that window's run (or for "
+                                    "shard ends seen then); each commit covers every window materialised so far."))
     def kinesis_checkpoints(context: AssetExecutionContext, consumer: KinesisConsumerResource, aws: AwsResource,
                             s3: S3Resource) -> MaterializeResult:
-        settings = aws.settings()
-        table = LeaseTable(consumer.lease_table, client("dynamodb", settings))
+        settings, consumer_settings = aws.settings(), consumer.settings()
+        table = LeaseTable(consumer_settings.lease_table, client("dynamodb", settings))
+        span = window_range(context, partitions_def, window_ms)  # the window(s) whose run asked for this commit
         report = commit_checkpoints(
             table, target.read_slice(consumer, settings, table.scan()), landing_store(consumer, aws, s3),
-            output_store(consumer, aws, s3, target), _previous_frontier(context, target), window_ms=window_ms,
-            first_window_ms=first_window_ms, initial=consumer.initial_checkpoint(), grace_ms=consumer.grace_ms)
+            output_store(consumer, aws, s3, target), window_ms=window_ms, first_window_ms=first_window_ms,
+            initial=consumer_settings.initial_checkpoint(), grace_ms=consumer_settings.grace_ms,
+            requested_for=(span.start_ms, span.end_ms))
         _log_checkpoint_report(context, report, partitions_def)
         return MaterializeResult(metadata=_checkpoints_metadata(report))
 
     return kinesis_checkpoints
-
-
-def _previous_frontier(context: AssetExecutionContext, target: PipelineStream = SINGLE) -> dict[str, int]:
-    """The frontier the stream's last kinesis_checkpoints materialisation recorded (any partition)."""
-    event = context.instance.get_latest_materialization_event(target.key(CHECKPOINTS))
-    if event is None or event.asset_materialization is None:
-        return {}
-    value = event.asset_materialization.metadata.get("frontier")
-    data = getattr(value, "data", None) if value is not None else None
-    if isinstance(data, str):
-        data = json.loads(data)
-    return {str(k): int(v) for k, v in (data or {}).items()}
 
 
 def _log_checkpoint_report(context: AssetExecutionContext, report: CheckpointReport,
@@ -311,7 +305,10 @@ def _log_checkpoint_report(context: AssetExecutionContext, report: CheckpointRep
 
 
 def _checkpoints_metadata(report: CheckpointReport) -> dict[str, Any]:
+    """For the UI only: the next run and the sensor read the checkpoint record the run stored in the output
+    location (windows/checkpoints/record.py), never this."""
     return {
+        "report": report.record.report if report.record is not None and report.record.report is not None else -1,
         "committed": MetadataValue.json(report.committed_rows()),
         "shard_ends": MetadataValue.json(report.shard_ends),
         "commits": report.commits,
@@ -320,8 +317,9 @@ def _checkpoints_metadata(report: CheckpointReport) -> dict[str, Any]:
         "batches_before_first_partition": MetadataValue.json(report.before_start),
         "listed_from_ms": report.listed_from_ms if report.listed_from_ms is not None else -1,
         # window -> batches its manifest does not name (the sensor re-runs these windows)
-        REOPENED: MetadataValue.json({partition_key(w): keys[:MAX_LATE_KEYS] for w, keys in report.late.items()}),
-        UNCOMMITTED: MetadataValue.json([partition_key(w) for w in report.uncommitted]),
+        "reopened_windows": MetadataValue.json({partition_key(w): keys[:MAX_LATE_KEYS]
+                                                for w, keys in report.late.items()}),
+        "uncommitted_windows": MetadataValue.json([partition_key(w) for w in report.uncommitted]),
         "broken_chains": MetadataValue.json(report.broken),
         "frontier": MetadataValue.json(report.frontier),
         "plan": MetadataValue.json(report.plan_rows()),

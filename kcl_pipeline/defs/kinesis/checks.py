@@ -1,8 +1,8 @@
-"""Asset checks = the lineage audit (landing/audit.py), per window partition.
+"""Asset checks = the lineage audit (audit/lineage.py), per window partition.
 
 * landed_records / chain_unbroken              every shard's batches chain without gap or overlap
 * transformed_records / rows_reconcile         landed = transformed + duplicates + quarantined; publishes the
-                                               window's commit when it holds (landing/window_commit.py)
+                                               window's commit when it holds (audit/reconcile.py)
 * kinesis_checkpoints / checkpoint_within_materialised   no checkpoint beyond materialised records
 * transformed_records / windows_not_stalled    no reported window left unmaterialised past its end + overdue;
                                                evaluated by the kinesis_consumer sensor on every change (a run
@@ -24,12 +24,12 @@ from dagster import (
 )
 from dagster_aws.s3 import S3Resource
 
-from ...landing.audit import CheckOutcome, audit_window
-from ...landing.window_commit import reconcile_window
-from ...landing.window_followup import stall_description
+from ...audit.lineage import CheckOutcome, audit_window
+from ...audit.reconcile import reconcile_window
+from ...deployment.streams import PipelineStream
+from ...windows.followup import stall_description
 from .assets import CHECKPOINTS, LANDED, SINGLE, TRANSFORMED, landing_store, live_leases, output_store, window_range
 from .resources import AwsResource, KinesisConsumerResource
-from .streams import PipelineStream
 
 STALL_CHECK = "windows_not_stalled"  # evaluated by the kinesis_consumer sensor (tick.py)
 
@@ -106,7 +106,7 @@ class _Audit:
 
 
 # The two checks that guard checkpoints block: when either fails in a window run, the run stops before
-# kinesis_checkpoints. rows_reconcile also publishes the window's commit (landing/window_commit.py): a window
+# kinesis_checkpoints. rows_reconcile also publishes the window's commit (audit/reconcile.py): a window
 # that does not reconcile has none, so no later run's checkpoints pass it either.
 
 def _chain_unbroken(audit: _Audit):

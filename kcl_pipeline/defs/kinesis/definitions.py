@@ -5,6 +5,8 @@ from dataclasses import dataclass
 
 from dagster import Definitions, in_process_executor
 
+from ...deployment.settings import PipelineSettings
+from ...deployment.streams import PipelineStream, pipeline_streams
 from .assets import build_assets, stream_spec
 from .checks import build_checks
 from .jobs import backfill_job, checkpoints_job, window_job
@@ -12,8 +14,6 @@ from .partitions import window_partitions
 from .resources import build_resources
 from .schedules import build_backfill_schedule
 from .sensors import build_consumer_sensor, build_member_sensor
-from .settings import PipelineSettings
-from .streams import PipelineStream, pipeline_streams
 
 
 def build_definitions(settings: PipelineSettings | None = None) -> Definitions:

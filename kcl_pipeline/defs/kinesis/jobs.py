@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dagster import AssetChecksDefinition, AssetSelection, TimeWindowPartitionsDefinition, define_asset_job
 
+from ...deployment.streams import PipelineStream
 from .assets import CHECKPOINTS, LANDED, TRANSFORMED
 from .resources import SPARK_RUN_TAG
-from .streams import PipelineStream
 
 WINDOW_JOB = "kinesis_window_job"
 CHECKPOINTS_JOB = "kinesis_checkpoints_job"

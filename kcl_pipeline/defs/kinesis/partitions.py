@@ -3,21 +3,16 @@
 Windows are aligned to multiples of their length since the epoch, which is what the cron schedules below
 produce (the length divides an hour or a day), so a partition key and a landing-zone window always agree.
 
-The key format is defined here once; the module imports Dagster only where it builds Dagster's objects, so
-the CLI's backfill (local/dagster_client.py, which talks to a webserver over HTTP) names the same keys without
-Dagster installed.
+The key format is the windows' (windows/keys.py), shared with the sensor's decisions and the CLI's backfill.
 """
 from __future__ import annotations
 
-from datetime import datetime, timezone
-from typing import TYPE_CHECKING
+from datetime import timezone
 
-from .settings import PipelineSettings, check_window_minutes
+from dagster import TimeWindowPartitionsDefinition
 
-if TYPE_CHECKING:
-    from dagster import TimeWindowPartitionsDefinition
-
-PARTITION_FMT = "%Y-%m-%d-%H:%M"  # Dagster's own format for sub-daily windows
+from ...deployment.settings import PipelineSettings, check_window_minutes
+from ...windows.keys import PARTITION_FMT
 
 
 def window_cron(window_minutes: int) -> str:
@@ -29,16 +24,9 @@ def window_cron(window_minutes: int) -> str:
 
 
 def window_partitions(settings: PipelineSettings) -> TimeWindowPartitionsDefinition:
-    from dagster import TimeWindowPartitionsDefinition
-
     return TimeWindowPartitionsDefinition(
         start=settings.partitions_start.astimezone(timezone.utc).replace(tzinfo=None),
         fmt=PARTITION_FMT, cron_schedule=window_cron(settings.window_minutes), timezone="UTC")
-
-
-def partition_key(window_start_ms: int) -> str:
-    """The partition key of the window starting at `window_start_ms` (epoch millis, UTC)."""
-    return datetime.fromtimestamp(window_start_ms / 1000, tz=timezone.utc).strftime(PARTITION_FMT)
 
 
 def window_of(partitions_def: TimeWindowPartitionsDefinition, key: str) -> tuple[int, int]:

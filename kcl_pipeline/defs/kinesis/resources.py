@@ -5,23 +5,23 @@ AWS_REGION, credentials), so the same definitions run on the emulators and on AW
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
-from typing import Any, Mapping, Optional
+from dataclasses import MISSING, Field, fields
+from typing import Any, Mapping, Optional, get_type_hints
 
 from dagster import ConfigurableResource, EnvVar, InitResourceContext
 from dagster_aws.s3 import S3Resource
 from dagster_pyspark import PySparkResource
-from pydantic import PrivateAttr
+from pydantic import Field as ConfigField
+from pydantic import PrivateAttr, create_model
 
-from ...kcl.config import ConsumerConfig, InitialPosition, consumer_default
-from ...kcl.core.model import Checkpoint
-from ...kcl.core.streams import stream_name
-from ...kcl.shells.aws import AwsSettings
-from ...kcl.shells.worker import ProcessorSpec
-from ...landing.backfill import BackfillPace
-from ...landing.progress import A_SHARD_END as SHARD_END_LANDED
-from .settings import PREFIX, PipelineSettings
+from ...deployment.consumer import ConsumerSettings
+from ...deployment.redaction import redacted, secret_part
+from ...deployment.settings import PREFIX, PipelineSettings
+from ...kcl.aws_settings import AwsSettings
+from ...kcl.config import ConfigError
 
 # Text settings shown in the UI as the variable that set them (EnvVar); numbers stay values (validated at load).
 ENV_TEXT_FIELDS = ("stream", "application", "table_name", "landing_uri", "output_uri", "worker_id",
@@ -48,124 +48,50 @@ class AwsResource(ConfigurableResource):
                            endpoint_urls={k: v for k, v in per_service.items() if v})
 
 
-class KinesisConsumerResource(ConfigurableResource):
-    """The consumer this Dagster deployment hosts: stream, application (= lease table), windows, zones, leases."""
+def _config_fields(kind: type) -> dict[str, Any]:
+    """A plain dataclass's fields as Dagster configuration fields: (type, default), tuples as lists."""
+    hints = get_type_hints(kind)
 
-    # Defaults of the consumer's own settings are ConsumerConfig's; the pipeline's are PipelineSettings'.
-    stream: str
-    # A multi-stream application's other streams (one lease table; one set of assets per stream).
-    more_streams: list[str] = []
-    application: str
-    table_name: Optional[str] = consumer_default("table_name")
-    initial_position: str = PipelineSettings.initial_position
-    initial_timestamp: Optional[str] = None
-    window_minutes: int = PipelineSettings.window_minutes
-    landing_uri: str
-    output_uri: str
-    create_zones: bool = PipelineSettings.create_zones
-    worker_id: Optional[str] = None
-    heartbeat_seconds: float = consumer_default("heartbeat_seconds")
-    lease_expiry_seconds: float = consumer_default("lease_expiry_seconds")
-    max_leases: int = consumer_default("max_leases")
-    leases_to_acquire: int = consumer_default("leases_to_acquire")
-    grace_seconds: float = PipelineSettings.grace_seconds
-    metrics_namespace: Optional[str] = consumer_default("metrics_namespace")
-    metrics_naming: str = consumer_default("metrics_naming")
-    # polling or fanout (KCL_PIPELINE_RETRIEVAL): how the hosted lease workers read their shards.
-    retrieval: str = consumer_default("retrieval")
-    decoder: str = PipelineSettings.decoder
-    landing_reader: str = PipelineSettings.landing_reader
-    # True: the sensor runs this deployment's lease manager and its workers; False: an observer (reports
-    # windows and requests runs; the fleet is `kcl-pipeline consume --checkpoint-by dagster` members elsewhere).
-    host_workers: bool = True
-    # Bounds of one sensor tick (a tick must return well inside Dagster's 60 s).
-    max_windows_per_tick: int = 12
-    tick_budget_seconds: float = 30.0
-    # A reported window not materialised this long after its end is STALLED (sensor status, metric); a window
-    # whose run failed for good is requested again up to max_window_requests times in all. The same 300 s as
-    # the audit's default transform grace.
-    overdue_seconds: float = 300.0
-    max_window_requests: int = 3
-    # A backfill's reads (landed_records in a run): shards at once, its share of each shard's 5 GetRecords/s,
-    # and a deadline after which the run fails (what it landed stays; a retry goes on without duplicates).
-    backfill_parallelism: int = BackfillPace.parallelism
-    backfill_reads_per_second: float = BackfillPace.reads_per_second
-    backfill_deadline_seconds: float = 3600.0
+    def config_type(hint: Any) -> Any:
+        return list[str] if hint == tuple[str, ...] else hint
+
+    def default(f: Field) -> Any:
+        return ... if f.default is MISSING else list(f.default) if isinstance(f.default, tuple) else f.default
+
+    return {f.name: (config_type(hints[f.name]), default(f)) for f in fields(kind)}
+
+
+# The resource's configuration is ConsumerSettings' fields, each declared there once.
+_ConsumerFields = create_model("_ConsumerFields", __base__=ConfigurableResource, **_config_fields(ConsumerSettings))
+
+
+class KinesisConsumerResource(_ConsumerFields):  # type: ignore[misc,valid-type]
+    """The consumer this Dagster deployment hosts: ConsumerSettings (deployment/consumer.py) as Dagster
+    configuration. Code reads it as the plain settings (`settings()`)."""
 
     @classmethod
-    def from_settings(cls, settings: PipelineSettings,
+    def from_settings(cls, settings: ConsumerSettings,
                       env: Mapping[str, str] | None = None) -> "KinesisConsumerResource":
         """With `env` (the code location's environment), text fields set by a KCL_PIPELINE_* variable are
         EnvVar references: the UI shows the variable's name, and Dagster reads it at run time."""
-        resource = cls._from_values(settings)
-        if not env:
-            return resource
-        refs = {name: EnvVar(PREFIX + name.upper()) for name in ENV_TEXT_FIELDS
-                if (env.get(PREFIX + name.upper()) or "").strip() == (getattr(settings, name) or "")
-                and getattr(settings, name)}
-        return cls(**{**resource.model_dump(), **refs}) if refs else resource
+        values = {f.name: _config_value(getattr(settings, f.name)) for f in fields(ConsumerSettings)}
+        if env:
+            values.update({name: EnvVar(PREFIX + name.upper()) for name in ENV_TEXT_FIELDS
+                           if (env.get(PREFIX + name.upper()) or "").strip() == (getattr(settings, name) or "")
+                           and getattr(settings, name)})
+        return cls(**values)
 
-    @classmethod
-    def _from_values(cls, settings: PipelineSettings) -> "KinesisConsumerResource":
-        return cls(stream=settings.stream, more_streams=list(settings.more_streams),
-                   application=settings.application, table_name=settings.table_name,
-                   initial_position=settings.initial_position, initial_timestamp=settings.initial_timestamp,
-                   window_minutes=settings.window_minutes, landing_uri=settings.landing_uri,
-                   output_uri=settings.output_uri, create_zones=settings.create_zones,
-                   host_workers=settings.host_workers, worker_id=settings.worker_id,
-                   heartbeat_seconds=settings.heartbeat_seconds, lease_expiry_seconds=settings.lease_expiry_seconds,
-                   max_leases=settings.max_leases, grace_seconds=settings.grace_seconds,
-                   metrics_namespace=settings.metrics_namespace, metrics_naming=settings.metrics_naming,
-                   retrieval=settings.retrieval,
-                   decoder=settings.decoder, landing_reader=settings.landing_reader)
+    def settings(self) -> ConsumerSettings:
+        """The consumer's settings (EnvVar fields resolved: call it where the resource is set up)."""
+        return ConsumerSettings(**{f.name: _plain_value(getattr(self, f.name)) for f in fields(ConsumerSettings)})
 
-    @property
-    def window_ms(self) -> int:
-        return self.window_minutes * 60_000
 
-    @property
-    def grace_ms(self) -> int:
-        return int(self.grace_seconds * 1000)
+def _config_value(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
 
-    @property
-    def overdue_ms(self) -> int:
-        return int(self.overdue_seconds * 1000)
 
-    def initial_checkpoint(self) -> Checkpoint:
-        """Where a new lease starts (a child's, created when the checkpoint plan ends its parent)."""
-        return InitialPosition.parse(self.initial_position, self.initial_timestamp).checkpoint()
-
-    @property
-    def lease_table(self) -> str:
-        """The lease table: table_name, else the application's name (Java KCL's rule)."""
-        return self.table_name or self.application
-
-    def backfill_pace(self) -> BackfillPace:
-        return BackfillPace(parallelism=self.backfill_parallelism, reads_per_second=self.backfill_reads_per_second)
-
-    def consumer_config(self, aws: AwsSettings, worker_id: str, cycle_seconds: float) -> ConsumerConfig:
-        return ConsumerConfig(
-            stream=self.stream, application=self.application, table_name=self.table_name, worker_id=worker_id,
-            initial_position=InitialPosition.parse(self.initial_position, self.initial_timestamp),
-            leases_to_acquire=self.leases_to_acquire, max_leases=self.max_leases,
-            heartbeat_seconds=self.heartbeat_seconds, lease_expiry_seconds=self.lease_expiry_seconds,
-            cycle_seconds=cycle_seconds, metrics_namespace=self.metrics_namespace,
-            metrics_naming=self.metrics_naming, retrieval=self.retrieval, aws=aws,
-            # Children are read once the parent's last record has LANDED (the sink's heartbeat says so), not
-            # once SHARD_END is committed after the transform: a failed or late window run must not stop
-            # a resharded stream. SHARD_END itself still waits for materialisation.
-            parent_drained_attribute=SHARD_END_LANDED, more_streams=tuple(self.more_streams))
-
-    @property
-    def streams(self) -> tuple[str, ...]:
-        return (self.stream, *self.more_streams)
-
-    def processor_spec(self, aws: AwsSettings) -> ProcessorSpec:
-        """The landing sink in pipeline mode: it never checkpoints (kinesis_checkpoints does)."""
-        from ...landing.sink import landing_spec
-
-        return landing_spec(self.landing_uri, stream_name(self.stream), aws=aws, standalone=False,
-                            create_zone=self.create_zones)
+def _plain_value(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
 
 
 class SparkResource(PySparkResource):
@@ -176,13 +102,28 @@ class SparkResource(PySparkResource):
     """
 
     stop_at_teardown: bool = True
+    secret_spark_conf: Optional[str] = ConfigField(default=None, description=(
+        "A JSON object of Spark settings read when the run starts (KCL_PIPELINE_SPARK_CONF): the values of "
+        "its settings whose names look secret replace their *** in spark_config."))
+    aws_credentials: Optional[bool] = ConfigField(default=None, description=(
+        "Pass the run's AWS keys to Spark in the transform's options: true, false, or unset: only when S3 "
+        "is at an explicit endpoint (KCL_PIPELINE_SPARK_AWS_CREDENTIALS)."))
     _started_here: bool = PrivateAttr(default=False)
 
+    def session_config(self) -> dict[str, Any]:
+        """spark_config with the secret settings' values in place of their `***`."""
+        if not self.secret_spark_conf:
+            return dict(self.spark_config)
+        given = secret_part({str(k): str(v) for k, v in json.loads(self.secret_spark_conf).items()})
+        # only the names spark_config holds: a Spark Connect session takes its spark.sql.* settings alone
+        return {**self.spark_config, **{k: v for k, v in given.items() if k in self.spark_config}}
+
     def setup_for_execution(self, context: InitResourceContext) -> None:
+        import dagster_pyspark.resources
         from pyspark import SparkContext
 
         existed = SparkContext._active_spark_context is not None
-        super().setup_for_execution(context)
+        self._spark_session = dagster_pyspark.resources.spark_session_from_config(self.session_config())
         self._started_here = not existed
 
     def teardown_after_execution(self, context: InitResourceContext) -> None:
@@ -192,7 +133,13 @@ class SparkResource(PySparkResource):
 
 
 def spark_config(settings: PipelineSettings, python: str = sys.executable) -> dict[str, Any]:
-    from ...transform.job import spark_session_conf
+    """The Spark settings the UI shows: secret-looking ones as `***` (deployment/redaction.py); the session
+    gets their values from SparkResource.secret_spark_conf."""
+    return redacted(_spark_config(settings, python))
+
+
+def _spark_config(settings: PipelineSettings, python: str) -> dict[str, Any]:
+    from ...transform.job import is_local_master, loopback_conf, spark_session_conf
 
     if settings.spark_master.startswith("sc://"):  # Spark Connect: the server's context; session settings only
         return {"spark.remote": settings.spark_master,
@@ -201,14 +148,36 @@ def spark_config(settings: PipelineSettings, python: str = sys.executable) -> di
     return {"spark.master": settings.spark_master, "spark.app.name": "kcl-pipeline",
             "spark.ui.enabled": "false",
             # the interpreter is pinned only for a local session (a cluster's executors bring their own)
-            **spark_session_conf(python if settings.spark_master.startswith("local") else None),
+            **spark_session_conf(python if is_local_master(settings.spark_master) else None),
+            **loopback_conf(settings.spark_master),
             **dict(settings.spark_conf)}
 
 
+def secret_spark_conf(settings: PipelineSettings, env: Mapping[str, str]) -> EnvVar | None:
+    """KCL_PIPELINE_SPARK_CONF as an EnvVar when settings hold secret-looking Spark settings: Dagster reads
+    it when the run starts and shows only the variable's name. Settings built in code with secrets have no
+    variable to read them from at run time, and are refused rather than shown or dropped."""
+    secrets = secret_part(settings.spark_conf)
+    if not secrets:
+        return None
+    variable = PREFIX + "SPARK_CONF"
+    try:
+        given = {str(k): str(v) for k, v in json.loads(env.get(variable) or "{}").items()}
+    except (ValueError, AttributeError):
+        given = {}
+    if secret_part(given) != secrets:
+        raise ConfigError(f"the Spark settings {sorted(secrets)} look secret: give them in {variable}, which "
+                          f"the run reads when it starts, so that Dagster never shows their values")
+    return EnvVar(variable)
+
+
 def build_resources(settings: PipelineSettings, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    env = env if env is not None else os.environ
     return {
         "aws": AwsResource(),
         "s3": S3Resource(),
-        "pyspark": SparkResource(spark_config=spark_config(settings)),
-        "consumer": KinesisConsumerResource.from_settings(settings, env if env is not None else os.environ),
+        "pyspark": SparkResource(spark_config=spark_config(settings),
+                                 secret_spark_conf=secret_spark_conf(settings, env),
+                                 aws_credentials=settings.spark_aws_credentials),
+        "consumer": KinesisConsumerResource.from_settings(settings, env),
     }

@@ -1,6 +1,6 @@
 """A daily backfill of the previous day (stopped by default): re-land and transform every window of the day.
 
-It re-reads each window from Kinesis (landing/backfill.py: AT_TIMESTAMP, TRIM_HORIZON beyond retention) and
+It re-reads each window from Kinesis (windows/backfill.py: AT_TIMESTAMP, TRIM_HORIZON beyond retention) and
 lands only what is missing, then transforms the day in one run (single-run backfill policy). It never writes
 to the live lease table: checkpoints stay with the live pipeline.
 """
@@ -18,8 +18,8 @@ from dagster import (
 )
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
-from .partitions import partition_key
-from .streams import PipelineStream
+from ...deployment.streams import PipelineStream
+from ...windows.keys import partition_key
 
 DAY_MS = 86_400_000
 

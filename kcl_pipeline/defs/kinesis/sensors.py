@@ -4,20 +4,21 @@ second host's.
 One tick of `kinesis_consumer` = one lease-manager cycle (scan, list shards, delete/create leases, acquire, spawn
 one worker process per lease), then: read the fleet's landing progress from the lease table, report every window
 that became complete since the cursor as a `landed_records` materialisation, and request `transformed_records` +
-`kinesis_checkpoints` for it (tick.py). The lease manager and workers it hosts are fleet_hosting.py's; what it
-remembers between ticks is its cursor (cursor.py).
+`kinesis_checkpoints` for it (tick.py, calling the decisions of windows/tick/decisions.py). The lease manager and
+workers it hosts are deployment/fleet_hosting.py's; what it remembers between ticks is its cursor
+(windows/tick/cursor.py).
 """
 from typing import Sequence
 
 from dagster import DefaultSensorStatus, SensorEvaluationContext, SensorResult, TimeWindowPartitionsDefinition, sensor
 from dagster_aws.s3 import S3Resource
 
+from ...deployment.fleet_hosting import CONSUMER_SENSOR, MEMBER_SENSOR
+from ...deployment.streams import PipelineStream
+from ...windows.tick.cursor import Cursor, CursorError
 from .assets import SINGLE
-from .cursor import Cursor, CursorError
-from .fleet_hosting import CONSUMER_SENSOR, MEMBER_SENSOR
 from .jobs import CHECKPOINTS_JOB, WINDOW_JOB
 from .resources import AwsResource, KinesisConsumerResource
-from .streams import PipelineStream
 from .tick import consumer_tick, member_tick
 
 # The sensors, and what their callers name with them: the sensor's cursor and the jobs it targets.

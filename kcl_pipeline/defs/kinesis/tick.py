@@ -1,14 +1,11 @@
 """One tick of the `kinesis_consumer` sensor, and of a fleet member's `kinesis_fleet_member` sensor.
 
 A consumer tick looks at the fleet once (the hosted member's lease-manager cycle, or an observer's scan of the
-lease table), then, for each stream, in named steps: decide the next window to report, follow up the windows
-asked for and not done yet (request one whose run ended without its commit again, name the stalled ones), ask
-for — and follow from then on — the windows the newest checkpoint report is stopped on (late batches, no
-commit), report every window complete since the cursor as a `landed_records` materialisation and request its
-run, request the checkpoint plan when shards must be ended, and observe the fleet. The decisions are
-landing/'s (window_scan, window_followup, report_start, fleet_view); the steps gather what the Dagster instance
-and the output's window commits say and turn the decisions into run requests, asset events and the tick's
-status line.
+lease table), then, for each stream, takes the decision steps of windows/tick/decisions.py (the next window to report,
+the follow-up of the windows asked for, the windows the newest checkpoint report is stopped on, the windows
+complete now, the shards to end, the fleet observation and the stall metric). This module is their Dagster
+I/O: it gathers what the Dagster instance, the landing zone and the output's window commits say, and turns the
+decisions into run requests, asset events and the tick's status line.
 """
 from __future__ import annotations
 
@@ -20,7 +17,6 @@ from dagster import (
     AssetCheckEvaluation,
     AssetMaterialization,
     AssetObservation,
-    AssetRecordsFilter,
     MetadataValue,
     RunRequest,
     RunsFilter,
@@ -35,48 +31,8 @@ from dagster._core.storage.dagster_run import IN_PROGRESS_RUN_STATUSES, DagsterR
 from dagster._core.storage.tags import PARTITION_NAME_TAG, WILL_RETRY_TAG
 from dagster_aws.s3 import S3Resource
 
-from ...kcl.core.streams import StreamScope
-from ...kcl.shells.manager import CycleReport
-from ...kcl.shells.memory import host_metadata
-from ...kcl.shells.shards import StreamNotFound
-from ...landing.completeness import WindowStatus
-from ...landing.fleet_view import lease_counts, lease_lags, observation_due
-from ...landing.layout import landing_directory
-from ...landing.progress import ShardProgress, progress_from_leases
-from ...landing.report_start import start_reports
-from ...landing.store import ZoneStore
-from ...landing.stream_slice import StreamSlice, current_scope, earlier_incarnations, slice_of
-from ...landing.window_followup import (
-    GIVEN_UP_PER_TICK,
-    FollowUp,
-    Outstanding,
-    RunState,
-    WindowObservation,
-    follow_up,
-    observation_slice,
-    rerun_key,
-    shard_end_run_key,
-    stall_description,
-    stall_metric_due,
-    track_reports,
-)
-from ...landing.window_report import iso, list_window
-from ...landing.window_scan import complete_windows, resume_window, shard_ends_to_plan
-from ...transform.manifest import CommitFormatError, read_commit
-from .assets import (
-    CHECKPOINTS,
-    KINESIS_STREAM,
-    LANDED,
-    REOPENED,
-    SINGLE,
-    TRANSFORMED,
-    UNCOMMITTED,
-    landing_store,
-    output_store,
-)
-from .checks import STALL_CHECK
-from .cursor import Cursor
-from .fleet_hosting import (
+from ...deployment.consumer import ConsumerSettings
+from ...deployment.fleet_hosting import (
     CONSUMER_SENSOR,
     HOST_WORKERS_SETTING,
     MEMBER_SENSOR,
@@ -84,10 +40,48 @@ from .fleet_hosting import (
     hosted_cycle,
     observe_fleet,
 )
+from ...deployment.streams import PipelineStream
+from ...kcl.aws_settings import AwsSettings
+from ...kcl.core.fleet.cycle import CycleReport
+from ...kcl.core.model import Lease
+from ...kcl.core.streams import StreamScope
+from ...kcl.shells.shards import StreamNotFound
+from ...kcl.shells.workers.memory import host_metadata
+from ...windows.checkpoints.record import CheckpointRecord, CheckpointRecordError, read_checkpoint_record
+from ...windows.commit import window_done
+from ...windows.fleet_view import lease_counts, lease_lags
+from ...windows.followup import Outstanding, RunState, WindowObservation
+from ...windows.keys import partition_key, window_start_ms
+from ...windows.manifest import CommitFormatError, read_commit
+from ...windows.report import list_window
+from ...windows.tick.cursor import Cursor
+from ...windows.tick.decisions import (
+    ReportDue,
+    SensorRules,
+    ShardEndRun,
+    StallMetric,
+    WindowRun,
+    abandoned_line,
+    finish_tick,
+    follow_windows,
+    start_tick,
+)
+from ...windows.tick.report_start import ReportStart, start_reports
+from ...zone.layout import iso, landing_directory
+from ...zone.progress import progress_from_leases
+from ...zone.store import ZoneStore
+from ...zone.stream_slice import StreamSlice, current_scope, earlier_incarnations, slice_of
+from .assets import (
+    KINESIS_STREAM,
+    LANDED,
+    SINGLE,
+    TRANSFORMED,
+    landing_store,
+    output_store,
+)
+from .checks import STALL_CHECK
 from .jobs import CHECKPOINTS_JOB, SHARD_END_TAG, WINDOW_JOB
-from .partitions import partition_key, window_of
 from .resources import SPARK_RUN_TAG, AwsResource, KinesisConsumerResource
-from .streams import PipelineStream
 
 LEASE_TABLE_SCHEMA = TableSchema(columns=[
     TableColumn("lease", "string"), TableColumn("owner", "string"), TableColumn("counter", "int"),
@@ -102,14 +96,15 @@ def consumer_tick(context: SensorEvaluationContext, consumer: KinesisConsumerRes
                   *, now_ms: int | None = None, targets: Sequence[PipelineStream] = (SINGLE,)) -> SensorResult:
     started = time.monotonic()
     cursor = Cursor.parse(context.cursor)
-    _check_window(partitions_def, consumer.window_ms)
+    settings, aws_settings = consumer.settings(), aws.settings()
+    _check_window(partitions_def, settings.window_ms)
     status = _StatusLine(context)
-    fleet = _look_at_fleet(consumer, aws, cursor, interval_seconds, status.say)
+    fleet = _look_at_fleet(settings, aws_settings, cursor, interval_seconds, status.say)
     if fleet is None:
         return SensorResult(cursor=cursor.to_json(), skip_reason=(
-            f"observer: lease table {consumer.lease_table} does not exist yet (no fleet member has started)"))
+            f"observer: lease table {settings.lease_table} does not exist yet (no fleet member has started)"))
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-    tick = _Tick(context, consumer, aws, s3, partitions_def, started, now_ms, status.say)
+    tick = _Tick(context, settings, aws, s3, partitions_def, started, now_ms, status.say)
     if any(target.multi for target in targets):
         reported = _report_each_stream(tick, targets, cursor, fleet)
     else:
@@ -129,7 +124,7 @@ def member_tick(context: SensorEvaluationContext, consumer: KinesisConsumerResou
         return SensorResult(cursor=cursor.to_json(), skip_reason=(
             f"fleet member idle: {HOST_WORKERS_SETTING} is not true in this code server's environment, so it "
             f"joins no fleet (set it where this location should take leases)"))
-    fleet = hosted_cycle(consumer, aws, cursor.worker_id, interval_seconds, MEMBER_SENSOR)
+    fleet = hosted_cycle(consumer.settings(), aws.settings(), cursor.worker_id, interval_seconds, MEMBER_SENSOR)
     message = (f"fleet member {fleet.worker_id} cycle: {fleet.cycle.summary()} (windows are reported by "
                f"{CONSUMER_SENSOR})")
     context.log.info(message)
@@ -156,7 +151,7 @@ class _Tick:
     """What every stream's part of one tick shares."""
 
     context: SensorEvaluationContext
-    consumer: KinesisConsumerResource
+    consumer: ConsumerSettings
     aws: AwsResource
     s3: S3Resource | None
     partitions_def: TimeWindowPartitionsDefinition
@@ -165,8 +160,12 @@ class _Tick:
     say: Callable[[str], None]
 
     @property
-    def partitions_start_ms(self) -> int:
-        return int(self.partitions_def.start.timestamp() * 1000)
+    def rules(self) -> SensorRules:
+        consumer = self.consumer
+        return SensorRules(window_ms=consumer.window_ms, grace_ms=consumer.grace_ms, overdue_ms=consumer.overdue_ms,
+                           max_window_requests=consumer.max_window_requests,
+                           max_windows_per_tick=consumer.max_windows_per_tick,
+                           partitions_start_ms=int(self.partitions_def.start.timestamp() * 1000))
 
 
 @dataclass
@@ -187,7 +186,7 @@ def _check_window(partitions_def: TimeWindowPartitionsDefinition, window_ms: int
                              f"partitions' ({length // 60_000} min): build both from the same settings")
 
 
-def _look_at_fleet(consumer: KinesisConsumerResource, aws: AwsResource, cursor: Cursor, interval_seconds: float,
+def _look_at_fleet(consumer: ConsumerSettings, aws: AwsSettings, cursor: Cursor, interval_seconds: float,
                    say: Callable[[str], None]) -> FleetCycle | None:
     """The hosted member's lease-manager cycle, or an observer's scan (None: no lease table yet)."""
     if consumer.host_workers:
@@ -241,7 +240,7 @@ def _name_earlier_incarnations(tick: _Tick, target: PipelineStream, scope: Strea
             f"`kcl-pipeline landing verify`, then `kcl-pipeline forget-incarnation {earlier}`)"))
 
 
-# -- one stream's windows, step by step ---------------------------------------------------------------------
+# -- one stream's windows: observations gathered, decisions (windows/tick/decisions.py) turned into Dagster's ---------
 
 @dataclass
 class _StreamTick:
@@ -250,137 +249,110 @@ class _StreamTick:
     tick: _Tick
     target: PipelineStream
     view: StreamSlice
-    progress: dict[str, ShardProgress]
     store: ZoneStore
     output: ZoneStore  # the stream's transform output: its window commits say which windows are done
     reported: _Reported = field(default_factory=_Reported)
 
-    @property
-    def consumer(self) -> KinesisConsumerResource:
-        return self.tick.consumer
-
     def say(self, message: str) -> None:
         self.tick.say(self.target.about(message))  # named when there are several streams
 
-    def partition_start(self, key: str) -> int:
-        return window_of(self.tick.partitions_def, key)[0]
-
-    def request_window(self, key: str, run_key: str) -> None:
+    def request(self, run: WindowRun) -> None:
         self.reported.run_requests.append(RunRequest(
-            run_key=self.target.run_key(run_key), job_name=self.target.job(WINDOW_JOB), partition_key=key,
-            tags={SPARK_RUN_TAG: "true"}))
+            run_key=self.target.run_key(run.run_key), job_name=self.target.job(WINDOW_JOB),
+            partition_key=run.partition, tags={SPARK_RUN_TAG: "true"}))
 
 
 def report_windows(tick: _Tick, target: PipelineStream, cursor: Cursor, cycle: CycleReport,
                    view: StreamSlice) -> _Reported:
     """Report every window of the stream that became complete since its cursor and request its transform
     (host or observer). Returns the run requests, the asset events and the stream's new cursor."""
-    stream = _StreamTick(tick, target, view, progress_from_leases(view.leases),
-                         landing_store(tick.consumer, tick.aws, tick.s3),
+    stream = _StreamTick(tick, target, view, landing_store(tick.consumer, tick.aws, tick.s3),
                          output_store(tick.consumer, tick.aws, tick.s3, target))
-    next_window = _next_window_to_report(stream, cursor.next_window_ms)
-    followed, rotation = _follow_up_requested_windows(stream, cursor)
-    outstanding = dict(followed.outstanding)
-    _request_failed_windows_again(stream, followed)
-    report = _ask_for_windows_checkpoints_wait_on(stream, outstanding, cursor.checkpoint_report, next_window)
-    _name_stalled_windows(stream, followed)
-    if next_window is not None:
-        next_window = _report_complete_windows(stream, next_window, outstanding)
-    _request_shard_ends(stream, next_window)
-    observed_at = _observe_the_fleet(stream, cursor.observed_at_ms, cycle)
-    _report_the_stall_metric(stream, followed, cursor.outstanding, outstanding)
-    stream.reported.cursor = Cursor(None, next_window, observed_at, outstanding, checkpoint_report=report,
-                                    rotation=rotation)
+    rules, instance = tick.rules, tick.context.instance
+    start = start_tick(cursor, rules, _report_start(stream, rules) if cursor.next_window_ms is None else None)
+    for warning in start.warnings:
+        tick.context.log.warning(warning)
+    for note in start.notes:
+        stream.say(note)
+    _say_abandoned(stream, [(w, "followed by the sensor's cursor") for w in start.abandoned])
+    _cancel_queued_runs_outside(stream)
+    followed = follow_windows(
+        cursor, start, rules, now_ms=tick.now_ms, leases=view.leases, shards=view.shards,
+        observed=observe_windows(instance, stream.output, {w: cursor.outstanding[w] for w in start.observe}, target),
+        checkpoint_report=_checkpoint_record(stream))
+    _say_abandoned(stream, followed.abandoned)
+    for run in followed.runs:
+        stream.request(run)
+    for note in followed.notes:
+        stream.say(note)
+    end = finish_tick(cursor, start, followed, _report_complete_windows(stream, followed.to_report), rules,
+                      now_ms=tick.now_ms, leases=view.leases)
+    for note in end.notes:
+        stream.say(note)
+    _request_shard_end(stream, end.shard_end)
+    if end.observe_fleet:
+        stream.reported.events.append(AssetObservation(
+            asset_key=target.key(KINESIS_STREAM), metadata=_fleet_metadata(cycle, view.leases)))
+    if end.stall is not None:
+        _report_the_stall_metric(stream, end.stall)
+    stream.reported.cursor = end.cursor
     return stream.reported
 
 
-def _next_window_to_report(stream: _StreamTick, cursor_next_ms: int | None) -> int | None:
-    """The cursor's next window, never before the first partition; with none yet, where reports start
-    (landing/report_start.py). None: not decided yet."""
-    tick, consumer = stream.tick, stream.consumer
-    if cursor_next_ms is None:
-        start = start_reports(stream.store, stream.view.directory, stream.output, stream.view.leases,
-                              stream.progress, window_ms=consumer.window_ms, grace_ms=consumer.grace_ms,
-                              not_before_ms=tick.partitions_start_ms, now_ms=tick.now_ms)
-        stream.say(start.note)
-        return start.start_ms
-    resumed, moved = resume_window(cursor_next_ms, tick.partitions_start_ms)
-    if moved:
-        tick.context.log.warning(f"the cursor's next window {iso(cursor_next_ms)} precedes the first partition; "
-                                 f"skipping to {iso(tick.partitions_start_ms)}")
-    return resumed
+def _say_abandoned(stream: _StreamTick, windows: Sequence[tuple[int, str]]) -> None:
+    """One warning per window the partitions definition does not have, naming what the zone holds of it (one
+    listing each; the decisions drop them, so this is said once)."""
+    rules = stream.tick.rules
+    for window, why in windows:
+        listing = list_window(stream.store, stream.view.directory, window, window + rules.window_ms)
+        holds = f"{len(listing.batches)} batches from {len(listing.per_shard())} shards"
+        line = stream.target.about(abandoned_line(window, rules, why, holds))
+        stream.tick.context.log.warning(line)
+        stream.tick.say(line)
 
 
-def _follow_up_requested_windows(stream: _StreamTick, cursor: Cursor) -> tuple[FollowUp, int]:
-    """The follow-up of the windows asked for (the given-up ones a few per tick, in turn), and the rotation."""
-    consumer = stream.consumer
-    windows, rotation = observation_slice(cursor.outstanding, cursor.rotation, GIVEN_UP_PER_TICK)
-    observed = observe_windows(stream.tick.context.instance, stream.output,
-                               {w: cursor.outstanding[w] for w in windows}, stream.target)
-    return follow_up(cursor.outstanding, observed, now_ms=stream.tick.now_ms, window_ms=consumer.window_ms,
-                     overdue_ms=consumer.overdue_ms, max_requests=consumer.max_window_requests), rotation
+def _cancel_queued_runs_outside(stream: _StreamTick) -> None:
+    """Queued window runs of partitions the definition does not have (queued before a restart with a later first
+    partition, or a run retry of one that failed so) would fail at launch, and be retried: canceled, once each."""
+    instance, rules = stream.tick.context.instance, stream.tick.rules
+    queued = instance.get_runs(RunsFilter(job_name=stream.target.job(WINDOW_JOB), statuses=[DagsterRunStatus.QUEUED]))
+    for run in queued:
+        key = run.tags.get(PARTITION_NAME_TAG)
+        try:
+            if key is None or rules.has_partition(window_start_ms(key)):
+                continue
+        except ValueError:
+            continue  # not a window's key: not the sensor's to judge
+        instance.report_run_canceled(run, message=(
+            f"partition {key} is outside the partitions definition (its first partition is "
+            f"{partition_key(rules.partitions_start_ms)}): a run of it cannot start; canceled by the sensor"))
+        stream.say(f"queued run {run.run_id} of window {key} canceled: the partitions definition does not have it "
+                   f"(its first partition is {partition_key(rules.partitions_start_ms)})")
 
 
-def _request_failed_windows_again(stream: _StreamTick, followed: FollowUp) -> None:
-    for start in followed.rerequest:
-        key, entry = partition_key(start), followed.outstanding[start]
-        stream.request_window(key, entry.run_key(key))
-        stream.say(f"window {key} has no commit and its last run ended: transform requested again "
-                   f"(request {entry.requests} of {stream.consumer.max_window_requests})")
+def _report_start(stream: _StreamTick, rules: SensorRules) -> ReportStart:
+    return start_reports(stream.store, stream.view.directory, stream.output, stream.view.leases,
+                         progress_from_leases(stream.view.leases), window_ms=rules.window_ms,
+                         grace_ms=rules.grace_ms, not_before_ms=rules.partitions_start_ms, now_ms=stream.tick.now_ms)
 
 
-def _ask_for_windows_checkpoints_wait_on(stream: _StreamTick, outstanding: dict[int, Outstanding],
-                                         seen: int | None, reported_before_ms: int | None) -> int | None:
-    """The windows the newest checkpoint report is stopped on (late batches in a committed window, or no
-    commit), asked for once per report and followed from then on. Returns the report acted on."""
-    report = read_checkpoint_report(stream.tick.context.instance, stream.target, stream.partition_start)
-    if report is None or (seen is not None and report.storage_id <= seen):
-        return seen
-    tracked = track_reports(outstanding, report.late, report.uncommitted, report=str(report.storage_id),
-                            reported_before_ms=reported_before_ms, now_ms=stream.tick.now_ms,
-                            partition=partition_key)
-    outstanding.clear()
-    outstanding.update(tracked.outstanding)
-    for start in tracked.request:
-        key, entry = partition_key(start), tracked.outstanding[start]
-        stream.request_window(key, entry.run_key(key))
-        why = "batches landed in it after its run" if entry.need else "checkpoints wait on it and it has no commit"
-        stream.say(f"window {key}: {why}; transform requested again and followed ({entry.run_key(key)})")
-    return report.storage_id
+def _report_complete_windows(stream: _StreamTick, due: Sequence[ReportDue]) -> int:
+    """Report the complete windows in order within the tick's time budget, and request their runs. Returns how
+    many were reported."""
+    tick = stream.tick
+    for count, window in enumerate(due):
+        if time.monotonic() - tick.started > tick.consumer.tick_budget_seconds:
+            stream.say(f"tick budget spent; window {iso(window.status.window_start_ms)} waits for the next tick")
+            return count
+        _report_complete_window(stream, window)
+    return len(due)
 
 
-def _name_stalled_windows(stream: _StreamTick, followed: FollowUp) -> None:
-    if followed.stalled:
-        names = ", ".join(partition_key(w) for w in followed.stalled)
-        stream.say(f"STALLED windows (not materialised {stream.consumer.overdue_seconds:.0f}s past their end): "
-                   f"{names}" + (f"; no more requests for {', '.join(partition_key(w) for w in followed.gave_up)}"
-                                 if followed.gave_up else ""))
-
-
-def _report_complete_windows(stream: _StreamTick, next_window: int, outstanding: dict[int, int]) -> int:
-    """Report the windows complete from `next_window` on, within the tick's bounds, and request their runs
-    (each is outstanding until it materialises). Returns the first window not reported."""
-    tick, consumer = stream.tick, stream.consumer
-    scan = complete_windows(next_window, consumer.window_ms, tick.now_ms, stream.view.shards, stream.progress,
-                            stream.view.leases, consumer.grace_ms, consumer.max_windows_per_tick)
-    for status in scan.complete:
-        if time.monotonic() - tick.started > consumer.tick_budget_seconds:
-            stream.say(f"tick budget spent; window {iso(status.window_start_ms)} waits for the next tick")
-            break
-        _report_complete_window(stream, status)
-        outstanding[status.window_start_ms] = 1
-        next_window = status.window_end_ms
-    if scan.stopped_by == "incomplete" and next_window == scan.next_start_ms and scan.blocking is not None:
-        waiting = "; ".join(f"{s}: {scan.blocking.reasons.get(s, '')}" for s in scan.blocking.waiting_on)
-        stream.say(f"window {partition_key(scan.blocking.window_start_ms)} not complete yet, waiting on {waiting}")
-    return next_window
-
-
-def _report_complete_window(stream: _StreamTick, status: WindowStatus) -> None:
+def _report_complete_window(stream: _StreamTick, due: ReportDue) -> None:
     """The window's `landed_records` materialisation and its run. The listing only (a few LIST pages, whatever
     the window holds): the window run counts the rows (transformed_records' rows_in) and checks the chain
     (chain_unbroken), once."""
-    key = partition_key(status.window_start_ms)
+    status, key = due.status, due.run.partition
     listing = list_window(stream.store, stream.view.directory, status.window_start_ms, status.window_end_ms)
     per_shard = listing.per_shard()
     stream.reported.events.append(AssetMaterialization(asset_key=stream.target.key(LANDED), partition=key, metadata={
@@ -392,65 +364,41 @@ def _report_complete_window(stream: _StreamTick, status: WindowStatus) -> None:
         "completeness": MetadataValue.json(status.reasons),
         "source": "kinesis_consumer sensor",
     }))
-    stream.request_window(key, rerun_key(key, 1))
+    stream.request(due.run)
     stream.say(f"window {key} complete: {len(listing.batches)} batches from {len(per_shard)} shards"
                + (f" ({len(listing.malformed)} malformed keys)" if listing.malformed else "")
                + "; transform requested")
 
 
-def _request_shard_ends(stream: _StreamTick, next_window: int | None) -> None:
-    """A kinesis_checkpoints run when shards have landed their last record but are not SHARD_END yet (the
-    plan ends them and creates their children's leases): at most one such run in flight, one per window."""
-    tick, target, window_ms = stream.tick, stream.target, stream.consumer.window_ms
-    ends = shard_ends_to_plan(stream.view.leases, stream.progress, next_window, window_ms, tick.partitions_start_ms)
-    if ends is None:
+def _request_shard_end(stream: _StreamTick, shard_end: ShardEndRun | None) -> None:
+    """The checkpoint plan's run that ends shards: at most one such run in flight."""
+    if shard_end is None:
         return
-    job = target.job(CHECKPOINTS_JOB)
-    if tick.context.instance.get_runs_count(RunsFilter(job_name=job, statuses=IN_PROGRESS_RUN_STATUSES)):
+    job = stream.target.job(CHECKPOINTS_JOB)
+    if stream.tick.context.instance.get_runs_count(RunsFilter(job_name=job, statuses=IN_PROGRESS_RUN_STATUSES)):
         return
-    shards = ",".join(ends.shards)
     stream.reported.run_requests.append(RunRequest(
-        run_key=target.run_key(shard_end_run_key(ends.shards, tick.now_ms, window_ms)), job_name=job,
-        partition_key=partition_key(ends.anchor_ms), tags={SHARD_END_TAG: shards}))
-    stream.say(f"shards {shards} landed their last record: checkpoint plan requested (it ends them and creates "
-               f"their children's leases)")
+        run_key=stream.target.run_key(shard_end.run_key), job_name=job, partition_key=shard_end.partition,
+        tags={SHARD_END_TAG: ",".join(shard_end.shards)}))
+    stream.say(shard_end.note)
 
 
-def _observe_the_fleet(stream: _StreamTick, observed_at_ms: int | None, cycle: CycleReport) -> int | None:
-    """An observation of `kinesis_stream` (lag, leases per consumer), at most once a minute; returns when the
-    fleet was last observed."""
-    now_ms = stream.tick.now_ms
-    if not observation_due(observed_at_ms, now_ms):
-        return observed_at_ms
-    stream.reported.events.append(AssetObservation(
-        asset_key=stream.target.key(KINESIS_STREAM), metadata=_fleet_metadata(cycle, stream.progress,
-                                                                               stream.view.leases)))
-    return now_ms
-
-
-def _report_the_stall_metric(stream: _StreamTick, followed: FollowUp, previous: Mapping[int, int],
-                             outstanding: Mapping[int, int]) -> None:
+def _report_the_stall_metric(stream: _StreamTick, stall: StallMetric) -> None:
     """The stall metric and the windows_not_stalled check: on every tick while windows are stalled, and once
     when they no longer are."""
-    consumer = stream.consumer
-    if not stall_metric_due(followed.stalled, previous, now_ms=stream.tick.now_ms, window_ms=consumer.window_ms,
-                            overdue_ms=consumer.overdue_ms):
-        return
-    names = [partition_key(w) for w in followed.stalled]
     transformed = stream.target.key(TRANSFORMED)
     stream.reported.events.append(AssetObservation(asset_key=transformed, metadata={
-        "stalled_windows": len(followed.stalled),
-        "stalled": MetadataValue.json(names),
-        "outstanding_windows": len(outstanding)}))
+        "stalled_windows": len(stall.stalled),
+        "stalled": MetadataValue.json(list(stall.stalled)),
+        "outstanding_windows": stall.outstanding_windows}))
     stream.reported.events.append(AssetCheckEvaluation(
-        asset_key=transformed, check_name=STALL_CHECK, passed=not names,
-        metadata={"stalled": MetadataValue.json(names),
-                  "description": stall_description(names, consumer.overdue_seconds)}))
+        asset_key=transformed, check_name=STALL_CHECK, passed=not stall.stalled,
+        metadata={"stalled": MetadataValue.json(list(stall.stalled)), "description": stall.description}))
 
 
-def _fleet_metadata(cycle: CycleReport, progress: Mapping[str, ShardProgress], leases) -> dict[str, Any]:
+def _fleet_metadata(cycle: CycleReport, leases: Sequence[Lease]) -> dict[str, Any]:
     """Fixed keys (they plot over time whatever the shards and owners) and the lease table as a table."""
-    lags = lease_lags(leases, progress)
+    lags = lease_lags(leases, progress_from_leases(leases))
     known = [row.lag_ms for row in lags if row.lag_ms is not None]
     rows = [TableRecord({"lease": row.lease, "owner": row.owner, "counter": row.counter,
                          "checkpoint": row.checkpoint, "lag_ms": row.lag_ms if row.lag_ms is not None else -1})
@@ -494,7 +442,7 @@ def _committed(output: ZoneStore, start: int, entry: Outstanding) -> bool:
         commit = read_commit(output, start)
     except CommitFormatError:
         return False  # the checkpoint run fails naming it; for the follow-up the window is not done
-    return commit is not None and set(entry.need) <= commit.batches
+    return window_done(commit, entry.need)
 
 
 def _run_state(run) -> RunState:
@@ -507,25 +455,11 @@ def _run_state(run) -> RunState:
     return RunState.ACTIVE
 
 
-@dataclass(frozen=True)
-class CheckpointReportSeen:
-    """What the newest kinesis_checkpoints materialisation says the checkpoints wait on."""
-
-    storage_id: int
-    late: dict[int, list[str]]  # committed window -> batches its commit does not name
-    uncommitted: list[int]  # windows a shard is stopped on that have no commit
-
-
-def read_checkpoint_report(instance, target: PipelineStream, start_of: Callable[[str], int]
-                           ) -> CheckpointReportSeen | None:
-    """The newest checkpoint report (one event query), its partition keys as window starts (`start_of`)."""
-    records = instance.fetch_materializations(AssetRecordsFilter(asset_key=target.key(CHECKPOINTS)), limit=1).records
-    materialization = records[0].asset_materialization if records else None
-    if materialization is None:
+def _checkpoint_record(stream: _StreamTick) -> CheckpointRecord | None:
+    """The checkpoint run's stored record (windows/checkpoints/record.py); a malformed one is said on the status line
+    and acted on by nobody until the next checkpoint run writes a good one."""
+    try:
+        return read_checkpoint_record(stream.output)
+    except CheckpointRecordError as exc:
+        stream.say(f"{exc}: no checkpoint report to act on until the next checkpoint run stores a new record")
         return None
-    late = getattr(materialization.metadata.get(REOPENED), "data", None)
-    uncommitted = getattr(materialization.metadata.get(UNCOMMITTED), "data", None)
-    return CheckpointReportSeen(
-        records[0].storage_id,
-        {start_of(k): [str(b) for b in v] for k, v in late.items()} if isinstance(late, dict) else {},
-        [start_of(k) for k in uncommitted] if isinstance(uncommitted, list) else [])

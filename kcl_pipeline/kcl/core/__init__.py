@@ -1,3 +1,3 @@
 """The pure core of the lease protocol: state and observations in, decisions out (no clock, no I/O).
 
-Nothing here imports a shell (`..shells`), boto3 or botocore; kcl_pipeline_tests/kcl/test_layers.py enforces it."""
+Nothing here imports a shell (`..shells`), boto3 or botocore; kcl_pipeline_tests/test_layers.py enforces it."""

@@ -1,9 +1,12 @@
-"""Named branch points of the lease protocol, counted only while someone records them (the simulation).
+"""Named branch points of the lease protocol and of the sensor's window decisions, counted only while someone
+records them (the simulation).
 
 `hit("name")` marks a branch of the fencing, validity, steal, hand-off and shutdown paths where it is taken,
-in the pure core and in the shells alike. In production nothing records: a hit costs a global lookup and a
-test. The simulation records every seed's hits (`recording()`), and `kcl-pipeline simulate --coverage`
-reports which branches a run exercised; CI fails when a branch of `REQUIRED` was not hit within its seeds.
+in the pure core and in the shells alike, and of the sensor's tick, the window completeness rule and the
+checkpoint plan (windows/).
+In production nothing records: a hit costs a global lookup and a test. The simulation records every seed's hits
+(`recording()`), and `kcl-pipeline simulate --coverage` reports which branches a run exercised; CI fails when a
+branch of `REQUIRED` was not hit within its seeds.
 """
 from __future__ import annotations
 
@@ -73,6 +76,26 @@ REQUIRED: dict[str, str] = {
     "shell.manager.shutdown-killed-a-straggler": "a worker that did not stop in time was killed",
     "shell.manager.abandoned-a-stuck-worker": "a frozen local worker was killed and its lease taken again",
     "shell.manager.reaped": "finished workers reaped",
+    # the sensor's tick (windows/tick/decisions.py)
+    "sensor.cursor-past-complete-windows": "the sensor reported complete windows and moved its cursor past them",
+    "sensor.waits-on-an-incomplete-window": "the next window is not complete: the tick names the shards it waits on",
+    "sensor.failed-run-requested-again": "a window whose run ended without a commit requested again",
+    "sensor.reran-late-batches": "a window whose batches landed after its run requested again (checkpoint report)",
+    "sensor.shard-end-run": "shards whose last record landed: the checkpoint plan requested to end them",
+    # the completeness rule (windows/completeness.py): how each shard passes a window
+    "completeness.waits-on-a-shard": "a window held back: a shard had not passed it yet",
+    "completeness.window-complete": "every listed shard passed the window",
+    "completeness.passed.lease-ended": "a shard passed a window: its lease is SHARD_END",
+    "completeness.passed.last-record-landed": "a shard passed a window: its last record landed",
+    "completeness.passed.landed-past-the-end": "a shard passed a window: it landed a record arriving after the end",
+    "completeness.passed.caught-up-after-the-grace": "a shard passed a window: caught up after its end and grace",
+    "completeness.passed.born-after": "a shard passed a window: born after it (an ancestor was open then)",
+    "completeness.passed.descendant-leased": "a shard without a lease passed a window: a descendant is leased",
+    # the checkpoint plan (windows/checkpoints/plan.py)
+    "plan.commit-stops-at-an-unmaterialised-window": "a shard's commit stopped before a window not materialised",
+    "plan.commit-stops-at-a-chain-break": "a shard's commit stopped before a batch not proven to follow",
+    "plan.shard-ended": "a shard whose last record landed and whose earlier windows materialised ended",
+    "plan.shard-end-held": "a shard whose last record landed not ended: a window or a batch before it is missing",
 }
 
 

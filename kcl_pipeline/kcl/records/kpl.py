@@ -223,6 +223,19 @@ def _decode_aggregate(data: bytes) -> tuple[list, list | None, Sequence[bytes]]:
     return pks, ehks, datas
 
 
+def bad_aggregate_reason(data: bytes) -> str | None:
+    """Why `data`, a record delivered as one plain record, is a bad KPL aggregate ("md5_mismatch",
+    "too_short: 20 bytes", …); None when it does not start with the KPL's magic or is a good aggregate.
+    The transform quarantines it with this reason rather than as bytes that are not UTF-8."""
+    if data[:4] != MAGIC:
+        return None
+    try:
+        _decode_aggregate(data)
+    except _BadAggregate as bad:
+        return f"{bad.reason}: {bad.detail}" if bad.detail else bad.reason
+    return None
+
+
 def _parse(message_type: Any, body: bytes) -> Any:
     agg = message_type()
     try:

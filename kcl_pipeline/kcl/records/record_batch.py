@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 @lru_cache(maxsize=1)
 def arrow_schema() -> "pa.Schema":
-    """The landing schema: the one declaration (landing/batch.py's SCHEMA and the transform's Spark view
+    """The landing schema: the one declaration (zone/batch.py's SCHEMA and the transform's Spark view
     derive from it)."""
     import pyarrow as pa  # kcl/ works without pyarrow until someone asks for Arrow
 

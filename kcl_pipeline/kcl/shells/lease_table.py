@@ -1,6 +1,6 @@
 """The lease table in DynamoDB, item for item what Java KCL 2.x reads and writes.
 
-The item codec and every write's request are `core/lease_codec.py`; this module sends them: the requests,
+The item codec and every write's request are `core/table/lease_codec.py`; this module sends them: the requests,
 the scan's pages, the table's lifecycle, the mapping of botocore's errors, and the settling of writes whose
 outcome is unknown.
 
@@ -27,7 +27,8 @@ from botocore.exceptions import (
     ReadTimeoutError,
 )
 
-from ..core.lease_codec import (
+from ..core.model import Checkpoint, Lease
+from ..core.table.lease_codec import (
     OWNER_INDEX,
     OWNER_INDEX_NAME,
     LeaseItemInvalid,
@@ -52,7 +53,6 @@ from ..core.lease_codec import (
     release_write,
     renew_asked_write,
 )
-from ..core.model import Checkpoint, Lease
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +197,7 @@ class LeaseTable:
 
     # -- writes --------------------------------------------------------------------------------------
     #
-    # The requests and the judges of ambiguous outcomes are the codec's (core/lease_codec.py); these send
+    # The requests and the judges of ambiguous outcomes are the codec's (core/table/lease_codec.py); these send
     # them. A condition failure is an answer (False / None): someone else won.
 
     def create(self, lease: Lease) -> bool:

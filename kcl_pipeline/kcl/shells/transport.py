@@ -6,7 +6,7 @@ once, for production and for the deterministic simulation alike. Where an answer
 a way that differs between the two — a request to a service, a sleep, the lease's write lock, a concurrent
 activity, a worker process — a handler is a generator and yields one of the steps below instead of doing
 it; the shell's *transport* answers the step. In production `run_steps` answers them with real clients,
-threads and processes (its answers are in each step's docstring); the simulation (sim/consumer.py)
+threads and processes (its answers are in each step's docstring); the simulation (sim/actors/consumer.py)
 answers the same steps with simulated services, engine tasks and virtual time. Nothing else differs.
 
 A handler may also yield effects (a `Locked` body yields the life's own effects), which the driver hands
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from types import GeneratorType
 from typing import Any, Callable, Generator, Protocol
 
-from ..core.effects import Effect
+from ..core.lease.effects import Effect
 
 DYNAMODB = "dynamodb"
 KINESIS = "kinesis"
@@ -39,6 +39,15 @@ class Call(Step):
     what: str
     request: Callable[[], Any]
     service: str = DYNAMODB
+
+
+@dataclass(frozen=True, slots=True)
+class StartProcess(Step):
+    """Start a process on this host (a lease worker), blocking the caller until it is started: seconds on a busy
+    host, or for the first worker of a consumer (its worker server starts first). → what `start()` returns"""
+
+    what: str
+    start: Callable[[], Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +182,8 @@ class Blocking:
         match step:
             case Call():
                 return step.request()
+            case StartProcess():
+                return step.start()
             case Exclusive():
                 with self.lock:
                     return self.run(step.body)
@@ -213,7 +224,7 @@ class Blocking:
                     return None
 
 
-STEPS: tuple[type[Step], ...] = (Call, Sleep, AwaitLoss, Exclusive, Background, Join, NextResult)
+STEPS: tuple[type[Step], ...] = (Call, Sleep, AwaitLoss, Exclusive, Background, Join, NextResult, StartProcess)
 
 __all__ = ["AwaitLoss", "Background", "Blocking", "Call", "DYNAMODB", "Exclusive", "Guard", "Join", "KINESIS",
-           "NextResult", "STEPS", "Sleep", "Step", "StopFlag", "WorkerHandle", "returning"]
+           "NextResult", "STEPS", "Sleep", "StartProcess", "Step", "StopFlag", "WorkerHandle", "returning"]

@@ -1,0 +1,417 @@
+"""One lease-manager cycle, as a sans-I/O coroutine: scan → list shards → delete → create → decide → spawn.
+
+The manager (manager.py) and the deterministic simulation (kcl_pipeline.sim) drive the same generator,
+the same way as a lease's life (see lease_life.py): it yields effects (effects.py), its driver answers
+them. The decisions themselves are planner.py's pure functions; this module fixes their order and what
+each one is fed — which is where the subtle bugs live (a scan's observations stamped when the scan
+*returned*, shards listed *after* the scan, one re-scan after deletions and creations).
+
+`ManagerState` is what a manager remembers between cycles; a restarted process starts from a new one.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any, Callable, Collection, Iterable, Mapping, Sequence
+
+from .. import coverage
+from ..lease.effects import (
+    Abandon,
+    Create,
+    CycleCoroutine,
+    Delete,
+    DuplicateWorkerId,
+    ListShards,
+    Now,
+    PublishWorkerMetrics,
+    ReadWorkerMetrics,
+    Scanned,
+    ScanTable,
+    Spawn,
+)
+from ..lease.lease_life import LifeOutcome, LifeResult
+from ..lineage import leases_to_create, leases_to_delete, scoped_leases, unknown_lease_keys
+from ..model import Checkpoint, Lease, Shard
+from ..table.lease_codec import scan_entities
+from ..table.lease_rules import UNSETTLED_ATTRIBUTE, held_by_another_protocol
+from ..table.worker_metrics import MAX_VALUES as METRIC_VALUES
+from ..table.worker_metrics import live_workers
+from . import fleet_mode
+from .balance import confirmed_overloaded, reported_load, still_overloaded
+from .planner import LeaseAges, leases_to_acquire, stuck_local_leases
+
+
+@dataclass(frozen=True)
+class CycleSettings:
+    worker_id: str
+    initial: Checkpoint
+    expiry_seconds: float
+    leases_to_acquire: int
+    max_leases: int
+    list_shards_probability: float = 1.0
+    drained_attribute: str | None = None
+    worker_metrics_period_seconds: float = 0.0  # 0: this consumer publishes no worker metrics
+    balance_patience_seconds: float = 0.0  # a load-aware steal needs its victim overloaded this long
+
+    @classmethod
+    def of(cls, config: Any) -> "CycleSettings":
+        """From a ConsumerConfig."""
+        return cls(config.worker_id, config.initial_position.checkpoint(), config.lease_expiry_seconds,
+                   config.leases_to_acquire, config.max_leases, config.list_shards_probability,
+                   config.parent_drained_attribute, config.worker_metrics_period_seconds,
+                   balance_patience(config.cycle_seconds))
+
+
+@dataclass
+class ManagerState:
+    ages: LeaseAges = field(default_factory=LeaseAges)
+    shards: list[Shard] = field(default_factory=list)       # the last listing
+    leases: list[Lease] = field(default_factory=list)       # this stream's leases as last scanned
+    unknown_keys: frozenset[str] = frozenset()
+    our_counters: dict[str, int] = field(default_factory=dict)  # ours in the table, not worked here
+    recently_ended: set[str] = field(default_factory=set)
+    list_next: bool = True
+    duplicate_worker_id_sightings: int = 0
+    metrics_published_at: float | None = None  # the manager's clock at the last worker metrics write
+    throughput_history: list[float] = field(default_factory=list)  # published values, most recent last
+    overloaded_since: dict[str, float] = field(default_factory=dict)  # owner → first cycle seen overloaded
+    live_peers: frozenset[str] = frozenset()  # other workers whose metrics item is fresh (last read)
+    ownership: frozenset[tuple[str, str]] = frozenset()  # (lease, owner) of the live leases last scanned
+    spawned_at: dict[str, float] = field(default_factory=dict)  # lease → when its local worker was spawned
+    # Steals by graceful hand-off that took nothing: lease → (how many in a row, when the last was asked).
+    handoffs_overtaken: dict[str, tuple[int, float]] = field(default_factory=dict)
+    handoff_asked: dict[str, float] = field(default_factory=dict)  # lease → when this cycle asked for it
+    # Leases finished workers may have left in our name (LifeResult.left_at): lease → the counter to release at.
+    left_at: dict[str, int] = field(default_factory=dict)
+    # A Java 3.x fleet on this application: what its tables said last (the mode this consumer runs in).
+    fleet: fleet_mode.FleetView = field(default_factory=fleet_mode.FleetView)
+
+
+@dataclass
+class CycleResult:
+    total_shards: int | None = None  # None when this cycle did not list shards
+    deleted: list[str] = field(default_factory=list)
+    # Deleted leases whose shard left the stream (retention) before the lease ended: (lease key, its checkpoint)
+    # — the records after that checkpoint may never have been processed, and nothing else will say so.
+    trimmed_unfinished: list[tuple[str, Checkpoint]] = field(default_factory=list)
+    created: list[str] = field(default_factory=list)
+    spawned: list[str] = field(default_factory=list)
+    stolen: str | None = None
+    leases: list[Lease] = field(default_factory=list)
+    duplicate_worker_id: list[str] = field(default_factory=list)
+    abandoned: list[str] = field(default_factory=list)
+    started_at: float = 0.0
+    fleet_change: str | None = None  # the Java 3.x fleet's mode changed at this cycle's scan (fleet_mode.change)
+
+
+@dataclass
+class CycleReport:
+    """What one cycle did and the fleet it saw, as a manager reports it (its log line, its metrics, the
+    sensor's metadata); an observer counts a scan into one too (windows/fleet_view.py)."""
+
+    total_leases: int = 0
+    total_shards: int | None = None  # None when this cycle did not list shards
+    unclaimed_leases: int = 0
+    worker_leases: int = 0
+    deleted: list[str] = field(default_factory=list)
+    created: list[str] = field(default_factory=list)
+    spawned: list[str] = field(default_factory=list)
+    stolen: str | None = None
+    finished: list[LifeResult] = field(default_factory=list)  # the workers reaped at its start
+    owners: dict[str, int] = field(default_factory=dict)
+    fleet: str = ""  # the KCL 3.x fleet's mode and leader (fleet_mode.FleetView.summary)
+
+    def summary(self) -> str:
+        parts = [f"leases={self.total_leases}", f"shards={self.total_shards if self.total_shards is not None else '-'}",
+                 f"unclaimed={self.unclaimed_leases}", f"mine={self.worker_leases}"]
+        for name in ("deleted", "created", "spawned"):
+            if getattr(self, name):
+                parts.append(f"{name}={','.join(getattr(self, name))}")
+        if self.stolen:
+            parts.append(f"stole={self.stolen}")
+        for r in self.finished:
+            parts.append(f"{r.lease_key}:{r.outcome}" + (f"({r.detail})" if r.detail else ""))
+        if self.fleet:
+            parts.append(f"kcl3: {self.fleet}")
+        return " ".join(parts)
+
+
+Cycle = CycleCoroutine[CycleResult]
+
+
+def worker_throughput_kbps(worker_id: str, leases: Sequence[Lease]) -> float:
+    """This consumer's throughput: the sum of what its holders last reported on their live leases
+    (`throughputKBps`, written on heartbeats); unreported or corrupt values count as 0."""
+    return sum(reported_load(lease) or 0.0 for lease in leases
+               if lease.lease_owner == worker_id and not lease.is_ended)
+
+
+def balance_patience(cycle_seconds: float) -> float:
+    """How long an owner must stay overloaded before a load-aware steal from it: two cycles, so that the
+    imbalance is seen by three scans in a row, several smoothed heartbeats each."""
+    return 2 * cycle_seconds
+
+
+def fresh_seconds(settings: "CycleSettings") -> float:
+    """How recent a peer's worker metrics item must be for the peer to count as live: two of its periods
+    (one write may fail) plus an expiry, which also absorbs clock differences between hosts."""
+    return 2 * settings.worker_metrics_period_seconds + settings.expiry_seconds
+
+
+def idle_consumers(live_peers: Collection[str], leases: Sequence[Lease], worker_id: str,
+                   predecessor: Callable[[str], bool] | None = None) -> int:
+    """Live peers (fresh worker metrics) that hold no live lease: invisible in the lease table, yet part
+    of the fleet's mean load. Earlier incarnations of this consumer do not count."""
+    owners = {lease.lease_owner for lease in leases if lease.lease_owner is not None and not lease.is_ended}
+    return sum(1 for peer in live_peers if peer != worker_id and peer not in owners
+               and not (predecessor is not None and predecessor(peer)))
+
+
+def answers_handoffs(lease: Lease, live_peers: Collection[str]) -> bool:
+    """Whether the lease's holder answers a graceful hand-off: it publishes fresh worker metrics (a KCL 3.x worker,
+    or a consumer of this protocol in a table a 3.x fleet keeps its metadata in), or it took the lease by this
+    protocol's acquire (`leaseClaimOwner` names it: in a 2.x table, where nobody publishes metrics, that is how
+    this protocol's consumers know each other). A KCL 2.x holder does neither: its take sets `leaseOwner` only,
+    and it ignores `checkpointOwner`."""
+    return lease.lease_owner in live_peers or not held_by_another_protocol(lease)
+
+
+def worker_metrics_due(last_published_at: float | None, now: float, period_seconds: float) -> bool:
+    """Whether this cycle writes the worker metrics item: at the first cycle, then once per period."""
+    return period_seconds > 0 and (last_published_at is None or now - last_published_at >= period_seconds)
+
+
+def manager_cycle(state: ManagerState, settings: CycleSettings, locally_worked: Collection[str],
+                  rng: random.Random, predecessor: Callable[[str], bool] | None = None) -> Cycle:
+    result = CycleResult()
+    result.started_at = yield from Now().ask()
+    scanned = yield from ScanTable().ask()
+    leases = scanned.leases
+    # Stamp what a scan saw when it returned, never earlier: a slow, throttled scan must not make live
+    # peers' leases look older than they are.
+    state.ages.observe(leases, scanned.returned_at)
+    # KCL 3.5 keeps its migration state and leader lock in the lease table: the scan read them too.
+    result.fleet_change = _see_fleet(state, scanned)
+    follower = state.fleet.mode is fleet_mode.FleetMode.FOLLOWER
+    unknown = unknown_lease_keys(leases, state.shards)
+    # New keys outside the last listing: new shards (a peer created children), or other streams' leases
+    # sharing the table. List again when that set changes, not every cycle.
+    relist = bool(unknown - state.unknown_keys)
+    if state.list_next or relist or not leases or rng.random() < settings.list_shards_probability:
+        # Shards are listed after the scan, so a lease is never deleted for a shard created meanwhile.
+        state.shards = list((yield from ListShards().ask()))
+        state.list_next = False
+        result.total_shards = len(state.shards)
+        listed = {shard.shard_id for shard in state.shards}
+        for lease in leases_to_delete(leases, state.shards):
+            if (yield from Delete(lease).ask()):
+                result.deleted.append(lease.lease_key)
+                if lease.lease_key not in listed and not lease.is_ended:
+                    result.trimmed_unfinished.append((lease.lease_key, lease.checkpoint))
+        for lease in leases_to_create(settings.initial, state.shards, leases, settings.drained_attribute):
+            if (yield from Create(lease).ask()):
+                result.created.append(lease.lease_key)
+        if result.deleted or result.created:
+            scanned = yield from ScanTable().ask()
+            leases = scanned.leases
+            state.ages.observe(leases, scanned.returned_at)
+    state.unknown_keys = unknown_lease_keys(leases, state.shards)
+    leases = scoped_leases(leases, state.shards)
+    previous = {lease.lease_key: lease for lease in state.leases}
+    state.leases = leases
+    result.leases = leases
+    moved = watch_our_id(state, settings.worker_id, leases, locally_worked)
+    if moved and not follower:  # a 3.x leader's assignments move our leases' counters: not another process
+        state.duplicate_worker_id_sightings += 1
+        result.duplicate_worker_id = moved
+        yield from DuplicateWorkerId(tuple(moved)).ask()
+    now = yield from Now().ask()
+    state.spawned_at = {key: at for key, at in state.spawned_at.items() if key in locally_worked}
+    stuck = stuck_local_leases(settings.worker_id, leases, locally_worked, state.ages, now, settings.expiry_seconds,
+                               state.spawned_at)
+    for lease in stuck:
+        yield from Abandon(lease).ask()
+        result.abandoned.append(lease.lease_key)
+    if stuck:
+        locally_worked = set(locally_worked) - {lease.lease_key for lease in stuck}
+    # Any move in the fleet (ours, a peer's, a failover) restarts the patience: loads are judged again
+    # once the holders' reports reflect the new ownership.
+    ownership = frozenset((lease.lease_key, lease.lease_owner) for lease in leases
+                          if lease.lease_owner is not None and not lease.is_ended)
+    if ownership != state.ownership:
+        state.ownership, state.overloaded_since = ownership, {}
+    # Worker metrics are written and read only where a KCL 3.x fleet keeps them: never into a 2.x table.
+    publishing = fleet_mode.publishes_worker_metrics(state.fleet)
+    if not publishing:
+        state.live_peers = frozenset()
+    metrics_due = publishing and worker_metrics_due(state.metrics_published_at, now,
+                                                    settings.worker_metrics_period_seconds)
+    if metrics_due:
+        peers = yield from ReadWorkerMetrics().ask()
+        if peers is not None:
+            state.live_peers = frozenset(live_workers(peers.last_updates, peers.now_epoch_seconds,
+                                                      fresh_seconds(settings)))
+    if follower:
+        # A 3.x leader assigns: take nothing, steal nothing; work what it assigned to us.
+        for lease, stolen in fleet_mode.adoptions(settings.worker_id, leases, locally_worked, previous,
+                                                  state.ages.ages(now), settings.expiry_seconds):
+            yield from _spawn(state, Spawn(lease, stolen=stolen))
+            result.spawned.append(lease.lease_key)
+        state.overloaded_since = {}
+        yield from _publish_metrics(state, settings, leases, now, metrics_due)
+        return result
+    plan = leases_to_acquire(
+        settings.worker_id, leases, state.ages.ages(now), expiry_seconds=settings.expiry_seconds,
+        leases_to_acquire=settings.leases_to_acquire, max_leases=settings.max_leases,
+        recently_ended_by_us=state.recently_ended, locally_worked=set(locally_worked),
+        drained_attribute=settings.drained_attribute, predecessor=predecessor, rng=rng,
+        idle_consumers=idle_consumers(state.live_peers, leases, settings.worker_id, predecessor),
+        confirmed_overloaded=confirmed_overloaded(state.overloaded_since, now, settings.balance_patience_seconds)
+        if settings.balance_patience_seconds > 0 else None,
+        backing_off=handoffs_backing_off(state.handoffs_overtaken, now, settings.expiry_seconds))
+    state.overloaded_since = still_overloaded(state.overloaded_since, plan.overloaded, now)
+    for lease in plan.take:
+        # A lease released before its stealer's wait was over: wait one expiry as the stealer would have.
+        if lease.extra.get(UNSETTLED_ATTRIBUTE):
+            coverage.hit("cycle.take-unsettled-waits")
+        yield from _spawn(state, Spawn(lease, stolen=bool(lease.extra.get(UNSETTLED_ATTRIBUTE))))
+        result.spawned.append(lease.lease_key)
+    if plan.steal is not None:
+        coverage.hit("cycle.steal")
+        # A holder that answers a graceful hand-off is asked for one; a KCL 2.x holder is stolen from cold, as
+        # Java steals.
+        handoff = answers_handoffs(plan.steal, state.live_peers)
+        yield from _spawn(state, Spawn(plan.steal, stolen=True, handoff=handoff))
+        if handoff:
+            state.handoff_asked[plan.steal.lease_key] = now
+        result.stolen = plan.steal.lease_key
+    if plan.take or plan.steal:
+        state.recently_ended.clear()
+    yield from _publish_metrics(state, settings, leases, now, metrics_due)
+    return result
+
+
+def _publish_metrics(state: ManagerState, settings: CycleSettings, leases: Sequence[Lease], now: float,
+                     due: bool) -> CycleCoroutine[None]:
+    if due:
+        state.throughput_history = [*state.throughput_history, worker_throughput_kbps(settings.worker_id, leases)][
+            -METRIC_VALUES:]
+        state.metrics_published_at = now
+        yield from PublishWorkerMetrics(tuple(state.throughput_history)).ask()
+
+
+def _see_fleet(state: ManagerState, scanned: Scanned) -> str | None:
+    """Fold what a scan met of the Java 3.x fleet into the state; the change of mode it made, if any."""
+    before = state.fleet
+    state.fleet = fleet_mode.scanned(before, scan_entities(scanned.leases), scanned.returned_at)
+    return fleet_mode.change(before, state.fleet)
+
+
+def _spawn(state: ManagerState, spawn: Spawn) -> CycleCoroutine[None]:
+    """Spawn a worker and note when (stuck_local_leases) and that its writes are this manager's own worker's — a
+    lease of ours it then moves and dies with before the next cycle is no second process under our id
+    (watch_our_id). The time is read when the spawn returned: starting a worker can take seconds (the worker
+    server's own start, a busy host), and its take is judged from then, not from the cycle's start."""
+    yield from spawn.ask()
+    key = spawn.lease.lease_key
+    state.spawned_at[key] = yield from Now().ask()
+    state.our_counters.pop(key, None)
+    state.left_at.pop(key, None)  # the new worker's take moves the counter on
+
+
+def watch_our_id(state: ManagerState, worker_id: str, leases: Sequence[Lease],
+                 locally_worked: Collection[str]) -> list[str]:
+    """Leases owned by our worker id, not worked here, whose counter moved since the last cycle: another
+    live process writes under our id (a copy-pasted --worker-id, say). Such leases are never touched."""
+    ours = {lease.lease_key: lease.lease_counter for lease in leases
+            if lease.lease_owner == worker_id and lease.lease_key not in locally_worked and not lease.is_ended}
+    moved = sorted(key for key, counter in ours.items()
+                   if key in state.our_counters and state.our_counters[key] != counter)
+    state.our_counters = ours
+    return moved
+
+
+def watch_for_expiry(state: ManagerState, settings: CycleSettings,
+                     locally_worked: Collection[str]) -> CycleCoroutine[bool]:
+    """A scan between cycles (reads only): True when a peer's lease has expired, so the next cycle runs
+    at once. Lease ages count from when this consumer saw a counter change, so without these scans a
+    dead peer's lease would be noticed up to a whole cycle late."""
+    try:
+        scanned = yield from ScanTable().ask()
+    except Exception:  # the next cycle retries; a failed look changes nothing
+        return False
+    state.ages.observe(scanned.leases, scanned.returned_at)
+    now = scanned.returned_at
+    leases = scoped_leases(scanned.leases, state.shards)
+    if _see_fleet(state, scanned) is not None:
+        return True  # the fleet's mode changed: the cycle acts on it now
+    if state.fleet.mode is fleet_mode.FleetMode.FOLLOWER:
+        # A leader's failover is its business; a lease it assigned to us is ours to work at once.
+        return fleet_mode.assigned_to(settings.worker_id, leases, locally_worked, state.ages.ages(now),
+                                      settings.expiry_seconds)
+    return any(not lease.is_ended and lease.lease_key not in locally_worked
+               and state.ages.expired(lease.lease_key, now, settings.expiry_seconds)
+               for lease in leases) or bool(
+        stuck_local_leases(settings.worker_id, leases, locally_worked, state.ages, now, settings.expiry_seconds,
+                           state.spawned_at))
+
+
+def watch_interval(settings: CycleSettings) -> float:
+    """How often the table is re-scanned between cycles."""
+    return settings.expiry_seconds / 4
+
+
+def wakes_manager(outcome: LifeOutcome) -> bool:
+    """Whether a worker's outcome makes the next cycle run at once: a local worker ended a shard, so its
+    children are ready, and this consumer (which read their parent) is their natural reader."""
+    return outcome is LifeOutcome.SHARD_ENDED
+
+
+# A hand-off overtaken n times in a row is not asked again for expiry × 2^n, at most this many expiries: the
+# first back-off (two expiries) outlasts the holder's validity, so the next ask meets a settled lease.
+HANDOFF_BACKOFF_MAX_EXPIRIES = 8
+
+
+def handoffs_backing_off(overtaken: Mapping[str, tuple[int, float]], now: float,
+                         expiry_seconds: float) -> frozenset[str]:
+    """The leases not to steal by hand-off now: each overtaken hand-off backs its lease off exponentially, so
+    a stealer whose asks keep being overtaken (the holder's hand-off racing another move) tries another lease
+    of the richest owner instead of asking for the same one cycle after cycle."""
+    return frozenset(key for key, (times, asked_at) in overtaken.items()
+                     if now < asked_at + expiry_seconds * min(2 ** times, HANDOFF_BACKOFF_MAX_EXPIRIES))
+
+
+def releases_at_stop(state: ManagerState) -> list[tuple[str, int]]:
+    """What a stopping manager releases once its workers are done: each lease a finished worker may have
+    left in our name (it could not release it, or not see it gone: the table was unreachable), fenced on the
+    counter that worker last wrote. Otherwise it stays owned by a consumer that is gone until it expires, and
+    every peer waits for it. A write by anyone since moved the counter on, and the release is refused."""
+    return sorted(state.left_at.items())
+
+
+def note_results(state: ManagerState, outcomes: Iterable[tuple[str, LifeOutcome]],
+                 left_at: Mapping[str, int] | None = None) -> None:
+    """Fold finished workers' (lease key, outcome) into the state, and the leases they may have left in our name
+    (lease → counter)."""
+    state.left_at.update(left_at or {})
+    for key, outcome in outcomes:
+        if outcome is LifeOutcome.SHARD_ENDED:
+            state.recently_ended.add(key)
+            state.list_next = True
+        asked_at = state.handoff_asked.pop(key, None)
+        if asked_at is None:
+            continue
+        if outcome is LifeOutcome.NOT_ACQUIRED:
+            coverage.hit("cycle.handoff-overtaken-backs-off")
+            times = state.handoffs_overtaken.get(key, (0, asked_at))[0] + 1
+            state.handoffs_overtaken[key] = (times, asked_at)
+        else:
+            state.handoffs_overtaken.pop(key, None)
+
+
+__all__ = [
+    "Cycle", "CycleResult", "CycleSettings", "ManagerState", "handoffs_backing_off", "manager_cycle", "note_results",
+    "releases_at_stop",
+    "wakes_manager",
+    "watch_for_expiry", "watch_interval", "watch_our_id",
+]
