@@ -38,7 +38,7 @@ from ..table.worker_metrics import MAX_VALUES as METRIC_VALUES
 from ..table.worker_metrics import live_workers
 from . import fleet_mode
 from .balance import confirmed_overloaded, reported_load, still_overloaded
-from .planner import LeaseAges, leases_to_acquire, stuck_local_leases
+from .planner import LeaseAges, leases_to_acquire, stuck_local_leases, take_shown, waits_for_take
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,8 @@ class ManagerState:
     live_peers: frozenset[str] = frozenset()  # other workers whose metrics item is fresh (last read)
     ownership: frozenset[tuple[str, str]] = frozenset()  # (lease, owner) of the live leases last scanned
     spawned_at: dict[str, float] = field(default_factory=dict)  # lease → when its local worker was spawned
+    # Lease → its local workers killed in a row before their take showed (planner.start_patience).
+    slow_starts: dict[str, int] = field(default_factory=dict)
     # Steals by graceful hand-off that took nothing: lease → (how many in a row, when the last was asked).
     handoffs_overtaken: dict[str, tuple[int, float]] = field(default_factory=dict)
     handoff_asked: dict[str, float] = field(default_factory=dict)  # lease → when this cycle asked for it
@@ -228,7 +230,8 @@ def manager_cycle(state: ManagerState, settings: CycleSettings, locally_worked: 
     now = yield from Now().ask()
     state.spawned_at = {key: at for key, at in state.spawned_at.items() if key in locally_worked}
     stuck = stuck_local_leases(settings.worker_id, leases, locally_worked, state.ages, now, settings.expiry_seconds,
-                               state.spawned_at)
+                               state.spawned_at, state.slow_starts)
+    _count_slow_starts(state, settings.worker_id, leases, locally_worked, stuck, now)
     for lease in stuck:
         yield from Abandon(lease).ask()
         result.abandoned.append(lease.lease_key)
@@ -307,6 +310,21 @@ def _see_fleet(state: ManagerState, scanned: Scanned) -> str | None:
     return fleet_mode.change(before, state.fleet)
 
 
+def _count_slow_starts(state: ManagerState, worker_id: str, leases: Sequence[Lease],
+                       locally_worked: Collection[str], stuck: Sequence[Lease], now: float) -> None:
+    """A worker killed before its take showed makes the lease's next one more patient; a shown take resets it."""
+    killed = {lease.lease_key for lease in stuck}
+    counts = {}
+    for lease in leases:
+        key = lease.lease_key
+        before = state.slow_starts.get(key, 0)
+        if key in killed and waits_for_take(lease, worker_id, state.ages, now, state.spawned_at):
+            counts[key] = before + 1
+        elif before and not (key in locally_worked and take_shown(key, state.ages, now, state.spawned_at)):
+            counts[key] = before
+    state.slow_starts = counts
+
+
 def _spawn(state: ManagerState, spawn: Spawn) -> CycleCoroutine[None]:
     """Spawn a worker and note when (stuck_local_leases) and that its writes are this manager's own worker's — a
     lease of ours it then moves and dies with before the next cycle is no second process under our id
@@ -353,7 +371,7 @@ def watch_for_expiry(state: ManagerState, settings: CycleSettings,
                and state.ages.expired(lease.lease_key, now, settings.expiry_seconds)
                for lease in leases) or bool(
         stuck_local_leases(settings.worker_id, leases, locally_worked, state.ages, now, settings.expiry_seconds,
-                           state.spawned_at))
+                           state.spawned_at, state.slow_starts))
 
 
 def watch_interval(settings: CycleSettings) -> float:

@@ -51,13 +51,31 @@ class LeaseAges:
         return {key: now - since for key, (_, since) in self._seen.items()}
 
 
-# How many expiries a spawned worker has to show its take before it is judged stuck (stuck_local_leases).
+# How many expiries a spawned worker has to show its take before it is judged stuck (stuck_local_leases), and how
+# many times that patience doubles for a lease whose workers were each killed before their take (start_patience).
 START_PATIENCE_EXPIRIES = 2
+START_PATIENCE_DOUBLINGS = 3
+
+
+def start_patience(slow_starts: int) -> float:
+    """Expiries a worker spawned for a free lease (or one of ours) has to show its take, after `slow_starts`
+    workers of that lease in a row were killed before theirs showed. On a host loaded enough that a worker's start
+    outlasts the patience, every respawn would be killed the same way and the lease never worked: the patience
+    doubles with each such kill, up to START_PATIENCE_DOUBLINGS times, and a shown take resets it."""
+    return START_PATIENCE_EXPIRIES * 2 ** min(max(slow_starts, 0), START_PATIENCE_DOUBLINGS)
+
+
+def take_shown(key: str, ages: "LeaseAges", now: float, spawned_at: Mapping[str, float]) -> bool:
+    """Whether the lease changed after its local worker's spawn (its take, or another holder's move)."""
+    spawned = spawned_at.get(key)
+    age = ages.age(key, now)
+    return spawned is not None and age is not None and now - age > spawned
 
 
 def stuck_local_leases(worker_id: str, leases: Sequence[Lease], locally_worked: Collection[str],
                        ages: "LeaseAges", now: float, expiry_seconds: float,
-                       spawned_at: Mapping[str, float] | None = None) -> list[Lease]:
+                       spawned_at: Mapping[str, float] | None = None,
+                       slow_starts: Mapping[str, int] | None = None) -> list[Lease]:
     """Leases a local worker holds in our name whose counter has not moved for longer than the expiry: the
     worker is frozen or stuck (its heartbeats stopped), yet as long as it lives no consumer works the lease
     — peers wait for it to expire and this manager counts it as worked. Its manager must stop it for good.
@@ -69,7 +87,8 @@ def stuck_local_leases(worker_id: str, leases: Sequence[Lease], locally_worked: 
     a consumer that crashed). As long as the frozen worker lives this manager never takes that lease (it
     counts as worked here), and every other consumer may be gone.
 
-    Never a worker spawned less than two expiries ago (`START_PATIENCE_EXPIRIES`) for a free lease or one of ours:
+    Never a worker spawned less than two expiries ago (`start_patience`, longer after `slow_starts` such kills of
+    the lease in a row) for a free lease or one of ours:
     it is taking the lease (a stale one of ours, left by an earlier incarnation under the same id, is unchanged
     past the expiry until its take shows), and a scan from before its take must not kill it (killed a second after
     its spawn, before its release, it would leave the lease held through a graceful stop). On a loaded host a
@@ -79,6 +98,7 @@ def stuck_local_leases(worker_id: str, leases: Sequence[Lease], locally_worked: 
     lease another holds, one expiry: that holder works it meanwhile, or, having dropped it, leaves it to this
     kill."""
     spawned_at = spawned_at or {}
+    slow_starts = slow_starts or {}
     stuck = []
     for lease in leases:
         key = lease.lease_key
@@ -87,15 +107,20 @@ def stuck_local_leases(worker_id: str, leases: Sequence[Lease], locally_worked: 
         spawned = spawned_at.get(key)
         # Just spawned: its take may not show yet. Once a change after the spawn shows (its take), or while another
         # holds the lease (working it, or, having dropped it, leaving it to this kill): one expiry.
-        age = ages.age(key, now)
-        shown = spawned is not None and age is not None and now - age > spawned
-        waiting = not shown and lease.lease_owner in (None, worker_id)
-        patience = START_PATIENCE_EXPIRIES if waiting else 1
+        waiting = waits_for_take(lease, worker_id, ages, now, spawned_at)
+        patience = start_patience(slow_starts.get(key, 0)) if waiting else 1
         if spawned is not None and now - spawned <= patience * expiry_seconds:
             continue
         if lease.lease_owner == worker_id or spawned is not None:
             stuck.append(lease)
     return stuck
+
+
+def waits_for_take(lease: Lease, worker_id: str, ages: "LeaseAges", now: float,
+                   spawned_at: Mapping[str, float]) -> bool:
+    """Whether the lease's local worker may still be starting: nothing changed since its spawn and the lease is
+    free or ours (its take is what would show)."""
+    return not take_shown(lease.lease_key, ages, now, spawned_at) and lease.lease_owner in (None, worker_id)
 
 
 # -- acquiring and stealing ------------------------------------------------------------------------
@@ -229,4 +254,5 @@ def _load_aware_steal(worker_id: str, reported: Mapping[str, float | None], owne
     return AcquirePlan(steal=None if steal is None else by_key[steal.lease_key], overloaded=overloaded)
 
 
-__all__ = ["START_PATIENCE_EXPIRIES", "AcquirePlan", "LeaseAges", "leases_to_acquire", "stuck_local_leases"]
+__all__ = ["START_PATIENCE_DOUBLINGS", "START_PATIENCE_EXPIRIES", "AcquirePlan", "LeaseAges", "leases_to_acquire",
+           "start_patience", "stuck_local_leases", "take_shown", "waits_for_take"]

@@ -1,0 +1,76 @@
+"""A lease whose workers each start slower than the start patience is still worked in the end.
+
+On a loaded two-core host (four consumers racing for six free leases, the rest of the suite beside them) a spawned
+worker took longer than two expiries to start and take its lease: its manager killed it as stuck before its take,
+spawned another that started as slowly, and so on — every lease stayed unowned for the whole fleet test
+("killed the worker of lease ...: its lease was not renewed for longer than the expiry", 42 times per consumer in
+a minute). Each such kill now doubles the lease's next worker's patience (at most START_PATIENCE_DOUBLINGS times);
+a shown take resets it."""
+from __future__ import annotations
+
+from kcl_pipeline.kcl.core.fleet import cycle as cyc
+from kcl_pipeline.kcl.core.fleet.planner import START_PATIENCE_DOUBLINGS, START_PATIENCE_EXPIRIES, start_patience
+from kcl_pipeline.kcl.core.lease import effects as fx
+from kcl_pipeline.kcl.core.model import TRIM_HORIZON, Checkpoint, Lease, Shard
+from kcl_pipeline_tests.kcl.cycle_support import drive_cycle
+
+EXPIRY = 3.0
+SETTINGS = cyc.CycleSettings("me", Checkpoint(TRIM_HORIZON), EXPIRY, 1, 10)
+
+
+def _run(start_seconds: float | None, until: float) -> tuple[list[float], list[float], cyc.ManagerState]:
+    """Cycles every second over one free lease; each spawned worker takes it `start_seconds` after its spawn
+    (None: never). Returns the spawn times, the kill times and the state."""
+    state = cyc.ManagerState(shards=[Shard("s-0")], list_next=False)
+    lease = Lease("s-0", Checkpoint(TRIM_HORIZON), None, 0)
+    worked: set[str] = set()
+    spawns: list[float] = []
+    kills: list[float] = []
+    now = 0.0
+    while now < until:
+        if start_seconds is not None and spawns and "s-0" in worked and now >= spawns[-1] + start_seconds \
+                and lease.lease_owner is None:
+            lease = Lease("s-0", lease.checkpoint, "me", lease.lease_counter + 1)  # the take
+        if lease.lease_owner == "me" and "s-0" in worked:
+            lease = Lease("s-0", lease.checkpoint, "me", lease.lease_counter + 1)  # its heartbeat
+
+        def seen(effect, at=now):
+            if isinstance(effect, fx.Spawn):
+                spawns.append(at)
+                worked.add(effect.lease.lease_key)
+            elif isinstance(effect, fx.Abandon):
+                kills.append(at)
+                worked.discard(effect.lease.lease_key)
+        drive_cycle(state, SETTINGS, [lease], now, locally_worked=frozenset(worked), seen=seen)
+        now += 1.0
+    return spawns, kills, state
+
+
+def test_a_lease_whose_workers_start_slower_than_the_patience_is_worked_in_the_end():
+    # Each worker needs 10 s (more than two expiries) to take: the first is killed, the second is given twice
+    # the patience and takes.
+    spawns, kills, state = _run(10.0, 60.0)
+    assert len(kills) == 1 and len(spawns) == 2
+    assert kills[0] - spawns[0] > START_PATIENCE_EXPIRIES * EXPIRY
+    assert state.slow_starts == {}  # the shown take reset it
+
+
+def test_the_start_patience_doubles_with_each_kill_before_a_take_and_stops_doubling():
+    spawns, kills, _ = _run(None, 400.0)  # workers that never take (frozen before their take)
+    waits = [kill - spawn for spawn, kill in zip(spawns, kills, strict=False)]
+    assert len(waits) >= START_PATIENCE_DOUBLINGS + 2
+    for n, wait in enumerate(waits):
+        assert start_patience(n) * EXPIRY < wait <= start_patience(n) * EXPIRY + EXPIRY + 2
+    assert start_patience(START_PATIENCE_DOUBLINGS + 5) == start_patience(START_PATIENCE_DOUBLINGS)
+
+
+def test_a_worker_frozen_after_its_take_is_still_killed_an_expiry_after_it():
+    """The patience grows only for kills before a take: a worker that took and then froze is found an expiry
+    after its last change, whatever the lease's history of slow starts."""
+    from kcl_pipeline.kcl.core.fleet.planner import LeaseAges, stuck_local_leases
+
+    taken = Lease("s-0", Checkpoint(TRIM_HORIZON), "me", 1)
+    ages = LeaseAges()
+    ages.observe([Lease("s-0", Checkpoint(TRIM_HORIZON), None, 0)], 0.0)
+    ages.observe([taken], 11.0)
+    assert stuck_local_leases("me", [taken], {"s-0"}, ages, 14.5, EXPIRY, {"s-0": 10.0}, {"s-0": 3}) == [taken]
