@@ -99,7 +99,8 @@ def take(table: LeaseTable, shard: str, thief: str) -> Lease:
     raise AssertionError(f"could not take {shard}")
 
 
-def _wait(pred, timeout=20.0):
+def _wait(pred, timeout=60.0):
+    # Generous: a worker's first reads over the emulators took longer than 20 s on CI's shared two cores.
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if pred():

@@ -103,6 +103,9 @@ def _done(home: Path, windows: list[str]) -> bool:
     return all(set(windows) <= _materialised(home, asset) for asset in ("transformed_records", "kinesis_checkpoints"))
 
 
+# Two starts of the whole stack and their windows: about 7 minutes alone, over 10 on CI's shared two cores (the
+# suite's 600 s timeout cut it there); its own waits bound each step.
+@pytest.mark.timeout(1800)
 def test_the_demo_then_local_up_and_dagster_dev_start_again_where_they_stopped(tmp_path):
     pytest.importorskip("dagster_webserver")
     state = tmp_path / "state"
