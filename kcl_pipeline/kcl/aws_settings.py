@@ -67,7 +67,7 @@ class AwsSettings:
     endpoint_url: str | None = None  # one endpoint for every service (e.g. LocalStack)
     endpoint_urls: dict[str, str] = field(default_factory=dict)  # per service, wins over endpoint_url
     max_attempts: int = 8
-    # None: the KCL_PIPELINE_S3_* variables above.
+    # None: the variables above (S3_SSE_KMS_KEY_ID_ENV, S3_EXPECTED_BUCKET_OWNER_ENV).
     s3_sse_kms_key_id: str | None = None
     s3_expected_bucket_owner: str | None = None
 

@@ -185,7 +185,7 @@ class ConsumerConfig:
         if self.max_leases < 1:
             raise ConfigError(f"max_leases must be >= 1, got {self.max_leases}")
         try:
-            self.aws.s3_requests()  # the KCL_PIPELINE_S3_* variables, checked before anything is written
+            self.aws.s3_requests()  # the S3 request variables, checked before anything is written
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         if self.heartbeat_seconds <= 0:

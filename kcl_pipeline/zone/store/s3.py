@@ -51,7 +51,7 @@ class S3Options:
     """How a process reaches S3 when it cannot inherit the caller's environment (Spark executors on a
     cluster): carried as plain strings (Spark data source options), credentials optional (None = the
     process's own credential chain, e.g. an instance role). The SSE-KMS key and the expected bucket owner
-    travel too (None: the receiving process's KCL_PIPELINE_S3_* variables, AwsSettings.s3_requests)."""
+    travel too (None: the receiving process's variables, AwsSettings.s3_requests)."""
 
     endpoint_url: str | None = None
     region: str | None = None
