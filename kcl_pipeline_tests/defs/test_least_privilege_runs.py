@@ -13,6 +13,7 @@ Both with SSE-KMS and an expected bucket owner configured: every S3 request, the
 """
 from __future__ import annotations
 
+import os
 import time
 from datetime import datetime, timezone
 
@@ -172,6 +173,8 @@ def test_the_code_location_and_the_executors_call_only_what_their_policies_allow
     assert {"dynamodb:CreateTable", "dynamodb:UpdateItem", "kinesis:GetRecords", "s3:PutObject",
             "cloudwatch:PutMetricData"} <= {c["call"] for c in sensor_calls}
     assert len({c["pid"] for c in sensor_calls}) >= 3, "the code server and its two hosted workers"
+    assert any(c["pid"] == os.getpid() and c.get("Bucket") == output_bucket for c in sensor_calls), \
+        "the tick's reads of the output, through dagster-aws's S3 client"
     assert {"kinesis:GetRecords", "dynamodb:UpdateItem", "s3:PutObject", "s3:GetObject", "s3:ListObjectsV2"} <= \
         {c["call"] for c in window_calls}
     assert {"s3:GetObject"} <= {c["call"] for c in spark_calls} and \

@@ -12,9 +12,14 @@ from dataclasses import replace
 import pytest
 from botocore.stub import Stubber
 
-from kcl_pipeline.kcl.aws_settings import S3_EXPECTED_BUCKET_OWNER_ENV, S3_SSE_KMS_KEY_ID_ENV, AwsSettings
+from kcl_pipeline.kcl.aws_settings import (
+    S3_EXPECTED_BUCKET_OWNER_ENV,
+    S3_SSE_KMS_KEY_ID_ENV,
+    AwsSettings,
+    S3RequestSettings,
+)
 from kcl_pipeline.kcl.config import ConfigError, ConsumerConfig
-from kcl_pipeline.kcl.shells.aws import client
+from kcl_pipeline.kcl.shells.aws import client, s3_requests_of
 from kcl_pipeline.zone.errors import ZoneAccessError
 from kcl_pipeline.zone.layout import Zone
 from kcl_pipeline.zone.store import S3Options, S3ZoneStore, open_store
@@ -146,3 +151,9 @@ def test_consume_with_a_malformed_owner_exits_2_with_one_line(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert S3_EXPECTED_BUCKET_OWNER_ENV in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "zone").exists()
+
+
+
+def test_what_a_client_carries_is_nothing_for_one_not_instrumented_or_not_made():
+    assert s3_requests_of(None) == S3RequestSettings()  # a store's error before its client exists
+    assert s3_requests_of(object()) == S3RequestSettings()
