@@ -16,6 +16,7 @@ from kcl_pipeline.kcl.shells.shards import wait_stream_active
 from kcl_pipeline.local.producer import produce
 from kcl_pipeline.zone.chain import read_batches
 from kcl_pipeline.zone.store import open_store
+from kcl_pipeline_tests.fanout_endpoint import FanOutEndpoint
 from kcl_pipeline_tests.iam_policies import EMULATOR_ACCOUNT, ROLES, denied, documented_policies, read_calls
 
 OWNER = "111122223333"
@@ -57,10 +58,13 @@ def test_the_checker_refuses_what_the_policy_does_not_allow():
 
 
 @pytest.mark.slow
-def test_the_consumer_hosts_calls_are_all_in_its_documented_policy(emulators, kinesis_client, s3_client,
+@pytest.mark.parametrize("retrieval", ["polling", "fanout"])
+def test_the_consumer_hosts_calls_are_all_in_its_documented_policy(retrieval, emulators, kinesis_client, s3_client,
                                                                      unique_name, tmp_path):
     """`consume --landing s3://… --checkpoint-by dagster` with CloudWatch metrics, KCL 3.x worker metrics and
-    SSE-KMS: every call of the consumer and of its worker processes is recorded, and allowed."""
+    SSE-KMS, reading by GetRecords or by enhanced fan-out (SubscribeToShard through the test's fan-out endpoint,
+    kinesis-local having none): every call of the consumer and of its worker processes is recorded, and
+    allowed."""
     stream, app, bucket = unique_name("iam"), unique_name("iamapp"), unique_name("zone")
     kinesis_client.create_stream(StreamName=stream, ShardCount=2)
     s3_client.create_bucket(Bucket=bucket)
@@ -70,11 +74,15 @@ def test_the_consumer_hosts_calls_are_all_in_its_documented_policy(emulators, ki
     key = kms_key(emulators.region)
     env = {**os.environ, **emulators.env(), AWS_CALL_LOG_ENV: str(calls_file), S3_SSE_KMS_KEY_ID_ENV: key,
            S3_EXPECTED_BUCKET_OWNER_ENV: OWNER}
+    endpoint = None
+    if retrieval == "fanout":
+        endpoint = FanOutEndpoint(emulators.kinesis, heartbeat_seconds=0.2, in_use_seconds=0.3).start()
+        env["AWS_ENDPOINT_URL_KINESIS"] = endpoint.url
     zone = f"s3://{bucket}/landing"
     cmd = [sys.executable, "-m", "kcl_pipeline.cli", "consume", "--stream", stream, "--application", app,
            "--worker-id", "iam", "--landing", zone, "--checkpoint-by", "dagster", "--heartbeat-seconds", "1",
            "--lease-expiry-seconds", "3", "--cycle-seconds", "1", "--batch-seconds", "0.5",
-           "--metrics-namespace", "KclPipelineIam", "--worker-metrics-period-seconds", "1"]
+           "--metrics-namespace", "KclPipelineIam", "--worker-metrics-period-seconds", "1", "--retrieval", retrieval]
     log = tmp_path / "consume.log"
     proc = subprocess.Popen(cmd, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
     store = open_store(zone, emulators.aws_settings())
@@ -88,14 +96,18 @@ def test_the_consumer_hosts_calls_are_all_in_its_documented_policy(emulators, ki
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
         code = proc.wait(40)
+        if endpoint is not None:
+            endpoint.stop()
     assert code == 0, log.read_text()[-3000:]
 
     calls = read_calls(calls_file)
     made = {c["call"] for c in calls}
     # The recording reached the consumer and its worker processes: the lease manager's table calls, the
     # workers' reads, landing and metrics.
-    assert {"dynamodb:Scan", "kinesis:ListShards", "kinesis:GetRecords", "dynamodb:UpdateItem",
-            "s3:PutObject", "cloudwatch:PutMetricData"} <= made, sorted(made)
+    reads = {"kinesis:GetRecords"} if retrieval == "polling" else {"kinesis:RegisterStreamConsumer",
+                                                                   "kinesis:SubscribeToShard"}
+    assert {"dynamodb:Scan", "kinesis:ListShards", "dynamodb:UpdateItem", "s3:PutObject",
+            "cloudwatch:PutMetricData", *reads} <= made, sorted(made)
     assert len({c["pid"] for c in calls}) >= 3, "the consumer and its two workers"
     s3_calls = [c for c in calls if c["call"].startswith("s3:")]
     assert all(c.get("ExpectedBucketOwner") == OWNER for c in s3_calls), "every S3 request fences the owner"
