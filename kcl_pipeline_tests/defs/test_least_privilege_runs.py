@@ -4,7 +4,7 @@ reads them from the page).
 
 One test, two parts, each recording into its own file (KCL_PIPELINE_AWS_CALL_LOG):
 - the `kinesis_consumer` sensor hosting the fleet (build_sensor_context, as defs/test_sensor.py): ticks until its
-  workers, forked from the test process, have landed every record;
+  workers, forked from the test process, are reading, then stops them: they land what they read and release;
 - the window run on another stream (materialize, as defs/test_assets.py): the backfill lands the windows,
   Spark transforms them into an S3 output (the driver's calls, and the executors' — the data sources' Python
   workers, given the recording variable through the SparkContext's executor environment), the checkpoints are
@@ -94,7 +94,7 @@ def test_the_code_location_and_the_executors_call_only_what_their_policies_allow
                       cloudwatch_endpoint_url=emulators.cloudwatch)
     s3_resource = S3Resource(endpoint_url=emulators.s3, region_name=emulators.region)
 
-    # The sensor hosting the fleet, until its workers landed every record.
+    # The sensor hosting the fleet, until both its workers are reading.
     # The test's own clients are made before the recording starts (a client records when made with it on).
     run = consumer(run_stream, run_app)
     hosted = consumer(hosted_stream, hosted_app)
@@ -108,19 +108,25 @@ def test_the_code_location_and_the_executors_call_only_what_their_policies_allow
             define_asset_job(CHECKPOINTS_JOB, selection=AssetSelection.assets(checkpoints), partitions_def=partitions)]
     sensor = build_consumer_sensor(partitions, jobs, INTERVAL)
     instance = DagsterInstance.ephemeral()
-    cursor = None
+    def workers_reading() -> set[int]:
+        return {c["pid"] for c in read_calls(hosting_calls) if c["call"] == "kinesis:GetRecords"} - {os.getpid()}
+
+    cursor, ticked = None, 0.0
     try:
         deadline = time.monotonic() + 45
-        while time.monotonic() < deadline:
-            with build_sensor_context(cursor=cursor, instance=instance,
-                                      resources={"consumer": hosted, "aws": aws, "s3": s3_resource}) as context:
-                cursor = sensor(context).cursor
-            if read_batches(landing, hosted_stream).num_rows == 40:
-                break
-            time.sleep(INTERVAL)
-        assert read_batches(landing, hosted_stream).num_rows == 40
+        while time.monotonic() < deadline and len(workers_reading()) < 2:
+            if time.monotonic() - ticked >= INTERVAL:
+                ticked = time.monotonic()
+                with build_sensor_context(cursor=cursor, instance=instance,
+                                          resources={"consumer": hosted, "aws": aws, "s3": s3_resource}) as context:
+                    cursor = sensor(context).cursor
+            time.sleep(0.3)
+        assert len(workers_reading()) == 2
     finally:
-        shutdown_hosted(timeout=15)  # the workers release their leases: their last calls are in the file
+        # Stopping, the workers land what they read (a batch flushes by age only after 30 s) and release their
+        # leases: those calls are in the file too.
+        shutdown_hosted(timeout=15)
+    assert read_batches(landing, hosted_stream).num_rows > 0
 
     # The window run on the other stream: backfill, transform, checkpoints, checks.
     run_calls, executor_calls = tmp_path / "run.jsonl", tmp_path / "executors.jsonl"
@@ -173,6 +179,8 @@ def test_the_code_location_and_the_executors_call_only_what_their_policies_allow
     assert {"dynamodb:CreateTable", "dynamodb:UpdateItem", "kinesis:GetRecords", "s3:PutObject",
             "cloudwatch:PutMetricData"} <= {c["call"] for c in sensor_calls}
     assert len({c["pid"] for c in sensor_calls}) >= 3, "the code server and its two hosted workers"
+    assert any(c["call"] == "s3:PutObject" and c["pid"] != os.getpid() and "/_start/" not in c["Key"]
+               for c in sensor_calls), "a hosted worker landed a batch"
     assert any(c["pid"] == os.getpid() and c.get("Bucket") == output_bucket for c in sensor_calls), \
         "the tick's reads of the output, through dagster-aws's S3 client"
     assert {"kinesis:GetRecords", "dynamodb:UpdateItem", "s3:PutObject", "s3:GetObject", "s3:ListObjectsV2"} <= \
