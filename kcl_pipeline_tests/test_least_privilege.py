@@ -61,10 +61,10 @@ def test_the_checker_refuses_what_the_policy_does_not_allow():
 @pytest.mark.parametrize("retrieval", ["polling", "fanout"])
 def test_the_consumer_hosts_calls_are_all_in_its_documented_policy(retrieval, emulators, kinesis_client, s3_client,
                                                                      unique_name, tmp_path):
-    """`consume --landing s3://… --checkpoint-by dagster` with CloudWatch metrics, KCL 3.x worker metrics and
-    SSE-KMS, reading by GetRecords or by enhanced fan-out (SubscribeToShard through the test's fan-out endpoint,
-    kinesis-local having none): every call of the consumer and of its worker processes is recorded, and
-    allowed."""
+    """`consume --landing s3://… --checkpoint-by dagster` with CloudWatch metrics, KCL 3.x worker metrics each
+    second (items of the lease table in the one-table layout it starts in) and SSE-KMS, reading by GetRecords or
+    by enhanced fan-out (SubscribeToShard through the test's fan-out endpoint, kinesis-local having none): every
+    call of the consumer and of its worker processes is recorded, and allowed."""
     stream, app, bucket = unique_name("iam"), unique_name("iamapp"), unique_name("zone")
     kinesis_client.create_stream(StreamName=stream, ShardCount=2)
     s3_client.create_bucket(Bucket=bucket)
