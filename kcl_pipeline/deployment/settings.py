@@ -41,6 +41,8 @@ checkpoint moved past them.
     KCL_PIPELINE_SPARK_AWS_CREDENTIALS    pass the run's AWS keys to Spark's options (unset: only when S3 is at
                                           an explicit endpoint, e.g. the emulators)
     AWS_REGION, AWS_PROFILE, AWS_ENDPOINT_URL[_KINESIS|_DYNAMODB|_S3|_CLOUDWATCH]  where AWS is (read by the SDK)
+    KCL_PIPELINE_S3_SSE_KMS_KEY_ID, KCL_PIPELINE_S3_EXPECTED_BUCKET_OWNER  what every S3 request carries (read
+                                          by kcl/aws_settings.py in every process, like the endpoints: OTHER_VARIABLES)
 
 The consumer's defaults (timings, lease counts, initial position) are ConsumerConfig's: they are declared
 once, in kcl_pipeline.kcl.config, and read from there.
@@ -63,7 +65,13 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal, Mapping
 
-from ..kcl.aws_settings import AwsSettings
+from ..kcl.aws_settings import (
+    AWS_CALL_LOG_ENV,
+    S3_EXPECTED_BUCKET_OWNER_ENV,
+    S3_SSE_KMS_KEY_ID_ENV,
+    AwsSettings,
+    S3RequestSettings,
+)
 from ..kcl.config import RETRIEVALS, WORKER_START_METHOD_ENV, ConfigError, InitialPosition, consumer_default
 from ..kcl.core.model import AT_TIMESTAMP, LATEST, TRIM_HORIZON
 from ..transform.names import DECODERS, SPARK_MASTER
@@ -93,6 +101,9 @@ OTHER_VARIABLES = {
     "KCL_PIPELINE_NODE_MODULES": "the local emulators' node_modules (local/prerequisites.py)",
     "KCL_PIPELINE_CACHE_DIR": "the local emulators' cache (local/prerequisites.py)",
     "KCL_PIPELINE_PARENT_PID": "the emulators exit when this process is gone (local/emulators.py)",
+    S3_SSE_KMS_KEY_ID_ENV: "the SSE-KMS key of every S3 write (kcl/aws_settings.py; docs/deployment.md)",
+    S3_EXPECTED_BUCKET_OWNER_ENV: "the account every S3 request expects to own the bucket (kcl/aws_settings.py)",
+    AWS_CALL_LOG_ENV: "a file each process appends its AWS calls to (tests of the IAM policies; kcl/shells/aws.py)",
 }
 KNOWN_VARIABLES = (*(PREFIX + name.upper() for name in SETTINGS), *OTHER_VARIABLES)
 ZONE_SCHEMES = ("s3://bucket/prefix", "file://path", "a directory", "memory://name (tests)")
@@ -177,6 +188,7 @@ class PipelineSettings(ConsumerSettings):
         env = os.environ if env is None else env
         now = now or datetime.now(timezone.utc)
         values = read_variables(env)
+        check_s3_requests(env)
         demo = values.pop("profile", "default") == "demo"
         if demo:
             values = {**DEMO_DEFAULTS, **values}
@@ -205,6 +217,16 @@ class PipelineSettings(ConsumerSettings):
 def variable_name(field_name: str) -> str:
     """The variable a field is set by (KCL_PIPELINE_<FIELD>), or the field's name if no variable sets it."""
     return PREFIX + field_name.upper() if field_name in SETTINGS else field_name
+
+
+def check_s3_requests(env: Mapping[str, str]) -> None:
+    """KCL_PIPELINE_S3_SSE_KMS_KEY_ID and _EXPECTED_BUCKET_OWNER as this environment gives them (read by every
+    process's AwsSettings, so not settings of PipelineSettings; checked at load all the same)."""
+    try:
+        S3RequestSettings(*(env.get(name, "").strip() or None
+                            for name in (S3_SSE_KMS_KEY_ID_ENV, S3_EXPECTED_BUCKET_OWNER_ENV)))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def check_zone_uri(variable: str, uri: str) -> None:

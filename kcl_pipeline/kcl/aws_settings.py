@@ -4,6 +4,7 @@ from one), so that configuring the consumer imports no shell."""
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 
 import botocore.session
@@ -14,6 +15,48 @@ _SERVICE_ENV = {
     "s3": "AWS_ENDPOINT_URL_S3",
     "cloudwatch": "AWS_ENDPOINT_URL_CLOUDWATCH",
 }
+# What every S3 request carries, when set (docs/deployment.md, "Least privilege"): the SSE-KMS key new objects
+# are encrypted with, and the account that must own the bucket (S3 answers 403 AccessDenied otherwise, so a
+# bucket name taken over by another account never receives the zone's data). Read wherever the S3 endpoint
+# is: every process reaching S3 (consumers, workers, the code location, Spark's executors) carries them.
+S3_SSE_KMS_KEY_ID_ENV = "KCL_PIPELINE_S3_SSE_KMS_KEY_ID"
+S3_EXPECTED_BUCKET_OWNER_ENV = "KCL_PIPELINE_S3_EXPECTED_BUCKET_OWNER"
+# A file every process of this run appends the AWS calls it makes to, one JSON line each (shells/aws.py): how
+# the tests prove each role's IAM policy covers what it calls. Unset (always, outside those tests): nothing.
+AWS_CALL_LOG_ENV = "KCL_PIPELINE_AWS_CALL_LOG"
+_ACCOUNT_RE = re.compile(r"\d{12}")
+_KMS_KEY_RE = re.compile(r"[A-Za-z0-9:/_.-]{1,2048}")
+
+
+@dataclass(frozen=True)
+class S3RequestSettings:
+    """What every S3 request of this process adds to its parameters (shells/aws.py applies it)."""
+
+    sse_kms_key_id: str | None = None
+    expected_bucket_owner: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.expected_bucket_owner is not None and not _ACCOUNT_RE.fullmatch(self.expected_bucket_owner):
+            raise ValueError(f"{S3_EXPECTED_BUCKET_OWNER_ENV} must be a 12-digit AWS account id, "
+                             f"got {self.expected_bucket_owner!r}")
+        if self.sse_kms_key_id is not None and not _KMS_KEY_RE.fullmatch(self.sse_kms_key_id):
+            raise ValueError(f"{S3_SSE_KMS_KEY_ID_ENV} must be a KMS key id, key ARN, alias/<name> or alias ARN, "
+                             f"got {self.sse_kms_key_id!r}")
+
+    def __bool__(self) -> bool:
+        return bool(self.sse_kms_key_id or self.expected_bucket_owner)
+
+    def parameters(self, accepted: frozenset[str] | set[str]) -> dict[str, str]:
+        """The parameters to add to a request whose operation accepts `accepted` (its input members): the
+        owner wherever S3 takes one (every call but CreateBucket and ListBuckets), the key on the writes that
+        create an object (PutObject, CreateMultipartUpload, CopyObject)."""
+        extra: dict[str, str] = {}
+        if self.expected_bucket_owner and "ExpectedBucketOwner" in accepted:
+            extra["ExpectedBucketOwner"] = self.expected_bucket_owner
+        if self.sse_kms_key_id and "SSEKMSKeyId" in accepted:
+            extra["ServerSideEncryption"] = "aws:kms"
+            extra["SSEKMSKeyId"] = self.sse_kms_key_id
+        return extra
 
 
 @dataclass(frozen=True)
@@ -24,6 +67,9 @@ class AwsSettings:
     endpoint_url: str | None = None  # one endpoint for every service (e.g. LocalStack)
     endpoint_urls: dict[str, str] = field(default_factory=dict)  # per service, wins over endpoint_url
     max_attempts: int = 8
+    # None: the variables above (S3_SSE_KMS_KEY_ID_ENV, S3_EXPECTED_BUCKET_OWNER_ENV).
+    s3_sse_kms_key_id: str | None = None
+    s3_expected_bucket_owner: str | None = None
 
     def endpoint_for(self, service: str) -> str | None:
         return (
@@ -33,6 +79,15 @@ class AwsSettings:
             or os.environ.get("AWS_ENDPOINT_URL")
             or None
         )
+
+    def s3_requests(self) -> S3RequestSettings:
+        """What S3 requests carry: explicit, else the environment's (a blank variable is unset). Raises
+        ValueError naming the variable when a value is malformed."""
+        def given(explicit: str | None, variable: str) -> str | None:
+            return explicit or os.environ.get(variable, "").strip() or None
+
+        return S3RequestSettings(given(self.s3_sse_kms_key_id, S3_SSE_KMS_KEY_ID_ENV),
+                                 given(self.s3_expected_bucket_owner, S3_EXPECTED_BUCKET_OWNER_ENV))
 
     def resolved_region(self) -> str | None:
         """The region: explicit, else AWS_REGION (the cross-SDK variable botocore does not read), else
@@ -48,4 +103,9 @@ class AwsSettings:
             url = self.endpoint_for(service)
             if url:
                 env[var] = url
+        s3 = self.s3_requests()
+        for variable, value in ((S3_SSE_KMS_KEY_ID_ENV, s3.sse_kms_key_id),
+                                (S3_EXPECTED_BUCKET_OWNER_ENV, s3.expected_bucket_owner)):
+            if value:
+                env[variable] = value
         return env

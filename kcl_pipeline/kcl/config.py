@@ -184,6 +184,10 @@ class ConsumerConfig:
             raise ConfigError(f"leases_to_acquire must be >= 1, got {self.leases_to_acquire}")
         if self.max_leases < 1:
             raise ConfigError(f"max_leases must be >= 1, got {self.max_leases}")
+        try:
+            self.aws.s3_requests()  # the S3 request variables, checked before anything is written
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         if self.heartbeat_seconds <= 0:
             raise ConfigError(f"heartbeat_seconds must be > 0, got {self.heartbeat_seconds}")
         if self.lease_expiry_seconds < 2 * self.heartbeat_seconds:

@@ -95,10 +95,18 @@ def test_every_kcl_pipeline_variable_the_repository_names_is_known():
     ({"INITIAL_POSITION": "AT_TIMESTAMP", "INITIAL_TIMESTAMP": "9999-12-31T23:59:59-14:00"},
      "'9999-12-31T23:59:59-14:00' is out of range in UTC"),
     ({"INITIAL_POSITION": "AT_TIMESTAMP", "INITIAL_TIMESTAMP": "1960-01-01T00:00:00Z"}, "is before 1970-01-01 UTC"),
+    ({"S3_EXPECTED_BUCKET_OWNER": "12345"}, "KCL_PIPELINE_S3_EXPECTED_BUCKET_OWNER must be a 12-digit AWS account "
+                                            "id, got '12345'"),
+    ({"S3_SSE_KMS_KEY_ID": "my key"}, "KCL_PIPELINE_S3_SSE_KMS_KEY_ID must be a KMS key id, .* got 'my key'"),
 ])
 def test_a_bad_value_the_docs_say_stops_the_code_location_does(values, message):
     with pytest.raises(ConfigError, match=message):
         load(**values)
+
+
+def test_the_s3_request_variables_load():
+    """Read by every process's AwsSettings rather than PipelineSettings, they are known names, checked at load."""
+    assert load(S3_EXPECTED_BUCKET_OWNER="111122223333", S3_SSE_KMS_KEY_ID="alias/zone").window_minutes == 60
 
 
 @pytest.mark.parametrize("master", ["local", "local[4]", "local[*]", "local[*,3]", "local[2,4]",

@@ -29,7 +29,7 @@ from dagster_aws.s3 import S3Resource
 from ...deployment.consumer import ConsumerSettings
 from ...deployment.streams import PipelineStream
 from ...kcl.core.table.lease_codec import LeaseTableMissing
-from ...kcl.shells.aws import client
+from ...kcl.shells.aws import client, instrument
 from ...kcl.shells.lease_table import LeaseTable
 from ...windows.backfill import BackfillReport, backfill_range
 from ...windows.checkpoints.record import MAX_LATE_KEYS
@@ -64,8 +64,7 @@ def landing_store(consumer: ConsumerSettings | KinesisConsumerResource, aws: Aws
                   s3: S3Resource | None) -> ZoneStore:
     """The landing zone, through dagster-aws's S3 client when the zone is on S3."""
     uri = consumer.landing_uri
-    s3_client = s3.get_client() if s3 is not None and uri.startswith("s3://") else None
-    store = open_store(uri, aws.settings(), s3_client=s3_client)
+    store = open_store(uri, aws.settings(), s3_client=_s3_client(s3, aws, uri))
     store.ensure_zone(create=consumer.create_zones)
     return store
 
@@ -74,8 +73,14 @@ def output_store(consumer: ConsumerSettings | KinesisConsumerResource, aws: AwsR
                  target: PipelineStream = SINGLE) -> ZoneStore:
     """The stream's transform output location, read (manifests) with the landing zone's store code."""
     uri = target.output_uri(consumer.output_uri)
-    s3_client = s3.get_client() if s3 is not None and uri.startswith("s3://") else None
-    return open_store(uri, aws.settings(), s3_client=s3_client)
+    return open_store(uri, aws.settings(), s3_client=_s3_client(s3, aws, uri))
+
+
+def _s3_client(s3: S3Resource | None, aws: AwsResource, uri: str) -> Any:
+    """dagster-aws's client for an s3:// zone, carrying what every S3 request of the package carries."""
+    if s3 is None or not uri.startswith("s3://"):
+        return None
+    return instrument(s3.get_client(), aws.settings().s3_requests())
 
 
 def live_leases(consumer: KinesisConsumerResource, aws: AwsResource) -> list:

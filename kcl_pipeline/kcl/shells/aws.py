@@ -5,7 +5,10 @@ retry mode handles throttling (ProvisionedThroughputExceeded, DynamoDB throttlin
 """
 from __future__ import annotations
 
+import json
+import os
 import threading
+import weakref
 from datetime import datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -16,7 +19,7 @@ import botocore.session
 import botocore.utils
 from botocore.config import Config
 
-from ..aws_settings import AwsSettings
+from ..aws_settings import AWS_CALL_LOG_ENV, AwsSettings, S3RequestSettings
 
 
 def client(service: str, settings: AwsSettings | None = None, *, max_attempts: int | None = None,
@@ -29,7 +32,65 @@ def client(service: str, settings: AwsSettings | None = None, *, max_attempts: i
         read_timeout=read_timeout,
         max_pool_connections=20,
     )
-    return boto3_session().client(service, endpoint_url=settings.endpoint_for(service), config=cfg)
+    made = boto3_session().client(service, endpoint_url=settings.endpoint_for(service), config=cfg)
+    return instrument(made, settings.s3_requests() if service == "s3" else None)
+
+
+# The request parameters a call is authorised by: what it acts on (an IAM policy's Resource and Condition are
+# matched against them) and the S3 ones that bring KMS into it or fence the bucket's owner. Nothing else of a
+# request (bodies, items, values) is ever recorded.
+_RECORDED_PARAMETERS = ("TableName", "IndexName", "StreamName", "StreamARN", "ConsumerARN", "ConsumerName",
+                        "Bucket", "Key", "Prefix", "Namespace", "SSEKMSKeyId", "ExpectedBucketOwner")
+
+
+_S3_REQUESTS: weakref.WeakKeyDictionary[Any, S3RequestSettings] = weakref.WeakKeyDictionary()
+
+
+def s3_requests_of(aws_client: Any) -> S3RequestSettings:
+    """What `instrument` made this S3 client's requests carry (for error messages that name it)."""
+    try:
+        return _S3_REQUESTS.get(aws_client) or S3RequestSettings()
+    except TypeError:  # not weak-referenceable: a test's stand-in
+        return S3RequestSettings()
+
+
+def instrument(aws_client: Any, s3: S3RequestSettings | None = None) -> Any:
+    """Every AWS client of the package passes here, those made elsewhere (dagster-aws's S3 resource) too: an S3
+    client's requests get what `s3` asks (SSE-KMS, ExpectedBucketOwner), and with KCL_PIPELINE_AWS_CALL_LOG set
+    every call is appended to that file. Hooked at botocore's `before-parameter-build`, which sees each API call
+    once (a retry is not another call), with its parameters before they are validated and serialised."""
+    events = aws_client.meta.events
+    service = aws_client.meta.service_model.service_name
+    if s3:
+        _S3_REQUESTS[aws_client] = s3
+
+        def add_s3_parameters(params: dict[str, Any], model: Any, **_: Any) -> None:
+            accepted = set(model.input_shape.members) if model.input_shape is not None else set()
+            for name, value in s3.parameters(accepted).items():
+                params.setdefault(name, value)
+
+        events.register(f"before-parameter-build.{aws_client.meta.service_model.service_id.hyphenize()}",
+                        add_s3_parameters, unique_id="kcl-pipeline-s3-parameters")
+    log_path = os.environ.get(AWS_CALL_LOG_ENV, "").strip()
+    if log_path:
+        def record(params: dict[str, Any], model: Any, **_: Any) -> None:
+            resource = {k: params[k] for k in _RECORDED_PARAMETERS if isinstance(params.get(k), str)}
+            deleted = params.get("Delete", {}).get("Objects") if model.name == "DeleteObjects" else None
+            if deleted:
+                resource["Keys"] = [o.get("Key") for o in deleted]
+            line = json.dumps({"call": f"{service}:{model.name}", "pid": os.getpid(),
+                               "region": aws_client.meta.region_name, **resource}) + "\n"
+            # One write of one line to a file opened for appending: lines of concurrent processes never mix.
+            fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                os.write(fd, line.encode())
+            finally:
+                os.close(fd)
+
+        # Registered last, so it records the parameters as sent (the S3 ones added).
+        events.register_last(f"before-parameter-build.{aws_client.meta.service_model.service_id.hyphenize()}",
+                             record, unique_id="kcl-pipeline-call-log")
+    return aws_client
 
 
 # botocore's data (the endpoints of every service, ~7 MB of Python objects once parsed, and each service's

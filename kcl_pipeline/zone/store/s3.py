@@ -18,7 +18,7 @@ from botocore.exceptions import (
 )
 
 from ...kcl.aws_settings import AwsSettings
-from ...kcl.shells.aws import parse_timestamp
+from ...kcl.shells.aws import instrument, parse_timestamp, s3_requests_of
 from ..errors import LandingError, ZoneAccessError, ZoneNotFoundError, ZoneUnavailableError
 from ..layout import Zone
 from .base import (
@@ -50,24 +50,30 @@ _DELETE_BATCH = 1000  # DeleteObjects takes at most 1000 keys
 class S3Options:
     """How a process reaches S3 when it cannot inherit the caller's environment (Spark executors on a
     cluster): carried as plain strings (Spark data source options), credentials optional (None = the
-    process's own credential chain, e.g. an instance role)."""
+    process's own credential chain, e.g. an instance role). The SSE-KMS key and the expected bucket owner
+    travel too (None: the receiving process's variables, AwsSettings.s3_requests)."""
 
     endpoint_url: str | None = None
     region: str | None = None
     aws_access_key_id: str | None = None
     aws_secret_access_key: str | None = None
     aws_session_token: str | None = None
+    sse_kms_key_id: str | None = None
+    expected_bucket_owner: str | None = None
 
     @classmethod
     def from_aws_settings(cls, settings: AwsSettings, *, env_credentials: bool = False) -> "S3Options":
         """From AwsSettings; with env_credentials, also pin this process's AWS_* keys (see pins_credentials)."""
         env = os.environ if env_credentials else {}
+        requests = settings.s3_requests()
         return cls(
             endpoint_url=settings.endpoint_for("s3"),
             region=settings.resolved_region(),
             aws_access_key_id=env.get("AWS_ACCESS_KEY_ID"),
             aws_secret_access_key=env.get("AWS_SECRET_ACCESS_KEY"),
             aws_session_token=env.get("AWS_SESSION_TOKEN"),
+            sse_kms_key_id=requests.sse_kms_key_id,
+            expected_bucket_owner=requests.expected_bucket_owner,
         )
 
     @staticmethod
@@ -99,9 +105,12 @@ class S3Options:
         session = boto3.session.Session(
             aws_access_key_id=self.aws_access_key_id, aws_secret_access_key=self.aws_secret_access_key,
             aws_session_token=self.aws_session_token, region_name=self.region, botocore_session=core)
-        return session.client("s3", endpoint_url=self.endpoint_url, config=Config(
+        made = session.client("s3", endpoint_url=self.endpoint_url, config=Config(
             retries={"mode": "standard", "max_attempts": 8}, connect_timeout=5, read_timeout=60,
             max_pool_connections=20))
+        requests = AwsSettings(s3_sse_kms_key_id=self.sse_kms_key_id,
+                               s3_expected_bucket_owner=self.expected_bucket_owner).s3_requests()
+        return instrument(made, requests)
 
 
 
@@ -201,8 +210,12 @@ class S3ZoneStore(ZoneStore):
                 return ZoneNotFoundError(f"{self.what} {self.uri}: bucket {self.bucket!r} does not exist "
                                          f"({action}; endpoint {endpoint})")
             if code in _ACCESS_CODES:
+                owner = s3_requests_of(self._client).expected_bucket_owner
+                # S3 answers a request whose ExpectedBucketOwner is not the bucket's owner with a bare 403.
+                hint = (f"; or bucket {self.bucket!r} is not owned by account {owner} "
+                        f"(KCL_PIPELINE_S3_EXPECTED_BUCKET_OWNER)") if owner else ""
                 return ZoneAccessError(f"{self.what} {self.uri}: access denied to {action} "
-                                       f"({code}: {message or 'no message'}; endpoint {endpoint})")
+                                       f"({code}: {message or 'no message'}; endpoint {endpoint}{hint})")
             return LandingError(f"{self.what} {self.uri}: {action} failed: {code}: {message}")
         if isinstance(exc, _UNREACHABLE):
             return ZoneUnavailableError(f"{self.what} {self.uri}: S3 unreachable during {action} ({exc})")
