@@ -6,9 +6,12 @@ repository root's dagster.yaml is the same file, byte for byte (a test compares 
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
+import subprocess
+import sys
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -35,6 +38,24 @@ def prepare_dagster_home(home: str | Path, source: Path | None = None, *, storag
     path.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(source, path / "dagster.yaml")
     return path
+
+
+def initialise_storage(env: dict[str, str], timeout: float = 300.0) -> str | None:
+    """Create (or migrate) the storage of the home `env`'s DAGSTER_HOME names, once, before `dagster dev` starts its
+    processes; None when done, else why not (the command's last lines). On a fresh SQLite home the webserver, the
+    daemon and the code server each create the schema as they start: on a loaded host two of them stamped it at
+    once, the code server then failed to load (\"more than one head present\") and no sensor ever ticked."""
+    if importlib.util.find_spec("dagster") is None:
+        return None  # a core install: the `dagster dev` that will use the home runs from another environment
+    try:
+        done = subprocess.run([sys.executable, "-m", "dagster", "instance", "migrate"], env=env, capture_output=True,
+                              text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return f"`dagster instance migrate` did not finish within {timeout:.0f} s"
+    if done.returncode != 0:
+        tail = " ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
+        return f"`dagster instance migrate` failed (exit {done.returncode}): {tail}"
+    return None
 
 
 # -- a local home's first partition, chosen once -----------------------------------------------------------------

@@ -220,7 +220,7 @@ def reset_home(state_dir: Path) -> str | None:
 
 def _run(options: DemoOptions, *, serve: bool, ready: Callable[[Started], None] | None,
          stop: threading.Event | None) -> int:
-    from ..deployment.home import home_partitions, prepare_dagster_home, read_home_partitions
+    from ..deployment.home import home_partitions, initialise_storage, prepare_dagster_home, read_home_partitions
 
     stop = stop or threading.Event()
     logging.getLogger("kcl_pipeline.local.producer").setLevel(logging.WARNING)  # one line per batch is noise here
@@ -258,6 +258,10 @@ def _run(options: DemoOptions, *, serve: bool, ready: Callable[[Started], None] 
               + ("(kept by this Dagster home: `kcl-pipeline local reset` starts afresh)" if partitions.kept
                  else "(this new Dagster home keeps them)"), flush=True)
         variables = demo_vars(endpoints, options, home, partitions.start, environ=caller_env)
+        failure = initialise_storage({**caller_env, **variables})
+        if failure:
+            print(f"the Dagster home {home} could not be initialised: {failure}", file=sys.stderr)
+            return 1
         write_env_file(env_file, variables)
         url = None
         if serve:

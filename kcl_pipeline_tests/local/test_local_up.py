@@ -2,6 +2,7 @@
 `dagster dev` at the repository root (README: `local up`, `source .kcl_local/env.sh`, `dagster dev`)."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import shlex
 import signal
@@ -169,6 +170,8 @@ def test_local_up_creates_the_stream_feeds_it_and_writes_the_demo_environment(tm
         home = Path(env["DAGSTER_HOME"])
         assert home == state.resolve() / "dagster_home"
         assert (home / "dagster.yaml").read_bytes() == (REPO_ROOT / "dagster.yaml").read_bytes()
+        if importlib.util.find_spec("dagster") is not None:
+            _assert_storage_made_once(home)
         start = datetime.fromisoformat(env["KCL_PIPELINE_PARTITIONS_START"])
         assert int(start.timestamp()) % (options.window_minutes * 60) == 0
         assert 0 <= time.time() - start.timestamp() < options.window_minutes * 60 + 60
@@ -418,3 +421,29 @@ def test_local_up_on_a_home_of_another_window_length_is_refused_before_starting_
     result = CliRunner().invoke(main, ["local", "up", "--state-dir", str(tmp_path), "--window-minutes", "1"])
     assert result.exit_code == 2 and "needs a fresh home: `kcl-pipeline local reset`" in result.output
     assert not (tmp_path / "logs").exists()  # no emulator started
+
+
+def _assert_storage_made_once(home: Path) -> None:
+    """The home's SQLite storage exists before any Dagster process starts, each database with one schema head:
+    `dagster dev`'s webserver, daemon and code server, each creating it as it started, once left two heads on a
+    loaded host and the code server failed to load ("more than one head present"): no sensor, no run."""
+    import sqlite3
+    databases = sorted(home.rglob("*.db"))
+    assert {db.name for db in databases} >= {"runs.db", "index.db", "schedules.db"}, databases
+    for db in databases:
+        with sqlite3.connect(db) as connection:
+            assert connection.execute("select count(*) from alembic_version").fetchone() == (1,), db
+
+
+def test_a_home_whose_storage_cannot_be_made_is_one_clear_line(tmp_path):
+    pytest.importorskip("dagster")
+    from kcl_pipeline.deployment.home import initialise_storage, prepare_dagster_home
+
+    home = prepare_dagster_home(tmp_path / "home")
+    (home / "dagster.yaml").write_text("run_storage: [not, a, storage]\n")
+    failure = initialise_storage({**os.environ, "DAGSTER_HOME": str(home)})
+    assert failure and failure.startswith("`dagster instance migrate` failed (exit ")
+    assert "\n" not in failure
+    fresh = prepare_dagster_home(tmp_path / "fresh")
+    assert initialise_storage({**os.environ, "DAGSTER_HOME": str(fresh)}) is None
+    _assert_storage_made_once(fresh)
