@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from kcl_pipeline.local.producer import ProduceReport, produce
+from kcl_pipeline_tests.kcl.fleet_support import json_lines
 
 PEER_DIR = Path(__file__).resolve().parent.parent / "java_peer"
 KCL_VERSIONS = {"kcl2": "2.7.2", "kcl3": "3.5.1"}
@@ -84,10 +85,10 @@ class JavaPeer:
         self.process.wait()
 
     def records(self) -> list[dict]:
-        return _json_lines(self.output)
+        return json_lines(self.output)
 
     def events(self) -> list[dict]:
-        return _json_lines(self.events_path)
+        return json_lines(self.events_path)
 
     def initialized(self, shard_id: str) -> bool:
         return any(e["event"] == "initialize" and e["shard_id"] == shard_id for e in self.events())
@@ -115,21 +116,6 @@ def start_peer(build: PeerBuild, env: dict, directory: Path, *, stream: str | Se
     process = subprocess.Popen(build.command(args), env=env, stdout=open(log, "ab"), stderr=subprocess.STDOUT,
                                start_new_session=True)
     return JavaPeer(worker_id, process, output, events, log)
-
-
-def _json_lines(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    lines = path.read_text().splitlines()
-    # A line cut by kill -9 is never complete JSON: skip a torn last line.
-    out = []
-    for i, line in enumerate(lines):
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            if i != len(lines) - 1:
-                raise
-    return out
 
 
 def digest(data: bytes) -> str:
@@ -200,7 +186,7 @@ class Deliveries:
                                             r["sha256"], r["worker_id"], "java", r["delivered_at_ms"]))
         for name, directory in (our_dirs or {}).items():
             for f in sorted(Path(directory).glob("*.jsonl")):
-                for r in _json_lines(f):
+                for r in json_lines(f):
                     out.records.append(Delivery(r["shard_id"], r["sequence_number"], r["sub_sequence_number"],
                                                 digest(base64.b64decode(r["data_base64"])), name, "ours",
                                                 r["delivered_at_ms"]))

@@ -80,15 +80,27 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.2):
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
+def json_lines(path: Path) -> list[dict]:
+    """The lines of a JSONL file a live process appends to: a torn last line (being written, or cut by a kill -9)
+    is left out; a torn line anywhere else is an error."""
+    if not path.exists():
+        return []
+    *lines, last = path.read_text().split("\n")
+    records = [json.loads(line) for line in lines if line]
+    try:
+        return records + ([json.loads(last)] if last else [])
+    except json.JSONDecodeError:
+        return records
+
+
+def sink_lines(out_dirs) -> list[dict]:
+    """Every complete line the consumers' JSONL sinks (one directory each) wrote so far."""
+    return [r for d in out_dirs for f in sorted(Path(d).glob("*.jsonl")) for r in json_lines(f)]
+
+
 def delivered_records(out_dirs) -> dict[tuple[str, str, int], dict]:
     """Every record the consumers' JSONL sinks wrote, by (shard, sequence, sub-sequence)."""
-    seen = {}
-    for d in out_dirs:
-        for f in Path(d).glob("*.jsonl"):
-            for line in f.read_text().splitlines():
-                r = json.loads(line)
-                seen[(r["shard_id"], r["sequence_number"], r["sub_sequence_number"])] = r
-    return seen
+    return {(r["shard_id"], r["sequence_number"], r["sub_sequence_number"]): r for r in sink_lines(out_dirs)}
 
 
 def record_ids(records) -> set[int]:

@@ -29,7 +29,15 @@ from kcl_pipeline.kcl.shells.shards import wait_stream_active
 from kcl_pipeline.local.producer import produce
 from kcl_pipeline_tests.fault_proxy import FaultProxy, drop_responses
 
-from .fleet_support import TablePoller, consume_process, delivered_records, record_ids, stop_processes, wait_until
+from .fleet_support import (
+    TablePoller,
+    consume_process,
+    delivered_records,
+    record_ids,
+    sink_lines,
+    stop_processes,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.emulator, pytest.mark.slow]
 
@@ -94,7 +102,7 @@ def _longest_cycle(log: str) -> float:
 
 
 def _lines(out: Path) -> list[dict]:
-    return [json.loads(line) for f in out.glob("*.jsonl") for line in f.read_text().splitlines()]
+    return sink_lines([out])
 
 
 def test_fleet_survives_a_zombie_a_duplicate_worker_id_and_lost_responses(

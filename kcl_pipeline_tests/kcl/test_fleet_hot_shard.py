@@ -121,7 +121,11 @@ def test_a_10x_hot_shard_is_balanced_by_load_and_then_nothing_moves(
     for w, p in procs.items():
         assert p.returncode == 0, logs[w][-3000:]
     assert moves.moves, "no lease moved: the test proved nothing"
-    assert max(loads.values()) <= 1.2 * sum(loads.values()) / len(loads), loads
+    # A lease cannot be split: no consumer carries more than 1.2x the mean or, when one lease alone reports more
+    # than the mean, 1.2x that lease (the hot shard's new holder drains its backlog at several times its rate, and
+    # on CI's shared cores the balanced fleet reported 234 vs 53 KB/s, the hot shard alone above the mean).
+    heaviest = max(v for leases in held.values() for v in leases.values() if v is not None)
+    assert max(loads.values()) <= 1.2 * max(sum(loads.values()) / len(loads), heaviest), (loads, held)
     assert any("asked" in log and "graceful hand-off" in log for log in logs.values()), \
         "no balance move was a graceful hand-off"
     assert [lease.lease_key for lease in table.scan() if lease.lease_owner] == []

@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
@@ -23,7 +22,7 @@ from kcl_pipeline.kcl.shells.lease_table import LeaseTable
 from kcl_pipeline.kcl.shells.shards import list_shards, stream_scope, wait_stream_active
 from kcl_pipeline.local.producer import produce
 
-from .fleet_support import consume_process, stop_processes, wait_until
+from .fleet_support import consume_process, sink_lines, stop_processes, wait_until
 
 pytestmark = [pytest.mark.emulator, pytest.mark.slow]
 
@@ -31,7 +30,7 @@ HEARTBEAT, EXPIRY, CYCLE = 1.0, 3.0, 1.0
 
 
 def _lines(outs) -> list[dict]:
-    return [json.loads(line) for d in outs for f in Path(d).glob("*.jsonl") for line in f.read_text().splitlines()]
+    return sink_lines(outs)
 
 
 def _payload(record: dict) -> dict:
