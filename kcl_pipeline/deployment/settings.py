@@ -223,8 +223,7 @@ def check_s3_requests(env: Mapping[str, str]) -> None:
     """KCL_PIPELINE_S3_SSE_KMS_KEY_ID and _EXPECTED_BUCKET_OWNER as this environment gives them (read by every
     process's AwsSettings, so not settings of PipelineSettings; checked at load all the same)."""
     try:
-        S3RequestSettings(*(env.get(name, "").strip() or None
-                            for name in (S3_SSE_KMS_KEY_ID_ENV, S3_EXPECTED_BUCKET_OWNER_ENV)))
+        S3RequestSettings.from_environment(env)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 

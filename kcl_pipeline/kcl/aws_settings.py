@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
+from typing import Mapping
 
 import botocore.session
 
@@ -42,6 +43,17 @@ class S3RequestSettings:
         if self.sse_kms_key_id is not None and not _KMS_KEY_RE.fullmatch(self.sse_kms_key_id):
             raise ValueError(f"{S3_SSE_KMS_KEY_ID_ENV} must be a KMS key id, key ARN, alias/<name> or alias ARN, "
                              f"got {self.sse_kms_key_id!r}")
+
+    @classmethod
+    def from_environment(cls, env: Mapping[str, str], sse_kms_key_id: str | None = None,
+                         expected_bucket_owner: str | None = None) -> "S3RequestSettings":
+        """The explicit values, else `env`'s variables (a blank one is unset). Raises ValueError naming the
+        variable when a value is malformed."""
+        def given(explicit: str | None, variable: str) -> str | None:
+            return explicit or env.get(variable, "").strip() or None
+
+        return cls(given(sse_kms_key_id, S3_SSE_KMS_KEY_ID_ENV),
+                   given(expected_bucket_owner, S3_EXPECTED_BUCKET_OWNER_ENV))
 
     def __bool__(self) -> bool:
         return bool(self.sse_kms_key_id or self.expected_bucket_owner)
@@ -81,13 +93,8 @@ class AwsSettings:
         )
 
     def s3_requests(self) -> S3RequestSettings:
-        """What S3 requests carry: explicit, else the environment's (a blank variable is unset). Raises
-        ValueError naming the variable when a value is malformed."""
-        def given(explicit: str | None, variable: str) -> str | None:
-            return explicit or os.environ.get(variable, "").strip() or None
-
-        return S3RequestSettings(given(self.s3_sse_kms_key_id, S3_SSE_KMS_KEY_ID_ENV),
-                                 given(self.s3_expected_bucket_owner, S3_EXPECTED_BUCKET_OWNER_ENV))
+        """What S3 requests carry: explicit, else the environment's (S3RequestSettings.from_environment)."""
+        return S3RequestSettings.from_environment(os.environ, self.s3_sse_kms_key_id, self.s3_expected_bucket_owner)
 
     def resolved_region(self) -> str | None:
         """The region: explicit, else AWS_REGION (the cross-SDK variable botocore does not read), else

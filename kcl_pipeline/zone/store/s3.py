@@ -17,7 +17,7 @@ from botocore.exceptions import (
     ReadTimeoutError,
 )
 
-from ...kcl.aws_settings import AwsSettings
+from ...kcl.aws_settings import AwsSettings, S3RequestSettings
 from ...kcl.shells.aws import instrument, parse_timestamp, s3_requests_of
 from ..errors import LandingError, ZoneAccessError, ZoneNotFoundError, ZoneUnavailableError
 from ..layout import Zone
@@ -108,9 +108,8 @@ class S3Options:
         made = session.client("s3", endpoint_url=self.endpoint_url, config=Config(
             retries={"mode": "standard", "max_attempts": 8}, connect_timeout=5, read_timeout=60,
             max_pool_connections=20))
-        requests = AwsSettings(s3_sse_kms_key_id=self.sse_kms_key_id,
-                               s3_expected_bucket_owner=self.expected_bucket_owner).s3_requests()
-        return instrument(made, requests)
+        return instrument(made, S3RequestSettings.from_environment(os.environ, self.sse_kms_key_id,
+                                                                   self.expected_bucket_owner))
 
 
 
