@@ -173,7 +173,10 @@ def test_an_invalid_hold_never_delivers_what_it_polled():
     assert result.outcome is LifeOutcome.LEASE_LOST and delivered == []
 
 
-def test_an_io_failure_fails_the_life_and_gives_the_lease_back():
+def test_an_io_failure_fails_the_life_and_keeps_the_lease_for_its_managers_retry():
+    """Released on a failure, the lease was taken again at every cycle (by this consumer or a peer, each failing on
+    it too) and its shard read again each time; kept, its manager holds it through a back-off (retry.py), as Java
+    KCL keeps a failing shard's lease."""
     script = Script(Lease("s-0", Checkpoint(TRIM_HORIZON), None, 4))
     original = script.__call__
 
@@ -183,7 +186,8 @@ def test_an_io_failure_fails_the_life_and_gives_the_lease_back():
         return original(effect)
 
     result = fx.drive(life.lease_life(script.lease, SETTINGS, script.current), broken_reader)
-    assert result.outcome is LifeOutcome.FAILED and "kinesis unreachable" in result.detail and script.released
+    assert result.outcome is LifeOutcome.FAILED and "kinesis unreachable" in result.detail
+    assert not script.released and result.kept and result.left_at == script.current.hold.counter == 5
 
 
 def test_the_manager_cycle_stamps_lease_ages_when_the_scan_returns():

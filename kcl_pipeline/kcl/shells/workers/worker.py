@@ -26,7 +26,7 @@ import os
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, ClassVar, Generator, Mapping, Protocol
 
 from ...config import ConsumerConfig
@@ -337,6 +337,12 @@ class LeaseWorker:
         self.stop.set()  # stops the heartbeat
         if self._heartbeats is not None:
             yield Join(self._heartbeats, self.config.heartbeat_seconds + 5)
+        if result.kept and self.lease.state.acquired:
+            # A heartbeat sent after the life ended moved the counter the manager holds the lease at: report the
+            # hold as it stands now that the heartbeats stopped.
+            hold = self.lease.state.hold
+            kept = hold.heartbeats_continue()
+            result = replace(result, left_at=hold.counter if kept else None, kept=kept)
         self.metrics.flush()
         if result.outcome is LifeOutcome.FAILED:
             log.error("worker for %s failed: %s", self.lease_key, result.detail)
