@@ -231,7 +231,7 @@ def manager_cycle(state: ManagerState, settings: CycleSettings, locally_worked: 
     result.leases = leases
     state.backoffs = retry.seen_in_scan(state.backoffs, leases, settings.worker_id)
     # Leases this manager holds through their back-off move by its own renewals: not another process's writes.
-    moved = watch_our_id(state, settings.worker_id, leases, set(locally_worked) | set(state.backoffs))
+    moved = watch_our_id(state, settings.worker_id, leases, set(locally_worked) | set(retry.held(state.backoffs)))
     if moved and not follower:  # a 3.x leader's assignments move our leases' counters: not another process
         state.duplicate_worker_id_sightings += 1
         result.duplicate_worker_id = moved
