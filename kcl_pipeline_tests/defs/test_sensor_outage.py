@@ -82,3 +82,33 @@ def test_the_hosting_sensors_tick_fails_once_no_cycle_succeeded_for_the_stall_ti
         shutdown_hosted(timeout=15)
     assert all("lease-manager cycle failed" in line for line in said if "cycle: leases" not in line), said
     assert "no lease-manager cycle succeeded for " in failure and app in failure, failure
+
+
+def test_a_fleet_members_tick_says_a_failed_cycle_then_fails_once_the_member_stalled(monkeypatch):
+    """The `kinesis_fleet_member` sensor hosts a manager too: the same status line, then the same failure."""
+    from kcl_pipeline.defs.kinesis import tick as ticks
+    from kcl_pipeline.deployment.fleet_hosting import FleetCycle
+    from kcl_pipeline.kcl.core.fleet.cycle import CycleReport
+    from kcl_pipeline.kcl.shells.fleet.manager import ManagerStalled
+
+    answers = [FleetCycle("dagster-h-member#1", CycleReport(), [], [],
+                          failure="lease-manager cycle failed (none succeeded for 40 s; the ticks fail from 300 s): "
+                                  "EndpointConnectionError: could not connect"),
+               ManagerStalled("no lease-manager cycle succeeded for 302 s (15 failed): EndpointConnectionError: "
+                              "could not connect")]
+
+    def hosted_cycle(*_args, **_kwargs):
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(ticks, "hosted_cycle", hosted_cycle)
+    consumer = KinesisConsumerResource(stream="orders", application="app", landing_uri="/tmp/zone",
+                                       output_uri="/tmp/out", host_workers=True)
+    aws = AwsResource(region="eu-west-1")
+    with build_sensor_context() as context:
+        said = ticks.member_tick(context, consumer, aws, 5.0)
+    assert "lease-manager cycle failed" in said.skip_reason.skip_message and not said.run_requests
+    with build_sensor_context() as context, pytest.raises(ManagerStalled, match="no lease-manager cycle succeeded"):
+        ticks.member_tick(context, consumer, aws, 5.0)

@@ -261,3 +261,13 @@ def test_a_lease_held_through_its_back_off_is_renewed_until_a_peer_takes_it(flee
     manager.run_cycle()
     assert shard not in manager.state.backoffs and table.get(shard).lease_owner == "peer"
     assert manager.metrics.snapshot()["counters"]["worker_failures"] == 1
+
+
+def test_a_health_file_that_cannot_be_touched_never_fails_the_cycle(fleet, tmp_path, caplog):
+    """The probe then fails on the file's age, which says it better than a consumer that stopped over it."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    manager, *_ = fleet(health_file=str(gone / "healthy"))
+    gone.rmdir()
+    manager.run_cycle()
+    assert "could not touch the health file" in caplog.text and manager.health.failure is None
