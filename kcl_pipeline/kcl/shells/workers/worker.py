@@ -449,8 +449,8 @@ class LeaseWorker:
             current = yield Call("describe-stream", lambda: stream_scope(self.kinesis, scope.stream), KINESIS)
             if current != scope:
                 # The stream was deleted and re-created: its shard ids repeat, but this lease's checkpoint is
-                # of the old stream. Fail (the lease is released); the new stream's leases carry its new
-                # creation time.
+                # of the old stream. Fail (its manager retries it after a back-off, and it fails again); the new
+                # stream's leases carry its new creation time.
                 coverage.hit("shell.begin.stream-recreated")
                 raise StreamRecreated(f"stream {scope.name} is no longer {scope.identifier} (deleted or "
                                       f"re-created): lease {self.lease_key} is not read")
