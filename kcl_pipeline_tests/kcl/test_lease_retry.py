@@ -177,3 +177,26 @@ def test_a_refused_renewal_ends_the_hold_and_the_lease_is_retried_only_if_free()
 def test_a_failure_wakes_the_manager_to_hold_the_lease_its_worker_left():
     assert cyc.wakes_manager(LifeOutcome.FAILED) and cyc.wakes_manager(LifeOutcome.SHARD_ENDED)
     assert not cyc.wakes_manager(LifeOutcome.LEASE_LOST)
+
+
+def test_under_a_kcl3_leader_a_held_lease_is_retried_by_its_own_manager(monkeypatch):
+    """Found by the simulation (`zone-refuses` beside a Java 3.x leader): a follower adopts a lease of its own take
+    only once its counter stood still for an expiry, and its manager's renewals kept moving it: the failed lease
+    was renewed for ever and never worked again."""
+    from kcl_pipeline.kcl.core.fleet import fleet_mode
+
+    class Follower(fleet_mode.FleetView):
+        @property
+        def mode(self):  # what the 3.x tables' migration state makes of a fleet with a leader
+            return fleet_mode.FleetMode.FOLLOWER
+
+    monkeypatch.setattr(cyc, "_see_fleet", lambda state, scanned: None)
+    taken_by_us = Lease("s-0", Checkpoint("7"), ME, 14, extra={fleet_mode.CLAIM_OWNER_ATTRIBUTE: ME})
+    table = Table(taken_by_us)
+    state = cyc.ManagerState(shards=[Shard("s-0")], list_next=False, fleet=Follower())
+    cyc.note_worker_ends(state, [failed("s-0", 14)], 0.0, random.Random(0), POLICY)
+    table.cycle(state)
+    assert table.spawned == [] and table.renewals == [("s-0", 14)]
+    table.now = state.backoffs["s-0"].until
+    result = table.cycle(state)
+    assert table.spawned == ["s-0"] and result.retried == ["s-0"]

@@ -719,6 +719,9 @@ class Checker:
         for worker in self.fleet.workers_by_key(key):
             if worker.worker_id == owner and worker.working():
                 return True
+        # Its owner holds it through a back-off after its worker failed: a retry is due then, not a failover.
+        if any(consumer.worker_id == owner and consumer.retrying(key) for consumer in self.fleet.consumers):
+            return True
         return any(peer.works(key) for peer in self.fleet.java_peers)
 
     def audit(self) -> None:

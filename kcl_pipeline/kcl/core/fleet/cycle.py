@@ -247,7 +247,7 @@ def manager_cycle(state: ManagerState, settings: CycleSettings, locally_worked: 
         locally_worked = set(locally_worked) - {lease.lease_key for lease in stuck}
     # Failed leases: those whose back-off is over get a worker again (below); the others are renewed where this
     # manager holds them and are not taken meanwhile (counted as worked here).
-    retrying = [] if follower else retry.due(state.backoffs, leases, settings.worker_id, now, set(locally_worked))
+    retrying = retry.due(state.backoffs, leases, settings.worker_id, now, set(locally_worked))
     yield from renew_held(state, set(locally_worked) | {lease.lease_key for lease in retrying})
     waiting = retry.waiting(state.backoffs, now)
     result.backing_off = sorted(waiting)
@@ -269,6 +269,16 @@ def manager_cycle(state: ManagerState, settings: CycleSettings, locally_worked: 
         if peers is not None:
             state.live_peers = frozenset(live_workers(peers.last_updates, peers.now_epoch_seconds,
                                                       fresh_seconds(settings)))
+    # A failed lease's retry is this consumer's own: under a 3.x leader too (the lease is still assigned to us; its
+    # counter moves by our renewals, so it would never look adoptable).
+    for lease in retrying:
+        if follower and lease.lease_owner != settings.worker_id:
+            continue  # a free lease is the leader's to assign
+        coverage.hit("cycle.failed-lease-retried")
+        yield from _spawn(state, Spawn(lease))
+        result.spawned.append(lease.lease_key)
+        result.retried.append(lease.lease_key)
+    locally_worked = set(locally_worked) | {lease.lease_key for lease in retrying}
     if follower:
         # A 3.x leader assigns: take nothing, steal nothing; work what it assigned to us.
         for lease, stolen in fleet_mode.adoptions(settings.worker_id, leases, locally_worked, previous,
@@ -278,16 +288,10 @@ def manager_cycle(state: ManagerState, settings: CycleSettings, locally_worked: 
         state.overloaded_since = {}
         yield from _publish_metrics(state, settings, leases, now, metrics_due)
         return result
-    for lease in retrying:
-        coverage.hit("cycle.failed-lease-retried")
-        yield from _spawn(state, Spawn(lease))
-        result.spawned.append(lease.lease_key)
-        result.retried.append(lease.lease_key)
     plan = leases_to_acquire(
         settings.worker_id, leases, state.ages.ages(now), expiry_seconds=settings.expiry_seconds,
         leases_to_acquire=settings.leases_to_acquire, max_leases=settings.max_leases,
-        recently_ended_by_us=state.recently_ended,
-        locally_worked=set(locally_worked) | {lease.lease_key for lease in retrying},
+        recently_ended_by_us=state.recently_ended, locally_worked=set(locally_worked),
         drained_attribute=settings.drained_attribute, predecessor=predecessor, rng=rng,
         idle_consumers=idle_consumers(state.live_peers, leases, settings.worker_id, predecessor),
         confirmed_overloaded=confirmed_overloaded(state.overloaded_since, now, settings.balance_patience_seconds)
