@@ -428,6 +428,14 @@ def handoffs_backing_off(overtaken: Mapping[str, tuple[int, float]], now: float,
                      if now < asked_at + expiry_seconds * min(2 ** times, HANDOFF_BACKOFF_MAX_EXPIRIES))
 
 
+def held_at_stop(state: ManagerState, locally_worked: Collection[str]) -> list[tuple[str, int]]:
+    """What a stopping manager releases at once: the leases it holds through their back-off (no local worker works
+    them), each at the counter its last renewal left. Their back-offs end with them."""
+    held = [(key, counter) for key, counter in retry.held(state.backoffs).items() if key not in locally_worked]
+    state.backoffs = {key: b for key, b in state.backoffs.items() if key not in dict(held)}
+    return held
+
+
 def releases_at_stop(state: ManagerState) -> list[tuple[str, int]]:
     """What a stopping manager releases once its workers are done: each lease a finished worker may have
     left in our name (it could not release it, or not see it gone: the table was unreachable), fenced on the
@@ -479,7 +487,7 @@ def note_results(state: ManagerState, outcomes: Iterable[tuple[str, LifeOutcome]
 
 __all__ = [
     "Cycle", "CycleResult", "CycleSettings", "ManagerState", "handoffs_backing_off", "manager_cycle", "note_results",
-    "note_worker_ends", "releases_at_stop", "renew_held",
+    "held_at_stop", "note_worker_ends", "releases_at_stop", "renew_held",
     "wakes_manager",
     "watch_for_expiry", "watch_interval", "watch_our_id",
 ]

@@ -443,7 +443,11 @@ class LeaseManager:
         return self.transport.run(self.stopping(timeout))
 
     def stopping(self, timeout: float) -> Steps:
-        """Every worker asked to stop (it checkpoints and releases), waited for up to `timeout`, killed after."""
+        """Every worker asked to stop (it checkpoints and releases), waited for up to `timeout`, killed after. The
+        leases held through a back-off are released first: nothing works them, and while the workers are waited for
+        nobody renews them."""
+        for key, counter in cyc.held_at_stop(self.state, frozenset(self.workers)):
+            yield from self._release_left(key, counter)
         for proc in self.workers.values():
             if proc.is_alive():
                 coverage.hit("shell.manager.shutdown-terminated")
