@@ -200,3 +200,14 @@ def test_under_a_kcl3_leader_a_held_lease_is_retried_by_its_own_manager(monkeypa
     table.now = state.backoffs["s-0"].until
     result = table.cycle(state)
     assert table.spawned == ["s-0"] and result.retried == ["s-0"]
+
+
+def test_a_stopping_manager_releases_its_held_leases_first_not_after_waiting_for_its_workers():
+    """Found by the simulation (`zone-refuses`, seed 293): held leases were released only after the workers had
+    been waited for, and nobody renewed them meanwhile, so a peer could take one by expiry from a consumer that
+    was stopping gracefully."""
+    state = cyc.ManagerState()
+    cyc.note_worker_ends(state, [failed("s-0", 14), failed("s-1", 3)], 0.0, random.Random(0), POLICY)
+    state.backoffs["s-1"] = retry.Backoff(1, 5.0, None)  # not held: its worker released it, or the table moved it
+    assert cyc.held_at_stop(state, frozenset({"s-2"})) == [("s-0", 14)]
+    assert "s-0" not in state.backoffs and "s-1" in state.backoffs
