@@ -41,12 +41,14 @@ def friendly_errors(fn):
     def wrapper(*args, **kwargs):
         from .kcl.core.table.lease_codec import LeaseTableError
         from .kcl.shells.fleet.kcl3_tables import Kcl3FleetActive
+        from .kcl.shells.fleet.manager import ManagerStalled
         from .kcl.shells.shards import KinesisError
         from .zone.errors import LandingError
 
         try:
             return fn(*args, **kwargs)
-        except (ConfigError, KinesisError, LeaseTableError, LandingError, Kcl3FleetActive, ValueError) as exc:
+        except (ConfigError, KinesisError, LeaseTableError, LandingError, Kcl3FleetActive, ManagerStalled,
+                ValueError) as exc:
             raise UserError(str(exc)) from None
         except EndpointConnectionError as exc:
             raise UserError(f"cannot reach the AWS endpoint: {exc}") from None
@@ -178,7 +180,8 @@ def main(verbose: int, log_format: str) -> None:
 _CONSUMER_FLAGS = ("stream", "application", "table_name", "coordinator_state_table_name",
                    "worker_metrics_table_name", "worker_id", "max_leases", "leases_to_acquire",
                    "heartbeat_seconds", "lease_expiry_seconds", "cycle_seconds", "worker_metrics_period_seconds",
-                   "metrics_namespace", "metrics_naming", "retrieval", "worker_start_method")
+                   "metrics_namespace", "metrics_naming", "retrieval", "worker_start_method", "stall_seconds",
+                   "health_file")
 
 
 def consumer_config_from_cli(ctx: click.Context, properties_file: str | None, java_compatible: bool, *,
@@ -271,6 +274,12 @@ def _default(name: str):
               help="How lease workers start: forkserver (forked from a server that preloaded the worker, landing, "
                    "boto3 and pyarrow: about half the memory per lease) or spawn (a fresh interpreter each) "
                    "[default: forkserver; docs/memory.md].")
+@click.option("--stall-seconds", type=float, default=_default("stall_seconds"), show_default=True,
+              help="Give up (exit 2, one line saying why) once no lease-manager cycle has succeeded for this long: "
+                   "the lease table gone, credentials refused, endpoints unreachable; 0: never.")
+@click.option("--health-file", default=None, type=click.Path(dir_okay=False),
+              help="Touch this file after every successful lease-manager cycle, for a liveness probe that checks "
+                   "its age (docs/deployment.md) [default: none].")
 @click.option("--sink", default=None,
               help="jsonl:DIR — one JSON line per record in DIR/<lease key>.jsonl (the shard id of a single stream).")
 @click.option("--landing", default=None,
@@ -289,8 +298,8 @@ def _default(name: str):
 def consume(ctx, properties_file, stream, application, table_name, coordinator_state_table_name,
             worker_metrics_table_name, initial_position, timestamp, worker_id,
             max_leases, leases_to_acquire, heartbeat_seconds, lease_expiry_seconds, java_compatible, cycle_seconds,
-            worker_metrics_period_seconds, metrics_namespace, metrics_naming, retrieval, worker_start_method, sink,
-            landing, checkpoint_by, batch_seconds, batch_mb, region, endpoint_url):
+            worker_metrics_period_seconds, metrics_namespace, metrics_naming, retrieval, worker_start_method,
+            stall_seconds, health_file, sink, landing, checkpoint_by, batch_seconds, batch_mb, region, endpoint_url):
     """Run a headless consumer: a full peer of the fleet sharing the lease table. Stops on SIGTERM/SIGINT."""
     from .kcl.shells.fleet.consumer import run_consumer
 
@@ -304,6 +313,8 @@ def consume(ctx, properties_file, stream, application, table_name, coordinator_s
     check_variable_names(os.environ)  # --retrieval and --worker-start-method are read from KCL_PIPELINE_* too
     config = consumer_config_from_cli(ctx, properties_file, java_compatible, region=region,
                                       endpoint_url=endpoint_url)
+    if config.health_file and not os.path.isdir(os.path.dirname(os.path.abspath(config.health_file))):
+        raise UserError(f"--health-file {config.health_file}: its directory does not exist")
     if sink:
         spec = parse_sink(sink)
     else:

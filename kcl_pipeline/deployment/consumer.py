@@ -43,6 +43,8 @@ class ConsumerSettings:
     lease_expiry_seconds: float = consumer_default("lease_expiry_seconds")
     max_leases: int = consumer_default("max_leases")
     leases_to_acquire: int = consumer_default("leases_to_acquire")
+    # No lease-manager cycle succeeded for this long: the hosting sensor's tick fails, saying so (0: never).
+    stall_seconds: float = consumer_default("stall_seconds")
     grace_seconds: float = 10.0  # clock grace of window completeness
     metrics_namespace: str | None = consumer_default("metrics_namespace")
     metrics_naming: str = consumer_default("metrics_naming")
@@ -105,7 +107,7 @@ class ConsumerSettings:
             leases_to_acquire=self.leases_to_acquire, max_leases=self.max_leases,
             heartbeat_seconds=self.heartbeat_seconds, lease_expiry_seconds=self.lease_expiry_seconds,
             cycle_seconds=cycle_seconds, metrics_namespace=self.metrics_namespace,
-            metrics_naming=self.metrics_naming, retrieval=self.retrieval, aws=aws,
+            metrics_naming=self.metrics_naming, retrieval=self.retrieval, aws=aws, stall_seconds=self.stall_seconds,
             # Children are read once the parent's last record has LANDED (the sink's heartbeat says so), not
             # once SHARD_END is committed after the transform: a failed or late window run must not stop
             # a resharded stream. SHARD_END itself still waits for materialisation.

@@ -33,7 +33,7 @@ from ..kcl.core.fleet.cycle import CycleReport
 from ..kcl.core.model import Lease, Shard
 from ..kcl.core.table.lease_codec import LeaseTableMissing
 from ..kcl.shells.aws import client
-from ..kcl.shells.fleet.manager import LeaseManager
+from ..kcl.shells.fleet.manager import LeaseManager, ManagerStalled, one_line
 from ..kcl.shells.lease_table import LeaseTable
 from ..kcl.shells.shards import list_application_shards
 from ..windows.fleet_view import lease_counts
@@ -173,6 +173,8 @@ class FleetCycle:
     cycle: CycleReport
     leases: Sequence[Lease]
     shards: Sequence[Shard]
+    # The hosted cycle failed (one line), not for long enough to give up: the tick says so and reports nothing.
+    failure: str | None = None
 
 
 def hosted_cycle(consumer: ConsumerSettings, aws: AwsSettings, remembered: str | None,
@@ -191,8 +193,22 @@ def hosted_cycle(consumer: ConsumerSettings, aws: AwsSettings, remembered: str |
         or new_worker_id(None if sensor_name == CONSUMER_SENSOR else MEMBER_SUFFIX)
     worker_id = hosted.worker_id if hosted and consumer_name(hosted.worker_id) == name else incarnation_id(name)
     manager = hosted_consumer(consumer, aws, worker_id, interval_seconds, sensor_name).manager
-    cycle = manager.run_cycle()
+    try:
+        cycle = manager.run_cycle()
+    except ManagerStalled:
+        raise  # no cycle succeeded for the stall time: the tick fails, saying so
+    except Exception as exc:
+        return FleetCycle(worker_id, CycleReport(), manager.leases, manager.shards,
+                          failure=f"lease-manager cycle failed ({stall_note(manager)}): {one_line(exc)}")
     return FleetCycle(worker_id, cycle, manager.leases, manager.shards)
+
+
+def stall_note(manager: LeaseManager) -> str:
+    """How long the hosted manager has failed, and when its ticks will fail for it."""
+    seconds = manager.config.stall_seconds
+    failing = manager.clock() - manager.health.since
+    return (f"none succeeded for {failing:.0f} s; the ticks fail from {seconds:g} s" if seconds > 0
+            else f"none succeeded for {failing:.0f} s")
 
 
 def observe_fleet(consumer: ConsumerSettings, aws: AwsSettings) -> FleetCycle | None:

@@ -26,6 +26,8 @@ checkpoint moved past them.
     KCL_PIPELINE_SENSOR_INTERVAL_SECONDS  sensor interval = lease-manager cycle
     KCL_PIPELINE_HEARTBEAT_SECONDS / KCL_PIPELINE_LEASE_EXPIRY_SECONDS
     KCL_PIPELINE_MAX_LEASES               leases this host works at most
+    KCL_PIPELINE_STALL_SECONDS            the hosting sensor's ticks fail once no lease-manager cycle succeeded
+                                          for this long (300; 0: never)
     KCL_PIPELINE_GRACE_SECONDS            clock grace of window completeness  (10)
     KCL_PIPELINE_HOST_WORKERS             the sensor hosts lease workers (true) or only observes (false)
                                           (demo: true; otherwise it must be set to true explicitly)
@@ -90,7 +92,8 @@ DEMO_DEFAULTS = {"window_minutes": 2, "create_zones": True, "host_workers": True
 # them equal). Listed here, outside pydantic, so that names are checked on a core install too.
 SETTINGS = ("profile", "stream", "application", "table_name", "initial_position", "initial_timestamp",
             "window_minutes", "partitions_start", "landing_uri", "output_uri", "create_zones", "host_workers",
-            "sensor_interval_seconds", "heartbeat_seconds", "lease_expiry_seconds", "max_leases", "grace_seconds",
+            "sensor_interval_seconds", "heartbeat_seconds", "lease_expiry_seconds", "max_leases", "stall_seconds",
+            "grace_seconds",
             "worker_id", "metrics_namespace", "metrics_naming", "retrieval", "decoder", "landing_reader",
             "spark_master", "spark_conf", "spark_aws_credentials")
 # KCL_PIPELINE_* variables that are not settings of the deployment but are read elsewhere; known, so that
@@ -349,6 +352,7 @@ def _variables_class(BaseSettings: Any, SettingsConfigDict: Any, Json: Any, lowe
         heartbeat_seconds: float | None = None
         lease_expiry_seconds: float | None = None
         max_leases: int | None = None
+        stall_seconds: float | None = None
         grace_seconds: float | None = None
         worker_id: str | None = None
         metrics_namespace: str | None = None

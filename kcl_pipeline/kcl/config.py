@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from .aws_settings import AwsSettings
+from .core.fleet.retry import STALL_SECONDS
 from .core.model import AT_TIMESTAMP, LATEST, TRIM_HORIZON, Checkpoint
 from .core.streams import STREAM_ARN_RE, identifier_parts, is_stream_identifier, stream_name
 
@@ -155,6 +156,12 @@ class ConsumerConfig:
     # A multi-stream application's other streams (one lease table, KCL's multi-stream lease keys); empty: a
     # single-stream application, whose lease keys are the shard ids (KCL 2.x's format).
     more_streams: tuple[str, ...] = ()
+    # A consumer none of whose lease-manager cycles succeeded for this long gives up: `consume` exits non-zero
+    # with one line saying why, the Dagster sensor's tick fails with it (kcl/core/fleet/retry.py); 0: never.
+    stall_seconds: float = STALL_SECONDS
+    # A file whose modification time is set after every successful cycle, for an orchestrator's liveness probe
+    # (docs/deployment.md); None: none.
+    health_file: str | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):  # nan passes every comparison below and inf none: refuse both first
@@ -212,6 +219,10 @@ class ConsumerConfig:
             raise ConfigError("idle_interval_seconds must be >= polling_interval_seconds")
         if self.metrics_naming not in ("pipeline", "kcl"):
             raise ConfigError(f"metrics_naming must be pipeline or kcl, got {self.metrics_naming!r}")
+        if self.stall_seconds < 0:
+            raise ConfigError(f"stall_seconds must be >= 0 (0: never give up), got {self.stall_seconds}")
+        if self.health_file is not None and (not self.health_file.strip() or self.health_file.endswith(("/", os.sep))):
+            raise ConfigError(f"health_file must name a file, got {self.health_file!r}")
         if self.worker_metrics_period_seconds < 0:
             raise ConfigError(f"worker_metrics_period_seconds must be >= 0 (0: never), got "
                               f"{self.worker_metrics_period_seconds}")

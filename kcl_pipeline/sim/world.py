@@ -127,6 +127,7 @@ class World(Stage):
         self.stream = SimStream(STREAM, self.child_rng(), scenario.shards, lambda: EPOCH + self.now,
                                 scenario.retention)
         self.zone = SimZone(self.stream, str(scenario.seed))
+        self.zone.clock = lambda: self.now
         self.consumers: list[SimConsumer] = []
         self.java_peers: list[JavaPeer] = []
         self.workers: list[SimWorkerProcess] = []
@@ -672,6 +673,13 @@ class World(Stage):
             return
         if kind == "late-batch":
             self._slow_holders(live, rng)
+            return
+        if kind == "zone-refuses":
+            # Access to the zone denied (a policy change rolled back, a full disk freed) for a while: every worker's
+            # write fails, its lease is held through a back-off and retried until the zone takes writes again.
+            seconds = rng.uniform(2.0, 40.0)
+            self.zone.refusing_until = max(self.zone.refusing_until, self.now + seconds)
+            self.note(f"the zone refuses the workers' writes for {seconds:.1f}s")
             return
         if not live:
             return

@@ -173,7 +173,10 @@ def test_an_invalid_hold_never_delivers_what_it_polled():
     assert result.outcome is LifeOutcome.LEASE_LOST and delivered == []
 
 
-def test_an_io_failure_fails_the_life_and_gives_the_lease_back():
+def test_an_io_failure_fails_the_life_and_keeps_the_lease_for_its_managers_retry():
+    """Released on a failure, the lease was taken again at every cycle (by this consumer or a peer, each failing on
+    it too) and its shard read again each time; kept, its manager holds it through a back-off (retry.py), as Java
+    KCL keeps a failing shard's lease."""
     script = Script(Lease("s-0", Checkpoint(TRIM_HORIZON), None, 4))
     original = script.__call__
 
@@ -183,7 +186,37 @@ def test_an_io_failure_fails_the_life_and_gives_the_lease_back():
         return original(effect)
 
     result = fx.drive(life.lease_life(script.lease, SETTINGS, script.current), broken_reader)
-    assert result.outcome is LifeOutcome.FAILED and "kinesis unreachable" in result.detail and script.released
+    assert result.outcome is LifeOutcome.FAILED and "kinesis unreachable" in result.detail
+    assert not script.released and result.kept and result.left_at == script.current.hold.counter == 5
+
+
+@pytest.mark.parametrize("table_down", [False, True])
+def test_a_failed_worker_writes_its_pending_checkpoint_before_keeping_the_lease_and_keeps_it_if_it_cannot(table_down):
+    """The processor's last asked-for checkpoint is not lost with the worker; a table that refuses the write too
+    (it may be what failed) does not turn the failure into another one."""
+    script = Script(Lease("s-0", Checkpoint(TRIM_HORIZON), None, 4))
+    original = script.__call__
+    renewed: list = []
+
+    def failing(effect):
+        if isinstance(effect, fx.Poll):
+            raise PermissionError("AccessDenied")
+        if isinstance(effect, fx.TakePending):
+            return Checkpoint("42")
+        if isinstance(effect, fx.Renew):
+            if table_down:
+                raise ConnectionError("dynamodb unreachable")
+            renewed.append(effect.checkpoint)
+            script.hold = script.hold.after_renew(Outcome.APPLIED, script.now, TIMING, script.now)
+            return Outcome.APPLIED
+        if isinstance(effect, fx.Locked):
+            return fx.drive(effect.body, failing)
+        return original(effect)
+
+    result = fx.drive(life.lease_life(script.lease, SETTINGS, script.current), failing)
+    assert result.outcome is LifeOutcome.FAILED and result.kept and not script.released
+    assert renewed == ([] if table_down else [Checkpoint("42")])
+    assert result.left_at == script.current.hold.counter
 
 
 def test_the_manager_cycle_stamps_lease_ages_when_the_scan_returns():

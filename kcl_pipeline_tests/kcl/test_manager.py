@@ -23,12 +23,12 @@ EXPIRY = 30.0
 
 @pytest.fixture
 def fleet(emulators, kinesis_client, dynamodb_client, unique_name):
-    def make(shards: int = 2):
+    def make(shards: int = 2, **settings):
         stream, app = unique_name("m"), unique_name("mapp")
         kinesis_client.create_stream(StreamName=stream, ShardCount=shards)
         wait_stream_active(kinesis_client, stream)
         config = ConsumerConfig(stream=stream, application=app, worker_id="me", heartbeat_seconds=10.0,
-                                lease_expiry_seconds=EXPIRY, max_leases=4, aws=emulators.aws_settings())
+                                lease_expiry_seconds=EXPIRY, max_leases=4, aws=emulators.aws_settings(), **settings)
         clock = [1000.0]
         manager = LeaseManager(config, ProcessorSpec("kcl_pipeline.kcl.jsonl_sink:JsonlSink"), clock=lambda: clock[0])
         spawned: list[str] = []
@@ -216,3 +216,58 @@ def test_a_lease_a_lost_worker_left_in_our_name_is_released_when_the_consumer_st
                                          left_at=left.lease_counter))
     manager.shutdown(timeout=1.0)
     assert table.get(shard).lease_owner == (None if since is None else "me")
+
+
+def test_a_manager_whose_cycles_fail_gives_up_with_one_line_after_the_stall_time_and_counts_each(fleet, tmp_path,
+                                                                                                dynamodb_client):
+    """An outage looked healthy: with the lease table deleted, the manager logged an error every cycle forever."""
+    from kcl_pipeline.kcl.shells.fleet.manager import ManagerStalled
+
+    health = tmp_path / "healthy"
+    manager, table, clock, spawned, _ = fleet(stall_seconds=60.0, health_file=str(health))
+    manager.run_cycle()
+    assert health.exists()  # touched by a successful cycle
+    touched = health.stat().st_mtime_ns
+    dynamodb_client.delete_table(TableName=table.table_name)
+    clock[0] += 30.0
+    with pytest.raises(Exception) as failed:  # within the stall time: the cycle's own error
+        manager.run_cycle()
+    assert not isinstance(failed.value, ManagerStalled)
+    clock[0] += 31.0
+    with pytest.raises(ManagerStalled, match=r"^no lease-manager cycle succeeded for 61 s \(2 failed\): "
+                                             r"LeaseTableMissing: lease table .* does not exist"):
+        manager.run_cycle()
+    assert manager.metrics.snapshot()["counters"]["cycle_failures"] == 2
+    assert health.stat().st_mtime_ns == touched, "a failed cycle must not look alive"
+
+
+def test_a_lease_held_through_its_back_off_is_renewed_until_a_peer_takes_it(fleet, caplog):
+    """The manager renews the lease its failed worker kept (peers see it alive); once another consumer has it,
+    the renewal is refused, the lease is no longer held here, and its back-off is forgotten."""
+    from kcl_pipeline.kcl.core.lease.lease_life import LifeOutcome
+    from kcl_pipeline.kcl.shells.workers.worker import WorkerResult
+
+    manager, table, clock, spawned, (shard, _) = fleet()
+    assert table.create(Lease(shard, Checkpoint(TRIM_HORIZON)))
+    kept = table.acquire(shard, "me", None, 0)
+    manager._pending.append(WorkerResult(shard, LifeOutcome.FAILED, "PermissionError: zone refused",
+                                         left_at=kept.lease_counter, kept=True))
+    report = manager.run_cycle()
+    assert report.backing_off == [shard] and shard not in spawned
+    assert (table.get(shard).lease_owner, table.get(shard).lease_counter) == ("me", kept.lease_counter + 1)
+    assert table.acquire(shard, "peer", "me", kept.lease_counter + 1) is not None  # taken (as if it had expired)
+    manager.transport.run(manager._renew_held_leases())  # the watch between cycles: refused
+    assert "no longer held here" in caplog.text and manager.state.backoffs[shard].held_at is None
+    manager.run_cycle()
+    assert shard not in manager.state.backoffs and table.get(shard).lease_owner == "peer"
+    assert manager.metrics.snapshot()["counters"]["worker_failures"] == 1
+
+
+def test_a_health_file_that_cannot_be_touched_never_fails_the_cycle(fleet, tmp_path, caplog):
+    """The probe then fails on the file's age, which says it better than a consumer that stopped over it."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    manager, *_ = fleet(health_file=str(gone / "healthy"))
+    gone.rmdir()
+    manager.run_cycle()
+    assert "could not touch the health file" in caplog.text and manager.health.failure is None

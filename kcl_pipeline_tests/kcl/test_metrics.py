@@ -233,7 +233,7 @@ def test_kcl_naming_publishes_java_kcl_names_and_dimensions(cloudwatch_client, u
     m = Metrics(namespace, cloudwatch_client, "orders-app", "worker-7", naming="kcl")
     m.record_cycle(6, 8, 2, 3)
     m.record_lease("shardId-000000000001", 1234, 4096, 40)
-    assert m.flush() == 7
+    assert m.flush() == 8  # the four cycle values, Success of the cycle (Java's TakeLeases), the lease's three
     listed = {(x["MetricName"],
                tuple((d["Name"], d["Value"]) for d in sorted(x["Dimensions"], key=lambda d: d["Name"])))
               for x in cloudwatch_client.list_metrics(Namespace=namespace)["Metrics"]}
@@ -243,6 +243,7 @@ def test_kcl_naming_publishes_java_kcl_names_and_dimensions(cloudwatch_client, u
         assert (name, (("Operation", "ProcessTask"), shard, worker)) in listed
     assert ("CurrentLeases", (("Operation", "RenewAllLeases"), worker)) in listed
     assert ("TotalLeases", (("Operation", "TakeLeases"), worker)) in listed
+    assert ("Success", (("Operation", "TakeLeases"), worker)) in listed
     now = datetime.now(timezone.utc)
     resp = cloudwatch_client.get_metric_data(
         MetricDataQueries=[{"Id": "lag", "MetricStat": {"Metric": {
@@ -256,3 +257,32 @@ def test_kcl_naming_publishes_java_kcl_names_and_dimensions(cloudwatch_client, u
 def test_unknown_metrics_naming_is_rejected():
     with pytest.raises(ValueError, match="naming must be one of pipeline, kcl"):
         Metrics(None, None, "app", "w", naming="java")
+
+
+def test_failures_are_counted_and_leases_in_back_off_published_with_each_cycle():
+    """An outage looked healthy: no metric counted failed cycles or failed workers."""
+    cw, clock = FakeCloudWatch(), Clock()
+    m = make(cw, clock)
+    m.record_cycle_failure()
+    m.record_cycle_failure()
+    m.count("worker_failures", 3)
+    m.record_cycle(2, 2, 0, 1, backing_off_leases=1)
+    assert m.flush() == 7  # five values of the cycle, two counters
+    assert {k[0]: v for k, v in cw.values().items()} == {
+        "total_leases": 2.0, "total_shards": 2.0, "unclaimed_leases": 0.0, "worker_leases": 1.0,
+        "backing_off_leases": 1.0, "cycle_failures": 2.0, "worker_failures": 3.0}
+    assert "Success" not in {d["MetricName"] for d in cw.datums()}  # Java's name only under its naming
+    assert m.snapshot()["counters"] == {"cycle_failures": 2, "worker_failures": 3}
+
+
+def test_kcl_naming_reports_each_cycle_as_java_reports_take_leases_success_one_or_zero():
+    cw, clock = FakeCloudWatch(), Clock()
+    m = Metrics("kcl-test", cw, "app", "worker-1", clock, naming="kcl")
+    m.record_cycle_failure()
+    m.record_cycle(1, 1, 0, 1, backing_off_leases=0)
+    m.flush()
+    success = [d for d in cw.datums() if d["MetricName"] == "Success"]
+    assert [d["Value"] for d in success] == [0.0, 1.0]
+    assert success[0]["Dimensions"] == [{"Name": "Operation", "Value": "TakeLeases"},
+                                        {"Name": "WorkerIdentifier", "Value": "worker-1"}]
+    assert {"cycle_failures", "backing_off_leases"} <= {d["MetricName"] for d in cw.datums()}

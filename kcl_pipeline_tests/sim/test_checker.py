@@ -120,8 +120,13 @@ def test_an_earlier_holder_delivering_for_the_first_time_while_its_stealer_waits
 class Follower:
     """One of our consumers under a KCL 3.x leader: able, but it takes nothing (the leader assigns)."""
 
+    worker_id = "follower"
+
     def able(self) -> bool:
         return True
+
+    def retrying(self, key: str) -> bool:
+        return False  # no worker of it failed
 
 
 @dataclass

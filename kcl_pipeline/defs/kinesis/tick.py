@@ -103,6 +103,9 @@ def consumer_tick(context: SensorEvaluationContext, consumer: KinesisConsumerRes
     if fleet is None:
         return SensorResult(cursor=cursor.to_json(), skip_reason=(
             f"observer: lease table {settings.lease_table} does not exist yet (no fleet member has started)"))
+    if fleet.failure is not None:  # the fleet's view is not this tick's: nothing is reported from it
+        context.log.warning(fleet.failure)
+        return SensorResult(cursor=cursor.to_json(), skip_reason=f"consumer {fleet.worker_id}: {fleet.failure}")
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     tick = _Tick(context, settings, aws, s3, partitions_def, started, now_ms, status.say)
     if any(target.multi for target in targets):
@@ -125,6 +128,9 @@ def member_tick(context: SensorEvaluationContext, consumer: KinesisConsumerResou
             f"fleet member idle: {HOST_WORKERS_SETTING} is not true in this code server's environment, so it "
             f"joins no fleet (set it where this location should take leases)"))
     fleet = hosted_cycle(consumer.settings(), aws.settings(), cursor.worker_id, interval_seconds, MEMBER_SENSOR)
+    if fleet.failure is not None:
+        context.log.warning(fleet.failure)
+        return SensorResult(cursor=cursor.to_json(), skip_reason=f"fleet member {fleet.worker_id}: {fleet.failure}")
     message = (f"fleet member {fleet.worker_id} cycle: {fleet.cycle.summary()} (windows are reported by "
                f"{CONSUMER_SENSOR})")
     context.log.info(message)
@@ -191,7 +197,8 @@ def _look_at_fleet(consumer: ConsumerSettings, aws: AwsSettings, cursor: Cursor,
     """The hosted member's lease-manager cycle, or an observer's scan (None: no lease table yet)."""
     if consumer.host_workers:
         fleet = hosted_cycle(consumer, aws, cursor.worker_id, interval_seconds, CONSUMER_SENSOR)
-        say(f"consumer {fleet.worker_id} cycle: {fleet.cycle.summary()}")
+        if fleet.failure is None:
+            say(f"consumer {fleet.worker_id} cycle: {fleet.cycle.summary()}")
         return fleet
     observed = observe_fleet(consumer, aws)
     if observed is None:

@@ -1,6 +1,8 @@
 """Consumer and lease metrics, kept in memory and published to CloudWatch.
 
-Per consumer, every lease-manager cycle: total_leases, total_shards, unclaimed_leases, worker_leases.
+Per consumer, every lease-manager cycle: total_leases, total_shards, unclaimed_leases, worker_leases, and
+backing_off_leases (leases whose worker failed, held until their retry: kcl/core/fleet/retry.py). Counted:
+cycle_failures (lease-manager cycles that failed) and worker_failures (workers that ended failed).
 Per lease, every `lease_interval` (10 s): millis_behind_latest (the latest value Kinesis gave), bytes
 (payload bytes Kinesis served) and records (user records after deaggregation), summed over the interval.
 Extra operational counters (kpl_bad_aggregates, throttles, expired_iterators, ...) are summed the same
@@ -35,7 +37,12 @@ KCL_NAMES = {
     "bytes": ("DataBytesProcessed", "ProcessTask"),
     "worker_leases": ("CurrentLeases", "RenewAllLeases"),
     "total_leases": ("TotalLeases", "TakeLeases"),
+    # Java's LeaseTaker reports each takeLeases run as Success 1 or 0 (its average is the success rate): one per
+    # cycle here. Java counts neither failed workers nor backed-off leases; those keep their own names.
+    "cycle_success": ("Success", "TakeLeases"),
 }
+# Counters and gauges of failure (docs/deployment.md, "Failure is visible"), published under these names.
+CYCLE_FAILURES, WORKER_FAILURES, BACKING_OFF_LEASES = "cycle_failures", "worker_failures", "backing_off_leases"
 KCL_SHARD_OPERATION = "ProcessTask"
 KCL_WORKER_OPERATION = "LeaseManager"
 
@@ -82,6 +89,7 @@ class Metrics:
         self._lock = threading.Lock()
         self._cycle: dict[str, int] | None = None  # latest values, for snapshot()
         self._cycle_pending: tuple[float, dict[str, int]] | None = None
+        self._cycle_outcomes: list[tuple[float, bool]] = []  # (when, succeeded), published as kcl's Success
         self._cycles = 0
         self._consumer_window = _Window()
         self._lease_windows: dict[str, _Window] = {}
@@ -92,15 +100,32 @@ class Metrics:
         self._last_error: str | None = None
 
     # -- recording --------------------------------------------------------------------------------
-    def record_cycle(self, total_leases: int, total_shards: int, unclaimed_leases: int, worker_leases: int) -> None:
+    def record_cycle(self, total_leases: int, total_shards: int, unclaimed_leases: int, worker_leases: int,
+                     backing_off_leases: int | None = None) -> None:
+        """A successful cycle's counts (`backing_off_leases` published with them when given)."""
         values = dict(zip(CONSUMER_METRICS, (total_leases, total_shards, unclaimed_leases, worker_leases), strict=True))
         for name, value in values.items():
             if value is None or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        if backing_off_leases is not None and backing_off_leases < 0:
+            raise ValueError(f"{BACKING_OFF_LEASES} must be an integer >= 0, got {backing_off_leases!r}")
+        now = self.clock()
         with self._lock:
             self._cycle = values
-            self._cycle_pending = (self.clock(), values)
+            published = values if backing_off_leases is None else {**values, BACKING_OFF_LEASES: backing_off_leases}
+            self._cycle_pending = (now, published)
             self._cycles += 1
+            self._note_outcome(now, True)
+
+    def record_cycle_failure(self) -> None:
+        """A lease-manager cycle failed: counted (cycle_failures), and with Java KCL's names a Success of 0."""
+        self.count(CYCLE_FAILURES)
+        with self._lock:
+            self._note_outcome(self.clock(), False)
+
+    def _note_outcome(self, at: float, succeeded: bool) -> None:
+        if self.naming == "kcl":
+            self._cycle_outcomes.append((at, succeeded))
 
     def record_lease(self, shard_id: str, millis_behind_latest: int | None, bytes: int, records: int) -> None:
         """One poll's outcome for a lease; millis_behind_latest None = unknown (no successful call)."""
@@ -162,6 +187,8 @@ class Metrics:
                 at, values = self._cycle_pending
                 datums.extend(self._datum(name, value, at) for name, value in values.items())
                 self._cycle_pending = None
+            datums.extend(self._datum("cycle_success", 1.0 if ok else 0.0, at) for at, ok in self._cycle_outcomes)
+            self._cycle_outcomes = []
             if self._consumer_window.counters and (force or self._is_due(self._consumer_window, now)):
                 datums.extend(self._window_datums(self._consumer_window, now, None))
                 self._consumer_window = _Window()

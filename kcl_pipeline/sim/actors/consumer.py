@@ -600,6 +600,14 @@ class SimConsumer(Process):
     def alive(self) -> bool:
         return self.group.alive() and self.manager_scope.alive()
 
+    def retrying(self, key: str) -> bool:
+        """Holds the lease through the back-off after its worker failed (kcl/core/fleet/retry.py), not over yet on
+        its own clock: the lease is not worked meanwhile by design, and the checker's liveness bound counts from
+        the back-off's end."""
+        backoff = self.manager.state.backoffs.get(key)
+        return (self.alive() and backoff is not None and backoff.held_at is not None
+                and self.host.monotonic() < backoff.until)
+
     def able(self) -> bool:
         """Could take over a lease now: alive, not frozen, not stopping, and reaching DynamoDB normally for
         long enough that no call caught by an earlier fault is still retrying."""

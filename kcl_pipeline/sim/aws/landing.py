@@ -46,6 +46,10 @@ class SimCrash(Exception):
     """The process was killed (SIGKILL) inside a store call: nothing after it runs."""
 
 
+class ZoneRefused(PermissionError):
+    """The zone refused a worker's write (`zone-refuses`): what S3's AccessDenied or a full disk is to a sink."""
+
+
 class SimZone:
     """One world's landing zone and its ground truth (see the module docstring)."""
 
@@ -72,6 +76,14 @@ class SimZone:
         # A lost batch's footer claims (its predecessor's position and key), read before the world deleted it:
         # whoever lands it again must make the same claims (Checker.on_relanded).
         self.lost_claims: dict[str, tuple[Any, str | None]] = {}
+        # `zone-refuses`: until then (the world's clock) every write of a lease worker is refused.
+        self.refusing_until = 0.0
+        self.clock: Callable[[], float] = lambda: 0.0
+
+    def refuses(self, actor: Any) -> bool:
+        """Whether a write of `actor` is refused now: a worker's (a process), while the zone refuses writes. The
+        pipeline's, the auditor's and a refill's (named by a string) are the operator's and go through."""
+        return not isinstance(actor, str) and actor is not None and self.clock() < self.refusing_until
 
     def view(self, actor: Any = None, kill: Callable[[], None] | None = None) -> "WatchedStore":
         return WatchedStore(self, actor, kill)
@@ -194,7 +206,12 @@ class WatchedStore(MemoryZoneStore):
             zone.stalled.append((self.actor, *armed))
             call.pause(armed[1])
 
+    def _refuse(self, key: str) -> None:
+        if self.sim_zone.refuses(self.actor):
+            raise ZoneRefused(f"AccessDenied: the zone refuses the write of {key} (zone-refuses)")
+
     def put_if_absent(self, key: str, body: bytes) -> bool:
+        self._refuse(key)
         batch = key.endswith(".parquet")
         if zone_stalls := self.sim_zone.stalls:
             if self.actor in zone_stalls:
@@ -210,6 +227,7 @@ class WatchedStore(MemoryZoneStore):
         return done
 
     def put(self, key: str, body: bytes) -> None:
+        self._refuse(key)
         super().put(key, body)
         if key.endswith(".parquet"):
             self.sim_zone.stored(key)
@@ -220,4 +238,4 @@ class WatchedStore(MemoryZoneStore):
             self.sim_zone.removed(key)
 
 
-__all__ = ["CRASH_POINTS", "STALL_POINTS", "SimCrash", "SimZone", "WatchedStore"]
+__all__ = ["CRASH_POINTS", "STALL_POINTS", "SimCrash", "SimZone", "WatchedStore", "ZoneRefused"]

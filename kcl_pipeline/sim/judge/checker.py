@@ -254,20 +254,30 @@ class Checker:
 
     # -- graceful stops --------------------------------------------------------------------------------------
     def on_graceful_stop(self, consumer: Any) -> None:
-        """SIGTERM to `consumer`: what its workers hold now must be let go by them before it exits."""
+        """SIGTERM to `consumer`: what its workers hold now, and what its manager holds through a back-off, must be
+        let go before it exits."""
         self.stops[id(consumer)] = {key: holder for key, holder in self.holder.items()
-                                    if getattr(holder, "consumer", None) is consumer}
+                                    if getattr(holder, "consumer", None) is consumer or holder is consumer}
 
     def _note_let_go(self, key: str, previous: Any, actor: Any, owner: str | None) -> None:
-        consumer = getattr(previous, "consumer", None)
+        # The holder is a worker of the stopping consumer, or its manager itself: it holds a lease its failed worker
+        # kept through the back-off (kcl/core/fleet/retry.py), renewing it under its worker id.
+        consumer = previous if any(previous is c for c in self.fleet.consumers) else getattr(previous, "consumer", None)
         if consumer is None or id(consumer) not in self.stops or key not in self.stops[id(consumer)]:
             return
         if (id(consumer), key) in self.let_go:
             return
-        if actor is previous:
+        if owner == consumer.worker_id and (actor is consumer or getattr(actor, "consumer", None) is consumer):
+            # The lease stays with the stopping consumer: its manager renews what a failed worker kept, or a worker
+            # it spawned in a cycle the stop caught in flight (a retry, or the take after it killed a stuck worker)
+            # takes it. Its release is judged when it comes, and its exit checks nothing of it is still held.
+            return
+        if actor is previous and previous is not consumer:
             self.let_go[(id(consumer), key)] = "released"
         elif actor is consumer and owner is None:  # its manager released what the stopped worker left in its name
             self.let_go[(id(consumer), key)] = "released by its manager"
+        elif previous is consumer:
+            self.let_go[(id(consumer), key)] = f"expired: taken by {actor!r} while its manager held it"
         elif previous.working():
             self.let_go[(id(consumer), key)] = f"taken by {actor!r} from its working holder"
         else:
@@ -280,7 +290,7 @@ class Checker:
         if held is None or self._disturbed(consumer):
             return
         for key, holder in self.holder.items():
-            if getattr(holder, "consumer", None) is consumer and key not in self.late_owned:
+            if (getattr(holder, "consumer", None) is consumer or holder is consumer) and key not in self.late_owned:
                 item = self.items.get(key)
                 lease = lease_from_item(item) if item is not None else None
                 if lease is not None and not lease.is_ended and lease.lease_owner == consumer.worker_id:
@@ -719,6 +729,9 @@ class Checker:
         for worker in self.fleet.workers_by_key(key):
             if worker.worker_id == owner and worker.working():
                 return True
+        # Its owner holds it through a back-off after its worker failed: a retry is due then, not a failover.
+        if any(consumer.worker_id == owner and consumer.retrying(key) for consumer in self.fleet.consumers):
+            return True
         return any(peer.works(key) for peer in self.fleet.java_peers)
 
     def audit(self) -> None:

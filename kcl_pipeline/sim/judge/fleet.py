@@ -26,6 +26,10 @@ class ConsumerView(Protocol):
         """Could take over a lease now (alive, not frozen or stopping, reaching DynamoDB long enough)."""
         ...
 
+    def retrying(self, key: str) -> bool:
+        """Holds the lease through the back-off after its worker failed, not over yet on its own clock."""
+        ...
+
 
 class WorkerView(Protocol):
     """One of our lease worker processes, as the checker follows it."""

@@ -38,7 +38,10 @@ OPT_IN_FAULTS = (
     "short-reads",
     # each worker process cutting batches at the old or the new size of a rolling change: two writers of a shard
     # cut its records at different places
-    "mixed-batch-sizes")
+    "mixed-batch-sizes",
+    # the zone refusing the workers' writes for a while (S3 access denied, a full disk): their sinks fail, and
+    # each failed lease is held through its back-off and retried (kcl/core/fleet/retry.py)
+    "zone-refuses")
 KNOWN_FAULTS = FAULTS + OPT_IN_FAULTS
 # Faults drawn from their own stream, and only where the pipeline runs (its audit judges them).
 PIPELINE_DAMAGE = ("lost-batch", "corrupt-batch", "late-batch", "refill", "transform-drops-rows")
@@ -108,6 +111,11 @@ class Scenario:
             events = sorted(events + [FaultEvent(own.randint(steps // 10, max(steps // 10, steps * 6 // 10)),
                                                  own.choice(damage), own.random())
                                       for _ in range(own.randint(0, 3))])
+        if "zone-refuses" in faults:
+            own = random.Random(f"scenario-{seed}-refuses")
+            events = sorted(events + [FaultEvent(own.randint(steps // 10, max(steps // 10, steps * 6 // 10)),
+                                                 "zone-refuses", own.random())
+                                      for _ in range(own.randint(1, 3))])
         if "zombie-flush" in faults:
             own = random.Random(f"scenario-{seed}-zombie")
             events = sorted(events + [FaultEvent(own.randint(steps // 10, max(steps // 10, steps * 6 // 10)),

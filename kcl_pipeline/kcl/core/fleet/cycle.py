@@ -25,6 +25,7 @@ from ..lease.effects import (
     Now,
     PublishWorkerMetrics,
     ReadWorkerMetrics,
+    RenewHeld,
     Scanned,
     ScanTable,
     Spawn,
@@ -36,7 +37,7 @@ from ..table.lease_codec import scan_entities
 from ..table.lease_rules import UNSETTLED_ATTRIBUTE, held_by_another_protocol
 from ..table.worker_metrics import MAX_VALUES as METRIC_VALUES
 from ..table.worker_metrics import live_workers
-from . import fleet_mode
+from . import fleet_mode, retry
 from .balance import confirmed_overloaded, reported_load, still_overloaded
 from .planner import LeaseAges, leases_to_acquire, stuck_local_leases, take_shown, waits_for_take
 
@@ -87,6 +88,8 @@ class ManagerState:
     left_at: dict[str, int] = field(default_factory=dict)
     # A Java 3.x fleet on this application: what its tables said last (the mode this consumer runs in).
     fleet: fleet_mode.FleetView = field(default_factory=fleet_mode.FleetView)
+    # Leases whose worker failed: held (renewed) by this manager until their retry (retry.py).
+    backoffs: dict[str, retry.Backoff] = field(default_factory=dict)
 
 
 @dataclass
@@ -102,6 +105,8 @@ class CycleResult:
     leases: list[Lease] = field(default_factory=list)
     duplicate_worker_id: list[str] = field(default_factory=list)
     abandoned: list[str] = field(default_factory=list)
+    retried: list[str] = field(default_factory=list)  # leases whose back-off ended: a worker spawned again
+    backing_off: list[str] = field(default_factory=list)  # leases in back-off after this cycle
     started_at: float = 0.0
     fleet_change: str | None = None  # the Java 3.x fleet's mode changed at this cycle's scan (fleet_mode.change)
 
@@ -119,6 +124,8 @@ class CycleReport:
     created: list[str] = field(default_factory=list)
     spawned: list[str] = field(default_factory=list)
     stolen: str | None = None
+    retried: list[str] = field(default_factory=list)
+    backing_off: list[str] = field(default_factory=list)
     finished: list[LifeResult] = field(default_factory=list)  # the workers reaped at its start
     owners: dict[str, int] = field(default_factory=dict)
     fleet: str = ""  # the KCL 3.x fleet's mode and leader (fleet_mode.FleetView.summary)
@@ -126,11 +133,13 @@ class CycleReport:
     def summary(self) -> str:
         parts = [f"leases={self.total_leases}", f"shards={self.total_shards if self.total_shards is not None else '-'}",
                  f"unclaimed={self.unclaimed_leases}", f"mine={self.worker_leases}"]
-        for name in ("deleted", "created", "spawned"):
+        for name in ("deleted", "created", "spawned", "retried"):
             if getattr(self, name):
                 parts.append(f"{name}={','.join(getattr(self, name))}")
         if self.stolen:
             parts.append(f"stole={self.stolen}")
+        if self.backing_off:
+            parts.append(f"backing_off={','.join(self.backing_off)}")
         for r in self.finished:
             parts.append(f"{r.lease_key}:{r.outcome}" + (f"({r.detail})" if r.detail else ""))
         if self.fleet:
@@ -222,7 +231,9 @@ def manager_cycle(state: ManagerState, settings: CycleSettings, locally_worked: 
     previous = {lease.lease_key: lease for lease in state.leases}
     state.leases = leases
     result.leases = leases
-    moved = watch_our_id(state, settings.worker_id, leases, locally_worked)
+    state.backoffs = retry.seen_in_scan(state.backoffs, leases, settings.worker_id)
+    # Leases this manager holds through their back-off move by its own renewals: not another process's writes.
+    moved = watch_our_id(state, settings.worker_id, leases, set(locally_worked) | set(retry.held(state.backoffs)))
     if moved and not follower:  # a 3.x leader's assignments move our leases' counters: not another process
         state.duplicate_worker_id_sightings += 1
         result.duplicate_worker_id = moved
@@ -237,6 +248,13 @@ def manager_cycle(state: ManagerState, settings: CycleSettings, locally_worked: 
         result.abandoned.append(lease.lease_key)
     if stuck:
         locally_worked = set(locally_worked) - {lease.lease_key for lease in stuck}
+    # Failed leases: those whose back-off is over get a worker again (below); the others are renewed where this
+    # manager holds them and are not taken meanwhile (counted as worked here).
+    retrying = retry.due(state.backoffs, leases, settings.worker_id, now, set(locally_worked))
+    yield from renew_held(state, set(locally_worked) | {lease.lease_key for lease in retrying})
+    waiting = retry.waiting(state.backoffs, now)
+    result.backing_off = sorted(waiting)
+    locally_worked = set(locally_worked) | waiting
     # Any move in the fleet (ours, a peer's, a failover) restarts the patience: loads are judged again
     # once the holders' reports reflect the new ownership.
     ownership = frozenset((lease.lease_key, lease.lease_owner) for lease in leases
@@ -254,6 +272,16 @@ def manager_cycle(state: ManagerState, settings: CycleSettings, locally_worked: 
         if peers is not None:
             state.live_peers = frozenset(live_workers(peers.last_updates, peers.now_epoch_seconds,
                                                       fresh_seconds(settings)))
+    # A failed lease's retry is this consumer's own: under a 3.x leader too (the lease is still assigned to us; its
+    # counter moves by our renewals, so it would never look adoptable).
+    for lease in retrying:
+        if follower and lease.lease_owner != settings.worker_id:
+            continue  # a free lease is the leader's to assign
+        coverage.hit("cycle.failed-lease-retried")
+        yield from _spawn(state, Spawn(lease))
+        result.spawned.append(lease.lease_key)
+        result.retried.append(lease.lease_key)
+    locally_worked = set(locally_worked) | {lease.lease_key for lease in retrying}
     if follower:
         # A 3.x leader assigns: take nothing, steal nothing; work what it assigned to us.
         for lease, stolen in fleet_mode.adoptions(settings.worker_id, leases, locally_worked, previous,
@@ -335,6 +363,23 @@ def _spawn(state: ManagerState, spawn: Spawn) -> CycleCoroutine[None]:
     state.spawned_at[key] = yield from Now().ask()
     state.our_counters.pop(key, None)
     state.left_at.pop(key, None)  # the new worker's take moves the counter on
+    if key in state.backoffs:  # the worker holds it now: never renewed by the manager beside its heartbeats
+        state.backoffs = retry.renewed(state.backoffs, key, None)
+
+
+def renew_held(state: ManagerState, locally_worked: Collection[str]) -> CycleCoroutine[None]:
+    """Renew the leases this manager holds through their back-off (never one a local worker works: its own
+    heartbeats fence it). A refused renewal means the lease moved on: it is no longer held."""
+    for key, counter in retry.held(state.backoffs).items():
+        if key in locally_worked:
+            continue
+        renewed = yield from RenewHeld(key, counter).ask()
+        state.backoffs = retry.renewed(state.backoffs, key, renewed)
+        if renewed is None:
+            coverage.hit("cycle.held-lease-renewal-refused")
+            state.left_at.pop(key, None)
+        else:
+            state.left_at[key] = renewed  # released at that counter if this manager stops meanwhile
 
 
 def watch_our_id(state: ManagerState, worker_id: str, leases: Sequence[Lease],
@@ -367,7 +412,8 @@ def watch_for_expiry(state: ManagerState, settings: CycleSettings,
         # A leader's failover is its business; a lease it assigned to us is ours to work at once.
         return fleet_mode.assigned_to(settings.worker_id, leases, locally_worked, state.ages.ages(now),
                                       settings.expiry_seconds)
-    return any(not lease.is_ended and lease.lease_key not in locally_worked
+    waiting = retry.waiting(state.backoffs, now)  # not taken before their retry: no reason to cycle now
+    return any(not lease.is_ended and lease.lease_key not in locally_worked and lease.lease_key not in waiting
                and state.ages.expired(lease.lease_key, now, settings.expiry_seconds)
                for lease in leases) or bool(
         stuck_local_leases(settings.worker_id, leases, locally_worked, state.ages, now, settings.expiry_seconds,
@@ -381,8 +427,9 @@ def watch_interval(settings: CycleSettings) -> float:
 
 def wakes_manager(outcome: LifeOutcome) -> bool:
     """Whether a worker's outcome makes the next cycle run at once: a local worker ended a shard, so its
-    children are ready, and this consumer (which read their parent) is their natural reader."""
-    return outcome is LifeOutcome.SHARD_ENDED
+    children are ready, and this consumer (which read their parent) is their natural reader; or a worker failed,
+    leaving its lease in our name with its heartbeats stopped: the cycle starts its back-off and renews it."""
+    return outcome in (LifeOutcome.SHARD_ENDED, LifeOutcome.FAILED)
 
 
 # A hand-off overtaken n times in a row is not asked again for expiry × 2^n, at most this many expiries: the
@@ -399,12 +446,41 @@ def handoffs_backing_off(overtaken: Mapping[str, tuple[int, float]], now: float,
                      if now < asked_at + expiry_seconds * min(2 ** times, HANDOFF_BACKOFF_MAX_EXPIRIES))
 
 
+def held_at_stop(state: ManagerState, locally_worked: Collection[str]) -> list[tuple[str, int]]:
+    """What a stopping manager releases at once: the leases it holds through their back-off (no local worker works
+    them), each at the counter its last renewal left. Their back-offs end with them."""
+    held = [(key, counter) for key, counter in retry.held(state.backoffs).items() if key not in locally_worked]
+    state.backoffs = {key: b for key, b in state.backoffs.items() if key not in dict(held)}
+    return held
+
+
 def releases_at_stop(state: ManagerState) -> list[tuple[str, int]]:
     """What a stopping manager releases once its workers are done: each lease a finished worker may have
     left in our name (it could not release it, or not see it gone: the table was unreachable), fenced on the
     counter that worker last wrote. Otherwise it stays owned by a consumer that is gone until it expires, and
     every peer waits for it. A write by anyone since moved the counter on, and the release is refused."""
     return sorted(state.left_at.items())
+
+
+def note_worker_ends(state: ManagerState, ends: Iterable[LifeResult], now: float, rng: random.Random,
+                     policy: retry.RetryPolicy = retry.DEFAULT_POLICY) -> None:
+    """Fold finished workers into the back-offs: a failed one backs its lease off (held where it left it in our
+    name), any other end clears it. `now` is the manager's clock; one jitter draw per failure."""
+    backoffs = dict(state.backoffs)
+    for end in ends:
+        failed = end.outcome is LifeOutcome.FAILED
+        spawned = state.spawned_at.get(end.lease_key)
+        backoff = retry.after_worker_end(
+            backoffs.get(end.lease_key),
+            retry.WorkerEnd(end.lease_key, failed, end.left_at if end.kept else None,
+                            None if spawned is None else now - spawned, end.detail),
+            now, rng.random() if failed else 0.0, policy)
+        if backoff is None:
+            backoffs.pop(end.lease_key, None)
+        else:
+            coverage.hit("cycle.failed-lease-backs-off")
+            backoffs[end.lease_key] = backoff
+    state.backoffs = backoffs
 
 
 def note_results(state: ManagerState, outcomes: Iterable[tuple[str, LifeOutcome]],
@@ -429,7 +505,7 @@ def note_results(state: ManagerState, outcomes: Iterable[tuple[str, LifeOutcome]
 
 __all__ = [
     "Cycle", "CycleResult", "CycleSettings", "ManagerState", "handoffs_backing_off", "manager_cycle", "note_results",
-    "releases_at_stop",
+    "held_at_stop", "note_worker_ends", "releases_at_stop", "renew_held",
     "wakes_manager",
     "watch_for_expiry", "watch_interval", "watch_our_id",
 ]

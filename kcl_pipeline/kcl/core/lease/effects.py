@@ -340,6 +340,15 @@ class Abandon(CycleEffect[None]):
 
 
 @dataclass(frozen=True)
+class RenewHeld(CycleEffect[int | None]):
+    """Renew a lease this manager holds through its back-off (retry.py): the fenced heartbeat of our worker id at
+    `counter`. The new counter, or None when refused (the lease moved on)."""
+
+    lease_key: str
+    counter: int
+
+
+@dataclass(frozen=True)
 class DuplicateWorkerId(CycleEffect[None]):
     """Another live process writes under our worker id: log it as an error and count it."""
 
@@ -395,6 +404,6 @@ __all__ = [
     "GetLease", "HeartbeatFailed", "InitiateHandoff", "LifeCoroutine", "LifeEffect", "ListShards", "Locked",
     "Notification", "Notify", "Now", "OwnerlessCheckpoint", "PeerMetrics", "Poll", "Polled",
     "PublishWorkerMetrics", "ReadLeases", "ReadWorkerMetrics", "Release", "ReleaseObserved", "Renew",
-    "RenewAsked", "RestorePending", "ScanTable", "Scanned", "ShardEnded", "Spawn", "StartHeartbeats", "Status",
-    "Stopping", "TakePending", "Wait", "WaitForChange", "drive",
+    "RenewAsked", "RenewHeld", "RestorePending", "ScanTable", "Scanned", "ShardEnded", "Spawn", "StartHeartbeats",
+    "Status", "Stopping", "TakePending", "Wait", "WaitForChange", "drive",
 ]

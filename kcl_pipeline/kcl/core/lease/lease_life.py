@@ -11,7 +11,7 @@ each way out reports — as Java KCL's ConsumerStates documents its own:
     from SETTLING, PROCESSING or SHARD_ENDING:
       asked to stop ▶ SHUTTING_DOWN: shutdown_requested, flush, release (or finish a hand-off) ▶ SHUTDOWN
       hold lost ▶ LOST: lease_lost, flush ▶ LEASE_LOST; asked to hand off: checkpoint, hand over ▶ HANDED_OFF
-    any error: release ▶ FAILED
+    any error: keep the lease (its manager holds it through a back-off) ▶ FAILED
 
 The worker (worker.py) and the deterministic simulation (kcl_pipeline.sim) run these same generators. A
 generator never touches a clock, a thread, a network or a processor: it yields an *effect* (effects.py: a
@@ -130,6 +130,8 @@ class LifeResult:
     # seeing it gone (the table unreachable). Its manager releases the lease fenced on this counter when it stops
     # (a write by anyone since, another process under the same worker id included, moved the counter on).
     left_at: int | None = None
+    # FAILED only: the worker kept the lease (at `left_at`) for its manager to hold through a back-off and retry.
+    kept: bool = False
 
 
 class LeaseLost(Exception):
@@ -336,14 +338,26 @@ def lease_life(observed: Lease, settings: LifeSettings, current: CurrentHold, me
                 return (yield from _finish_ended(key, current, end_requested, settings))
     except LeaseLost as exc:
         return LifeResult(key, LifeOutcome.LEASE_LOST, str(exc))
-    except Exception as exc:  # the manager retries the lease on a later cycle; the driver logs why
-        released = False
-        if acquired:
+    except Exception as exc:  # the manager retries the lease after a back-off (retry.py); the driver logs why
+        detail = f"{type(exc).__name__}: {exc}"
+        if acquired and unsettled:
+            # Stolen less than an expiry ago, its previous holder may still deliver: a retry here would not wait
+            # for it. Given back marked unsettled, whoever takes it next waits an expiry.
             released = yield from Release(unsettled).ask()
-        left = acquired and not released and current.acquired
-        return LifeResult(key, LifeOutcome.FAILED, f"{type(exc).__name__}: {exc}" + ("" if released or not acquired
-                                                                            else " (lease not released)"),
-                          left_at=current.hold.counter if left else None)
+            left = not released and current.acquired
+            return LifeResult(key, LifeOutcome.FAILED, detail + ("" if released else " (lease not released)"),
+                              left_at=current.hold.counter if left else None)
+        # Otherwise the lease is kept, not released: its manager holds it through the back-off, as Java KCL keeps
+        # a failing shard's lease, so that no peer takes it only to fail on it too. A checkpoint the processor
+        # asked for is written first (best effort: the table may be what failed).
+        kept = acquired and current.acquired and current.hold.heartbeats_continue()
+        if kept:
+            try:
+                yield from flush_pending(current)
+            except Exception:  # the next worker resumes from what was landed all the same
+                coverage.hit("life.failed.pending-checkpoint-not-flushed")
+            kept = current.hold.heartbeats_continue()
+        return LifeResult(key, LifeOutcome.FAILED, detail, left_at=current.hold.counter if kept else None, kept=kept)
 
 
 def _finish_ended(key: str, current: CurrentHold, end_requested: bool, settings: LifeSettings) -> Life:

@@ -1,7 +1,9 @@
 """A headless consumer: one lease manager driven on its own timer until SIGTERM/SIGINT.
 
 Shutdown: stop cycling, ask every worker to stop (each checkpoints what it processed and releases its
-lease), wait for them (killing those still running after `manager.shutdown_timeout`), exit 0.
+lease), wait for them (killing those still running after `manager.shutdown_timeout`), exit 0. A consumer none of
+whose cycles succeeded for `stall_seconds` shuts down the same way and raises `ManagerStalled`, whose one line the
+command line prints (exit 2).
 """
 from __future__ import annotations
 

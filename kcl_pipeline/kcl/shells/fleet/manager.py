@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import queue
 import random
 import threading
@@ -25,7 +26,7 @@ from typing import Any, Callable, ClassVar, Generator, Mapping, Protocol, Sequen
 from ...config import ConsumerConfig, timings_beside_java
 from ...core import coverage
 from ...core.fleet import cycle as cyc
-from ...core.fleet import fleet_mode
+from ...core.fleet import fleet_mode, retry
 from ...core.fleet.cycle import CycleReport
 from ...core.fleet.planner import LeaseAges
 from ...core.lease import effects as fx
@@ -34,7 +35,7 @@ from ...core.model import Checkpoint, Lease, Shard
 from ...core.table.worker_metrics import worker_metrics_table
 from ..aws import client
 from ..lease_table import LeaseTable
-from ..metrics import Metrics
+from ..metrics import WORKER_FAILURES, Metrics
 from ..shards import describe_stream_summary, list_application_shards
 from ..transport import KINESIS, Blocking, Call, Join, NextResult, StartProcess, StopFlag, WorkerHandle
 from ..workers.worker import ProcessorSpec, WorkerResult, lease_table_client, worker_main
@@ -54,6 +55,24 @@ def log_trimmed_unfinished(trimmed: Sequence[tuple[str, Checkpoint]]) -> None:
                   "checkpoint %s; records after it may never have been processed by this application (a parent "
                   "held by a lost batch, a stalled window, a fleet down for longer than the retention)",
                   key, checkpoint)
+
+
+class ManagerStalled(RuntimeError):
+    """No lease-manager cycle succeeded for the configured time (ConsumerConfig.stall_seconds): the consumer
+    makes no progress and says so, in one line, instead of logging an error every cycle."""
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as the one line a log or an exit shows: its type and its first line."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def touch(path: str) -> None:
+    """Set the file's modification time to now, creating it if missing (the liveness signal)."""
+    with open(path, "a"):
+        pass
+    os.utime(path, None)
 
 
 def shutdown_timeout(config: ConsumerConfig) -> float:
@@ -120,6 +139,7 @@ class LeaseManager:
         self.table = self.transport.table
         self.kinesis = self.transport.kinesis
         self.metrics = self.transport.metrics
+        self.health = retry.CycleHealth(self.clock())  # since when no cycle succeeded, and why
 
     @property
     def worker_processes(self) -> WorkerProcesses | None:
@@ -242,6 +262,14 @@ class LeaseManager:
             log.error("killed the worker of lease %s (pid %s): its lease was not renewed for longer than the "
                       "expiry (%.0fs); the lease is taken again", key, proc.pid, self.config.lease_expiry_seconds)
 
+    def _renew_held(self, effect: fx.RenewHeld) -> Steps:
+        key, counter = effect.lease_key, effect.counter
+        renewed = yield Call("renew-held", lambda: self.table.heartbeat(key, self.config.worker_id, counter))
+        if not renewed:
+            log.warning("lease %s, held through its back-off after its worker failed, moved on (renewal at counter "
+                        "%d refused): no longer held here", key, counter)
+        return counter + 1 if renewed else None
+
     def _duplicate_worker_id(self, effect: fx.DuplicateWorkerId) -> None:
         self.metrics.count_many({"duplicate_worker_id": 1}, None)
         log.error("another live process is writing under this consumer's worker id %s (leases %s); worker ids "
@@ -279,13 +307,45 @@ class LeaseManager:
         fx.Now: _now, fx.ScanTable: _scan, fx.ListShards: _list_shards_effect, fx.Delete: _delete,
         fx.Create: _create, fx.Spawn: _spawn_effect, fx.Abandon: _abandon, fx.DuplicateWorkerId: _duplicate_worker_id,
         fx.ReadWorkerMetrics: _read_worker_metrics, fx.PublishWorkerMetrics: _publish_worker_metrics,
+        fx.RenewHeld: _renew_held,
     }
 
     def _list_shards(self) -> list[Shard]:
         return list_application_shards(self.kinesis, self.config.streams, self.config.multi_stream)
 
     def run_cycle(self) -> CycleReport:
-        return self.transport.run(self.cycle())
+        """One cycle (the Dagster sensor's tick). A failure is raised as it is until no cycle has succeeded for
+        `stall_seconds`; from then on as `ManagerStalled`, whose one line says so."""
+        try:
+            report = self.transport.run(self.cycle())
+        except Exception as exc:
+            reason = self._cycle_failed(exc)
+            if reason is not None:
+                raise ManagerStalled(reason) from exc
+            raise
+        self._cycle_succeeded()
+        return report
+
+    def _cycle_succeeded(self) -> None:
+        self.health = retry.after_cycle(self.health, self.clock(), None)
+        if self.config.health_file:
+            try:
+                touch(self.config.health_file)
+            except OSError as exc:  # the probe then fails, which says it better than a crash here would
+                log.warning("could not touch the health file %s: %s", self.config.health_file, exc)
+
+    def _cycle_failed(self, exc: BaseException) -> str | None:
+        """Note a failed cycle (log, metrics, health); the line to give up with once the consumer stalled."""
+        now = self.clock()
+        self.health = retry.after_cycle(self.health, now, one_line(exc))
+        self.metrics.record_cycle_failure()
+        self.metrics.flush_due()
+        reason = retry.stalled(self.health, now, self.config.stall_seconds)
+        if reason is None:
+            log.error("lease manager cycle failed: %s (no cycle succeeded for %.0f s; this consumer gives up after "
+                      "%s)", self.health.failure, now - self.health.since,
+                      f"{self.config.stall_seconds:g} s" if self.config.stall_seconds > 0 else "never")
+        return reason
 
     def cycle(self) -> Steps:
         """One cycle: the keep-alive refreshed, finished workers reaped, the cycle's decisions carried out."""
@@ -305,13 +365,15 @@ class LeaseManager:
         report.total_shards = result.total_shards
         report.deleted, report.created, report.spawned = result.deleted, result.created, result.spawned
         report.stolen = result.stolen
+        report.retried, report.backing_off = result.retried, result.backing_off
         report.fleet = self.state.fleet.summary()
         log_trimmed_unfinished(result.trimmed_unfinished)
         if result.fleet_change:
             log.warning("%s", result.fleet_change)
         self._fill_counts(report, result.leases)
         self.metrics.record_cycle(report.total_leases, report.total_shards if report.total_shards is not None
-                                  else len(self.shards), report.unclaimed_leases, report.worker_leases)
+                                  else len(self.shards), report.unclaimed_leases, report.worker_leases,
+                                  backing_off_leases=len(report.backing_off))
         self.metrics.flush_due()
         log.info("cycle %s", report.summary())
         return report
@@ -329,11 +391,17 @@ class LeaseManager:
         self.transport.run(self.cycles(stop))
 
     def cycles(self, stop: StopFlag) -> Steps:
+        """Cycles until `stop` is set. A failed cycle (throttling, network) is retried next cycle; once none has
+        succeeded for `stall_seconds`, ManagerStalled ends the consumer (it stops its workers and exits non-zero)."""
         while not stop.is_set():
             try:
                 yield from self.cycle()
-            except Exception as exc:  # a failed cycle (throttling, network) is retried next cycle
-                log.error("lease manager cycle failed: %s: %s", type(exc).__name__, exc)
+            except Exception as exc:
+                reason = self._cycle_failed(exc)
+                if reason is not None:
+                    raise ManagerStalled(reason) from exc
+            else:
+                self._cycle_succeeded()
             yield from self._wait_next_cycle(stop)
 
     def _wait_next_cycle(self, stop: StopFlag) -> Steps:
@@ -342,6 +410,9 @@ class LeaseManager:
         monotonic = self.transport.monotonic
         now = monotonic()
         deadline = now + self.config.cycle_seconds
+        retry_at = retry.next_retry_at(self.state.backoffs, self.clock())
+        if retry_at is not None:  # a failed lease's back-off ends before the next cycle: cycle then
+            deadline = min(deadline, now + max(0.0, retry_at - self.clock()))
         interval = cyc.watch_interval(self.settings)
         next_watch = now + interval
         while not stop.is_set() and monotonic() < deadline:
@@ -352,8 +423,17 @@ class LeaseManager:
                     return
             if monotonic() >= next_watch:
                 next_watch = monotonic() + interval
+                yield from self._renew_held_leases()
                 if (yield from self._peer_lease_expired()):
                     return
+
+    def _renew_held_leases(self) -> Steps:
+        """Between cycles, keep the leases held through their back-off alive (a cycle may be longer than a
+        heartbeat); a failed renewal is tried again at the next watch or cycle."""
+        try:
+            yield from cyc.renew_held(self.state, frozenset(self.workers))
+        except Exception as exc:
+            log.warning("could not renew the leases held through their back-off: %s", one_line(exc))
 
     def _peer_lease_expired(self) -> Steps:
         return (yield from cyc.watch_for_expiry(self.state, self.settings, frozenset(self.workers)))
@@ -363,7 +443,11 @@ class LeaseManager:
         return self.transport.run(self.stopping(timeout))
 
     def stopping(self, timeout: float) -> Steps:
-        """Every worker asked to stop (it checkpoints and releases), waited for up to `timeout`, killed after."""
+        """Every worker asked to stop (it checkpoints and releases), waited for up to `timeout`, killed after. The
+        leases held through a back-off are released first: nothing works them, and while the workers are waited for
+        nobody renews them."""
+        for key, counter in cyc.held_at_stop(self.state, frozenset(self.workers)):
+            yield from self._release_left(key, counter)
         for proc in self.workers.values():
             if proc.is_alive():
                 coverage.hit("shell.manager.shutdown-terminated")
@@ -411,10 +495,17 @@ class LeaseManager:
         finished.extend(self.transport.collect_results())
         cyc.note_results(self.state, [(result.lease_key, result.outcome) for result in finished],
                          {result.lease_key: result.left_at for result in finished if result.left_at is not None})
-        for result in finished:
-            if result.outcome is LifeOutcome.FAILED:
-                # The worker released its lease itself (fenced), so the fleet retries it next cycle.
-                log.error("worker for %s failed: %s", result.lease_key, result.detail)
+        now = self.clock()
+        cyc.note_worker_ends(self.state, finished, now, self.rng)
+        failed = [result for result in finished if result.outcome is LifeOutcome.FAILED]
+        if failed:
+            self.metrics.count_many({WORKER_FAILURES: len(failed)}, None)
+        for result in failed:
+            backoff = self.state.backoffs.get(result.lease_key)
+            if backoff is not None:
+                log.error("worker for %s failed: %s; tried again in %.0f s (failure %d in a row), its lease %s",
+                          result.lease_key, result.detail, backoff.until - now, backoff.failures,
+                          "held here meanwhile" if backoff.held_at is not None else "not held (released or lost)")
         for key, proc in list(self.workers.items()):
             if not proc.is_alive():
                 proc.join(0)

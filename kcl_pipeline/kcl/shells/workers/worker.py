@@ -26,7 +26,7 @@ import os
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, ClassVar, Generator, Mapping, Protocol
 
 from ...config import ConsumerConfig
@@ -337,6 +337,12 @@ class LeaseWorker:
         self.stop.set()  # stops the heartbeat
         if self._heartbeats is not None:
             yield Join(self._heartbeats, self.config.heartbeat_seconds + 5)
+        if result.kept and self.lease.state.acquired:
+            # A heartbeat sent after the life ended moved the counter the manager holds the lease at: report the
+            # hold as it stands now that the heartbeats stopped.
+            hold = self.lease.state.hold
+            kept = hold.heartbeats_continue()
+            result = replace(result, left_at=hold.counter if kept else None, kept=kept)
         self.metrics.flush()
         if result.outcome is LifeOutcome.FAILED:
             log.error("worker for %s failed: %s", self.lease_key, result.detail)
@@ -443,8 +449,8 @@ class LeaseWorker:
             current = yield Call("describe-stream", lambda: stream_scope(self.kinesis, scope.stream), KINESIS)
             if current != scope:
                 # The stream was deleted and re-created: its shard ids repeat, but this lease's checkpoint is
-                # of the old stream. Fail (the lease is released); the new stream's leases carry its new
-                # creation time.
+                # of the old stream. Fail (its manager retries it after a back-off, and it fails again); the new
+                # stream's leases carry its new creation time.
                 coverage.hit("shell.begin.stream-recreated")
                 raise StreamRecreated(f"stream {scope.name} is no longer {scope.identifier} (deleted or "
                                       f"re-created): lease {self.lease_key} is not read")
