@@ -2,8 +2,9 @@
 
 The emulators answer every request faithfully; real networks do not. This proxy forwards each request to
 the emulator and then, as its policy says, delivers the answer, drops it after the request was applied
-(the client sees a connection reset: an *ambiguous* write), drops the request before forwarding it, or
-delays it. It counts requests per operation (X-Amz-Target), which the write-cost benchmark uses.
+(the client sees a connection reset: an *ambiguous* write), drops the request before forwarding it,
+delays it, or refuses it as IAM does when a permission is removed (AccessDeniedException, nothing applied).
+It counts requests per operation (X-Amz-Target), which the write-cost benchmark uses.
 
     proxy = FaultProxy("http://127.0.0.1:4567", policy=drop_responses(rate=0.05, seed=7)).start()
     ... point AWS_ENDPOINT_URL_DYNAMODB at proxy.url ...
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import enum
 import http.client
+import json
 import random
 import socket
 import struct
@@ -32,6 +34,7 @@ class FaultKind(enum.Enum):
     DROP_RESPONSE = "drop_response"  # forwarded and applied; the client's connection is reset
     DROP_REQUEST = "drop_request"    # never forwarded; the client's connection is reset
     DELAY = "delay"                  # forwarded after `seconds`
+    DENY = "deny"                    # never forwarded; answered 400 AccessDeniedException (a permission removed)
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,19 @@ def drop_responses(rate: float, *, seed: int = 0, operations: Collection[str] | 
         return Fault(FaultKind.DROP_RESPONSE) if hit else None
 
     return policy
+
+
+class Switch:
+    """One fault for every request (of `operations`, or all) while on: `proxy.policy = deny = Switch(Fault(DENY))`,
+    then `deny.on = True` ... `deny.on = False`."""
+
+    def __init__(self, fault: Fault, operations: Collection[str] | None = None):
+        self.fault, self.operations, self.on = fault, operations, False
+
+    def __call__(self, operation: str, _body: bytes) -> Fault | None:
+        if not self.on or (self.operations is not None and operation not in self.operations):
+            return None
+        return self.fault
 
 
 class Scripted:
@@ -139,6 +155,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             _reset(self.connection)
             return
+        if fault is not None and fault.kind is FaultKind.DENY:
+            self._deny(operation)
+            return
         if fault is not None and fault.kind is FaultKind.DELAY:
             time.sleep(fault.seconds)
         conn = http.client.HTTPConnection(server.upstream.hostname, server.upstream.port, timeout=60)
@@ -161,5 +180,17 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _deny(self, operation: str) -> None:
+        """The answer of the JSON protocols' IAM refusal (not retried by botocore: an error, not a throttle)."""
+        body = json.dumps({"__type": "com.amazon.coral.service#AccessDeniedException",
+                           "message": f"User is not authorized to perform: {operation} (denied by the fault proxy)"})
+        data = body.encode()
+        self.send_response(400)
+        self.send_header("Content-Type", "application/x-amz-json-1.0")
+        self.send_header("x-amzn-RequestId", "fault-proxy-deny")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
-__all__ = ["Fault", "FaultKind", "FaultProxy", "Scripted", "drop_responses", "no_faults"]
+
+__all__ = ["Fault", "FaultKind", "FaultProxy", "Scripted", "Switch", "drop_responses", "no_faults"]
