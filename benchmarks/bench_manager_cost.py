@@ -51,7 +51,7 @@ from kcl_pipeline.kcl.aws_settings import AWS_CALL_LOG_ENV, AwsSettings  # noqa:
 from kcl_pipeline.kcl.config import ConsumerConfig  # noqa: E402
 from kcl_pipeline.kcl.core.lease import effects as fx  # noqa: E402
 from kcl_pipeline.kcl.core.model import Checkpoint  # noqa: E402
-from kcl_pipeline.kcl.shells.aws import client  # noqa: E402
+from kcl_pipeline.kcl.shells.aws import ITEM_PAGES, ITEMS_FROM_JSON_HOOK, client, decode_items_from_json  # noqa: E402
 from kcl_pipeline.kcl.shells.fleet.manager import LeaseManager, Processes  # noqa: E402
 from kcl_pipeline.kcl.shells.lease_table import LeaseTable  # noqa: E402
 from kcl_pipeline.kcl.shells.shards import wait_stream_active  # noqa: E402
@@ -59,7 +59,8 @@ from kcl_pipeline.kcl.shells.workers.worker import ProcessorSpec  # noqa: E402
 
 SEQUENCE = 49590338271490256608559692538361571095921575989136588898  # a realistic 56-digit sequence number
 DYNAMODB_PAGE_BYTES = 1024 * 1024  # a Scan page holds at most 1 MB of items
-KINESIS_PAGE_SHARDS = 1000  # ListShards' largest page (MaxResults)
+KINESIS_PAGE_SHARDS = 1000  # ListShards' page on Kinesis (its default and largest MaxResults)
+EMULATOR_PAGE_SHARDS = 100  # kinesis-local's page, whatever MaxResults asks (kcl_pipeline_tests/kcl/test_shards.py)
 WORKER_ID = "bench-manager"
 
 
@@ -114,6 +115,7 @@ class Cycle:
 @dataclass
 class SizeResult:
     leases: int
+    items_by: str = "json"  # who decodes the scan's items: "json" (shipped) or "botocore" (the peer)
     cycles: list[Cycle] = field(default_factory=list)
     item_bytes: list[int] = field(default_factory=list)  # each lease item's size by DynamoDB's rules
 
@@ -174,9 +176,11 @@ class CallLog:
 
 
 def measure(settings: AwsSettings, leases: int, cycles: int, work_dir: Path, *, cycle_seconds: float = 20.0,
-            name: str | None = None) -> SizeResult:
+            name: str | None = None, peer: bool = False) -> tuple[SizeResult, SizeResult | None]:
     """The manager holding every lease of a fresh `leases`-shard stream: `cycles` measured cycles after two
-    (creating and taking the leases, then the first steady one) that are not."""
+    (creating and taking the leases, then the first steady one) that are not. With `peer`, as many again,
+    alternating with them, of the peer: the scan's items decoded by botocore's parser (the client's hook off),
+    as before; alternating cycle by cycle, both meet the same load."""
     name = name or f"bench-cost-{leases}-{time.time_ns()}"
     kinesis = client("kinesis", settings)
     kinesis.create_stream(StreamName=name, ShardCount=leases)
@@ -198,6 +202,14 @@ def measure(settings: AwsSettings, leases: int, cycles: int, work_dir: Path, *, 
             os.environ.pop(AWS_CALL_LOG_ENV, None)
         else:
             os.environ[AWS_CALL_LOG_ENV] = before
+    def decode_items_by(who: str) -> None:
+        """The shipped decoding of the manager's scans ("json"), or botocore's (its hook off: the peer)."""
+        for operation in ITEM_PAGES:
+            manager.table.client.meta.events.unregister(f"before-parse.dynamodb.{operation}",
+                                                        unique_id=ITEMS_FROM_JSON_HOOK.format(operation=operation))
+        if who == "json":
+            decode_items_from_json(manager.table.client)
+
     workers = LeaseTable(config.lease_table, client("dynamodb", settings))
     calls = CallLog(log_path)
     manager.start()
@@ -221,8 +233,10 @@ def measure(settings: AwsSettings, leases: int, cycles: int, work_dir: Path, *, 
                 raise RuntimeError(f"the stand-in worker lost {key}")
             counters[key] = counter + 1
 
-    result = SizeResult(leases)
-    for n in range(cycles + 2):
+    result, peer_result = SizeResult(leases), SizeResult(leases, "botocore")
+    for n in range(cycles * (2 if peer else 1) + 2):
+        measured = result if not peer or n % 2 == 0 else peer_result
+        decode_items_by(measured.items_by)
         if n:
             renew(n)
             clock.now += cycle_seconds
@@ -235,26 +249,26 @@ def measure(settings: AwsSettings, leases: int, cycles: int, work_dir: Path, *, 
         if n >= 2:
             if report.spawned or report.created or report.deleted or len(manager.workers) != leases:
                 raise RuntimeError(f"cycle {n} at {leases} leases is not steady: {report.summary()}")
-            result.cycles.append(Cycle(requests, cpu, wall))
+            measured.cycles.append(Cycle(requests, cpu, wall))
     if len(counters) != leases:
         raise RuntimeError(f"{len(counters)} of {leases} leases taken")
     items = workers.client.scan(TableName=config.lease_table, ConsistentRead=True)["Items"]
-    result.item_bytes = [item_bytes(item) for item in items]
+    result.item_bytes = peer_result.item_bytes = [item_bytes(item) for item in items]
     manager.shutdown(timeout=5)
     kinesis.delete_stream(StreamName=name, EnforceConsumerDeletion=True)
     workers.client.delete_table(TableName=config.lease_table)
-    return result
+    return result, peer_result if peer else None
 
 
-def report(results: list[SizeResult]) -> list[str]:
+def report(results: list[SizeResult], peers: list[SizeResult] = ()) -> list[str]:
     lines = []
     operations = sorted({op for r in results for op in r.requests_per_cycle()})
     base = results[0]
-    lines.append(f"{'leases':>6}  " + "  ".join(f"{op:>26}" for op in operations)
+    lines.append(f"{'leases':>6}  " + "  ".join(f"{op:>22}" for op in operations)
                  + f"  {'all':>5}  {'manager CPU':>11}  {'wall (emulators)':>16}")
     for r in results:
         per = r.requests_per_cycle()
-        lines.append(f"{r.leases:>6}  " + "  ".join(f"{per.get(op, 0.0):>26.2f}" for op in operations)
+        lines.append(f"{r.leases:>6}  " + "  ".join(f"{per.get(op, 0.0):>22.2f}" for op in operations)
                      + f"  {sum(per.values()):>5.2f}  {r.median_cpu_s() * 1000:>8.1f} ms"
                      + f"  {r.median_wall_s() * 1000:>13.1f} ms")
     for r in results[1:]:
@@ -263,10 +277,26 @@ def report(results: list[SizeResult]) -> list[str]:
                      f"manager CPU per cycle {r.median_cpu_s() / base.median_cpu_s():.2f}x; "
                      f"wall time (the emulators', kinesis-local + dynalite) "
                      f"{r.median_wall_s() / base.median_wall_s():.2f}x")
+    for r in results:
+        per = r.requests_per_cycle()
+        pages = -(-r.leases // EMULATOR_PAGE_SHARDS)
+        lines.append(f"{r.leases} leases: Scan {per.get('dynamodb:Scan', 0):.2f} a cycle (one page), ListShards "
+                     f"{per.get('kinesis:ListShards', 0):.2f} a cycle = {pages} page(s) of kinesis-local's "
+                     f"{EMULATOR_PAGE_SHARDS} shards (Kinesis: {-(-r.leases // KINESIS_PAGE_SHARDS)} of 1,000)")
     largest = max(max(r.item_bytes) for r in results)
     lines.append(f"lease items {min(min(r.item_bytes) for r in results)}-{largest} bytes (DynamoDB's size rules): "
-                 f"a second Scan page from about {DYNAMODB_PAGE_BYTES // largest} leases (computed); a second "
-                 f"ListShards page from {KINESIS_PAGE_SHARDS + 1} shards (the API's page)")
+                 f"a second Scan page from about {DYNAMODB_PAGE_BYTES // largest} leases (computed from DynamoDB's "
+                 f"1 MB page); a second ListShards page from {KINESIS_PAGE_SHARDS + 1} shards on Kinesis")
+    by_size = {p.leases: p for p in peers}
+    for r in results:
+        peer = by_size.get(r.leases)
+        if peer is not None:
+            lines.append(f"{r.leases} leases, same run: manager CPU per cycle {r.median_cpu_s() * 1000:.1f} ms vs "
+                         f"{peer.median_cpu_s() * 1000:.1f} ms with botocore decoding the scan's items (the peer): "
+                         f"{r.median_cpu_s() / peer.median_cpu_s():.2f}x")
+    if len(peers) > 1:
+        lines.append(f"the peer, {peers[1].leases} vs {peers[0].leases} leases: manager CPU per cycle "
+                     f"{peers[1].median_cpu_s() / peers[0].median_cpu_s():.2f}x")
     return lines
 
 
@@ -274,6 +304,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--leases", default="8,64,256", help="comma-separated lease counts; the first is the peer")
     parser.add_argument("--cycles", type=int, default=10, help="measured cycles per size")
+    parser.add_argument("--no-peer", action="store_true",
+                        help="skip the peer (cycles with botocore decoding the scan's items, alternating with ours)")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.leases.split(",")]
     from kcl_pipeline.local.emulators import EmulatorStack
@@ -283,13 +315,19 @@ def main(argv: list[str] | None = None) -> None:
     endpoints = stack.start()
     os.environ.update(endpoints.env())
     try:
-        results = [measure(endpoints.aws_settings(), n, args.cycles, work_dir) for n in sizes]
+        results, peers = [], []
+        for n in sizes:
+            shipped, peer = measure(endpoints.aws_settings(), n, args.cycles, work_dir, peer=not args.no_peer)
+            results.append(shipped)
+            if peer is not None:
+                peers.append(peer)
     finally:
         stack.stop()
-    for r in results:
+    for r in results + peers:
         cpu = sorted(c.cpu_s * 1000 for c in r.cycles)
-        print(f"{r.leases} leases: CPU per cycle {', '.join(f'{x:.1f}' for x in cpu)} ms", file=sys.stderr)
-    print("\n".join(report(results)))
+        print(f"{r.leases} leases, items by {r.items_by}: CPU per cycle {', '.join(f'{x:.1f}' for x in cpu)} ms",
+              file=sys.stderr)
+    print("\n".join(report(results, peers)))
 
 
 if __name__ == "__main__":

@@ -129,25 +129,26 @@ def test_scan_cpu_does_not_walk_each_lease_through_botocores_shape_model(aws_set
 
 
 def test_the_benchmark_runs_and_the_manager_makes_one_scan_and_one_listing_a_cycle(bench, aws_settings, tmp_path):
-    """bench_manager_cost.py's measurement, briefly: the shipped manager holding 8 leases, 2 measured cycles, every
-    request of its clients counted from the call log."""
-    result = bench.measure(aws_settings, 8, 2, tmp_path)
-    assert len(result.cycles) == 2
-    for cycle in result.cycles:
+    """bench_manager_cost.py's measurement, briefly: the shipped manager holding 8 leases, 2 measured cycles and 2 of
+    the peer's, every request of its clients counted from the call log."""
+    result, peer = bench.measure(aws_settings, 8, 2, tmp_path, peer=True)
+    assert len(result.cycles) == len(peer.cycles) == 2 and peer.items_by == "botocore"
+    for cycle in result.cycles + peer.cycles:
         # At most the once-a-minute coordinator-state look (DescribeTable of KCL 3.x's table) besides the two reads.
         assert {op: n for op, n in cycle.requests.items() if op != "dynamodb:DescribeTable"} == {
             "dynamodb:Scan": 1, "kinesis:ListShards": 1}, cycle.requests
         assert cycle.requests["dynamodb:DescribeTable"] <= 1
         assert cycle.cpu_s > 0
     assert len(result.item_bytes) == 8 and min(result.item_bytes) > 0
-    header, row, *_ = bench.report([result])
+    header, row, *rest = bench.report([result], [peer])
     assert "dynamodb:Scan" in header and row.split()[0] == "8"
+    assert any("with botocore decoding the scan's items (the peer)" in line for line in rest)
 
 
 @pytest.mark.slow
 def test_requests_per_cycle_are_the_same_at_4_and_at_48_leases(bench, aws_settings, tmp_path):
     """Nothing the manager asks per cycle is per lease (a GetItem or a DescribeStream per lease would show here):
     the same requests by operation at 4 and at 48 leases (one page of the scan and of the listing at both)."""
-    small, large = (bench.measure(aws_settings, n, 3, tmp_path) for n in (4, 48))
+    small, large = (bench.measure(aws_settings, n, 3, tmp_path)[0] for n in (4, 48))
     assert small.requests_per_cycle() == large.requests_per_cycle()
     assert large.requests_per_cycle()["dynamodb:Scan"] == 1 and large.requests_per_cycle()["kinesis:ListShards"] == 1

@@ -41,7 +41,8 @@ def client(service: str, settings: AwsSettings | None = None, *, max_attempts: i
 
 # The operations whose responses carry a page of items (`Items`): the lease manager scans the whole lease table
 # every cycle, and its CPU per cycle grows with the items it decodes.
-_ITEM_PAGES = ("Scan", "Query")
+ITEM_PAGES = ("Scan", "Query")
+ITEMS_FROM_JSON_HOOK = "kcl-pipeline-items-from-json-{operation}"  # the unique id of each operation's hook
 
 
 def decode_items_from_json(dynamodb_client: Any) -> Any:
@@ -52,9 +53,9 @@ def decode_items_from_json(dynamodb_client: Any) -> Any:
     an item). The rest of the response (counts, LastEvaluatedKey, ConsumedCapacity, metadata) and every error
     response are botocore's as before. Hooked at `before-parse`, which hands the response to parse."""
     events = dynamodb_client.meta.events
-    for operation in _ITEM_PAGES:
+    for operation in ITEM_PAGES:
         events.register(f"before-parse.dynamodb.{operation}", _items_from_json,
-                        unique_id=f"kcl-pipeline-items-from-json-{operation}")
+                        unique_id=ITEMS_FROM_JSON_HOOK.format(operation=operation))
     return dynamodb_client
 
 
