@@ -23,11 +23,13 @@ Per cycle:
     not the emulator's;
   * wall time, which is the emulators' (kinesis-local's ListShards, dynalite's scan): reported beside, labelled.
 
-Ratios are against the 8-lease size measured in the same run. The lease count at which DynamoDB's 1 MB scan
+Ratios are against the 8-lease size measured in the same run. Peer, same run: the same manager with its scans'
+items decoded by botocore's parser (the package's JSON decoding of them switched off: the code before it), its
+cycles alternating with the shipped ones (`--no-peer` skips it). The lease count at which DynamoDB's 1 MB scan
 page forces a second page is computed from the measured items' sizes (DynamoDB's item-size rules), labelled
 computed.
 
-    .venv/bin/python benchmarks/bench_manager_cost.py [--leases 8,64,256] [--cycles 10]
+    .venv/bin/python benchmarks/bench_manager_cost.py [--leases 8,64,256] [--cycles 10] [--no-peer]
 """
 from __future__ import annotations
 
@@ -129,6 +131,10 @@ class SizeResult:
     def median_cpu_s(self) -> float:
         return statistics.median(c.cpu_s for c in self.cycles)
 
+    def min_cpu_s(self) -> float:
+        """The floor: the cycle least disturbed by other work on the host."""
+        return min(c.cpu_s for c in self.cycles)
+
     def median_wall_s(self) -> float:
         return statistics.median(c.wall_s for c in self.cycles)
 
@@ -202,6 +208,7 @@ def measure(settings: AwsSettings, leases: int, cycles: int, work_dir: Path, *, 
             os.environ.pop(AWS_CALL_LOG_ENV, None)
         else:
             os.environ[AWS_CALL_LOG_ENV] = before
+
     def decode_items_by(who: str) -> None:
         """The shipped decoding of the manager's scans ("json"), or botocore's (its hook off: the peer)."""
         for operation in ITEM_PAGES:
@@ -265,16 +272,18 @@ def report(results: list[SizeResult], peers: list[SizeResult] = ()) -> list[str]
     operations = sorted({op for r in results for op in r.requests_per_cycle()})
     base = results[0]
     lines.append(f"{'leases':>6}  " + "  ".join(f"{op:>22}" for op in operations)
-                 + f"  {'all':>5}  {'manager CPU':>11}  {'wall (emulators)':>16}")
+                 + f"  {'all':>5}  {'manager CPU, median (min)':>25}  {'wall (emulators)':>16}")
     for r in results:
         per = r.requests_per_cycle()
         lines.append(f"{r.leases:>6}  " + "  ".join(f"{per.get(op, 0.0):>22.2f}" for op in operations)
-                     + f"  {sum(per.values()):>5.2f}  {r.median_cpu_s() * 1000:>8.1f} ms"
+                     + f"  {sum(per.values()):>5.2f}  {r.median_cpu_s() * 1000:>14.1f} ms "
+                     + f"({r.min_cpu_s() * 1000:.1f} ms)"
                      + f"  {r.median_wall_s() * 1000:>13.1f} ms")
     for r in results[1:]:
         ratio_requests = sum(r.requests_per_cycle().values()) / sum(base.requests_per_cycle().values())
         lines.append(f"{r.leases} vs {base.leases} leases, same run: requests per cycle {ratio_requests:.2f}x, "
-                     f"manager CPU per cycle {r.median_cpu_s() / base.median_cpu_s():.2f}x; "
+                     f"manager CPU per cycle {r.median_cpu_s() / base.median_cpu_s():.2f}x "
+                     f"(min {r.min_cpu_s() / base.min_cpu_s():.2f}x); "
                      f"wall time (the emulators', kinesis-local + dynalite) "
                      f"{r.median_wall_s() / base.median_wall_s():.2f}x")
     for r in results:
@@ -291,12 +300,14 @@ def report(results: list[SizeResult], peers: list[SizeResult] = ()) -> list[str]
     for r in results:
         peer = by_size.get(r.leases)
         if peer is not None:
-            lines.append(f"{r.leases} leases, same run: manager CPU per cycle {r.median_cpu_s() * 1000:.1f} ms vs "
-                         f"{peer.median_cpu_s() * 1000:.1f} ms with botocore decoding the scan's items (the peer): "
+            lines.append(f"{r.leases} leases, same run: manager CPU per cycle {r.median_cpu_s() * 1000:.1f} ms "
+                         f"(min {r.min_cpu_s() * 1000:.1f}) vs {peer.median_cpu_s() * 1000:.1f} ms "
+                         f"(min {peer.min_cpu_s() * 1000:.1f}) with botocore decoding the scan's items (the peer): "
                          f"{r.median_cpu_s() / peer.median_cpu_s():.2f}x")
     if len(peers) > 1:
         lines.append(f"the peer, {peers[1].leases} vs {peers[0].leases} leases: manager CPU per cycle "
-                     f"{peers[1].median_cpu_s() / peers[0].median_cpu_s():.2f}x")
+                     f"{peers[1].median_cpu_s() / peers[0].median_cpu_s():.2f}x "
+                     f"(min {peers[1].min_cpu_s() / peers[0].min_cpu_s():.2f}x)")
     return lines
 
 
