@@ -485,3 +485,36 @@ def test_a_lost_batch_landed_again_naming_no_predecessor_the_zone_holds_is_a_vio
     assert _relanded_with_claims(names_its_predecessor=True) == []
     violations = _relanded_with_claims(names_its_predecessor=False)
     assert len(violations) == 1 and "naming predecessor key None" in violations[0]
+
+
+def _window_committed_ahead_of_the_sensor(committed: bool) -> list[str]:
+    """A shard's records in the second window; the sensor still waits on the first (its cursor there); a person's
+    run after a refill committed the second window (or nothing did), and the checkpoint plan passed its records."""
+    now = [10.0]
+    stream, zone, positions = _one_shard_zone(now)
+    window_ms = 60_000
+    batch = BatchKey("simstream", KEY, window_ms, Checkpoint(*positions[0][1:]), Checkpoint(*positions[-1][1:])).key()
+    zone.store.put(batch, b"rows")
+    zone.stored(batch)
+    pipeline = SimPipeline(store=zone.store, output_name=f"output-5722-{committed}", table=None, kinesis=None,
+                           stream="simstream", window_ms=window_ms, first_window_ms=0, grace_ms=15_000,
+                           overdue_ms=300_000)
+    pipeline.now_ms = window_ms + 30_000
+    if committed:
+        pipeline.output.put(commit_key(window_ms), WindowCommit(window_ms, 2 * window_ms, "run-1", frozenset({batch}),
+                                                                {}).to_json())
+    items = {KEY: lease_to_item(Lease(KEY, Checkpoint(*positions[-1][1:])))}
+    checker = Checker(stream=stream, zone=zone, items=items, foreign={}, fleet=Fleet([]), config=CONFIG,
+                      liveness_slack=6.0, now=lambda: now[0], note=lambda text: None)
+    checker.on_pipeline_tick(pipeline)
+    return checker.violations
+
+
+def test_a_window_committed_by_hand_ahead_of_the_sensors_cursor_counts_as_committed():
+    """Seeds 2604, 5722 and 6043 of the 10,000-seed run: an operator's refill re-landed a batch and the person's run
+    committed its window while the sensor still waited on an earlier window; the checkpoint plan passed the window's
+    records, each in that one commit. The checker listed commits only up to the sensor's cursor and judged them
+    'in 0 committed windows'. A checkpoint past records no commit names is still a violation."""
+    assert _window_committed_ahead_of_the_sensor(committed=True) == []
+    violations = _window_committed_ahead_of_the_sensor(committed=False)
+    assert len(violations) == 1 and "which is in 0 committed windows" in violations[0]
