@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from kcl_pipeline.kcl.core.fleet.planner import START_PATIENCE_EXPIRIES
 from kcl_pipeline.kcl.core.lease.lease_hold import LeaseTiming
 from kcl_pipeline.kcl.core.model import TRIM_HORIZON, Checkpoint, Lease, UserRecord
 from kcl_pipeline.kcl.core.table.lease_codec import lease_to_item
@@ -40,11 +41,17 @@ class Worker:
     config: object = CONFIG
     timing: LeaseTiming = LeaseTiming(10.0, 1.0)
 
+    frozen_before: bool = False  # frozen by the world before its take
+    works: bool = True
+
     def could_deliver(self) -> float:
         return self.valid_for
 
     def working(self) -> bool:
-        return True
+        return self.works
+
+    def frozen_before_take(self) -> bool:
+        return self.frozen_before
 
 
 class Fleet:
@@ -196,6 +203,38 @@ def test_a_lease_worked_between_two_looks_restarts_its_liveness_clock():
     a lease left unworked."""
     assert _java_owned_lease_clock(delivers_at=None)
     assert _java_owned_lease_clock(delivers_at=10.0 + CONFIG.lease_expiry_seconds) == []
+
+
+def _respawned_taker_frozen_before_its_take(looks_until: float) -> list[str]:
+    """A lease of consumer-1 whose holder stopped working it at t=10; at t=20 its manager spawns a worker to take
+    it over, which the world freezes before its take; the checker looks every 2 s until `looks_until`."""
+    holder, taker = Worker(1, "consumer-1", works=False), Worker(2, "consumer-1", works=False)
+    workers = [holder]
+    checker, write, _ = _world(workers)
+    checker.fleet.consumers = [Follower()]
+    write(holder, "consumer-1", 1)
+    clock = [10.0]
+    checker.now = lambda: clock[0]
+    while clock[0] <= looks_until:
+        if clock[0] >= 20.0 and taker not in workers:
+            taker.frozen_before = True
+            workers.append(taker)
+        checker.audit()
+        clock[0] += 2.0
+    return checker.violations
+
+
+def test_a_taker_frozen_before_its_take_restarts_the_liveness_clock_and_counts_its_start_patience():
+    """Seed 105 of `slow-spawns,crash,freeze-worker`: a holder froze; its manager killed it an expiry later and
+    spawned a worker to take the lease over, which the world froze before its take. The manager rightly waits out
+    that worker's start patience (two expiries: a worker's start may take that long) before it kills it too; the
+    bound, one expiry from the first freeze, called that a lease left unworked. As when a consumer that could take
+    over freezes, the clock restarts, and the bound counts the start patience — and still holds past it."""
+    bound = CONFIG.lease_expiry_seconds + CONFIG.cycle_seconds + 6.0
+    patience = (START_PATIENCE_EXPIRIES - 1) * CONFIG.lease_expiry_seconds
+    assert _respawned_taker_frozen_before_its_take(looks_until=20.0 + bound + patience - 2.0) == []
+    violations = _respawned_taker_frozen_before_its_take(looks_until=20.0 + bound + patience + 4.0)
+    assert len(violations) == 1 and "start patience for a worker frozen before its take" in violations[0]
 
 
 @dataclass

@@ -322,6 +322,11 @@ class SimWorkerProcess(Process):
         return (not self.finished and self.scope.alive() and self.scope.thaw_time() <= self.world.now
                 and hold is not None and hold.lost is None and not hold.ended)
 
+    def frozen_before_take(self) -> bool:
+        """Alive and frozen before it took its lease (ground truth for the checker)."""
+        return (not self.finished and self.scope.alive() and self.scope.thaw_time() > self.world.now
+                and not self.worker.lease.acquired)
+
     def could_deliver(self) -> float:
         """How much longer (its clock) it could still deliver, frozen or not: its hold neither lost nor ended
         and still valid, and not asked to stop (ground truth for the checker)."""

@@ -39,6 +39,7 @@ from typing import Any, Callable, Mapping
 
 from ...kcl.config import ConsumerConfig
 from ...kcl.core.fleet.balance import imbalance, reported_load
+from ...kcl.core.fleet.planner import START_PATIENCE_EXPIRIES
 from ...kcl.core.model import LATEST, Checkpoint
 from ...kcl.core.table.lease_codec import lease_from_item
 from ...zone.layout import ends_empty, link_key, link_target, parse_batch_key
@@ -78,6 +79,9 @@ class Checker:
         self.deliverers: dict[str, list[tuple[tuple[str, int | None], str]]] = {}  # holders, in order
         self.holder: dict[str, Any] = {}
         self.unworked_since: dict[str, tuple[float, tuple]] = {}
+        # Lease → the workers of its owner the world froze before their take, seen so far (the liveness clock
+        # restarts at each, and counts the manager's start patience: `audit`).
+        self.frozen_takers: dict[str, set[int]] = {}
         self.able_before: frozenset[int] = frozenset()
         self.most_orphans = 0
         self.delivered_at: dict[str, float] = {}  # shard -> the last delivery, by anyone
@@ -765,20 +769,33 @@ class Checker:
         for key, shard, lease in owned:
             if lease.lease_owner is None or lease.is_ended or shard.trimmed or self.worked(key, lease.lease_owner):
                 self.unworked_since.pop(key, None)
+                self.frozen_takers.pop(key, None)
                 continue
             # The bound counts from the last take: each new holder (itself frozen, say) gets its own.
             taker = (lease.lease_owner, getattr(self.holder.get(key), "serial", None))
             since, owner = self.unworked_since.get(key, (None, None))
             # Worked between two looks (a Java peer's short tenure, taken and lost again): its clock restarts.
             worked_since = since is not None and self.delivered_at.get(key, -1.0) >= since
-            if since is None or not able or lost_taker or owner != taker or worked_since:
+            # A worker its owner spawned to take the lease over, frozen before its take (seed 105 of
+            # `slow-spawns,crash,freeze-worker`): like a consumer that could take over and then could not, it
+            # restarts the clock, and its manager kills it only once its start patience has passed (a worker may
+            # take that long to start: planner.start_patience), not one expiry.
+            frozen = {w.serial for w in self.fleet.workers_by_key(key)
+                      if w.worker_id == lease.lease_owner and w.frozen_before_take()}
+            seen = self.frozen_takers.setdefault(key, set())
+            frozen_taker = bool(frozen - seen)
+            seen |= frozen
+            lease_bound = bound + (START_PATIENCE_EXPIRIES - 1) * config.lease_expiry_seconds if seen else bound
+            if since is None or not able or lost_taker or owner != taker or worked_since or frozen_taker:
                 self.unworked_since[key] = (now, taker)
                 continue
-            if now - since > bound:
+            if now - since > lease_bound:
                 self.violation(f"lease {key} owned by {lease.lease_owner} has not been worked for {now - since:.1f}s "
                                f"(bound: expiry + cycle + {self.liveness_slack:.0f}s"
                                + (f" + {queue:.1f}s for {self.most_orphans} orphaned leases" if queue else "")
-                               + (f" + {spawning:.1f}s for slow spawns" if spawning else "") + ")")
+                               + (f" + {spawning:.1f}s for slow spawns" if spawning else "")
+                               + (f" + {lease_bound - bound:.0f}s of start patience for a worker frozen before its "
+                                  f"take" if lease_bound > bound else "") + ")")
                 self.unworked_since[key] = (now, taker)
 
     def settled(self) -> list[str]:
