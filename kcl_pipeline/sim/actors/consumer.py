@@ -651,9 +651,9 @@ class SimConsumer(Process):
                 self.world.stop_while_taking(self, self.config.lease_expiry_seconds, 0.15)
         how = " (hand-off)" if spawn.handoff else " (steal)" if spawn.stolen else ""
         self.world.note(f"{self!r}: spawn {worker!r}{how}")
-        # A spawned process takes a moment to start, longer on a host whose spawns are slow.
-        slow = self.world.scenario.spawn_seconds
-        worker.start(self.world.rng.uniform(0.2, 1.0) + (slow * self.world.rng.random() if slow else 0.0))
+        # A spawned process takes a moment to start, longer on a host whose spawns are slow, and longer than its
+        # manager's first start patience on a host loaded past it (`Scenario.start_seconds`).
+        worker.start(self.world.scenario.worker_start(self.world.rng))
         return worker
 
     def worker_result(self, result: WorkerResult) -> None:

@@ -61,7 +61,7 @@ class Checker:
     def __init__(self, *, stream: SimStream, zone: SimZone, items: Mapping[str, dict],
                  foreign: Mapping[str, dict], fleet: FleetView, config: ConsumerConfig, liveness_slack: float,
                  now: Callable[[], float], note: Callable[[str], None], validity_slack: float = 1e-9,
-                 spawn_seconds: float = 0.0):
+                 spawn_seconds: float = 0.0, start_seconds: float = 0.0):
         self.stream = stream
         self.zone = zone
         self.items = items          # the lease table's items, live (our leases and everyone else's)
@@ -70,6 +70,7 @@ class Checker:
         self.config = config        # the fleet's timings: expiry, cycle, leases taken per cycle
         self.liveness_slack = liveness_slack
         self.spawn_seconds = spawn_seconds  # how long a spawn blocks its manager (slow spawns)
+        self.start_seconds = start_seconds  # the longest a worker takes to start past its first start patience
         self.now = now
         self.note = note
         self.violations: list[str] = []
@@ -765,6 +766,11 @@ class Checker:
         # Slow spawns stretch a manager's cycle by its spawns (its takes and a steal), and a stuck worker is seen
         # one stretched cycle after its lease changed and abandoned the next.
         spawning = 2 * (config.leases_to_acquire + 1) * self.spawn_seconds
+        # Worker starts longer than the first start patience: the first worker is killed once that has passed, the
+        # next one (a cycle or so later, twice as patient) takes the lease once it has started.
+        if self.start_seconds:
+            spawning += (START_PATIENCE_EXPIRIES * config.lease_expiry_seconds + 2 * config.cycle_seconds
+                         + self.start_seconds)
         bound = config.lease_expiry_seconds + config.cycle_seconds + self.liveness_slack + queue + spawning
         for key, shard, lease in owned:
             if lease.lease_owner is None or lease.is_ended or shard.trimmed or self.worked(key, lease.lease_owner):
@@ -793,7 +799,8 @@ class Checker:
                 self.violation(f"lease {key} owned by {lease.lease_owner} has not been worked for {now - since:.1f}s "
                                f"(bound: expiry + cycle + {self.liveness_slack:.0f}s"
                                + (f" + {queue:.1f}s for {self.most_orphans} orphaned leases" if queue else "")
-                               + (f" + {spawning:.1f}s for slow spawns" if spawning else "")
+                               + (f" + {spawning:.1f}s for slow spawns"
+                                  + (" and starts" if self.start_seconds else "") if spawning else "")
                                + (f" + {lease_bound - bound:.0f}s of start patience for a worker frozen before its "
                                   f"take" if lease_bound > bound else "") + ")")
                 self.unworked_since[key] = (now, taker)
