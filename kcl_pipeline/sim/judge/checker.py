@@ -782,8 +782,8 @@ class Checker:
             since, owner = self.unworked_since.get(key, (None, None))
             # Worked between two looks (a Java peer's short tenure, taken and lost again): its clock restarts.
             worked_since = since is not None and self.delivered_at.get(key, -1.0) >= since
-            # A worker its owner spawned to take the lease over, frozen before its take (seed 105 of
-            # `slow-spawns,crash,freeze-worker`): like a consumer that could take over and then could not, it
+            # A worker its owner spawned to take the lease over, frozen before its take (a frozen holder's
+            # replacement): like a consumer that could take over and then could not, it
             # restarts the clock, and its manager kills it only once its start patience has passed (a worker may
             # take that long to start: planner.start_patience), not one expiry.
             frozen = {w.serial for w in self.fleet.workers_by_key(key)

@@ -86,7 +86,7 @@ class Scenario:
     mixed_batch_sizes: bool = False  # each worker process draws its own max_batch_records (else flush_records)
     spawn_seconds: float = 0.0  # how long starting a worker process blocks its manager (`slow-spawns`)
     # How long every worker process takes to start on a host loaded past its manager's first start patience (a
-    # third of the `slow-spawns` worlds): each start takes 1-1.15 times this.
+    # third of the lone consumer's `slow-spawns` worlds): each start takes 1-START_SPREAD times this.
     start_seconds: float = 0.0
 
     @classmethod
@@ -150,8 +150,8 @@ class Scenario:
                    spawn_seconds=_slow_spawns(seed) if "slow-spawns" in faults else 0.0)
         # Long starts make every lease a consumer takes cost a start patience and a start (about 50 s): only where
         # a lone consumer takes them and the stream reshards once at most. A second generation of children waits
-        # on such takes of its parents, and the lone consumer one lease a cycle: seed 129 (five shards, three
-        # reshards) lost a merged child's records to the retention while the shipped manager did as it should.
+        # on such takes of its parents, and the lone consumer takes one lease a cycle: with more reshards a merged
+        # child's records left the stream with its retention while the shipped manager did as it should.
         if ("slow-spawns" in faults and scenario.lone_consumer
                 and sum(1 for e in events if e.kind == "reshard") <= 1):
             scenario = replace(scenario, start_seconds=_long_starts(seed))
