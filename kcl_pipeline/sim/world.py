@@ -134,7 +134,8 @@ class World(Stage):
         # The checker sees the stream, the store, the table's items and this world as a fleet view (judge/fleet.py).
         self.checker = Checker(stream=self.stream, zone=self.zone, items=table.items, foreign=foreign, fleet=self,
                                config=self.config, liveness_slack=scenario.liveness_slack, now=lambda: self.now,
-                               note=self.note, spawn_seconds=scenario.spawn_seconds)
+                               note=self.note, spawn_seconds=scenario.spawn_seconds,
+                               start_seconds=scenario.longest_start)
         # The world's own reaction first: it needs the holder as it was before the write.
         self.dynamodb.observers.append(self._on_handoff_asked)
         self.dynamodb.observers.append(self.checker.on_write)

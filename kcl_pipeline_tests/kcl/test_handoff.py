@@ -475,3 +475,44 @@ def test_the_renewal_of_an_asked_holder_is_fenced_on_its_counter_and_its_checkpo
     assert not table.renew_asked("s-0", "someone", 8)
     assert table.finish_handoff("s-0", "holder", 8, Checkpoint("100"))
     assert not table.renew_asked("s-0", "holder", 9)  # stepped aside: nothing more to renew
+
+
+class EndedHolder(Holder):
+    """A holder idle at its shard's end (the pipeline ends the shard): its heartbeat sees a hand-off asked of it
+    during the first wait; the pipeline never ends the shard in this history."""
+
+    def __init__(self, asked: Lease, waits_allowed: int = 5):
+        super().__init__(asked)
+        self.current = CurrentHold()
+        self.current.move(HELD)
+        self.waits = 0
+        self.waits_allowed = waits_allowed
+
+    def __call__(self, effect):
+        if isinstance(effect, fx.WaitForChange):
+            self.effects.append(effect)
+            self.waits += 1
+            if self.waits > self.waits_allowed:
+                raise AssertionError(f"still waiting for the end after {self.waits_allowed} waits, "
+                                     f"renewing a lease asked of it")
+            if self.waits == 1:
+                self.current.move(self.current.hold.handing_off(self.table_lease))  # the heartbeat's RenewAsked
+            return None
+        if isinstance(effect, fx.Check):
+            self.effects.append(effect)
+            return fx.Status(100.0, self.current.hold, False)
+        return super().__call__(effect)
+
+
+def test_a_holder_waiting_for_the_pipeline_to_end_its_shard_finishes_a_hand_off_asked_of_it():
+    """Seed 1935 of the 10,000-seed run: a holder whose shard end had landed waited, idle, for the pipeline to end
+    the shard; a taker asked it for a hand-off and froze right after. The holder renewed the asked lease every
+    heartbeat instead of stepping aside, so no other consumer could see it expire: owned by the frozen asker and
+    unworked for 28 s. Waiting for the end, it finishes the hand-off at once, as while delivering."""
+    asked = Lease("s-0", Checkpoint("100"), "taker", 12, extra={"checkpointOwner": "holder"})
+    script = EndedHolder(asked)
+    settings = life.LifeSettings(TIMING, Checkpoint(TRIM_HORIZON), heartbeat_seconds=3.0)
+    result = fx.drive(life._finish_ended("s-0", script.current, False, settings), script)
+    assert (result.outcome, result.detail) == (LifeOutcome.HANDED_OFF, "to taker")
+    assert script.waits == 1
+    assert [e.checkpoint for e in script.effects if isinstance(e, fx.FinishHandoff)] == [Checkpoint("140")]

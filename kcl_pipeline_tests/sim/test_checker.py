@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from kcl_pipeline.kcl.core.fleet.planner import START_PATIENCE_EXPIRIES
 from kcl_pipeline.kcl.core.lease.lease_hold import LeaseTiming
 from kcl_pipeline.kcl.core.model import TRIM_HORIZON, Checkpoint, Lease, UserRecord
 from kcl_pipeline.kcl.core.table.lease_codec import lease_to_item
@@ -40,11 +41,17 @@ class Worker:
     config: object = CONFIG
     timing: LeaseTiming = LeaseTiming(10.0, 1.0)
 
+    frozen_before: bool = False  # frozen by the world before its take
+    works: bool = True
+
     def could_deliver(self) -> float:
         return self.valid_for
 
     def working(self) -> bool:
-        return True
+        return self.works
+
+    def frozen_before_take(self) -> bool:
+        return self.frozen_before
 
 
 class Fleet:
@@ -196,6 +203,38 @@ def test_a_lease_worked_between_two_looks_restarts_its_liveness_clock():
     a lease left unworked."""
     assert _java_owned_lease_clock(delivers_at=None)
     assert _java_owned_lease_clock(delivers_at=10.0 + CONFIG.lease_expiry_seconds) == []
+
+
+def _respawned_taker_frozen_before_its_take(looks_until: float) -> list[str]:
+    """A lease of consumer-1 whose holder stopped working it at t=10; at t=20 its manager spawns a worker to take
+    it over, which the world freezes before its take; the checker looks every 2 s until `looks_until`."""
+    holder, taker = Worker(1, "consumer-1", works=False), Worker(2, "consumer-1", works=False)
+    workers = [holder]
+    checker, write, _ = _world(workers)
+    checker.fleet.consumers = [Follower()]
+    write(holder, "consumer-1", 1)
+    clock = [10.0]
+    checker.now = lambda: clock[0]
+    while clock[0] <= looks_until:
+        if clock[0] >= 20.0 and taker not in workers:
+            taker.frozen_before = True
+            workers.append(taker)
+        checker.audit()
+        clock[0] += 2.0
+    return checker.violations
+
+
+def test_a_taker_frozen_before_its_take_restarts_the_liveness_clock_and_counts_its_start_patience():
+    """Seed 105 of `slow-spawns,crash,freeze-worker`: a holder froze; its manager killed it an expiry later and
+    spawned a worker to take the lease over, which the world froze before its take. The manager rightly waits out
+    that worker's start patience (two expiries: a worker's start may take that long) before it kills it too; the
+    bound, one expiry from the first freeze, called that a lease left unworked. As when a consumer that could take
+    over freezes, the clock restarts, and the bound counts the start patience — and still holds past it."""
+    bound = CONFIG.lease_expiry_seconds + CONFIG.cycle_seconds + 6.0
+    patience = (START_PATIENCE_EXPIRIES - 1) * CONFIG.lease_expiry_seconds
+    assert _respawned_taker_frozen_before_its_take(looks_until=20.0 + bound + patience - 2.0) == []
+    violations = _respawned_taker_frozen_before_its_take(looks_until=20.0 + bound + patience + 4.0)
+    assert len(violations) == 1 and "start patience for a worker frozen before its take" in violations[0]
 
 
 @dataclass
@@ -485,3 +524,36 @@ def test_a_lost_batch_landed_again_naming_no_predecessor_the_zone_holds_is_a_vio
     assert _relanded_with_claims(names_its_predecessor=True) == []
     violations = _relanded_with_claims(names_its_predecessor=False)
     assert len(violations) == 1 and "naming predecessor key None" in violations[0]
+
+
+def _window_committed_ahead_of_the_sensor(committed: bool) -> list[str]:
+    """A shard's records in the second window; the sensor still waits on the first (its cursor there); a person's
+    run after a refill committed the second window (or nothing did), and the checkpoint plan passed its records."""
+    now = [10.0]
+    stream, zone, positions = _one_shard_zone(now)
+    window_ms = 60_000
+    batch = BatchKey("simstream", KEY, window_ms, Checkpoint(*positions[0][1:]), Checkpoint(*positions[-1][1:])).key()
+    zone.store.put(batch, b"rows")
+    zone.stored(batch)
+    pipeline = SimPipeline(store=zone.store, output_name=f"output-5722-{committed}", table=None, kinesis=None,
+                           stream="simstream", window_ms=window_ms, first_window_ms=0, grace_ms=15_000,
+                           overdue_ms=300_000)
+    pipeline.now_ms = window_ms + 30_000
+    if committed:
+        pipeline.output.put(commit_key(window_ms), WindowCommit(window_ms, 2 * window_ms, "run-1", frozenset({batch}),
+                                                                {}).to_json())
+    items = {KEY: lease_to_item(Lease(KEY, Checkpoint(*positions[-1][1:])))}
+    checker = Checker(stream=stream, zone=zone, items=items, foreign={}, fleet=Fleet([]), config=CONFIG,
+                      liveness_slack=6.0, now=lambda: now[0], note=lambda text: None)
+    checker.on_pipeline_tick(pipeline)
+    return checker.violations
+
+
+def test_a_window_committed_by_hand_ahead_of_the_sensors_cursor_counts_as_committed():
+    """Seeds 2604, 5722 and 6043 of the 10,000-seed run: an operator's refill re-landed a batch and the person's run
+    committed its window while the sensor still waited on an earlier window; the checkpoint plan passed the window's
+    records, each in that one commit. The checker listed commits only up to the sensor's cursor and judged them
+    'in 0 committed windows'. A checkpoint past records no commit names is still a violation."""
+    assert _window_committed_ahead_of_the_sensor(committed=True) == []
+    violations = _window_committed_ahead_of_the_sensor(committed=False)
+    assert len(violations) == 1 and "which is in 0 committed windows" in violations[0]

@@ -322,6 +322,11 @@ class SimWorkerProcess(Process):
         return (not self.finished and self.scope.alive() and self.scope.thaw_time() <= self.world.now
                 and hold is not None and hold.lost is None and not hold.ended)
 
+    def frozen_before_take(self) -> bool:
+        """Alive and frozen before it took its lease (ground truth for the checker)."""
+        return (not self.finished and self.scope.alive() and self.scope.thaw_time() > self.world.now
+                and not self.worker.lease.acquired)
+
     def could_deliver(self) -> float:
         """How much longer (its clock) it could still deliver, frozen or not: its hold neither lost nor ended
         and still valid, and not asked to stop (ground truth for the checker)."""
@@ -646,9 +651,9 @@ class SimConsumer(Process):
                 self.world.stop_while_taking(self, self.config.lease_expiry_seconds, 0.15)
         how = " (hand-off)" if spawn.handoff else " (steal)" if spawn.stolen else ""
         self.world.note(f"{self!r}: spawn {worker!r}{how}")
-        # A spawned process takes a moment to start, longer on a host whose spawns are slow.
-        slow = self.world.scenario.spawn_seconds
-        worker.start(self.world.rng.uniform(0.2, 1.0) + (slow * self.world.rng.random() if slow else 0.0))
+        # A spawned process takes a moment to start, longer on a host whose spawns are slow, and longer than its
+        # manager's first start patience on a host loaded past it (`Scenario.start_seconds`).
+        worker.start(self.world.scenario.worker_start(self.world.rng))
         return worker
 
     def worker_result(self, result: WorkerResult) -> None:

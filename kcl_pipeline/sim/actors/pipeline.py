@@ -457,8 +457,13 @@ class SimPipeline:
                 self.queue.append(start)
 
     def committed(self) -> dict[int, WindowCommit]:
-        """Every published commit (the checker's view)."""
-        return {w: c for w in commit_windows(self.output, self.first_window_ms, self.cursor + self.window_ms)
+        """Every published commit (the checker's view), up to the newest window a run can have committed: the
+        sensor's cursor, or the window of now when that is later — a person's run after a refill
+        (`rerun_by_hand`) commits a window the sensor has not reported yet (a LATEST shard's first window,
+        committed by hand while the sensor still waits on another shard for the window before), and the
+        checkpoint plan rightly passes its records."""
+        newest = max(self.cursor, self.now_ms - self.now_ms % self.window_ms)
+        return {w: c for w in commit_windows(self.output, self.first_window_ms, newest + self.window_ms)
                 if (c := read_commit(self.output, w)) is not None}
 
     def drop(self) -> None:

@@ -39,6 +39,7 @@ from typing import Any, Callable, Mapping
 
 from ...kcl.config import ConsumerConfig
 from ...kcl.core.fleet.balance import imbalance, reported_load
+from ...kcl.core.fleet.planner import START_PATIENCE_EXPIRIES
 from ...kcl.core.model import LATEST, Checkpoint
 from ...kcl.core.table.lease_codec import lease_from_item
 from ...zone.layout import ends_empty, link_key, link_target, parse_batch_key
@@ -60,7 +61,7 @@ class Checker:
     def __init__(self, *, stream: SimStream, zone: SimZone, items: Mapping[str, dict],
                  foreign: Mapping[str, dict], fleet: FleetView, config: ConsumerConfig, liveness_slack: float,
                  now: Callable[[], float], note: Callable[[str], None], validity_slack: float = 1e-9,
-                 spawn_seconds: float = 0.0):
+                 spawn_seconds: float = 0.0, start_seconds: float = 0.0):
         self.stream = stream
         self.zone = zone
         self.items = items          # the lease table's items, live (our leases and everyone else's)
@@ -69,6 +70,7 @@ class Checker:
         self.config = config        # the fleet's timings: expiry, cycle, leases taken per cycle
         self.liveness_slack = liveness_slack
         self.spawn_seconds = spawn_seconds  # how long a spawn blocks its manager (slow spawns)
+        self.start_seconds = start_seconds  # the longest a worker takes to start past its first start patience
         self.now = now
         self.note = note
         self.violations: list[str] = []
@@ -78,6 +80,9 @@ class Checker:
         self.deliverers: dict[str, list[tuple[tuple[str, int | None], str]]] = {}  # holders, in order
         self.holder: dict[str, Any] = {}
         self.unworked_since: dict[str, tuple[float, tuple]] = {}
+        # Lease → the workers of its owner the world froze before their take, seen so far (the liveness clock
+        # restarts at each, and counts the manager's start patience: `audit`).
+        self.frozen_takers: dict[str, set[int]] = {}
         self.able_before: frozenset[int] = frozenset()
         self.most_orphans = 0
         self.delivered_at: dict[str, float] = {}  # shard -> the last delivery, by anyone
@@ -761,24 +766,43 @@ class Checker:
         # Slow spawns stretch a manager's cycle by its spawns (its takes and a steal), and a stuck worker is seen
         # one stretched cycle after its lease changed and abandoned the next.
         spawning = 2 * (config.leases_to_acquire + 1) * self.spawn_seconds
+        # Worker starts longer than the first start patience: the first worker is killed once that has passed, the
+        # next one (a cycle or so later, twice as patient) takes the lease once it has started.
+        if self.start_seconds:
+            spawning += (START_PATIENCE_EXPIRIES * config.lease_expiry_seconds + 2 * config.cycle_seconds
+                         + self.start_seconds)
         bound = config.lease_expiry_seconds + config.cycle_seconds + self.liveness_slack + queue + spawning
         for key, shard, lease in owned:
             if lease.lease_owner is None or lease.is_ended or shard.trimmed or self.worked(key, lease.lease_owner):
                 self.unworked_since.pop(key, None)
+                self.frozen_takers.pop(key, None)
                 continue
             # The bound counts from the last take: each new holder (itself frozen, say) gets its own.
             taker = (lease.lease_owner, getattr(self.holder.get(key), "serial", None))
             since, owner = self.unworked_since.get(key, (None, None))
             # Worked between two looks (a Java peer's short tenure, taken and lost again): its clock restarts.
             worked_since = since is not None and self.delivered_at.get(key, -1.0) >= since
-            if since is None or not able or lost_taker or owner != taker or worked_since:
+            # A worker its owner spawned to take the lease over, frozen before its take (a frozen holder's
+            # replacement): like a consumer that could take over and then could not, it
+            # restarts the clock, and its manager kills it only once its start patience has passed (a worker may
+            # take that long to start: planner.start_patience), not one expiry.
+            frozen = {w.serial for w in self.fleet.workers_by_key(key)
+                      if w.worker_id == lease.lease_owner and w.frozen_before_take()}
+            seen = self.frozen_takers.setdefault(key, set())
+            frozen_taker = bool(frozen - seen)
+            seen |= frozen
+            lease_bound = bound + (START_PATIENCE_EXPIRIES - 1) * config.lease_expiry_seconds if seen else bound
+            if since is None or not able or lost_taker or owner != taker or worked_since or frozen_taker:
                 self.unworked_since[key] = (now, taker)
                 continue
-            if now - since > bound:
+            if now - since > lease_bound:
                 self.violation(f"lease {key} owned by {lease.lease_owner} has not been worked for {now - since:.1f}s "
                                f"(bound: expiry + cycle + {self.liveness_slack:.0f}s"
                                + (f" + {queue:.1f}s for {self.most_orphans} orphaned leases" if queue else "")
-                               + (f" + {spawning:.1f}s for slow spawns" if spawning else "") + ")")
+                               + (f" + {spawning:.1f}s for slow spawns"
+                                  + (" and starts" if self.start_seconds else "") if spawning else "")
+                               + (f" + {lease_bound - bound:.0f}s of start patience for a worker frozen before its "
+                                  f"take" if lease_bound > bound else "") + ")")
                 self.unworked_since[key] = (now, taker)
 
     def settled(self) -> list[str]:

@@ -59,6 +59,10 @@ class WorkerView(Protocol):
         it cannot)."""
         ...
 
+    def frozen_before_take(self) -> bool:
+        """Alive and frozen by the world before it took its lease (its manager waits out its start patience)."""
+        ...
+
 
 class PeerView(Protocol):
     """A Java KCL peer: its leases are its own business, but it works them."""

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable
 
+from ...kcl.core.fleet.planner import START_PATIENCE_EXPIRIES
 from ...kcl.core.tolerance import CLOCK_RATE_TOLERANCE
 
 FAULTS = ("crash", "restart-same-id", "graceful-stop", "freeze-consumer", "freeze-worker", "partition",
@@ -84,6 +85,9 @@ class Scenario:
     short_reads: float = 0.0  # of GetRecords calls, those answered with a random prefix of their records
     mixed_batch_sizes: bool = False  # each worker process draws its own max_batch_records (else flush_records)
     spawn_seconds: float = 0.0  # how long starting a worker process blocks its manager (`slow-spawns`)
+    # How long every worker process takes to start on a host loaded past its manager's first start patience (a
+    # third of the lone consumer's `slow-spawns` worlds): each start takes 1-START_SPREAD times this.
+    start_seconds: float = 0.0
 
     @classmethod
     def generate(cls, seed: int, steps: int, faults: Iterable[str] = FAULTS) -> "Scenario":
@@ -121,7 +125,7 @@ class Scenario:
             events = sorted(events + [FaultEvent(own.randint(steps // 10, max(steps // 10, steps * 6 // 10)),
                                                  "zombie-flush", own.random())
                                       for _ in range(own.randint(0, 3))])
-        return cls(seed=seed, steps=steps, faults=faults, consumers=rng.randint(1, 4),
+        scenario = cls(seed=seed, steps=steps, faults=faults, consumers=rng.randint(1, 4),
                    java=java, shards=rng.randint(1, 6),
                    rate=rng.uniform(0.2, 0.9), retention=rng.uniform(150.0, 300.0),
                    drift=CLOCK_RATE_TOLERANCE if "clock-drift" in faults else 0.0,
@@ -144,19 +148,63 @@ class Scenario:
                    # A quarter of the worlds, from a stream of their own: each spawn blocks its manager for up to
                    # an expiry of the world's consumers.
                    spawn_seconds=_slow_spawns(seed) if "slow-spawns" in faults else 0.0)
+        # Long starts make every lease a consumer takes cost a start patience and a start (about 50 s): only where
+        # a lone consumer takes them and the stream reshards once at most. A second generation of children waits
+        # on such takes of its parents, and the lone consumer takes one lease a cycle: with more reshards a merged
+        # child's records left the stream with its retention while the shipped manager did as it should.
+        if ("slow-spawns" in faults and scenario.lone_consumer
+                and sum(1 for e in events if e.kind == "reshard") <= 1):
+            scenario = replace(scenario, start_seconds=_long_starts(seed))
+        return scenario
+
+    @property
+    def lone_consumer(self) -> bool:
+        """One consumer of ours and no Java peer of either version (a KCL 3.x one joins only where there may be a
+        Java peer, no 2.x one and no pipeline: actors/java3.py `chosen`)."""
+        return self.consumers == 1 and not self.java and (
+            "java-peer" not in self.faults or self.pipeline_period is not None)
+
+    def worker_start(self, rng: random.Random) -> float:
+        """How long a worker process takes to start (true seconds from its spawn's return)."""
+        if self.start_seconds:
+            return self.start_seconds * rng.uniform(1.0, START_SPREAD)
+        return rng.uniform(0.2, 1.0) + (self.spawn_seconds * rng.random() if self.spawn_seconds else 0.0)
+
+    @property
+    def longest_start(self) -> float:
+        """The longest start past the first start patience (0: none outlasts it)."""
+        return self.start_seconds * START_SPREAD
 
     def describe(self) -> str:
         kinds = Counter(e.kind for e in self.events)
         return (f"{self.consumers} consumer(s){' + a Java peer' if self.java else ''}, {self.shards} shard(s)"
                 f"{' from LATEST' if self.initial_position != 'TRIM_HORIZON' else ''}"
                 f"{f' (one {self.hot}x hot)' if self.hot > 1 else ''}"
-                f"{f', spawns blocking {self.spawn_seconds:.1f}s' if self.spawn_seconds else ''}, "
+                f"{f', spawns blocking {self.spawn_seconds:.1f}s' if self.spawn_seconds else ''}"
+                f"{f', worker starts {self.start_seconds:.1f}s+' if self.start_seconds else ''}, "
                 f"faults: {', '.join(f'{k}×{n}' for k, n in sorted(kinds.items())) or 'none'}")
 
 
 def _slow_spawns(seed: int) -> float:
     own = random.Random(f"scenario-{seed}-spawns")
     return own.uniform(2.0, 10.0) if own.random() < 0.25 else 0.0
+
+
+# The world's consumers' first start patience (planner.start_patience before any kill: two 10-s expiries).
+FIRST_START_PATIENCE_SECONDS = START_PATIENCE_EXPIRIES * 10.0
+# How much longer than its base a single worker's start may take (`Scenario.start_seconds`).
+START_SPREAD = 1.15
+
+
+def _long_starts(seed: int) -> float:
+    """A third of the lone consumer's worlds whose spawns are slow (a stream of their own): every worker's start
+    outlasts its manager's first start patience — 1.15-1.4 times it, each start up to START_SPREAD times that, so
+    always within the patience doubled once. A manager that kills such a worker before its take and gives the next
+    one the same patience kills every respawn the same way, and the lease is never worked (the respawn livelock)."""
+    if not _slow_spawns(seed):
+        return 0.0
+    own = random.Random(f"scenario-{seed}-starts")
+    return own.uniform(1.15, 1.4) * FIRST_START_PATIENCE_SECONDS if own.random() < 1 / 3 else 0.0
 
 
 __all__ = ["FAULTS", "KNOWN_FAULTS", "OPT_IN_FAULTS", "PIPELINE_DAMAGE", "FaultEvent", "Scenario"]

@@ -365,7 +365,10 @@ def _finish_ended(key: str, current: CurrentHold, end_requested: bool, settings:
 
     A processor may leave the end to someone else (the landing pipeline ends a shard only after its last
     window is transformed): then the worker keeps heartbeating, idle, until the lease is ended (its
-    heartbeat condition fails on SHARD_END), lost, or the worker is asked to stop.
+    heartbeat condition fails on SHARD_END), lost, handed off, or the worker is asked to stop. A hand-off
+    asked of it meanwhile is finished at once, as while delivering: its heartbeats would otherwise renew the
+    asked lease for as long as the pipeline takes, so no peer could take it from an asker that froze or died
+    after asking (the asker's own timeout counts on its clock, which a freeze stops).
     """
     if end_requested:
         outcome = yield from End().ask()
@@ -379,6 +382,10 @@ def _finish_ended(key: str, current: CurrentHold, end_requested: bool, settings:
             if status.hold.ended:
                 break
             yield from WaitForChange(wait_between_polls_for_end(settings)).ask()
+            if current.hold.handing_to is not None:
+                coverage.hit("life.ended.handed-off-while-waiting-for-the-end")
+                status = yield from Check().ask()
+                return (yield from _lost(key, current, status.hold))
             if current.hold.lost is not None:
                 table = yield from GetLease().ask()
                 if table is not None and table.is_ended:
