@@ -54,7 +54,6 @@ from typing import Any, Callable, Sequence
 
 from ..kcl.aws_settings import AwsSettings
 from ..kcl.core.model import AT_TIMESTAMP, LATEST, SHARD_END, TRIM_HORIZON, Checkpoint, Lease, UserRecord
-from ..kcl.core.streams import stream_name
 from ..kcl.processor import InitializationInput, ProcessRecordsInput
 from ..kcl.shells.aws import client
 from ..kcl.shells.read.reader import MAX_CALLS_PER_SECOND, MAX_READ_BYTES_PER_SECOND, ShardReader
@@ -63,6 +62,7 @@ from ..zone.layout import (
     MINUTE_MS,
     START_DIR,
     ends_empty,
+    landing_directory,
     link_key,
     link_target,
     minute_of,
@@ -365,8 +365,8 @@ def backfill_range(stream: str, start_ms: int, end_ms: int, zone: str | ZoneStor
     stop = threading.Event()  # the caller's thread was interrupted: the readers stop at their next poll
     with ThreadPoolExecutor(max_workers=max(1, min(pace.parallelism, len(to_read))),
                             thread_name_prefix="backfill") as pool:
-        futures = {pool.submit(_backfill_shard, kinesis, store, stream, directory or stream_name(stream), shard_id,
-                               start, start_ms, end_ms,
+        futures = {pool.submit(_backfill_shard, kinesis, store, stream, directory or landing_directory(stream),
+                               shard_id, start, start_ms, end_ms,
                                worker_id, deadline, pace, compression, monotonic, stop,
                                shard_id in leased): shard_id
                    for shard_id in to_read}

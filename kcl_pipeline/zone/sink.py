@@ -43,16 +43,26 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..kcl.aws_settings import AwsSettings
 from ..kcl.core.model import AT_TIMESTAMP, Checkpoint, UserRecord
+from ..kcl.core.streams import STREAM_ARN_RE, stream_name
 from ..kcl.processor import Checkpointer, InitializationInput, ProcessRecordsInput, RecordProcessor
 from ..kcl.records.record_batch import UserRecordBatch
 from .batch import BATCH_FORMATS, COMPRESSIONS, PARQUET_FORMAT, BatchInfo, encode_batch, read_batch_info
-from .errors import ChainStartTaken, CorruptBatchError, LandingConfigError, LandingError, StartEndedEmpty
+from .errors import (
+    ChainStartTaken,
+    CorruptBatchError,
+    ForeignStreamError,
+    LandingConfigError,
+    LandingError,
+    StartEndedEmpty,
+)
 from .exclusion import exclude_landed
 from .layout import (
     MINUTE_MS,
     BatchKey,
     ended_empty_body,
     ends_empty,
+    foreign_stream,
+    landing_directory,
     link_body,
     link_key,
     link_target,
@@ -142,15 +152,23 @@ class LandingProcessor(RecordProcessor):
                  batch_format: str = PARQUET_FORMAT,
                  aws: AwsSettings | None = None,
                  progress_hint: ShardProgress | None = None,
+                 stream_arn: str | None = None,
                  clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic):
+        if stream and STREAM_ARN_RE.fullmatch(stream):  # named by its ARN: lands in its identity directory
+            stream_arn = stream_arn or stream
+        stream = landing_directory(stream) if stream else stream
         if not stream or "/" in stream:
             raise LandingConfigError(f"stream {stream!r} must be a non-empty name without '/'")
+        if stream_arn is not None and not STREAM_ARN_RE.fullmatch(stream_arn):
+            raise LandingConfigError(f"stream_arn {stream_arn!r} is not a Kinesis stream ARN "
+                                     f"(arn:aws:kinesis:REGION:ACCOUNT:stream/NAME)")
         self.settings = LandingSettings(max_batch_bytes, max_batch_age_seconds, max_batch_records, compression,
                                         memory_limit_bytes, checkpoint_after_flush, create_zone,
                                         resume_lookback_minutes, batch_format)
         self._zone = zone
         self.stream = stream
+        self.stream_arn = stream_arn  # recorded in every batch's footer; another stream's batches are refused
         self._aws = aws
         self._hint = progress_hint
         self._clock = clock
@@ -185,6 +203,7 @@ class LandingProcessor(RecordProcessor):
         self._holder = init.worker_id
         if init.stream is not None:  # a multi-stream application: one directory per stream incarnation
             self.stream = stream_directory(init.stream)
+            self.stream_arn = None  # one spec serves every stream: the incarnation's directory is its identity
         if self.store is None:  # built with a URI: this (worker) process opens its own store
             zone = self._zone
             self.store = zone if isinstance(zone, ZoneStore) else open_store(zone, self._aws)
@@ -579,7 +598,7 @@ class LandingProcessor(RecordProcessor):
         `records` it holds), or None when another writer claimed a longer batch that is not written yet."""
         store = self._zone_store()
         encoded = encode_batch(self.stream, self.shard_id, records, prev, self.settings.compression, prev_key,
-                               self.settings.batch_format)
+                               self.settings.batch_format, self.stream_arn)
         link = link_key(self.stream, encoded.key.minute_ms, self.shard_id, prev)
         starts = prev is not None and prev.is_starting_sentinel
         # A start link names its claimer too: who began the chain, when a person looks at a stuck shard.
@@ -624,7 +643,7 @@ class LandingProcessor(RecordProcessor):
             return None  # the claimed batch ends beyond what we hold: wait for more records
         # The claimer died between link and batch: land exactly its range (same records, same key).
         mine = encode_batch(self.stream, self.shard_id, records[:held], prev, self.settings.compression, prev_key,
-                            self.settings.batch_format)
+                            self.settings.batch_format, self.stream_arn)
         if mine.key != owner:
             raise CorruptBatchError(f"landing zone {store.uri}: link {link} names {owner.key()}, "
                                     f"but the records after {prev} make {mine.key.key()}")
@@ -647,7 +666,17 @@ class LandingProcessor(RecordProcessor):
         return encoded.key
 
     def _validate(self, key: BatchKey) -> BatchInfo:
+        """The footer of a batch this holder is about to trust (resume after, follow, drop records on the word
+        of): never another stream's (two streams of one name, in other accounts or regions, landing in one
+        directory), whose positions mean nothing in this stream."""
         info = read_batch_info(self._zone_store(), key)
+        why = foreign_stream(self.stream, info.stream_arn, self.stream_arn)
+        if why is not None:
+            raise ForeignStreamError(
+                f"landing zone {self._zone_store().uri}: batch {key.key()} is not of this consumer's stream "
+                f"{self.stream_arn or self.stream}: {why}; two streams named {stream_name(self.stream)} land in one "
+                f"directory: name each by its ARN (--stream / KCL_PIPELINE_STREAM), so each lands in "
+                f"<name>@<region>@<account>")
         self._validated.add(key.key())
         return info
 
@@ -793,15 +822,20 @@ class LandingProcessor(RecordProcessor):
 
 
 def landing_spec(zone: str, stream: str, *, aws: AwsSettings | None = None, standalone: bool = False,
-                 **settings: Any):
+                 stream_arn: str | None = None, **settings: Any):
     """A picklable ProcessorSpec building a LandingProcessor in a worker process (for the CLI / Dagster).
 
+    `stream` as configured (a name, or an ARN: it lands in its identity directory, layout.landing_directory);
+    `stream_arn` the stream's ARN when configured by name (`resolve_stream_arn`), recorded in every batch.
     Settings are checked here, in the parent, so a bad value fails before any worker starts.
     """
     from ..kcl.shells.workers.worker import ProcessorSpec  # lazily: the worker module pulls in the whole consumer
 
     LandingSettings(checkpoint_after_flush=standalone, **settings)
     kwargs: dict[str, Any] = {"zone": zone, "stream": stream, "checkpoint_after_flush": standalone, **settings}
+    if stream_arn is not None:
+        kwargs["stream_arn"] = stream_arn
+    LandingProcessor(zone, stream, stream_arn=stream_arn)  # the stream and its ARN (opens nothing)
     if aws is not None:
         kwargs["aws"] = aws
     return ProcessorSpec("kcl_pipeline.zone.sink:LandingProcessor", kwargs)
