@@ -146,9 +146,9 @@ def verify_chain(infos: Sequence[BatchInfo], corrupt: Mapping[str, str] | None =
             if info is not None and info.stream_arn:
                 if info.stream_arn not in report.stream_arns:
                     report.stream_arns.append(info.stream_arn)
-                why = foreign_stream(key.stream, info.stream_arn, stream_arn)
-                if why is not None:
-                    report.foreign.append(f"{key.key()}: {why}")
+                other = foreign_stream(key.stream, info.stream_arn, stream_arn)
+                if other is not None:
+                    report.foreign.append(f"{key.key()}: {other}")
             if previous is None:
                 report.first = key.first
                 report.starts_after = info.prev if info else None
