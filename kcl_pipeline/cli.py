@@ -229,7 +229,8 @@ def _default(name: str):
 @click.option("--properties", "properties_file", default=None, type=click.Path(dir_okay=False),
               help="A Java KCL / kclpy .properties file; flags given as well override its values.")
 @click.option("--stream", multiple=True,
-              help="Kinesis stream name or ARN (streamName / streamArn). Repeat it for a multi-stream application: "
+              help="Kinesis stream name or ARN (streamName / streamArn; with --landing an ARN lands in "
+                   "<name>@<region>@<account>, a name in <name>). Repeat it for a multi-stream application: "
                    "one lease table, KCL's multi-stream lease keys (account:stream:creationEpoch:shardId).")
 @click.option("--application", default=None, help="Application name, shared by the fleet (applicationName).")
 @click.option("--table-name", default=None,
