@@ -207,3 +207,17 @@ def test_verify_fails_a_batch_whose_footer_is_not_its_identity_directorys_stream
     assert not verify_zone(local_zone.uri, store=store, stream=B).ok
     with pytest.raises(ValueError, match="not one"):
         verify_zone(local_zone.uri, store=store, stream_arn="orders")
+
+
+def test_the_audit_of_a_stream_named_by_its_arn_covers_its_identity_directory(local_zone, tmp_path):
+    from kcl_pipeline.audit.stream import audit
+    from kcl_pipeline.zone.store import open_store
+
+    land(local_zone.store, A, None, make_records(10, seed=1))
+    land(local_zone.store, B, None, make_records(20, seed=2))
+    output = open_store(str(tmp_path / "out"))
+    output.ensure_zone(create=True)
+    report = audit(local_zone.uri, output.uri, B, 60_000, store=local_zone.store, output=output, now_ms=T0)
+    (scope,) = report.scopes
+    assert (scope.directory, scope.batches) == \
+        ("orders@eu-west-1@222222222222", len(list_batches(local_zone.store, B)))
