@@ -320,7 +320,7 @@ def consume(ctx, properties_file, stream, application, table_name, coordinator_s
         spec = parse_sink(sink)
     else:
         from .zone.layout import Zone
-        from .zone.sink import landing_spec
+        from .zone.sink import check_stream_chains, landing_spec
         from .zone.store import open_store
 
         local_zone = Zone.parse(landing).scheme == "file"
@@ -341,7 +341,10 @@ def consume(ctx, properties_file, stream, application, table_name, coordinator_s
         spec = landing_spec(landing, config.stream, aws=config.aws, standalone=checkpoint_by == "self",
                             stream_arn=arn, **settings)
         # Fail fast (exit 2) on a missing bucket; a local directory is created.
-        open_store(landing, config.aws).ensure_zone(create=local_zone)
+        store = open_store(landing, config.aws)
+        store.ensure_zone(create=local_zone)
+        if arn is not None:  # and on a directory whose chains are another stream's of the name (exit 2)
+            check_stream_chains(store, config.stream, arn)
     sys.exit(run_consumer(config, spec))
 
 

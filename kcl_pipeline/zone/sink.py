@@ -58,6 +58,7 @@ from .errors import (
 from .exclusion import exclude_landed
 from .layout import (
     MINUTE_MS,
+    START_DIR,
     BatchKey,
     ended_empty_body,
     ends_empty,
@@ -69,6 +70,7 @@ from .layout import (
     minute_of,
     minute_prefix,
     parse_batch_key,
+    parse_link_key,
     split_landed_keys,
     stream_directory,
 )
@@ -670,13 +672,7 @@ class LandingProcessor(RecordProcessor):
         of): never another stream's (two streams of one name, in other accounts or regions, landing in one
         directory), whose positions mean nothing in this stream."""
         info = read_batch_info(self._zone_store(), key)
-        why = foreign_stream(self.stream, info.stream_arn, self.stream_arn)
-        if why is not None:
-            raise ForeignStreamError(
-                f"landing zone {self._zone_store().uri}: batch {key.key()} is not of this consumer's stream "
-                f"{self.stream_arn or self.stream}: {why}; two streams named {stream_name(self.stream)} land in one "
-                f"directory: name each by its ARN (--stream / KCL_PIPELINE_STREAM), so each lands in "
-                f"<name>@<region>@<account>")
+        _refuse_foreign(self._zone_store(), self.stream, info, self.stream_arn)
         self._validated.add(key.key())
         return info
 
@@ -819,6 +815,31 @@ class LandingProcessor(RecordProcessor):
                     break
             minute += MINUTE_MS
         return best
+
+
+def _refuse_foreign(store: ZoneStore, directory: str, info: BatchInfo, stream_arn: str | None) -> None:
+    """ForeignStreamError, naming both streams and the remedy, when the batch is of another stream."""
+    why = foreign_stream(directory, info.stream_arn, stream_arn)
+    if why is not None:
+        raise ForeignStreamError(
+            f"landing zone {store.uri}: batch {info.key.key()} is not of this consumer's stream "
+            f"{stream_arn or directory}: {why}; two streams named {stream_name(directory)} land in one directory: "
+            f"name each by its ARN (--stream / KCL_PIPELINE_STREAM), so each lands in <name>@<region>@<account>")
+
+
+def check_stream_chains(store: ZoneStore, stream: str, stream_arn: str | None) -> None:
+    """Before a consumer starts: ForeignStreamError when a chain of the stream's directory begins with another
+    stream's batch (its start links, one LIST and a GET and a footer read per shard that has one), so that a
+    second stream of the name is refused in one line rather than by every worker, lease after lease."""
+    directory = landing_directory(stream)
+    for link in store.list_keys(f"{directory}/{START_DIR}/"):
+        if parse_link_key(link) is None:
+            continue
+        body = store.get_optional(link)
+        key = None if body is None else parse_batch_key(link_target(body))
+        if key is None or not store.exists(key.key()):
+            continue  # the ended-empty marker, or a claim never written: no stream to tell
+        _refuse_foreign(store, directory, read_batch_info(store, key), stream_arn)
 
 
 def landing_spec(zone: str, stream: str, *, aws: AwsSettings | None = None, standalone: bool = False,

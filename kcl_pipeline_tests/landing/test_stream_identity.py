@@ -221,3 +221,16 @@ def test_the_audit_of_a_stream_named_by_its_arn_covers_its_identity_directory(lo
     (scope,) = report.scopes
     assert (scope.directory, scope.batches) == \
         ("orders@eu-west-1@222222222222", len(list_batches(local_zone.store, B)))
+
+
+def test_a_consumer_is_refused_before_it_starts_when_its_directorys_chains_are_another_streams(local_zone):
+    from kcl_pipeline.zone.sink import check_stream_chains
+
+    store = local_zone.store
+    check_stream_chains(store, "orders", B)  # nothing landed: nothing to refuse
+    land(store, "orders", A, make_records(20))
+    check_stream_chains(store, "orders", A)  # its own
+    check_stream_chains(store, B, B)  # its own directory, elsewhere
+    with pytest.raises(ForeignStreamError) as err:
+        check_stream_chains(store, "orders", B)
+    assert A in str(err.value) and B in str(err.value) and "\n" not in str(err.value)

@@ -5,7 +5,8 @@ The operator's report: application B, consuming its own `orders` (another region
 zone of application A's `orders`, resumed after A's sequence number, crash-looped, landed 0 of 100 records, and
 `landing verify --deep --application B` said `OK: 100 rows` (A's). Now B named by its name refuses A's chain with
 one line naming both streams and lands nothing there; B named by its ARN lands all its records in its own
-directory `<name>@<region>@<account>`; verify checks every batch's stream.
+directory `<name>@<region>@<account>`; verify checks every batch's stream. (A worker meeting another stream's
+batch later on refuses it too: test_stream_identity.py.)
 """
 from __future__ import annotations
 
@@ -101,15 +102,16 @@ def test_a_second_stream_of_the_same_name_in_another_region_lands_everything_bes
     assert _sources(store, name) == [("A", i) for i in range(COUNT)]
     landed_by_a = sorted(store.list_keys(""))
 
-    # B named by its name would land in A's directory: it refuses A's chain, naming both streams, and writes nothing.
+    # B named by its name would land in A's directory: it refuses A's chain before it starts (exit 2, one line
+    # naming both streams) and writes nothing.
     b_log = tmp_path / "b-by-name.log"
     b = _consume(env, name, app_b, zone, regions["B"], b_log)
     try:
-        _wait(lambda: "is not of this consumer's stream" in b_log.read_text(errors="replace"), 120,
-              "B refusing A's chain", b_log)
+        _wait(lambda: b.poll() is not None, 120, "B refusing A's chain", b_log)
     finally:
-        _stop(b)
-    refusal = next(line for line in b_log.read_text().splitlines() if "is not of this consumer's stream" in line)
+        code = _stop(b)
+    (refusal,) = b_log.read_text().splitlines()
+    assert code == 2 and "is not of this consumer's stream" in refusal, refusal
     assert arns["A"] in refusal and arns["B"] in refusal
     assert sorted(store.list_keys("")) == landed_by_a
 
