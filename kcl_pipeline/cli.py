@@ -229,7 +229,8 @@ def _default(name: str):
 @click.option("--properties", "properties_file", default=None, type=click.Path(dir_okay=False),
               help="A Java KCL / kclpy .properties file; flags given as well override its values.")
 @click.option("--stream", multiple=True,
-              help="Kinesis stream name or ARN (streamName / streamArn). Repeat it for a multi-stream application: "
+              help="Kinesis stream name or ARN (streamName / streamArn; with --landing an ARN lands in "
+                   "<name>@<region>@<account>, a name in <name>). Repeat it for a multi-stream application: "
                    "one lease table, KCL's multi-stream lease keys (account:stream:creationEpoch:shardId).")
 @click.option("--application", default=None, help="Application name, shared by the fleet (applicationName).")
 @click.option("--table-name", default=None,
@@ -319,7 +320,7 @@ def consume(ctx, properties_file, stream, application, table_name, coordinator_s
         spec = parse_sink(sink)
     else:
         from .zone.layout import Zone
-        from .zone.sink import landing_spec
+        from .zone.sink import check_stream_chains, landing_spec
         from .zone.store import open_store
 
         local_zone = Zone.parse(landing).scheme == "file"
@@ -331,10 +332,19 @@ def consume(ctx, properties_file, stream, application, table_name, coordinator_s
             settings["max_batch_age_seconds"] = batch_seconds
         if batch_mb is not None:
             settings["max_batch_bytes"] = int(batch_mb * 1024 * 1024)
-        spec = landing_spec(landing, config.stream_name, aws=config.aws, standalone=checkpoint_by == "self",
-                            **settings)
+        from .kcl.shells.aws import client
+        from .kcl.shells.shards import resolve_stream_arn
+
+        # One stream: its ARN goes into every batch, so a chain of another stream of this name is refused (a
+        # multi-stream application's directories are its incarnations').
+        arn = None if config.more_streams else resolve_stream_arn(client("kinesis", config.aws), config.stream)
+        spec = landing_spec(landing, config.stream, aws=config.aws, standalone=checkpoint_by == "self",
+                            stream_arn=arn, **settings)
         # Fail fast (exit 2) on a missing bucket; a local directory is created.
-        open_store(landing, config.aws).ensure_zone(create=local_zone)
+        store = open_store(landing, config.aws)
+        store.ensure_zone(create=local_zone)
+        if arn is not None:  # and on a directory whose chains are another stream's of the name (exit 2)
+            check_stream_chains(store, config.stream, arn)
     sys.exit(run_consumer(config, spec))
 
 
@@ -665,8 +675,12 @@ def landing() -> None:
 @click.option("--window", default=None,
               help="START (one hour), START/END or START/PT15M, ISO 8601 UTC (default: everything).")
 @click.option("--stream", default=None,
-              help="Only this stream's directory (a multi-stream application's: <name>@<creationEpoch>) "
+              help="Only this stream's directory: a name, an ARN (its directory <name>@<region>@<account>, and "
+                   "every batch must be of that stream), or a multi-stream application's <name>@<creationEpoch> "
                    "[default: every stream in the zone].")
+@click.option("--stream-arn", default=None,
+              help="Every batch verified must be of this stream (its footer's ARN): for a stream landing under "
+                   "its bare name.")
 @click.option("--shard", default=None, help="Only this shard.")
 @click.option("--deep", is_flag=True, help="Read every batch's rows, not only footers and keys.")
 @click.option("--application", default=None,
@@ -678,10 +692,11 @@ def landing() -> None:
 @aws_options
 @progress_option
 @friendly_errors
-def landing_verify(zone, window, stream, shard, deep, application, as_json, sweep_temporaries, region, endpoint_url,
-                   progress):
-    """Per-shard chain status, row counts, gaps and overlaps. Exit 1 on a gap, an overlap, or (with
-    --application) a chain that does not start at a starting position or falls short of the lease table."""
+def landing_verify(zone, window, stream, stream_arn, shard, deep, application, as_json, sweep_temporaries, region,
+                   endpoint_url, progress):
+    """Per-shard chain status, row counts, gaps and overlaps. Exit 1 on a gap, an overlap, a batch of another
+    stream than its directory's (or --stream-arn), or (with --application) a chain that does not start at a
+    starting position or falls short of the lease table."""
     from .audit.verify import verify_zone
     from .zone.store import open_store
 
@@ -697,7 +712,7 @@ def landing_verify(zone, window, stream, shard, deep, application, as_json, swee
         leases = LeaseTable(application, client("dynamodb", aws)).scan()
     with Progress("batches verified", progress) as bar:
         report = verify_zone(zone, window, stream=stream, shard=shard, aws=aws, deep=deep, leases=leases,
-                             on_progress=bar.update)
+                             on_progress=bar.update, stream_arn=stream_arn)
     if as_json:
         _echo_report_json(report, rows=report.rows)
         sys.exit(0 if report.ok else 1)

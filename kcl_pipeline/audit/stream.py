@@ -7,6 +7,7 @@ from typing import Sequence
 
 from ..kcl.aws_settings import AwsSettings
 from ..kcl.core.model import Lease
+from ..zone.layout import landing_directory
 from ..zone.store import ZoneStore, open_store
 from .history import DEFAULT_WORKERS, audit_history
 from .lineage import AuditReport, audit_window
@@ -26,6 +27,7 @@ def audit(zone_uri: str, output_uri: str, stream: str, window_ms: int, *,
     """
     if transform_grace_ms < 0:
         raise ValueError(f"transform_grace_ms must be >= 0, got {transform_grace_ms}")
+    stream = landing_directory(stream)  # a name, an ARN (its identity directory) or a directory
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     if window_ms <= 0 or window_ms % 60_000:
         raise ValueError(f"window_ms must be a positive whole number of minutes, got {window_ms}")

@@ -11,11 +11,12 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 from ..kcl.aws_settings import AwsSettings
 from ..kcl.core.model import Lease
-from ..kcl.core.streams import identifier_parts, parse_multi_stream_key, pinned_scope
+from ..kcl.core.streams import STREAM_ARN_RE, identifier_parts, parse_multi_stream_key, pinned_scope
 from ..zone.chain import ChainReport, check_window, iso, scan_batches, verify_batches
 from ..zone.layout import (
     HOUR_MS,
     MINUTE_MS,
+    landing_directory,
     stream_directory,
 )
 from ..zone.progress import progress_from_leases
@@ -33,11 +34,13 @@ class ZoneReport:
     leases_checked: int | None = None  # None: no lease table was given
     # A shard's first batch (of the history, or of the window) names a predecessor the zone does not hold: lost.
     missing_predecessors: list[str] = field(default_factory=list)
+    # A directory whose batches' footers name more than one stream (two streams of one name landed in it).
+    mixed_streams: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not self.bad_keys and not self.lease_problems and not self.missing_predecessors and all(
-            r.ok for shards in self.streams.values() for r in shards.values())
+        return not self.bad_keys and not self.lease_problems and not self.missing_predecessors \
+            and not self.mixed_streams and all(r.ok for shards in self.streams.values() for r in shards.values())
 
     @property
     def rows(self) -> int:
@@ -61,7 +64,9 @@ class ZoneReport:
                 out += [f"    overlap: {o.first_key} and {o.second_key}" for o in r.overlaps]
                 out += [f"    corrupt: {k}: {why}" for k, why in sorted(r.corrupt.items())]
                 out += [f"    rows: {e}" for e in r.row_errors]
+                out += [f"    foreign: {e}" for e in r.foreign]
         out += [f"  not a batch key: {k}" for k in self.bad_keys]
+        out += [f"  mixed streams: {m}" for m in self.mixed_streams]
         out += [f"  missing: {m}" for m in self.missing_predecessors]
         if self.leases_checked is not None:
             out.append(f"lease table: {self.leases_checked} leases cross-checked"
@@ -156,12 +161,21 @@ def leases_of_directory(directory: str, leases: Sequence[Lease]) -> list[Lease]:
 def verify_zone(uri: str, window: tuple[int, int] | str | None = None, *, stream: str | None = None,
                 shard: str | None = None, aws: AwsSettings | None = None, deep: bool = False,
                 store: ZoneStore | None = None, leases: Sequence[Lease] | None = None,
-                on_progress: Callable[[int, int], None] | None = None) -> ZoneReport:
-    """Verify every shard's chain in the window (every stream of the zone unless `stream` is given).
+                on_progress: Callable[[int, int], None] | None = None,
+                stream_arn: str | None = None) -> ZoneReport:
+    """Verify every shard's chain in the window (every stream of the zone unless `stream` is given: a directory,
+    a name or an ARN, layout.landing_directory).
 
-    With `leases` (the consumer application's lease table) the chains of `stream` (or the zone's only
-    stream) are cross-checked against it too (`check_leases`). on_progress(done, total): after each batch
-    read (total: the batches listed)."""
+    Every batch must be of its directory's stream: an identity directory's (`<name>@<region>@<account>`), the
+    `stream_arn` expected (a stream given by its ARN is expected), and one stream per directory (footers naming
+    two are `mixed_streams`). With `leases` (the consumer application's lease table) the chains of `stream` (or
+    the zone's only stream) are cross-checked against it too (`check_leases`). on_progress(done, total): after
+    each batch read (total: the batches listed)."""
+    if stream is not None and STREAM_ARN_RE.fullmatch(stream):
+        stream_arn = stream_arn or stream
+    if stream_arn is not None and not STREAM_ARN_RE.fullmatch(stream_arn):
+        raise ValueError(f"stream ARN {stream_arn!r} is not one (arn:aws:kinesis:REGION:ACCOUNT:stream/NAME)")
+    stream = landing_directory(stream) if stream else stream
     store = store or open_store(uri, aws)
     store.ensure_zone(create=False)
     span = parse_window(window) if isinstance(window, str) else window
@@ -181,7 +195,11 @@ def verify_zone(uri: str, window: tuple[int, int] | str | None = None, *, stream
     for name, listing in listings.items():
         report.bad_keys += listing.bad_keys
         if listing.batches:
-            report.streams[name] = verify_batches(store, listing.batches, deep=deep, on_batch=one_batch)
+            report.streams[name] = verify_batches(store, listing.batches, deep=deep, on_batch=one_batch,
+                                                  stream_arn=stream_arn)
+            mixed = _mixed_streams(name, report.streams[name].values())
+            if mixed is not None:
+                report.mixed_streams.append(mixed)
             # With or without a lease table (one HEAD a shard): a first batch whose footer names a predecessor the
             # zone does not hold follows a lost batch — the audit's chain check fails it too. Before, only the
             # lease cross-check looked, so a lost first batch of a chain passed `landing verify` alone.
@@ -211,6 +229,19 @@ def verify_zone(uri: str, window: tuple[int, int] | str | None = None, *, stream
             report.lease_problems += [f"{name}/{p}" if multi_stream else p for p in found]
             report.leases_checked += len(mine)
     return report
+
+
+def _mixed_streams(directory: str, chains: Iterable[ChainReport]) -> str | None:
+    """Pure: the streams a directory's batches name, when they are more than one (batches that name none,
+    landed before stream identity, are of no stream in particular)."""
+    shards_of: dict[str, list[str]] = {}
+    for chain in chains:
+        for arn in chain.stream_arns:
+            shards_of.setdefault(arn, []).append(chain.shard_id)
+    if len(shards_of) < 2:
+        return None
+    return f"{directory} holds batches of {len(shards_of)} streams: " + "; ".join(
+        f"{arn} (shards {', '.join(sorted(shards))})" for arn, shards in sorted(shards_of.items()))
 
 
 # -- windows ----------------------------------------------------------------------------------------------

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 from ..kcl.aws_settings import AwsSettings
 from ..kcl.config import ConsumerConfig, InitialPosition, consumer_default
 from ..kcl.core.model import Checkpoint
-from ..kcl.core.streams import stream_name
 from ..windows.backfill import BackfillPace
 from ..zone.progress import A_SHARD_END as SHARD_END_LANDED
 
@@ -115,7 +114,11 @@ class ConsumerSettings:
 
     def processor_spec(self, aws: AwsSettings) -> ProcessorSpec:
         """The landing sink in pipeline mode: it never checkpoints (kinesis_checkpoints does)."""
+        from ..kcl.shells.aws import client
+        from ..kcl.shells.shards import resolve_stream_arn
         from ..zone.sink import landing_spec
 
-        return landing_spec(self.landing_uri, stream_name(self.stream), aws=aws, standalone=False,
+        # One stream: its ARN goes into every batch, so a chain of another stream of this name is refused.
+        arn = None if self.more_streams else resolve_stream_arn(client("kinesis", aws), self.stream)
+        return landing_spec(self.landing_uri, self.stream, aws=aws, standalone=False, stream_arn=arn,
                             create_zone=self.create_zones)

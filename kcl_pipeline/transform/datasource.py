@@ -46,7 +46,7 @@ from pyspark.sql.types import StructType
 
 from ..kcl.records.record_batch import arrow_schema
 from ..zone.batch import decode_batch
-from ..zone.layout import MINUTE_MS, Zone, parse_batch_key, split_batch_keys, window_prefixes
+from ..zone.layout import MINUTE_MS, Zone, landing_directory, parse_batch_key, split_batch_keys, window_prefixes
 from ..zone.store import S3Options, ZoneStore, open_store
 
 LANDING_FORMAT = "kcl_landing"
@@ -80,6 +80,7 @@ def select_window_batches(listing: Iterable[tuple[str, int]], stream: str,
     Read with the zone's one listing rule (`split_batch_keys`): objects that are not `.parquet` (links,
     temporaries, markers) are not landed data; a `.parquet` object that is not a batch key is an error."""
     sizes = dict(listing)
+    stream = landing_directory(stream)
     found = split_batch_keys(sizes)
     if found.malformed:
         raise ValueError(f"landing zone: {len(found.malformed)} objects are not batch keys "

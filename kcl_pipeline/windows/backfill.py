@@ -54,7 +54,6 @@ from typing import Any, Callable, Sequence
 
 from ..kcl.aws_settings import AwsSettings
 from ..kcl.core.model import AT_TIMESTAMP, LATEST, SHARD_END, TRIM_HORIZON, Checkpoint, Lease, UserRecord
-from ..kcl.core.streams import stream_name
 from ..kcl.processor import InitializationInput, ProcessRecordsInput
 from ..kcl.shells.aws import client
 from ..kcl.shells.read.reader import MAX_CALLS_PER_SECOND, MAX_READ_BYTES_PER_SECOND, ShardReader
@@ -63,6 +62,7 @@ from ..zone.layout import (
     MINUTE_MS,
     START_DIR,
     ends_empty,
+    landing_directory,
     link_key,
     link_target,
     minute_of,
@@ -349,7 +349,12 @@ def backfill_range(stream: str, start_ms: int, end_ms: int, zone: str | ZoneStor
     store = zone if isinstance(zone, ZoneStore) else open_store(zone, aws)
     store.ensure_zone(create=create_zone)
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-    retention = int(describe_stream_summary(kinesis, stream).get("RetentionPeriodHours") or 24)
+    summary = describe_stream_summary(kinesis, stream)
+    retention = int(summary.get("RetentionPeriodHours") or 24)
+    # The stream's own directory records its ARN in every batch, as the live writer does (a multi-stream
+    # incarnation's directory is its identity, and its live batches record none).
+    own = directory is None or directory == landing_directory(stream)
+    stream_arn = summary.get("StreamARN") if own else None
     start = start_position(start_ms, now_ms, retention)
     deadline = None if deadline_seconds is None else monotonic() + deadline_seconds
     report = BackfillReport(stream, start_ms, end_ms, store.uri)
@@ -365,10 +370,10 @@ def backfill_range(stream: str, start_ms: int, end_ms: int, zone: str | ZoneStor
     stop = threading.Event()  # the caller's thread was interrupted: the readers stop at their next poll
     with ThreadPoolExecutor(max_workers=max(1, min(pace.parallelism, len(to_read))),
                             thread_name_prefix="backfill") as pool:
-        futures = {pool.submit(_backfill_shard, kinesis, store, stream, directory or stream_name(stream), shard_id,
-                               start, start_ms, end_ms,
+        futures = {pool.submit(_backfill_shard, kinesis, store, stream, directory or landing_directory(stream),
+                               shard_id, start, start_ms, end_ms,
                                worker_id, deadline, pace, compression, monotonic, stop,
-                               shard_id in leased): shard_id
+                               shard_id in leased, stream_arn): shard_id
                    for shard_id in to_read}
         try:
             for future in as_completed(futures):
@@ -398,7 +403,8 @@ def live_shards(start_ms: int, end_ms: int, shards, leases: Sequence[Lease], gra
 
 
 def _start_sink(store: ZoneStore, directory: str, shard_id: str, worker_id: str, first: UserRecord,
-                start: Checkpoint, compression: str, monotonic: Callable[[], float]) -> _BackfillLanding:
+                start: Checkpoint, compression: str, monotonic: Callable[[], float],
+                stream_arn: str | None = None) -> _BackfillLanding:
     """The sink of a shard's range, started after the first record's predecessor: the last record skipped
     before the range (a TRIM_HORIZON read), or else the one the live chain's links name (an AT_TIMESTAMP read
     tells none). Starting there, the first batch goes through the live link — a lost batch is refilled exactly,
@@ -412,7 +418,7 @@ def _start_sink(store: ZoneStore, directory: str, shard_id: str, worker_id: str,
     elif not start.is_sentinel:
         prev_key = _batch_ending_at(store, directory, shard_id, start, minute_of(
             first.approximate_arrival_timestamp_ms))
-    sink = _BackfillLanding(store, directory, compression=compression, monotonic=monotonic)
+    sink = _BackfillLanding(store, directory, compression=compression, monotonic=monotonic, stream_arn=stream_arn)
     sink.initialize(InitializationInput(shard_id, worker_id, start))
     if not start.is_sentinel:
         sink.follows(start, prev_key)
@@ -423,7 +429,7 @@ def _backfill_shard(kinesis, store: ZoneStore, stream: str, directory: str, shar
                     start_ms: int,
                     end_ms: int, worker_id: str, deadline: float | None, pace: BackfillPace,
                     compression: str, monotonic: Callable[[], float], stop: threading.Event,
-                    latest_lease: bool = False) -> ShardBackfill:
+                    latest_lease: bool = False, stream_arn: str | None = None) -> ShardBackfill:
     result = ShardBackfill(shard_id, str(start.sequence_number if start.sequence_number == TRIM_HORIZON
                                          else f"AT_TIMESTAMP {start_ms}"))
     checkpointer = _NoCheckpoints()
@@ -467,7 +473,7 @@ def _backfill_shard(kinesis, store: ZoneStore, stream: str, directory: str, shar
                 chain_start = (Checkpoint(LATEST) if floor is not None and deliver[0].checkpoint == floor
                                else last_before or start)
                 sink = _start_sink(store, directory, shard_id, worker_id, deliver[0], chain_start,
-                                   compression, monotonic)
+                                   compression, monotonic, stream_arn)
             result.records_in_range += len(deliver)
             result.first = result.first or deliver[0].checkpoint
             result.last = deliver[-1].checkpoint

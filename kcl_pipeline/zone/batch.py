@@ -9,6 +9,10 @@ as in the key):
 
     kcl_pipeline.batch_format  "1"
     kcl_pipeline.stream / kcl_pipeline.shard_id
+    kcl_pipeline.stream_arn    the stream's ARN (arn:aws:kinesis:REGION:ACCOUNT:stream/NAME): which of the streams
+                               of that name the records are of ("" when the writer did not know it, and in
+                               batches landed before stream identity); consumers and `landing verify` refuse
+                               a chain holding another stream's batches (layout.foreign_stream)
     kcl_pipeline.prev          the position delivered just before the first record ("" when unknown);
                                a starting sentinel (e.g. "TRIM_HORIZON_0") when the batch starts the shard's
                                consumption — the link that makes batches a verifiable chain
@@ -104,6 +108,7 @@ class BatchInfo:
     last_arrival_ms: int
     size: int
     prev_key: str | None = None  # the key of the batch ending at `prev` (None: a starting position, or unknown)
+    stream_arn: str | None = None  # the stream the records are of (None: not recorded by its writer)
 
     @property
     def starts_consumption(self) -> bool:
@@ -113,11 +118,12 @@ class BatchInfo:
 
 def encode_batch(stream: str, shard_id: str, records: Sequence[UserRecord], prev: Checkpoint | None,
                  compression: str = "zstd", prev_key: str | None = None,
-                 batch_format: str = "parquet") -> EncodedBatch:
+                 batch_format: str = "parquet", stream_arn: str | None = None) -> EncodedBatch:
     """One batch object. `records` are consecutive records of `shard_id`, in shard order, of one minute —
     a columnar UserRecordBatch (what the reader delivers: it goes to Arrow without a Python object per
     record) or any sequence of UserRecords; `prev_key` is the key of the batch ending at `prev`, so the
-    chain can be followed back directly."""
+    chain can be followed back directly; `stream_arn` is recorded so that a reader can tell this stream's batches
+    from those of another stream of the same name."""
     batch = records if isinstance(records, UserRecordBatch) else UserRecordBatch.from_records(shard_id, records)
     last = batch.last
     if last is None:
@@ -135,6 +141,7 @@ def encode_batch(stream: str, shard_id: str, records: Sequence[UserRecord], prev
         "prev": format_position(prev), "first": format_position(key.first), "last": format_position(key.last),
         "rows": str(n), "minute": str(minute), "prev_key": prev_key or "",
         "first_arrival_ms": str(min(arrivals)), "last_arrival_ms": str(max(arrivals)),
+        "stream_arn": stream_arn or "",
     }
     if batch_format == ROWS_FORMAT:
         return EncodedBatch(key, _encode_rows(batch, meta), n, prev, max(arrivals))
@@ -231,7 +238,7 @@ def info_from_meta(meta: dict[str, str], num_rows: int, key: BatchKey, size: int
         last = parse_position(meta["last"])
         rows = int(meta["rows"])
         info = BatchInfo(key, prev, rows, int(meta["first_arrival_ms"]), int(meta["last_arrival_ms"]), size,
-                         meta.get("prev_key") or None)
+                         meta.get("prev_key") or None, meta.get("stream_arn") or None)
     except (KeyError, ValueError) as exc:
         raise CorruptBatchError(f"{where}: batch metadata unreadable ({exc})") from exc
     problems = []

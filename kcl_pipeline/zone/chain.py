@@ -23,7 +23,9 @@ from .errors import CorruptBatchError
 from .layout import (
     MINUTE_MS,
     BatchKey,
+    foreign_stream,
     iso,
+    landing_directory,
     minute_prefix,
     parse_batch_key,
     split_batch_keys,
@@ -65,10 +67,13 @@ class ChainReport:
     corrupt: dict[str, str] = field(default_factory=dict)  # key -> why it could not be read
     duplicate_rows: int | None = None  # only when rows were read (deep)
     row_errors: list[str] = field(default_factory=list)  # deep: rows that disagree with their batch
+    stream_arns: list[str] = field(default_factory=list)  # the streams the batches' footers name (each once)
+    foreign: list[str] = field(default_factory=list)  # batches of another stream than the directory's: key: why
 
     @property
     def ok(self) -> bool:
-        return not (self.gaps or self.overlaps or self.corrupt or self.duplicate_rows or self.row_errors)
+        return not (self.gaps or self.overlaps or self.corrupt or self.duplicate_rows or self.row_errors
+                    or self.foreign)
 
 
 
@@ -79,6 +84,7 @@ def scan_batches(store: ZoneStore, stream: str, t0: int | None = None, t1: int |
     """The batches of `stream` whose arrival minute is in [t0, t1) (everything when no window)."""
     if (t0 is None) != (t1 is None):
         raise ValueError("give both ends of the window, or neither")
+    stream = landing_directory(stream)
     if t0 is None or t1 is None:  # neither (checked above)
         prefixes = [f"{stream}/"]
     else:
@@ -112,8 +118,10 @@ def read_batches(store: ZoneStore, stream: str, t0: int | None = None, t1: int |
 
 # -- the chain --------------------------------------------------------------------------------------------
 
-def verify_chain(infos: Sequence[BatchInfo], corrupt: Mapping[str, str] | None = None) -> dict[str, ChainReport]:
-    """Pure: per-shard chain status from batch footers (and keys that could not be read, key -> reason)."""
+def verify_chain(infos: Sequence[BatchInfo], corrupt: Mapping[str, str] | None = None,
+                 stream_arn: str | None = None) -> dict[str, ChainReport]:
+    """Pure: per-shard chain status from batch footers (and keys that could not be read, key -> reason). A batch
+    whose footer names a stream other than its directory's (or `stream_arn`, the stream expected) is foreign."""
     reports: dict[str, ChainReport] = {}
     unreadable: dict[str, list[tuple[BatchKey, str]]] = {}
     for rel, why in (corrupt or {}).items():
@@ -135,6 +143,12 @@ def verify_chain(infos: Sequence[BatchInfo], corrupt: Mapping[str, str] | None =
         for key, info in items:
             report.batches += 1
             report.rows += info.rows if info else 0
+            if info is not None and info.stream_arn:
+                if info.stream_arn not in report.stream_arns:
+                    report.stream_arns.append(info.stream_arn)
+                other = foreign_stream(key.stream, info.stream_arn, stream_arn)
+                if other is not None:
+                    report.foreign.append(f"{key.key()}: {other}")
             if previous is None:
                 report.first = key.first
                 report.starts_after = info.prev if info else None
@@ -205,7 +219,8 @@ class _DeepShard:
 
 
 def verify_batches(store: ZoneStore, batches: Iterable[BatchKey], *, deep: bool = False,
-                   on_batch: Callable[[], None] | None = None) -> dict[str, ChainReport]:
+                   on_batch: Callable[[], None] | None = None,
+                   stream_arn: str | None = None) -> dict[str, ChainReport]:
     """Per-shard chain reports of `batches` from their footers; `deep` also reads every row (one batch at a
     time: a decoded batch is dropped once checked, so memory does not grow with the range)."""
     infos, corrupt = [], {}
@@ -224,7 +239,7 @@ def verify_batches(store: ZoneStore, batches: Iterable[BatchKey], *, deep: bool 
             corrupt[b.key()] = str(exc)
         if on_batch is not None:
             on_batch()
-    reports = verify_chain(infos, corrupt)
+    reports = verify_chain(infos, corrupt, stream_arn)
     for shard_id, deep_shard in shards.items():
         reports[shard_id].row_errors += deep_shard.errors
         reports[shard_id].duplicate_rows = deep_shard.duplicates

@@ -27,6 +27,11 @@ class CorruptBatchError(LandingError):
     disagrees with its key). Landing stops rather than trust or overwrite it."""
 
 
+class ForeignStreamError(LandingError):
+    """A batch the consumer would follow or trust belongs to another stream of the same name (its footer's stream
+    ARN is not the consumer's): its positions mean nothing in this stream, so landing stops, naming both."""
+
+
 class ChainStartTaken(LandingError):
     """Another holder claimed the shard's start link (TRIM_HORIZON, LATEST, AT_TIMESTAMP) while this one read
     other first records. Not a fault of the zone: the lease is given back, and its next start follows (or

@@ -4,6 +4,17 @@ Layout (the same for S3 and a local directory; `/` separated, relative to the zo
 
     <stream>/dt=YYYY-MM-DD/hh=HH/mm=MM/<shard_id>/<firstSeq>_<firstSub>-<lastSeq>_<lastSub>.parquet
 
+`<stream>` is the stream's directory (`landing_directory`, the one place that names it):
+
+* `<name>@<region>@<account>` for a stream configured by its ARN: two streams of one name in other accounts
+  or regions land side by side, never onto each other's chains;
+* `<name>` for a stream configured by its name (the stream of that name in the consumer's own account and
+  region: the layout zones were written in before stream identity, read and written as it was);
+* `<name>@<creationEpoch>` for a stream incarnation of a multi-stream application.
+
+Whichever the directory, every batch's footer records the stream's ARN (batch.py, `stream_arn`), so a
+consumer refuses a chain of another stream's batches and `landing verify` reports them.
+
 * grouped by the records' ApproximateArrivalTimestamp minute, so a batch's key never depends
   on when it was processed or on the window length: a window of any whole number of minutes is a set of
   minute prefixes, and re-landing the same records (restart, hand-over, backfill) yields the same key;
@@ -26,8 +37,11 @@ from urllib.parse import urlparse
 
 from ..kcl.core.model import Checkpoint
 from ..kcl.core.streams import (
+    STREAM_ARN_RE,
+    StreamArn,
     identifier_parts,
-    stream_name,  # a stream named by its ARN lands under its name
+    parse_stream_arn,
+    stream_name,
 )
 
 MINUTE_MS = 60_000
@@ -47,9 +61,59 @@ def stream_directory(identifier: str) -> str:
     return f"{name}@{epoch}"
 
 
+IDENTITY_SEPARATOR = "@"  # never in a stream name, a region or an account
+
+
+def identity_directory(arn: str | StreamArn) -> str:
+    """The directory of a stream named by its ARN: `<name>@<region>@<account>`."""
+    parts = arn if isinstance(arn, StreamArn) else parse_stream_arn(arn)
+    return IDENTITY_SEPARATOR.join((parts.name, parts.region, parts.account))
+
+
+def directory_identity(directory: str) -> tuple[str, str, str] | None:
+    """(name, region, account) an identity directory names; None for a bare name or a multi-stream incarnation
+    (`<name>@<creationEpoch>`, one separator)."""
+    parts = directory.split(IDENTITY_SEPARATOR)
+    if len(parts) != 3 or not all(parts) or not parts[2].isdigit() or parts[1].isdigit():
+        return None
+    name, region, account = parts
+    return name, region, account
+
+
+@lru_cache(maxsize=256)  # asked for every key a worker names
 def landing_directory(stream: str, identifier: str | None = None) -> str:
-    """Where a stream lands: its name (single-stream), or its incarnation's directory (multi-stream)."""
-    return stream_name(stream) if identifier is None else stream_directory(identifier)
+    """Where a stream lands (its directory, the first segment of every key of it): the incarnation's directory of
+    a multi-stream application (`identifier`); `<name>@<region>@<account>` for a stream named by its ARN; its
+    name otherwise. A directory is its own directory, so every key builder takes a stream or a directory."""
+    if identifier is not None:
+        return stream_directory(identifier)
+    if STREAM_ARN_RE.fullmatch(stream):
+        return identity_directory(stream)
+    return stream_name(stream)
+
+
+def same_stream(a: str, b: str) -> bool:
+    """Whether two stream ARNs name one stream (partition, region, account and name)."""
+    return parse_stream_arn(a) == parse_stream_arn(b)
+
+
+def foreign_stream(directory: str, found_arn: str | None, expected_arn: str | None) -> str | None:
+    """Pure: why a batch of `directory` whose footer names the stream `found_arn` is not of the stream expected
+    there (`expected_arn`, or the stream an identity directory names), or None when it is. A batch that names
+    no stream (landed before stream identity) is attributed to none and refused by none."""
+    if not found_arn:
+        return None
+    ident = directory_identity(directory)
+    try:
+        found = parse_stream_arn(found_arn)
+    except ValueError:
+        return f"its footer names {found_arn!r}, not a stream ARN"
+    if ident is not None and (found.name, found.region, found.account) != ident:
+        return f"it belongs to stream {found_arn}, but directory {directory} is stream " \
+               f"{ident[0]} of account {ident[2]} in {ident[1]}"
+    if expected_arn and not same_stream(found_arn, expected_arn):
+        return f"it belongs to stream {found_arn}, not to {expected_arn}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -175,7 +239,7 @@ def link_key(stream: str, minute_ms: int, shard_id: str, prev: Checkpoint | None
     """
     after = "none" if prev is None else f"{prev.sequence_number}_{prev.sub_sequence_number}"
     if prev is not None and prev.is_starting_sentinel:
-        return f"{stream}/{START_DIR}/{shard_id}/{LINK_PREFIX}{after}"
+        return f"{landing_directory(stream)}/{START_DIR}/{shard_id}/{LINK_PREFIX}{after}"
     return f"{minute_prefix(stream, minute_ms)}{shard_id}/{LINK_PREFIX}{after}"
 
 
@@ -307,11 +371,11 @@ def _minute_path(minute: int) -> str:
 
 
 def minute_prefix(stream: str, minute_ms: int) -> str:
-    return f"{stream_name(stream)}/{_minute_path(minute_ms // MINUTE_MS)}"
+    return f"{landing_directory(stream)}/{_minute_path(minute_ms // MINUTE_MS)}"
 
 
 def hour_prefix(stream: str, ms: int) -> str:
-    return f"{stream_name(stream)}/{_minute_path(ms // MINUTE_MS)[:-len('mm=MM/')]}"
+    return f"{landing_directory(stream)}/{_minute_path(ms // MINUTE_MS)[:-len('mm=MM/')]}"
 
 
 def window_prefixes(stream: str, start_ms: int, end_ms: int) -> list[str]:

@@ -43,22 +43,34 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..kcl.aws_settings import AwsSettings
 from ..kcl.core.model import AT_TIMESTAMP, Checkpoint, UserRecord
+from ..kcl.core.streams import STREAM_ARN_RE, stream_name
 from ..kcl.processor import Checkpointer, InitializationInput, ProcessRecordsInput, RecordProcessor
 from ..kcl.records.record_batch import UserRecordBatch
 from .batch import BATCH_FORMATS, COMPRESSIONS, PARQUET_FORMAT, BatchInfo, encode_batch, read_batch_info
-from .errors import ChainStartTaken, CorruptBatchError, LandingConfigError, LandingError, StartEndedEmpty
+from .errors import (
+    ChainStartTaken,
+    CorruptBatchError,
+    ForeignStreamError,
+    LandingConfigError,
+    LandingError,
+    StartEndedEmpty,
+)
 from .exclusion import exclude_landed
 from .layout import (
     MINUTE_MS,
+    START_DIR,
     BatchKey,
     ended_empty_body,
     ends_empty,
+    foreign_stream,
+    landing_directory,
     link_body,
     link_key,
     link_target,
     minute_of,
     minute_prefix,
     parse_batch_key,
+    parse_link_key,
     split_landed_keys,
     stream_directory,
 )
@@ -142,15 +154,23 @@ class LandingProcessor(RecordProcessor):
                  batch_format: str = PARQUET_FORMAT,
                  aws: AwsSettings | None = None,
                  progress_hint: ShardProgress | None = None,
+                 stream_arn: str | None = None,
                  clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic):
+        if stream and STREAM_ARN_RE.fullmatch(stream):  # named by its ARN: lands in its identity directory
+            stream_arn = stream_arn or stream
+        stream = landing_directory(stream) if stream else stream
         if not stream or "/" in stream:
             raise LandingConfigError(f"stream {stream!r} must be a non-empty name without '/'")
+        if stream_arn is not None and not STREAM_ARN_RE.fullmatch(stream_arn):
+            raise LandingConfigError(f"stream_arn {stream_arn!r} is not a Kinesis stream ARN "
+                                     f"(arn:aws:kinesis:REGION:ACCOUNT:stream/NAME)")
         self.settings = LandingSettings(max_batch_bytes, max_batch_age_seconds, max_batch_records, compression,
                                         memory_limit_bytes, checkpoint_after_flush, create_zone,
                                         resume_lookback_minutes, batch_format)
         self._zone = zone
         self.stream = stream
+        self.stream_arn = stream_arn  # recorded in every batch's footer; another stream's batches are refused
         self._aws = aws
         self._hint = progress_hint
         self._clock = clock
@@ -185,6 +205,7 @@ class LandingProcessor(RecordProcessor):
         self._holder = init.worker_id
         if init.stream is not None:  # a multi-stream application: one directory per stream incarnation
             self.stream = stream_directory(init.stream)
+            self.stream_arn = None  # one spec serves every stream: the incarnation's directory is its identity
         if self.store is None:  # built with a URI: this (worker) process opens its own store
             zone = self._zone
             self.store = zone if isinstance(zone, ZoneStore) else open_store(zone, self._aws)
@@ -579,7 +600,7 @@ class LandingProcessor(RecordProcessor):
         `records` it holds), or None when another writer claimed a longer batch that is not written yet."""
         store = self._zone_store()
         encoded = encode_batch(self.stream, self.shard_id, records, prev, self.settings.compression, prev_key,
-                               self.settings.batch_format)
+                               self.settings.batch_format, self.stream_arn)
         link = link_key(self.stream, encoded.key.minute_ms, self.shard_id, prev)
         starts = prev is not None and prev.is_starting_sentinel
         # A start link names its claimer too: who began the chain, when a person looks at a stuck shard.
@@ -624,7 +645,7 @@ class LandingProcessor(RecordProcessor):
             return None  # the claimed batch ends beyond what we hold: wait for more records
         # The claimer died between link and batch: land exactly its range (same records, same key).
         mine = encode_batch(self.stream, self.shard_id, records[:held], prev, self.settings.compression, prev_key,
-                            self.settings.batch_format)
+                            self.settings.batch_format, self.stream_arn)
         if mine.key != owner:
             raise CorruptBatchError(f"landing zone {store.uri}: link {link} names {owner.key()}, "
                                     f"but the records after {prev} make {mine.key.key()}")
@@ -647,7 +668,11 @@ class LandingProcessor(RecordProcessor):
         return encoded.key
 
     def _validate(self, key: BatchKey) -> BatchInfo:
+        """The footer of a batch this holder is about to trust (resume after, follow, drop records on the word
+        of): never another stream's (two streams of one name, in other accounts or regions, landing in one
+        directory), whose positions mean nothing in this stream."""
         info = read_batch_info(self._zone_store(), key)
+        _refuse_foreign(self._zone_store(), self.stream, info, self.stream_arn)
         self._validated.add(key.key())
         return info
 
@@ -792,16 +817,46 @@ class LandingProcessor(RecordProcessor):
         return best
 
 
+def _refuse_foreign(store: ZoneStore, directory: str, info: BatchInfo, stream_arn: str | None) -> None:
+    """ForeignStreamError, naming both streams and the remedy, when the batch is of another stream."""
+    why = foreign_stream(directory, info.stream_arn, stream_arn)
+    if why is not None:
+        raise ForeignStreamError(
+            f"landing zone {store.uri}: batch {info.key.key()} is not of this consumer's stream "
+            f"{stream_arn or directory}: {why}; two streams named {stream_name(directory)} land in one directory: "
+            f"name each by its ARN (--stream / KCL_PIPELINE_STREAM), so each lands in <name>@<region>@<account>")
+
+
+def check_stream_chains(store: ZoneStore, stream: str, stream_arn: str | None) -> None:
+    """Before a consumer starts: ForeignStreamError when a chain of the stream's directory begins with another
+    stream's batch (its start links, one LIST and a GET and a footer read per shard that has one), so that a
+    second stream of the name is refused in one line rather than by every worker, lease after lease."""
+    directory = landing_directory(stream)
+    for link in store.list_keys(f"{directory}/{START_DIR}/"):
+        if parse_link_key(link) is None:
+            continue
+        body = store.get_optional(link)
+        key = None if body is None else parse_batch_key(link_target(body))
+        if key is None or not store.exists(key.key()):
+            continue  # the ended-empty marker, or a claim never written: no stream to tell
+        _refuse_foreign(store, directory, read_batch_info(store, key), stream_arn)
+
+
 def landing_spec(zone: str, stream: str, *, aws: AwsSettings | None = None, standalone: bool = False,
-                 **settings: Any):
+                 stream_arn: str | None = None, **settings: Any):
     """A picklable ProcessorSpec building a LandingProcessor in a worker process (for the CLI / Dagster).
 
+    `stream` as configured (a name, or an ARN: it lands in its identity directory, layout.landing_directory);
+    `stream_arn` the stream's ARN when configured by name (`resolve_stream_arn`), recorded in every batch.
     Settings are checked here, in the parent, so a bad value fails before any worker starts.
     """
     from ..kcl.shells.workers.worker import ProcessorSpec  # lazily: the worker module pulls in the whole consumer
 
     LandingSettings(checkpoint_after_flush=standalone, **settings)
     kwargs: dict[str, Any] = {"zone": zone, "stream": stream, "checkpoint_after_flush": standalone, **settings}
+    if stream_arn is not None:
+        kwargs["stream_arn"] = stream_arn
+    LandingProcessor(zone, stream, stream_arn=stream_arn)  # the stream and its ARN (opens nothing)
     if aws is not None:
         kwargs["aws"] = aws
     return ProcessorSpec("kcl_pipeline.zone.sink:LandingProcessor", kwargs)

@@ -10,6 +10,7 @@ from kcl_pipeline.kcl.core.model import Checkpoint, Lease, Shard, UserRecord
 from kcl_pipeline.kcl.shells.aws import client
 from kcl_pipeline.local.producer import produce
 from kcl_pipeline.windows.backfill import BackfillPace, backfill_range, cut_batch, live_shards, start_position
+from kcl_pipeline.zone.batch import read_batch_info
 from kcl_pipeline.zone.chain import list_batches, read_batches, verify_batches
 from kcl_pipeline.zone.layout import MINUTE_MS, minute_of
 from kcl_pipeline.zone.progress import ShardProgress
@@ -133,6 +134,9 @@ def test_backfill_lands_a_range_once_and_fills_holes(stream_with_records, aws_se
     assert len(rows) == produced == len(set(rows))
     batches = list_batches(store, stream, start, end)
     assert all(r.ok for r in verify_batches(store, batches).values())
+    # Each batch records the stream it is of, as the live writer's do (docs/landing.md, "Stream identity").
+    arn = kinesis.describe_stream_summary(StreamName=stream)["StreamDescriptionSummary"]["StreamARN"]
+    assert {read_batch_info(store, b).stream_arn for b in batches} == {arn}
 
     again = backfill_range(stream, start, end, zone, aws=aws_settings, kinesis=kinesis)
     assert (again.records_landed, again.records_already_landed) == (0, produced)

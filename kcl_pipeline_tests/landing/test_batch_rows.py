@@ -86,7 +86,8 @@ def test_the_metadata_reads_back_as_parquets(memory_zone, prev):
                     "first": f"{records[0].sequence_number}_0",
                     "last": f"{records[-1].sequence_number}_{records[-1].sub_sequence_number}", "rows": "30",
                     "minute": str(T0), "prev_key": info.prev_key or "",
-                    "first_arrival_ms": str(info.first_arrival_ms), "last_arrival_ms": str(info.last_arrival_ms)}
+                    "first_arrival_ms": str(info.first_arrival_ms), "last_arrival_ms": str(info.last_arrival_ms),
+                    "stream_arn": ""}
 
 
 def test_told_apart_from_parquet_by_the_last_bytes_and_read_by_the_same_readers(local_zone):

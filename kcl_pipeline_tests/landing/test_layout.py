@@ -78,10 +78,16 @@ def test_a_date_or_time_that_does_not_exist_is_refused_as_strptime_refuses_it(da
         parse_batch_key(f"orders/dt={day}/hh={hh}/mm={mm}/shardId-1/1_0-2_0.parquet")
 
 
+def _path(dt: datetime) -> str:
+    return f"dt={dt:%Y-%m-%d}/hh={dt:%H}/mm={dt:%M}/"
+
+
 @pytest.mark.parametrize("ms", [0, 59_999, 60_000, -1, -60_000, -60_001, 1_709_251_199_999, 1_709_251_200_000,
                                 1_735_689_599_999, 1_735_689_600_000 + 3_599_999])
 def test_prefixes_name_the_minute_and_hour_holding_any_millisecond(ms):
     dt = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
     assert minute_prefix("orders", ms) == f"orders/dt={dt:%Y-%m-%d}/hh={dt:%H}/mm={dt:%M}/"
     assert hour_prefix("orders", ms) == f"orders/dt={dt:%Y-%m-%d}/hh={dt:%H}/"
-    assert minute_prefix("arn:aws:kinesis:eu-west-1:123456789012:stream/orders", ms) == minute_prefix("orders", ms)
+    # A stream named by its ARN lands in its identity directory (another account's or region's `orders` beside it).
+    assert minute_prefix("arn:aws:kinesis:eu-west-1:123456789012:stream/orders", ms) == \
+        minute_prefix("orders@eu-west-1@123456789012", ms) == f"orders@eu-west-1@123456789012/{_path(dt)}"

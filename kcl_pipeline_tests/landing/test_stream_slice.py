@@ -35,7 +35,8 @@ def test_a_single_stream_slice_is_the_whole_table_named_by_shard_id():
     leases = [_lease("shardId-000000000000")]
     view = slice_of(StreamScope("arn:aws:kinesis:eu-west-1:123456789012:stream/orders"), leases,
                     [Shard("shardId-000000000000")])
-    assert view.leases == leases and view.leases_by_shard_id() == leases and view.directory == "orders"
+    assert view.leases == leases and view.leases_by_shard_id() == leases
+    assert view.directory == "orders@eu-west-1@123456789012"  # named by its ARN: the identity is in the layout
     assert view.lease_key("shardId-000000000000") == "shardId-000000000000"
 
 

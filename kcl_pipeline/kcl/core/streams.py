@@ -22,7 +22,8 @@ from .model import Shard
 STREAM_ID_ATTRIBUTE = "streamName"  # Java keeps the stream identifier under this name "for legacy reasons"
 SHARD_ID_ATTRIBUTE = "shardId"
 # arn:<partition>:kinesis:<region>:<account>:stream/<name> (any partition: aws, aws-cn, aws-us-gov, ...)
-STREAM_ARN_RE = re.compile(r"arn:[a-z-]+:kinesis:[a-z0-9-]+:\d{12}:stream/(?P<name>[A-Za-z0-9_.-]{1,128})")
+STREAM_ARN_RE = re.compile(r"arn:(?P<partition>[a-z-]+):kinesis:(?P<region>[a-z0-9-]+):(?P<account>\d{12}):"
+                           r"stream/(?P<name>[A-Za-z0-9_.-]{1,128})")
 _ARN_ACCOUNT_RE = re.compile(r"arn:[a-z-]+:kinesis:[a-z0-9-]+:(?P<account>\d{12}):stream/")
 # Java's StreamIdentifier.STREAM_IDENTIFIER_PATTERN: any run of digits for the account (not only AWS's 12), any
 # name without ':', a creation epoch > 0 — whatever the application configured, never checked against AWS.
@@ -37,6 +38,28 @@ def stream_name(stream: str) -> str:
     if m:
         return m["name"]
     return identifier_parts(stream)[1] if is_stream_identifier(stream) else stream
+
+
+@dataclass(frozen=True)
+class StreamArn:
+    """Where a stream lives, as its ARN `arn:<partition>:kinesis:<region>:<account>:stream/<name>` says: what
+    tells two streams of one name apart (another account, another region)."""
+
+    partition: str
+    region: str
+    account: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"arn:{self.partition}:kinesis:{self.region}:{self.account}:stream/{self.name}"
+
+
+def parse_stream_arn(arn: str) -> StreamArn:
+    """The parts of a stream ARN; ValueError naming it when it is not one."""
+    m = STREAM_ARN_RE.fullmatch(arn)
+    if m is None:
+        raise ValueError(f"{arn!r} is not a Kinesis stream ARN (arn:aws:kinesis:REGION:ACCOUNT:stream/NAME)")
+    return StreamArn(m["partition"], m["region"], m["account"], m["name"])
 
 
 def is_stream_identifier(stream: str) -> bool:

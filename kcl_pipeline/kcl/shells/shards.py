@@ -14,7 +14,14 @@ from botocore.exceptions import ClientError, HTTPClientError
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from ..core.model import Shard
-from ..core.streams import StreamScope, is_stream_identifier, pinned_scope, stream_identifier, stream_name
+from ..core.streams import (
+    STREAM_ARN_RE,
+    StreamScope,
+    is_stream_identifier,
+    pinned_scope,
+    stream_identifier,
+    stream_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +146,12 @@ def describe_stream_summary(kinesis: Any, stream: str) -> dict[str, Any]:
 
 def stream_arn(kinesis: Any, stream: str) -> str:
     return describe_stream_summary(kinesis, stream)["StreamARN"]
+
+
+def resolve_stream_arn(kinesis: Any, stream: str) -> str:
+    """The ARN of the stream as configured: an ARN is its own (no call), a name is the stream of that name in the
+    client's account and region (DescribeStreamSummary). The landing zone records it in every batch."""
+    return stream if STREAM_ARN_RE.fullmatch(stream) else stream_arn(kinesis, stream)
 
 
 def wait_stream_active(kinesis: Any, stream: str, timeout: float = 60.0, *, poll_interval: float = 0.25,
