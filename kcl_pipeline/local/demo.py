@@ -240,7 +240,8 @@ def _spark_connect_ready(server: SparkConnectServer | None, stop: threading.Even
         server.wait_ready(stop=stop)
     except SparkConnectError as exc:
         server.stop()
-        print(f"spark       a cold local session per run: {exc}", flush=True)
+        if not stop.is_set():
+            print(f"spark       a cold local session per run: {exc}", flush=True)
         return None
     print(f"spark       {server.url} (Spark Connect, pid {server.pid}, log {server.log_path}); a run that finds "
           f"it gone starts a cold {FALLBACK_MASTER} session", flush=True)
@@ -357,8 +358,10 @@ def _run(options: DemoOptions, *, serve: bool, ready: Callable[[Started], None] 
             stop_process_group(dagster)
         if spark is not None:
             print("stopping the Spark Connect server …", flush=True)
-            spark.stop()
+            spark.terminate()  # its JVM shuts down while the producer and the emulators stop
         if producer is not None:
             producer.join(10)
         print("stopping the emulators …", flush=True)
         stack.stop()
+        if spark is not None:
+            spark.stop()

@@ -92,7 +92,8 @@ class SparkConnectServer:
             log.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(command)}\n".encode())
             log.flush()
             self.popen = subprocess.Popen(command, env=self.environment(), stdin=subprocess.DEVNULL, stdout=log,
-                                          stderr=subprocess.STDOUT, start_new_session=True)
+                                          stderr=subprocess.STDOUT, start_new_session=True,
+                                          preexec_fn=_term_with_parent if sys.platform == "linux" else None)
 
     def wait_ready(self, timeout: float = 180.0, stop: threading.Event | None = None) -> None:
         """Until the server accepts a connection on its port; SparkConnectError if it exits, takes longer, or
@@ -120,12 +121,17 @@ class SparkConnectServer:
         """Its exit code once it has exited (None: running, or never started)."""
         return None if self.popen is None else self.popen.poll()
 
+    def terminate(self) -> None:
+        """SIGTERM its process group and return (stop() then waits): it shuts down while other things stop."""
+        if self.popen is not None and self.popen.poll() is None:
+            _signal_group(self.popen.pid, signal.SIGTERM)
+
     def stop(self, grace: float = 15.0) -> None:
         """SIGTERM its process group (the JVM and its Python workers), SIGKILL what is left after `grace`."""
         if self.popen is None:
             return
         if self.popen.poll() is None:
-            _signal_group(self.popen.pid, signal.SIGTERM)
+            self.terminate()
             try:
                 self.popen.wait(grace)
             except subprocess.TimeoutExpired:
@@ -154,6 +160,15 @@ def _spark_home() -> Path:
     if not (home / "bin" / "spark-submit").is_file():
         raise SparkConnectError(f"pyspark at {home} has no bin/spark-submit")
     return home
+
+
+def _term_with_parent() -> None:
+    """In the child before exec (kept across spark-submit's execs into the JVM): SIGTERM when the thread that
+    started it dies, so a killed demo or `local up` leaves no JVM behind, as the emulators leave no node."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 def _signal_group(pid: int, sig: int) -> None:
