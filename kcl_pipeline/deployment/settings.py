@@ -38,10 +38,11 @@ checkpoint moved past them.
                                           consumer named after the application (polling; docs/fanout.md)
     KCL_PIPELINE_DECODER                  payload decoder of the transform    (json)
     KCL_PIPELINE_LANDING_READER           auto | native | datasource: how Spark reads the zone (auto)
-    KCL_PIPELINE_SPARK_MASTER             Spark master                        (local[*]; demo: its Spark Connect
-                                          server, sc://127.0.0.1:<port>)
+    KCL_PIPELINE_SPARK_MASTER             Spark master                        (local[*]; `demo` and `local up`
+                                          set their Spark Connect server's sc://127.0.0.1:<port>)
     KCL_PIPELINE_SPARK_FALLBACK_MASTER    with an sc:// master: the cold session a run starts when the server
-                                          does not answer (unset: the run fails; demo: local[*]; transform/connect.py)
+                                          does not answer (unset: the run fails; `demo` and `local up` set
+                                          local[*]; transform/connect.py)
     KCL_PIPELINE_SPARK_CONF               extra Spark settings, a JSON object (secret-looking ones shown as ***)
     KCL_PIPELINE_SPARK_AWS_CREDENTIALS    pass the run's AWS keys to Spark's options (unset: only when S3 is at
                                           an explicit endpoint, e.g. the emulators)
