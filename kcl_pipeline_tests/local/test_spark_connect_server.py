@@ -100,3 +100,44 @@ def test_a_server_that_exits_while_local_up_runs_is_reported_once_and_local_up_g
         thread.join(60)
     assert result == {"code": 0}
     assert "the Spark Connect server exited" not in capsys.readouterr().err  # said once
+
+
+PARENT = """
+import sys, time
+from pathlib import Path
+from kcl_pipeline_tests.local.test_spark_connect_server import StandIn
+server = StandIn(Path(sys.argv[1]))
+server.start()
+print(server.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the parent-death signal is Linux's")
+def test_a_killed_demo_leaves_no_server_behind(tmp_path):
+    """`kill -9` of the demo or `local up`: the server is not their child any more, and must not run on for ever."""
+    import subprocess
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(tmp_path)], stdout=subprocess.PIPE, cwd=repo,
+                              env={**os.environ, "PYTHONPATH": str(repo)})
+    try:
+        server_pid = int(parent.stdout.readline())
+        assert _alive(server_pid)
+        parent.kill()
+        parent.wait()
+        wait_until(lambda: not _alive(server_pid), 30, "the orphaned server to exit")
+    finally:
+        parent.kill()
+        parent.wait()
+        if _alive(server_pid):
+            os.kill(server_pid, signal.SIGKILL)
