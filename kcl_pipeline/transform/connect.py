@@ -9,8 +9,8 @@ in its run workers' memory (docs/deployment.md).
 
 The decision (`choose_master`) is a pure function of the configured masters and what the probe saw; `probe`
 is the I/O (one TCP connection, a few seconds at most): the Spark Connect client itself retries an
-unreachable server with backoff for at least 10 minutes (pyspark's default retry policy) before it gives up. No pyspark here: the code location and the
-CLI decide before Spark is imported.
+unreachable server with backoff for at least 10 minutes (pyspark's default retry policy) before it gives up.
+No pyspark here: the code location and the CLI decide before Spark is imported.
 """
 from __future__ import annotations
 
