@@ -80,7 +80,10 @@ class SparkConnectServer:
         return [*args, "spark-internal"]
 
     def environment(self) -> dict[str, str]:
-        path = os.pathsep.join(p for p in (str(_PACKAGE_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+        # A checkout is put on the workers' path; an installed package is already on its interpreter's (and a
+        # site-packages on PYTHONPATH would come before the standard library).
+        checkout = "" if _PACKAGE_ROOT.name in ("site-packages", "dist-packages") else str(_PACKAGE_ROOT)
+        path = os.pathsep.join(p for p in (checkout, os.environ.get("PYTHONPATH", "")) if p)
         return {**os.environ, **self.extra_env, "SPARK_HOME": str(_spark_home()), "SPARK_LOCAL_IP": LOOPBACK,
                 "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable, "PYTHONPATH": path}
 
