@@ -73,6 +73,7 @@ class SparkConnectServer:
             "spark.ui.enabled": "false",
             "spark.driver.memory": self.driver_memory,
             "spark.sql.session.timeZone": "UTC",
+            "spark.log.level": "WARN",  # INFO logs a line per client request: the log would grow with every run
         }
         args = [str(spark_submit), "--class", SERVER_CLASS, "--master", self.master, "--name", "kcl-pipeline-connect"]
         for key, value in conf.items():
