@@ -478,8 +478,11 @@ def forget_incarnation(incarnation, application, table_name, region, endpoint_ur
 @click.option("--code-servers", type=click.IntRange(1, 2), default=1, show_default=True,
               help="2: a fleet-member code location beside the pipeline's, each in its own code server, sharing "
                    "the fleet (the two-host shape).")
+@click.option("--cold-spark", is_flag=True, help="No Spark Connect server: every window run starts its own "
+                                                   "Spark session (by default runs attach to a warm one).")
 @friendly_errors
-def demo(port, stream, shards, rate, window_minutes, no_producer, state_dir, dagster_storage, code_servers):
+def demo(port, stream, shards, rate, window_minutes, no_producer, state_dir, dagster_storage, code_servers,
+         cold_spark):
     """Emulators + demo stream + KPL producer + `dagster dev` with the consumer sensor on. Ctrl-C stops all."""
     from .local.demo import DemoOptions, run_demo
 
@@ -492,7 +495,8 @@ def demo(port, stream, shards, rate, window_minutes, no_producer, state_dir, dag
     _preflight(node=True, java=True)
     sys.exit(run_demo(DemoOptions(state_dir=Path(state_dir), port=port, stream=stream, shards=shards, rate=rate,
                                   window_minutes=window_minutes, producer=not no_producer,
-                                  dagster_storage=dagster_storage, code_servers=code_servers)))
+                                  dagster_storage=dagster_storage, code_servers=code_servers,
+                                  warm_spark=not cold_spark)))
 
 
 def _check_postgres_storage(command: str) -> None:
@@ -736,8 +740,10 @@ def local() -> None:
 @click.option("--rate", type=float, default=40.0, show_default=True, help="Demo records per second.")
 @click.option("--window-minutes", type=int, default=2, show_default=True, help="Partition (window) length.")
 @click.option("--no-producer", is_flag=True, help="Do not run the demo producer (produce yourself).")
+@click.option("--cold-spark", is_flag=True, help="No Spark Connect server: every window run starts its own "
+                                                   "Spark session (by default env.sh points runs at a warm one).")
 @friendly_errors
-def local_up(state_dir, stream, shards, rate, window_minutes, no_producer):
+def local_up(state_dir, stream, shards, rate, window_minutes, no_producer, cold_spark):
     """The demo without `dagster dev`: the emulators, the demo stream and its KPL producer, DAGSTER_HOME, and
     the demo's environment in STATE_DIR/env.sh. `source` it in another shell and run `dagster dev` at the
     repository root. Runs in the foreground; Ctrl-C (or `local down`) stops everything."""
@@ -749,7 +755,7 @@ def local_up(state_dir, stream, shards, rate, window_minutes, no_producer):
     if shards < 1 or rate <= 0:
         raise UserError("--shards must be >= 1 and --rate > 0")
     _require_extras("local up", {"moto": "local", "flask_cors": "local"})
-    _preflight(node=True, java=False)
+    _preflight(node=True, java=False)  # without Java, the warm Spark Connect server is skipped (one line)
     state = Path(state_dir)
     state.mkdir(parents=True, exist_ok=True)
     pid_file = state / "local.pid"
@@ -760,7 +766,8 @@ def local_up(state_dir, stream, shards, rate, window_minutes, no_producer):
     pid_file.write_text(str(os.getpid()))
     try:
         code = run_local_up(DemoOptions(state_dir=state, stream=stream, shards=shards, rate=rate,
-                                        window_minutes=window_minutes, producer=not no_producer))
+                                        window_minutes=window_minutes, producer=not no_producer,
+                                        warm_spark=not cold_spark))
     finally:
         pid_file.unlink(missing_ok=True)
     sys.exit(code)
@@ -807,7 +814,7 @@ def local_down(state_dir, wait_seconds):
             raise UserError(f"`local up` (pid {pid}) was asked to stop but is still running after "
                             f"{wait_seconds:g} s; see its terminal")
         time.sleep(0.1)
-    click.echo(f"stopped `local up` (pid {pid}): the producer and the emulators")
+    click.echo(f"stopped `local up` (pid {pid}): the producer, the Spark Connect server and the emulators")
 
 
 @local.command("reset")

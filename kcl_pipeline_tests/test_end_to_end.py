@@ -75,8 +75,9 @@ class Stack:
         self.env: dict[str, str] = {}
 
     def start(self) -> None:
+        # --cold-spark: the chaos kills the Spark JVM a window run started itself (fail_a_transform)
         cmd = [sys.executable, "-m", "kcl_pipeline.cli", "demo", "--no-producer", "--port", str(self.port),
-               "--state-dir", str(self.state), "--window-minutes", "1", "--shards", "4"]
+               "--state-dir", str(self.state), "--window-minutes", "1", "--shards", "4", "--cold-spark"]
         self.proc = subprocess.Popen(cmd, stdout=open(self.state.parent / "demo.out", "wb"),
                                      stderr=subprocess.STDOUT, start_new_session=True)
         env_sh = self.state / "env.sh"

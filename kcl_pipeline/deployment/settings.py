@@ -38,7 +38,11 @@ checkpoint moved past them.
                                           consumer named after the application (polling; docs/fanout.md)
     KCL_PIPELINE_DECODER                  payload decoder of the transform    (json)
     KCL_PIPELINE_LANDING_READER           auto | native | datasource: how Spark reads the zone (auto)
-    KCL_PIPELINE_SPARK_MASTER             Spark master                        (local[*])
+    KCL_PIPELINE_SPARK_MASTER             Spark master                        (local[*]; `demo` and `local up`
+                                          set their Spark Connect server's sc://127.0.0.1:<port>)
+    KCL_PIPELINE_SPARK_FALLBACK_MASTER    with an sc:// master: the cold session a run starts when the server
+                                          does not answer (unset: the run fails; `demo` and `local up` set
+                                          local[*]; transform/connect.py)
     KCL_PIPELINE_SPARK_CONF               extra Spark settings, a JSON object (secret-looking ones shown as ***)
     KCL_PIPELINE_SPARK_AWS_CREDENTIALS    pass the run's AWS keys to Spark's options (unset: only when S3 is at
                                           an explicit endpoint, e.g. the emulators)
@@ -76,6 +80,7 @@ from ..kcl.aws_settings import (
 )
 from ..kcl.config import RETRIEVALS, WORKER_START_METHOD_ENV, ConfigError, InitialPosition, consumer_default
 from ..kcl.core.model import AT_TIMESTAMP, LATEST, TRIM_HORIZON
+from ..transform.connect import is_connect
 from ..transform.names import DECODERS, SPARK_MASTER
 from .consumer import ConsumerSettings
 from .redaction import looks_secret
@@ -95,7 +100,7 @@ SETTINGS = ("profile", "stream", "application", "table_name", "initial_position"
             "sensor_interval_seconds", "heartbeat_seconds", "lease_expiry_seconds", "max_leases", "stall_seconds",
             "grace_seconds",
             "worker_id", "metrics_namespace", "metrics_naming", "retrieval", "decoder", "landing_reader",
-            "spark_master", "spark_conf", "spark_aws_credentials")
+            "spark_master", "spark_fallback_master", "spark_conf", "spark_aws_credentials")
 # KCL_PIPELINE_* variables that are not settings of the deployment but are read elsewhere; known, so that
 # they are not refused as misspelt settings. A test holds every KCL_PIPELINE_ name in the repository to
 # SETTINGS and these.
@@ -131,6 +136,7 @@ class PipelineSettings(ConsumerSettings):
     host_workers: bool = False
     sensor_interval_seconds: int = int(consumer_default("cycle_seconds"))
     spark_master: str = "local[*]"
+    spark_fallback_master: str | None = None  # with an sc:// master only (transform/connect.py)
     spark_conf: Mapping[str, str] = field(default_factory=dict)
     spark_aws_credentials: bool | None = None  # None: S3Options.pins_credentials decides
 
@@ -166,6 +172,7 @@ class PipelineSettings(ConsumerSettings):
         if not SPARK_MASTER.fullmatch(self.spark_master):
             raise ConfigError(f"{PREFIX}SPARK_MASTER must be local, local[N], local[*], local-cluster[N,C,M], yarn "
                               f"or spark://, k8s://, mesos://, sc://host, got {self.spark_master!r}")
+        check_spark_fallback(self.spark_master, self.spark_fallback_master)
 
     @property
     def keepalive_seconds(self) -> float:
@@ -361,6 +368,7 @@ def _variables_class(BaseSettings: Any, SettingsConfigDict: Any, Json: Any, lowe
         decoder: str | None = None
         landing_reader: Annotated[Literal[LANDING_READERS], lower] | None = None  # type: ignore[valid-type]
         spark_master: str | None = None
+        spark_fallback_master: str | None = None
         spark_conf: Json[dict[str, Any]] | None = None
         spark_aws_credentials: bool | None = None
 
@@ -384,6 +392,19 @@ def _mapping_source_class(BaseSettings: Any, EnvSettingsSource: Any) -> Any:
                     if value or not self.env_ignore_empty}
 
     return MappingSource
+
+
+def check_spark_fallback(master: str, fallback: str | None) -> None:
+    """A fallback master is a cold session for an sc:// master's runs: any master but another server."""
+    if fallback is None:
+        return
+    name = f"{PREFIX}SPARK_FALLBACK_MASTER"
+    if not is_connect(master):
+        raise ConfigError(f"{name} is the session a run starts when its Spark Connect server does not answer; "
+                          f"it needs an sc:// {PREFIX}SPARK_MASTER, got {master!r}")
+    if not SPARK_MASTER.fullmatch(fallback) or is_connect(fallback):
+        raise ConfigError(f"{name} must be local, local[N], local[*], local-cluster[N,C,M], yarn or spark://, "
+                          f"k8s://, mesos:// (a session the run starts itself), got {fallback!r}")
 
 
 def check_window_minutes(minutes: int) -> None:

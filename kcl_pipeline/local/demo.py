@@ -9,8 +9,14 @@ lease table and zones. `kcl-pipeline local reset` deletes the home to start afre
 `demo_vars`) into `<state dir>/env.sh`, so that a person who sources it runs `dagster dev` at the repository root
 (its workspace.yaml) as the demo would.
 
+Beside the emulators both start a Spark Connect server on loopback (local/spark_connect.py) and point the
+transform at it (KCL_PIPELINE_SPARK_MASTER=sc://…), with a cold local session as the fallback of a run that
+finds it gone (KCL_PIPELINE_SPARK_FALLBACK_MASTER): every window run attaches to one warm JVM. Without the
+[connect] client, with `--cold-spark`, or when the server does not start, runs start their own session.
+
 Everything it starts it stops (Ctrl-C / SIGTERM): the producer thread, `dagster dev` (its whole process
-group: webserver, daemon, code server and the sensor's lease workers), then the emulators; env.sh is removed.
+group: webserver, daemon, code server and the sensor's lease workers), the Spark Connect server (by its PID,
+its process group), then the emulators; env.sh is removed.
 """
 from __future__ import annotations
 
@@ -32,6 +38,7 @@ from ..kcl.shells.shards import StreamNotFound, wait_stream_active
 from ..kcl.shells.signals import stop_on_signals
 from .emulators import EmulatorStack, Endpoints
 from .producer import produce
+from .spark_connect import FALLBACK_MASTER, SparkConnectError, SparkConnectServer, unavailable
 
 log = logging.getLogger(__name__)
 # The workspace file ships inside the package, so the demo runs from an installed wheel too (a byte-identical
@@ -57,6 +64,7 @@ class DemoOptions:
     producer: bool = True
     dagster_storage: str = "sqlite"  # or "postgres" (DAGSTER_POSTGRES_URL)
     code_servers: int = 1  # 2: a fleet-member location beside the pipeline's (workspace-two-hosts.yaml)
+    warm_spark: bool = True  # a Spark Connect server every window run attaches to (False: a session per run)
 
     @property
     def workspace(self) -> Path:
@@ -64,13 +72,17 @@ class DemoOptions:
 
 
 def demo_vars(endpoints: Endpoints, options: DemoOptions, dagster_home: Path,
-              partitions_start: datetime | None = None, *, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+              partitions_start: datetime | None = None, *, environ: Mapping[str, str] | None = None,
+              spark_remote: str | None = None) -> dict[str, str]:
     """What the demo sets on top of the environment, the one source of `kcl-pipeline demo`'s `dagster dev` and
     of the env file `local up` writes: the emulators' endpoints (and dummy credentials when none are set),
     DAGSTER_HOME, the demo profile, its stream and timings, the sensor hosting the lease workers; the partitions
-    start at `partitions_start` (the window the stream was created in: the UI shows only windows that can exist).
+    start at `partitions_start` (the window the stream was created in: the UI shows only windows that can exist);
+    `spark_remote`: the Spark Connect server the transform attaches to, a cold local session its fallback.
     `environ`: the environment these go on top of (default: this process's), which decides the credentials."""
     start = {} if partitions_start is None else {"KCL_PIPELINE_PARTITIONS_START": partitions_start.isoformat()}
+    spark = {} if spark_remote is None else {"KCL_PIPELINE_SPARK_MASTER": spark_remote,
+                                             "KCL_PIPELINE_SPARK_FALLBACK_MASTER": FALLBACK_MASTER}
     return {
         **endpoints.env(environ),
         "DAGSTER_HOME": str(dagster_home),
@@ -78,6 +90,7 @@ def demo_vars(endpoints: Endpoints, options: DemoOptions, dagster_home: Path,
         "KCL_PIPELINE_STREAM": options.stream,
         "KCL_PIPELINE_WINDOW_MINUTES": str(options.window_minutes),
         **start,
+        **spark,
         "KCL_PIPELINE_SENSOR_INTERVAL_SECONDS": str(options.sensor_interval_seconds),
         # The demo profile implies it; said here so that the env file shows it.
         "KCL_PIPELINE_HOST_WORKERS": "true",
@@ -181,6 +194,7 @@ class Started:
     env_file: Path
     emulator_pids: dict[str, int]
     url: str | None  # the Dagster UI (the demo); None for `local up`
+    spark_connect_pid: int | None = None  # the warm Spark Connect server (None: runs start their own session)
 
 
 def run_demo(options: DemoOptions, *, ready: Callable[[Started], None] | None = None,
@@ -198,6 +212,40 @@ def run_local_up(options: DemoOptions, *, ready: Callable[[Started], None] | Non
 
 
 HOME_DIR = "dagster_home"  # in the state directory: DAGSTER_HOME
+
+
+def _start_spark_connect(options: DemoOptions, log_dir: Path, env: dict[str, str]) -> SparkConnectServer | None:
+    """The warm Spark Connect server, started (not yet ready); None, said in one line, when there is none."""
+    if not options.warm_spark:
+        print("spark       a cold local session per run (--cold-spark)", flush=True)
+        return None
+    missing = unavailable()
+    if missing:
+        print(f"spark       a cold local session per run: {missing}", flush=True)
+        return None
+    server = SparkConnectServer(log_dir, env=env)
+    try:
+        server.start()
+    except (SparkConnectError, OSError) as exc:
+        print(f"spark       a cold local session per run: the Spark Connect server did not start: {exc}", flush=True)
+        return None
+    return server
+
+
+def _spark_connect_ready(server: SparkConnectServer | None, stop: threading.Event) -> SparkConnectServer | None:
+    """The server once it listens; None, stopped and said in one line, when it does not come up."""
+    if server is None:
+        return None
+    try:
+        server.wait_ready(stop=stop)
+    except SparkConnectError as exc:
+        server.stop()
+        if not stop.is_set():
+            print(f"spark       a cold local session per run: {exc}", flush=True)
+        return None
+    print(f"spark       {server.url} (Spark Connect, pid {server.pid}, log {server.log_path}); a run that finds "
+          f"it gone starts a cold {FALLBACK_MASTER} session", flush=True)
+    return server
 
 
 def reset_home(state_dir: Path) -> str | None:
@@ -235,6 +283,7 @@ def _run(options: DemoOptions, *, serve: bool, ready: Callable[[Started], None] 
     stack = EmulatorStack(state / "logs")
     dagster = None
     producer = None
+    spark: SparkConnectServer | None = None
     try:
         endpoints = stack.start()
         # This process talks to the emulators too (stream, producer): their endpoints and dummy credentials.
@@ -242,6 +291,7 @@ def _run(options: DemoOptions, *, serve: bool, ready: Callable[[Started], None] 
         os.environ.update(endpoints.env())
         for name, url in endpoints.endpoint_urls().items():
             print(f"{name:<11} {url}", flush=True)
+        spark = _start_spark_connect(options, state / "logs", endpoints.env(caller_env))  # starts while we go on
         kinesis = client("kinesis", endpoints.aws_settings())
         ensure_stream(kinesis, options.stream, options.shards)
         print(f"stream      {options.stream} ({options.shards} shards)", flush=True)
@@ -257,7 +307,11 @@ def _run(options: DemoOptions, *, serve: bool, ready: Callable[[Started], None] 
         print(f"partitions  {options.window_minutes}-minute windows from {partitions.start.isoformat()} "
               + ("(kept by this Dagster home: `kcl-pipeline local reset` starts afresh)" if partitions.kept
                  else "(this new Dagster home keeps them)"), flush=True)
-        variables = demo_vars(endpoints, options, home, partitions.start, environ=caller_env)
+        spark = _spark_connect_ready(spark, stop)
+        if stop.is_set():  # Ctrl-C while the server started
+            return 0
+        variables = demo_vars(endpoints, options, home, partitions.start, environ=caller_env,
+                              spark_remote=spark.url if spark else None)
         failure = initialise_storage({**caller_env, **variables})
         if failure:
             print(f"the Dagster home {home} could not be initialised: {failure}", file=sys.stderr)
@@ -276,7 +330,7 @@ def _run(options: DemoOptions, *, serve: bool, ready: Callable[[Started], None] 
                   f"&& dagster dev", flush=True)
             print("Ctrl-C (or `kcl-pipeline local down`) stops everything.", flush=True)
         if ready:
-            ready(Started(endpoints, env_file, stack.pids(), url))
+            ready(Started(endpoints, env_file, stack.pids(), url, spark.pid if spark else None))
         while not stop.is_set():
             if dagster is not None and dagster.poll() is not None:
                 print(f"dagster dev exited with code {dagster.returncode}; see {state / 'logs' / 'dagster.log'}",
@@ -288,6 +342,12 @@ def _run(options: DemoOptions, *, serve: bool, ready: Callable[[Started], None] 
                     print(f"the {name} emulator exited with code {code}; log {stack.log_paths()[name]}",
                           file=sys.stderr)
                 return 1
+            if spark is not None and spark.exited() is not None:
+                # not fatal: every run from now on falls back to a cold session (one WARNING each)
+                print(f"the Spark Connect server exited with code {spark.exited()}; runs start cold local "
+                      f"sessions from now on (log {spark.log_path})", file=sys.stderr, flush=True)
+                spark.stop()
+                spark = None
             stop.wait(0.5)
         return 0
     finally:
@@ -296,7 +356,12 @@ def _run(options: DemoOptions, *, serve: bool, ready: Callable[[Started], None] 
         if dagster is not None:
             print("stopping dagster …", flush=True)
             stop_process_group(dagster)
+        if spark is not None:
+            print("stopping the Spark Connect server …", flush=True)
+            spark.terminate()  # its JVM shuts down while the producer and the emulators stop
         if producer is not None:
             producer.join(10)
         print("stopping the emulators …", flush=True)
         stack.stop()
+        if spark is not None:
+            spark.stop()

@@ -23,6 +23,7 @@ without a shuffle: with today's fenced landing that is every row.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ from ..windows.manifest import QUARANTINE, TRANSFORMED, window_partition
 from ..zone.errors import ZoneNotFoundError
 from ..zone.layout import parse_batch_key
 from ..zone.store import S3Options, ZoneStore, open_store
+from .connect import is_connect, resolve_master
 from .datasource import (
     BATCHES_OPTION,
     DEFAULT_MAX_PARTITION_BYTES,
@@ -59,6 +61,8 @@ from .datasource import (
 )
 from .decoders import DecoderFn, get_decoder
 from .names import LOCAL_MASTER
+
+log = logging.getLogger(__name__)
 
 RECORD_KEY = ("shard_id", "sequence_number", "sub_sequence_number")
 _CARRIED = ("partition_key", "approximate_arrival_timestamp", "data")
@@ -149,13 +153,19 @@ def loopback_conf(master: str) -> dict[str, str]:
 
 
 def build_local_session(master: str = "local[2]", app_name: str = "kcl-pipeline-transform",
-                        **extra_conf: str) -> SparkSession:
+                        *, fallback_master: str | None = None, **extra_conf: str) -> SparkSession:
     """A SparkSession for tests, benchmarks and the CLI (Dagster builds its own through PySparkResource):
     `local[N]`, `spark://host:port` (standalone) or `sc://host:port` (Spark Connect).
 
+    An sc:// server that does not answer is refused at once (connect.SparkUnreachable), or, with
+    `fallback_master`, replaced by a cold session of that master with one WARNING line (connect.py).
     Sets PYSPARK_PYTHON to this interpreter in the environment first: classic PySpark takes the Python
     workers' interpreter from it, not from spark.pyspark.python."""
-    if master.startswith("sc://"):  # Spark Connect: the server owns the context; only session settings travel
+    choice = resolve_master(master, fallback_master)
+    if choice.warning:
+        log.warning(choice.warning)
+    master = choice.master
+    if is_connect(master):  # Spark Connect: the server owns the context; only session settings travel
         builder = SparkSession.builder.remote(master)
         for key, value in {**spark_session_conf(None), **extra_conf}.items():
             if key.startswith("spark.sql."):

@@ -21,6 +21,7 @@ from kcl_pipeline.defs import build_definitions
 from kcl_pipeline.defs.kinesis.resources import SPARK_POOL, SPARK_RUN_TAG, AwsResource, SparkResource, spark_config
 from kcl_pipeline.deployment.home import prepare_dagster_home
 from kcl_pipeline.deployment.settings import PipelineSettings
+from kcl_pipeline.transform.connect import SparkUnreachable
 
 DAGSTER = os.path.join(os.path.dirname(sys.executable), "dagster")
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -201,6 +202,54 @@ def test_spark_resource_stops_only_the_session_it_started(monkeypatch, existed, 
     with build_resources({"pyspark": SparkResource(spark_config={}, stop_at_teardown=stop_at_teardown)}) as r:
         assert r.pyspark.spark_session is session and not session.stopped
     assert session.stopped is stopped
+
+
+def _unanswered_connect_url() -> str:
+    """An sc:// URL on loopback where nothing listens (a port just freed)."""
+    from kcl_pipeline.local.emulators import free_port
+
+    return f"sc://127.0.0.1:{free_port()}"
+
+
+def test_a_run_whose_spark_connect_server_is_gone_transforms_in_the_cold_fallback_with_one_warning(
+        monkeypatch, capfd):
+    import dagster_pyspark.resources
+
+    from kcl_pipeline.defs.kinesis.resources import build_resources as pipeline_resources
+
+    remote = _unanswered_connect_url()
+    settings = PipelineSettings.from_env({"KCL_PIPELINE_SPARK_MASTER": remote,
+                                          "KCL_PIPELINE_SPARK_FALLBACK_MASTER": "local[2]",
+                                          "KCL_PIPELINE_PARTITIONS_START": "2026-11-15"}, now=NOW)
+    resource = pipeline_resources(settings, env={})["pyspark"]
+    assert resource.fallback_spark_config["spark.master"] == "local[2]"
+    built = []
+    monkeypatch.setattr(dagster_pyspark.resources, "spark_session_from_config",
+                        lambda conf: built.append(conf) or FakeSession())
+    with build_resources({"pyspark": resource}):
+        pass
+    (conf,) = built
+    assert conf["spark.master"] == "local[2]" and "spark.remote" not in conf
+    assert conf["spark.driver.bindAddress"] == "127.0.0.1"  # the cold session's own settings, loopback included
+    logged = capfd.readouterr().err  # the run's log (Dagster's console logger)
+    warnings = [line for line in logged.splitlines() if "Spark Connect server" in line]
+    assert len(warnings) == 1 and " - WARNING - " in warnings[0], logged
+    assert f"the Spark Connect server {remote} is unreachable" in warnings[0]
+    assert "cold local[2] session (KCL_PIPELINE_SPARK_FALLBACK_MASTER)" in warnings[0]
+
+
+def test_a_run_whose_spark_connect_server_is_gone_without_a_fallback_fails_at_once_naming_the_setting(monkeypatch):
+    import dagster_pyspark.resources
+
+    remote = _unanswered_connect_url()
+    monkeypatch.setattr(dagster_pyspark.resources, "spark_session_from_config",
+                        lambda conf: pytest.fail("no session is built: the Connect client would retry for minutes"))
+    with pytest.raises(Exception) as raised:  # Dagster's resource error, caused by ours
+        with build_resources({"pyspark": SparkResource(spark_config={"spark.remote": remote})}):
+            pass
+    assert isinstance(raised.value.__cause__, SparkUnreachable)
+    assert str(raised.value.__cause__).startswith(f"the Spark Connect server {remote} is unreachable (")
+    assert "set KCL_PIPELINE_SPARK_FALLBACK_MASTER" in str(raised.value.__cause__)
 
 
 def test_a_tick_refuses_a_consumer_window_unlike_the_partitions(defs):

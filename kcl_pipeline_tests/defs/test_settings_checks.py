@@ -84,6 +84,12 @@ def test_every_kcl_pipeline_variable_the_repository_names_is_known():
     ({"DECODER": "xml"}, "KCL_PIPELINE_DECODER must be one of json, json_spark, got 'xml'"),
     ({"SPARK_MASTER": "banana"}, "KCL_PIPELINE_SPARK_MASTER must be local, .* got 'banana'"),
     ({"SPARK_MASTER": "local[0]"}, "KCL_PIPELINE_SPARK_MASTER must be"),
+    ({"SPARK_FALLBACK_MASTER": "local[*]"}, "KCL_PIPELINE_SPARK_FALLBACK_MASTER is the session a run starts when "
+                                            "its Spark Connect server does not answer; it needs an sc:// "
+                                            "KCL_PIPELINE_SPARK_MASTER, got 'local\\[\\*\\]'"),
+    ({"SPARK_MASTER": "sc://a:15002", "SPARK_FALLBACK_MASTER": "sc://b:15002"},
+     "KCL_PIPELINE_SPARK_FALLBACK_MASTER must be local, .*\\(a session the run starts itself\\), got 'sc://b:15002'"),
+    ({"SPARK_MASTER": "sc://a:15002", "SPARK_FALLBACK_MASTER": "banana"}, "SPARK_FALLBACK_MASTER must be local"),
     ({"STREAM": "."}, "stream '.': a stream named '.' or '..' cannot be consumed here"),
     ({"STREAM": "orders,.."}, "stream '..': a stream named '.' or '..' cannot be consumed here"),
     ({"STREAM": "arn:aws:kinesis:eu-west-1:123456789012:stream/.."}, "a stream named '.' or '..'"),
@@ -114,6 +120,11 @@ def test_the_s3_request_variables_load():
                                     "k8s://https://api:443", "sc://connect:15002"])
 def test_spark_masters_spark_accepts_load(master):
     assert load(SPARK_MASTER=master).spark_master == master
+
+
+def test_a_spark_connect_master_loads_with_a_cold_fallback():
+    settings = load(SPARK_MASTER="sc://connect:15002", SPARK_FALLBACK_MASTER="local[*]")
+    assert (settings.spark_master, settings.spark_fallback_master) == ("sc://connect:15002", "local[*]")
 
 
 @pytest.mark.parametrize("uri", ["s3://bucket", "s3://bucket/prefix", "/data/zone", "relative/zone",

@@ -18,6 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from kcl_pipeline.cli import main
+from kcl_pipeline.deployment.settings import PipelineSettings
 from kcl_pipeline.kcl.shells.aws import client
 from kcl_pipeline.local.demo import (
     ENV_FILE,
@@ -30,6 +31,7 @@ from kcl_pipeline.local.demo import (
     write_env_file,
 )
 from kcl_pipeline.local.emulators import Endpoints, free_port
+from kcl_pipeline.transform.connect import probe
 from kcl_pipeline_tests.kcl.fleet_support import wait_until
 from kcl_pipeline_tests.local.support import graphql_or_none
 
@@ -77,6 +79,16 @@ def test_the_env_file_holds_what_the_demo_sets(tmp_path):
     credentials = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
     assert {k: env[k] for k in variables if k not in credentials} == \
         {k: v for k, v in variables.items() if k not in credentials}
+
+
+def test_a_warm_spark_points_the_transform_at_its_server_with_a_cold_fallback(tmp_path):
+    variables = demo_vars(ENDPOINTS, DemoOptions(state_dir=tmp_path), tmp_path, START, environ={},
+                          spark_remote="sc://127.0.0.1:15002")
+    assert variables["KCL_PIPELINE_SPARK_MASTER"] == "sc://127.0.0.1:15002"
+    assert variables["KCL_PIPELINE_SPARK_FALLBACK_MASTER"] == "local[*]"
+    pytest.importorskip("pydantic_settings", reason="the code location's settings need the [dagster] extra")
+    settings = PipelineSettings.from_env(variables)  # the code location loads what env.sh sets
+    assert (settings.spark_master, settings.spark_fallback_master) == ("sc://127.0.0.1:15002", "local[*]")
 
 
 def test_the_demo_values_win_over_a_stale_environment(tmp_path):
@@ -156,7 +168,7 @@ def _run_in_thread(options: DemoOptions):
 
 def test_local_up_creates_the_stream_feeds_it_and_writes_the_demo_environment(tmp_path):
     state = tmp_path / "state"
-    options = DemoOptions(state_dir=state, stream="local-up-demo", shards=1, rate=20.0)
+    options = DemoOptions(state_dir=state, stream="local-up-demo", shards=1, rate=20.0, warm_spark=False)
     thread, stop, started, result = _run_in_thread(options)
     try:
         wait_until(lambda: started or result, 120, "local up")
@@ -166,6 +178,7 @@ def test_local_up_creates_the_stream_feeds_it_and_writes_the_demo_environment(tm
         env = _read_env_file(up.env_file)
         assert env["KCL_PIPELINE_STREAM"] == "local-up-demo" and env["KCL_PIPELINE_PROFILE"] == "demo"
         assert env["KCL_PIPELINE_HOST_WORKERS"] == "true"
+        assert "KCL_PIPELINE_SPARK_MASTER" not in env and up.spark_connect_pid is None  # cold: a session per run
         assert env["AWS_ENDPOINT_URL_KINESIS"] == up.endpoints.kinesis
         home = Path(env["DAGSTER_HOME"])
         assert home == state.resolve() / "dagster_home"
@@ -189,8 +202,48 @@ def test_local_up_creates_the_stream_feeds_it_and_writes_the_demo_environment(tm
     assert not any(_alive(pid) for pid in up.emulator_pids.values())
 
 
+@pytest.mark.slow
+def test_local_up_starts_a_warm_spark_connect_server_env_sh_points_runs_at_and_stops_it_by_pid(tmp_path):
+    pytest.importorskip("grpc", reason="the warm path needs pyspark's Spark Connect client ([connect])")
+    state = tmp_path / "state"
+    options = DemoOptions(state_dir=state, stream="local-up-warm", shards=1, producer=False)
+    thread, stop, started, result = _run_in_thread(options)
+    try:
+        wait_until(lambda: started or result, 300, "local up with its Spark Connect server")
+        assert not result, result
+        (up,) = started
+        env = _read_env_file(up.env_file)
+        remote = env["KCL_PIPELINE_SPARK_MASTER"]
+        assert remote.startswith("sc://127.0.0.1:") and env["KCL_PIPELINE_SPARK_FALLBACK_MASTER"] == "local[*]"
+        assert up.spark_connect_pid is not None and _alive(up.spark_connect_pid)
+        assert probe(remote) is None  # it answers where env.sh points
+        log = state.resolve() / "logs" / "spark-connect.log"
+        assert "SparkConnectServer" in log.read_text(errors="replace")
+        # bound to loopback only: the gRPC port answers on 127.0.0.1 and on no other address of the host
+        port = int(remote.rsplit(":", 1)[1])
+        assert not [addr for addr in _listening_addresses(port) if addr != "127.0.0.1"]
+    finally:
+        stop.set()
+        thread.join(120)
+    assert result == {"code": 0}
+    assert not _alive(up.spark_connect_pid)
+    assert probe(remote) is not None
+
+
+def _listening_addresses(port: int) -> list[str]:
+    """The IPv4 addresses a TCP socket listens on at `port` (from /proc/net/tcp)."""
+    found = []
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        address, hex_port = local.split(":")
+        if state == "0A" and int(hex_port, 16) == port:
+            found.append(".".join(str(int(address[i:i + 2], 16)) for i in (6, 4, 2, 0)))
+    return found
+
+
 def test_local_up_exits_1_when_an_emulator_dies(tmp_path, capsys):
-    options = DemoOptions(state_dir=tmp_path / "state", stream="local-up-dies", shards=1, producer=False)
+    options = DemoOptions(state_dir=tmp_path / "state", stream="local-up-dies", shards=1, producer=False,
+                          warm_spark=False)
     thread, stop, started, result = _run_in_thread(options)
     try:
         wait_until(lambda: started or result, 120, "local up")

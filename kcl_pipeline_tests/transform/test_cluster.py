@@ -13,9 +13,11 @@ from pathlib import Path
 import pyspark
 import pytest
 
+from kcl_pipeline.local.spark_connect import SparkConnectServer
 from kcl_pipeline.transform.job import read_partition, transform_window
+from kcl_pipeline.zone.store import S3Options
 
-from .landing_batches import MINUTE, SHARD0, SHARD1, T0, Rec, seq, write_local
+from .landing_batches import MINUTE, SHARD0, SHARD1, T0, Rec, seq, write_local, write_s3
 
 pytestmark = pytest.mark.slow
 
@@ -131,28 +133,15 @@ def test_standalone_cluster_writes_the_local_sessions_bytes(spark, standalone_cl
 
 @pytest.fixture(scope="module")
 def connect_server(tmp_path_factory):
-    """A Spark Connect server (pyspark's own SparkConnectServer, what sbin/start-connect-server.sh runs) on
-    loopback, its Python workers running this interpreter with this repository importable."""
-    logs = tmp_path_factory.mktemp("spark-connect")
-    port = free_port()
-    log = logs / "connect.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [str(SPARK_HOME / "bin" / "spark-submit"),
-             "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
-             "--master", "local[2]", "--conf", f"spark.connect.grpc.binding.port={port}",
-             "--conf", "spark.connect.grpc.binding.address=127.0.0.1", "--conf", "spark.driver.host=127.0.0.1",
-             "--conf", "spark.ui.enabled=false", "--conf", "spark.driver.memory=1g", "spark-internal"],
-            stdout=out, stderr=subprocess.STDOUT, env=spark_env())
+    """The Spark Connect server the demo and `local up` start (local/spark_connect.py: pyspark's own
+    SparkConnectServer on loopback), its Python workers running this interpreter with this repository importable."""
+    server = SparkConnectServer(tmp_path_factory.mktemp("spark-connect"), master="local[2]", driver_memory="1g")
+    server.start()
     try:
-        wait_for(log, "Spark Connect server started", proc, "the Spark Connect server", limit_s=120)
-        yield f"sc://127.0.0.1:{port}"
+        server.wait_ready(timeout=180)
+        yield server.url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        server.stop()
 
 
 def test_spark_connect_writes_the_local_sessions_bytes(spark, connect_server, zone, tmp_path):
@@ -171,3 +160,66 @@ def test_spark_connect_writes_the_local_sessions_bytes(spark, connect_server, zo
             "rows_in": local.rows_in, "rows_out": local.rows_out, "quarantined": local.quarantined}
         for dataset in ("transformed", "quarantine"):
             assert dataset_bytes(out, dataset) == dataset_bytes(local_out, dataset), (reader, dataset)
+
+
+# ------------------------------------------------------------------ the warm server and the cold fallback
+
+WINDOW_RUN = """
+import json, sys
+from kcl_pipeline.kcl.aws_settings import AwsSettings
+from kcl_pipeline.transform.job import build_local_session, transform_window
+from kcl_pipeline.zone.store import S3Options
+master, fallback, s3_endpoint, zone, out, t0, t1 = sys.argv[1:8]
+spark = build_local_session(master, "kcl-pipeline-warm-test", fallback_master=fallback,
+                            **{"spark.driver.memory": "1g"})
+s3 = S3Options.from_aws_settings(AwsSettings(endpoint_urls={"s3": s3_endpoint}), env_credentials=True)
+report = transform_window(spark, zone=zone, stream="s1", window_start_ms=int(t0), window_end_ms=int(t1),
+                          output_uri=out, s3_options=s3)
+print(json.dumps({**report.as_dict(), "session": type(spark).__module__}))
+spark.stop()
+"""
+
+
+def _rows(table) -> list[dict]:
+    return sorted(table.to_pylist(), key=lambda r: (r["shard_id"], len(r["sequence_number"]), r["sequence_number"],
+                                                    r["sub_sequence_number"]))
+
+
+def test_a_window_through_the_warm_server_and_through_the_cold_fallback_is_the_same_row_for_row(
+        connect_server, emulators, s3_client, unique_name):
+    """The demo's shape: an s3:// zone on the emulator, read by the Python data source in the server's Python
+    workers; then the same window with the server gone, in the cold session the fallback starts."""
+    pytest.importorskip("grpc", reason="the Spark Connect client needs pyspark's [connect] dependencies")
+    bucket = unique_name("warm")
+    s3_client.create_bucket(Bucket=bucket)
+    for k in range(4):
+        write_s3(s3_client, bucket, "zone", "s1", [Rec(SHARD0, seq(100 * k + i), b'{"i":%d}' % i, T0 + 1000 * k + i)
+                                                   for i in range(40)])
+    write_s3(s3_client, bucket, "zone", "s1", [Rec(SHARD1, seq(9000 + i), b"poison" if i % 7 == 0 else b'{"j":%d}' % i,
+                                                   T0 + MINUTE + i) for i in range(60)])
+    gone = f"sc://127.0.0.1:{free_port()}"  # nothing listens there
+    env = {**spark_env(), **emulators.env()}
+    runs = {}
+    for name, master in (("warm", connect_server), ("cold", gone)):
+        done = subprocess.run([sys.executable, "-c", WINDOW_RUN, master, "local[2]", emulators.s3,
+                               f"s3://{bucket}/zone", f"s3://{bucket}/{name}", str(WINDOW[0]), str(WINDOW[1])],
+                              env=env, capture_output=True, timeout=600, cwd=REPO)
+        assert done.returncode == 0, done.stderr.decode(errors="replace")[-4000:]
+        runs[name] = (json.loads(done.stdout.decode().strip().splitlines()[-1]), done.stderr.decode(errors="replace"))
+    (warm, warm_log), (cold, cold_log) = runs["warm"], runs["cold"]
+    assert warm["session"].startswith("pyspark.sql.connect") and not cold["session"].startswith("pyspark.sql.connect")
+    assert "Spark Connect server" not in warm_log
+    fallback_lines = [line for line in cold_log.splitlines() if "Spark Connect server" in line]
+    assert fallback_lines == [f"the Spark Connect server {gone} is unreachable (127.0.0.1:{gone.rsplit(':', 1)[1]}: "
+                              f"Connection refused): this run transforms in a cold local[2] session "
+                              f"(KCL_PIPELINE_SPARK_FALLBACK_MASTER)"]
+    assert (warm["rows_in"], warm["rows_out"], warm["duplicates_dropped"], warm["quarantined"]) == (220, 211, 0, 9)
+    for key in ("rows_in", "rows_out", "duplicates_dropped", "quarantined", "schema", "per_shard"):
+        assert warm[key] == cold[key], key
+    s3 = S3Options.from_aws_settings(emulators.aws_settings(), env_credentials=True)
+    for dataset in ("transformed", "quarantine"):
+        warm_table, _ = read_partition(f"s3://{bucket}/warm", dataset, T0, s3)
+        cold_table, _ = read_partition(f"s3://{bucket}/cold", dataset, T0, s3)
+        assert warm_table.schema == cold_table.schema, dataset
+        assert _rows(warm_table) == _rows(cold_table), dataset
+        assert warm_table.num_rows > 0, dataset

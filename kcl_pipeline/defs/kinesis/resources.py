@@ -108,22 +108,42 @@ class SparkResource(PySparkResource):
     aws_credentials: Optional[bool] = ConfigField(default=None, description=(
         "Pass the run's AWS keys to Spark in the transform's options: true, false, or unset: only when S3 "
         "is at an explicit endpoint (KCL_PIPELINE_SPARK_AWS_CREDENTIALS)."))
+    fallback_spark_config: Optional[dict[str, Any]] = ConfigField(default=None, description=(
+        "With a Spark Connect spark_config (spark.remote): the settings of the cold session a run starts "
+        "when the server does not answer (KCL_PIPELINE_SPARK_FALLBACK_MASTER); unset, such a run fails."))
     _started_here: bool = PrivateAttr(default=False)
 
-    def session_config(self) -> dict[str, Any]:
-        """spark_config with the secret settings' values in place of their `***`."""
+    def session_config(self, config: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """`config` (default: spark_config) with the secret settings' values in place of their `***`."""
+        config = dict(self.spark_config if config is None else config)
         if not self.secret_spark_conf:
-            return dict(self.spark_config)
+            return config
         given = secret_part({str(k): str(v) for k, v in json.loads(self.secret_spark_conf).items()})
-        # only the names spark_config holds: a Spark Connect session takes its spark.sql.* settings alone
-        return {**self.spark_config, **{k: v for k, v in given.items() if k in self.spark_config}}
+        # only the names the config holds: a Spark Connect session takes its spark.sql.* settings alone
+        return {**config, **{k: v for k, v in given.items() if k in config}}
+
+    def chosen_config(self, context: InitResourceContext) -> dict[str, Any]:
+        """The session's settings: spark_config, or, when its Spark Connect server does not answer, the
+        fallback's (one WARNING in the run's log); no fallback: the run fails at once (transform/connect.py)."""
+        from ...transform.connect import resolve_master
+
+        remote = self.spark_config.get("spark.remote")
+        if not remote:
+            return self.session_config()
+        fallback = self.fallback_spark_config or {}
+        choice = resolve_master(str(remote), fallback.get("spark.master"))
+        if choice.warning is None:
+            return self.session_config()
+        context.log.warning(choice.warning)
+        return self.session_config(fallback)
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
         import dagster_pyspark.resources
         from pyspark import SparkContext
 
+        config = self.chosen_config(context)
         existed = SparkContext._active_spark_context is not None
-        self._spark_session = dagster_pyspark.resources.spark_session_from_config(self.session_config())
+        self._spark_session = dagster_pyspark.resources.spark_session_from_config(config)
         self._started_here = not existed
 
     def teardown_after_execution(self, context: InitResourceContext) -> None:
@@ -138,18 +158,27 @@ def spark_config(settings: PipelineSettings, python: str = sys.executable) -> di
     return redacted(_spark_config(settings, python))
 
 
-def _spark_config(settings: PipelineSettings, python: str) -> dict[str, Any]:
+def fallback_spark_config(settings: PipelineSettings, python: str = sys.executable) -> dict[str, Any] | None:
+    """The cold session's settings for an sc:// master's runs whose server does not answer (None: no fallback
+    configured), shown in the UI like spark_config."""
+    if not settings.spark_fallback_master:
+        return None
+    return redacted(_spark_config(settings, python, settings.spark_fallback_master))
+
+
+def _spark_config(settings: PipelineSettings, python: str, master: str | None = None) -> dict[str, Any]:
     from ...transform.job import is_local_master, loopback_conf, spark_session_conf
 
-    if settings.spark_master.startswith("sc://"):  # Spark Connect: the server's context; session settings only
-        return {"spark.remote": settings.spark_master,
+    master = master or settings.spark_master
+    if master.startswith("sc://"):  # Spark Connect: the server's context; session settings only
+        return {"spark.remote": master,
                 **{k: v for k, v in {**spark_session_conf(None), **dict(settings.spark_conf)}.items()
                    if k.startswith("spark.sql.")}}
-    return {"spark.master": settings.spark_master, "spark.app.name": "kcl-pipeline",
+    return {"spark.master": master, "spark.app.name": "kcl-pipeline",
             "spark.ui.enabled": "false",
             # the interpreter is pinned only for a local session (a cluster's executors bring their own)
-            **spark_session_conf(python if is_local_master(settings.spark_master) else None),
-            **loopback_conf(settings.spark_master),
+            **spark_session_conf(python if is_local_master(master) else None),
+            **loopback_conf(master),
             **dict(settings.spark_conf)}
 
 
@@ -177,6 +206,7 @@ def build_resources(settings: PipelineSettings, env: Mapping[str, str] | None = 
         "aws": AwsResource(),
         "s3": S3Resource(),
         "pyspark": SparkResource(spark_config=spark_config(settings),
+                                 fallback_spark_config=fallback_spark_config(settings),
                                  secret_spark_conf=secret_spark_conf(settings, env),
                                  aws_credentials=settings.spark_aws_credentials),
         "consumer": KinesisConsumerResource.from_settings(settings, env),
