@@ -9,6 +9,7 @@ import botocore.config
 import botocore.exceptions
 import botocore.loaders
 import botocore.session
+import pytest
 
 from kcl_pipeline.kcl.aws_settings import AwsSettings
 from kcl_pipeline.kcl.shells import aws
@@ -42,20 +43,24 @@ def test_s3_clients_keep_boto3s_transfer_methods():
 WORKER_SERVICES = ("kinesis", "dynamodb", "cloudwatch", "s3")
 
 
-def _loaded(services=WORKER_SERVICES) -> botocore.loaders.Loader:
-    """A fresh loader holding what making each service's client loads."""
+def _loaded(services=WORKER_SERVICES, region: str = "eu-west-1") -> botocore.loaders.Loader:
+    """A fresh loader holding what making each service's client (in `region`) loads."""
     loader = botocore.loaders.create_loader()
     core = botocore.session.Session()
     core.register_component("data_loader", loader)
     for service in services:
-        core.create_client(service, region_name="eu-west-1", aws_access_key_id="a", aws_secret_access_key="b")
+        core.create_client(service, region_name=region, aws_access_key_id="a", aws_secret_access_key="b")
     return loader
 
 
-def _documents(loader) -> list:
-    """Each parsed document the loader holds, once (a service model is cached under two keys)."""
-    return list({id(d): d for v in loader._cache.values() for d in (v if isinstance(v, tuple) else (v,))
-                 if isinstance(d, (dict, list))}.values())
+REGION_DATA = ("endpoints", "partitions")  # what botocore writes into: never compacted
+
+
+def _documents(loader, region_data: bool = False) -> list:
+    """Each parsed document the loader holds, once (a service model is cached under two keys): the region data
+    alone, or all but it."""
+    return list({id(d): d for k, v in loader._cache.items() if region_data == any(n in REGION_DATA for n in k)
+                 for d in (v if isinstance(v, tuple) else (v,)) if isinstance(d, (dict, list))}.values())
 
 
 def _reference_without_documentation(text: str) -> str:
@@ -79,12 +84,14 @@ def _containers(node, seen=None) -> set[int]:
 
 def test_compacted_botocore_data_is_the_same_data_with_its_documentation_emptied():
     loader = _loaded()
-    documents = _documents(loader)
+    documents, region_data = _documents(loader), _documents(loader, region_data=True)
     before = [json.dumps(d) for d in documents]
+    region_data_before = [json.dumps(d) for d in region_data]
     containers_before = len(_containers(documents))
-    assert aws.compact_documents(loader._cache) == len(documents)
+    assert region_data and aws.compact_documents(loader._cache) == len(documents)
     for text, document in zip(before, documents, strict=True):
         assert json.dumps(document) == _reference_without_documentation(text)  # same keys, same order
+    assert [json.dumps(d) for d in region_data] == region_data_before  # as loaded, documentation too
     assert any('"documentation"' in text for text in before)
     assert len(_containers(documents)) < containers_before / 2, "equal parts were not shared"
 
@@ -103,7 +110,7 @@ def test_compacting_keeps_a_member_named_documentation_and_key_order_and_types()
     assert [type(v) for v in document["d"]] == [int, int, bool]
 
 
-def _sent(loader, calls) -> list[tuple]:
+def _sent(loader, calls, region: str = "eu-west-1", endpoint_url: str | None = None) -> list[tuple]:
     """What each call would send (method, URL, body, headers but the signature's and the clock's), from a client
     reading botocore's data through `loader`; nothing leaves the process."""
     core = botocore.session.Session()
@@ -118,7 +125,8 @@ def _sent(loader, calls) -> list[tuple]:
         return botocore.awsrequest.AWSResponse(request.url, 400, {}, _NoBody())  # not retried
 
     for service, operation, params in calls:
-        made = core.create_client(service, region_name="eu-west-1", aws_access_key_id="a", aws_secret_access_key="b",
+        made = core.create_client(service, region_name=region, endpoint_url=endpoint_url, aws_access_key_id="a",
+                                  aws_secret_access_key="b",
                                   config=botocore.config.Config(retries={"max_attempts": 1, "mode": "standard"}))
         made.meta.events.register("before-send", capture)
         try:
@@ -136,21 +144,40 @@ class _NoBody:
         return b""
 
 
+CALLS = [
+    ("s3", "put_object", {"Bucket": "landing", "Key": "a/b.parquet", "Body": b"x", "IfNoneMatch": "*"}),
+    ("s3", "list_objects_v2", {"Bucket": "landing", "Prefix": "a/", "StartAfter": "a/0"}),
+    ("s3", "get_object", {"Bucket": "landing", "Key": "a/b.parquet", "Range": "bytes=-64"}),
+    ("dynamodb", "update_item", {"TableName": "t", "Key": {"leaseKey": {"S": "k"}},
+                                 "UpdateExpression": "SET leaseCounter = :c",
+                                 "ConditionExpression": "leaseCounter = :p",
+                                 "ExpressionAttributeValues": {":c": {"N": "2"}, ":p": {"N": "1"}}}),
+    ("kinesis", "get_records", {"ShardIterator": "it", "Limit": 100}),
+    ("cloudwatch", "put_metric_data", {"Namespace": "n", "MetricData": [
+        {"MetricName": "m", "Value": 1.0, "Unit": "Count", "Dimensions": [{"Name": "d", "Value": "v"}]}]}),
+]
+
+
 def test_clients_of_compacted_data_send_what_clients_of_botocores_data_send():
-    calls = [
-        ("s3", "put_object", {"Bucket": "landing", "Key": "a/b.parquet", "Body": b"x", "IfNoneMatch": "*"}),
-        ("s3", "list_objects_v2", {"Bucket": "landing", "Prefix": "a/", "StartAfter": "a/0"}),
-        ("s3", "get_object", {"Bucket": "landing", "Key": "a/b.parquet", "Range": "bytes=-64"}),
-        ("dynamodb", "update_item", {"TableName": "t", "Key": {"leaseKey": {"S": "k"}},
-                                     "UpdateExpression": "SET leaseCounter = :c",
-                                     "ConditionExpression": "leaseCounter = :p",
-                                     "ExpressionAttributeValues": {":c": {"N": "2"}, ":p": {"N": "1"}}}),
-        ("kinesis", "get_records", {"ShardIterator": "it", "Limit": 100}),
-        ("cloudwatch", "put_metric_data", {"Namespace": "n", "MetricData": [
-            {"MetricName": "m", "Value": 1.0, "Unit": "Count", "Dimensions": [{"Name": "d", "Value": "v"}]}]}),
-    ]
     compacted = _loaded()
     aws.compact_documents(compacted._cache)
-    expected = _sent(_loaded(), calls)
-    assert len(expected) == len(calls)
-    assert _sent(compacted, calls) == expected
+    expected = _sent(_loaded(), CALLS)
+    assert len(expected) == len(CALLS)
+    assert _sent(compacted, CALLS) == expected
+
+
+@pytest.mark.parametrize("region, endpoint_url", [("eu-west-1", None), ("ap-southeast-2", None),
+                                                  ("eu-west-1", "http://127.0.0.1:4567"),
+                                                  ("us-east-1", "http://127.0.0.1:4567")])
+def test_workers_in_any_region_send_what_botocore_sends_after_the_forkserver_compacted_its_us_east_1_data(
+        region, endpoint_url):
+    """The forkserver warms its data with us-east-1 clients and compacts it; a worker forked from it then makes
+    its clients in its own region. botocore writes into its endpoints and partitions data as it resolves a
+    region (it merges a region's defaults into the region's entry): shared with equal parts elsewhere (an empty
+    `{}` is everywhere, a rule set's `headers` among them), the write reached the DynamoDB rule set, and every
+    worker outside the warm-up's path failed its first lease-table write with KeyError: 'service'."""
+    compacted = _loaded(region="us-east-1")
+    aws.compact_documents(compacted._cache)
+    expected = _sent(_loaded(region="us-east-1"), CALLS, region, endpoint_url)
+    assert len(expected) == len(CALLS)
+    assert _sent(compacted, CALLS, region, endpoint_url) == expected

@@ -191,23 +191,37 @@ _DOCUMENTATION_KEYS = frozenset({"documentation", "documentationUrl"})
 def compact_loaded_data() -> int:
     """Shrink, in place, what this process's loader has parsed, for a server whose forked workers all map it
     (worker_processes.warm_up): documentation texts become empty, and equal parts of the data become one object
-    (the endpoints of every service repeat the same few region entries). botocore reads this data and never
-    writes to it, so sharing equal parts changes nothing it computes. Called after each document is loaded, the
-    space it frees is reused by the next one. Returns the number of documents walked."""
+    (the rule sets and models of the services repeat the same few parts). botocore reads the service models and
+    rule sets and never writes to them, so sharing their equal parts changes nothing it computes; the region
+    data (`_WRITTEN_BY_BOTOCORE`) it writes into as it resolves a region, so that is left as loaded. Called after
+    each document is loaded, the space it frees is reused by the next one. Returns the number of documents
+    walked."""
     with _LOADER_LOCK:
         return compact_documents(_loader._cache) if _loader is not None else 0  # botocore's instance cache
 
 
+# The documents botocore writes into after loading them: the endpoints (a region's defaults are merged into its
+# entry as a client resolves that region) and the partitions (a partition's outputs get its name). Shared with
+# equal parts elsewhere (an empty `{}` is in every document), such a write reaches every document that shares the
+# part: after a us-east-1 warm-up, a client in another region found the endpoint defaults in the DynamoDB rule
+# set's `headers` and failed every call (KeyError: 'service'). They are left out of the compaction.
+_WRITTEN_BY_BOTOCORE = frozenset({"endpoints", "partitions"})
+
+
 def compact_documents(cache: dict[Any, Any]) -> int:
     """compact_loaded_data over a loader's cache: its values are botocore's parsed documents, or (document,
-    path) pairs (`load_data_with_path`, where the endpoints are)."""
+    path) pairs (`load_data_with_path`); its keys name the document (`("load_data_with_path", "endpoints")`)."""
     memo: dict[tuple[Any, ...], Any] = {}
     # A service model is cached twice (as loaded, and as loaded with its path): walk each document once.
-    documents = list({id(d): d for v in cache.values() for d in (v if isinstance(v, tuple) else (v,))
-                      if isinstance(d, (dict, list))}.values())
+    documents = list({id(d): d for k, v in cache.items() if _WRITTEN_BY_BOTOCORE.isdisjoint(_names(k))
+                      for d in (v if isinstance(v, tuple) else (v,)) if isinstance(d, (dict, list))}.values())
     for document in documents:
         _share_equal_parts(document, memo)
     return len(documents)
+
+
+def _names(key: Any) -> tuple[Any, ...]:
+    return key if isinstance(key, tuple) else (key,)
 
 
 def _share_equal_parts(node: Any, memo: dict[tuple[Any, ...], Any]) -> Any:
