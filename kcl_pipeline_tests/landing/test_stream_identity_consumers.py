@@ -36,10 +36,7 @@ def _consume(env, stream: str, app: str, zone: str, region: str, log: Path) -> s
     cmd = [sys.executable, "-m", "kcl_pipeline.cli", "consume", "--stream", stream, "--application", app,
            "--worker-id", f"{app}-w1", "--landing", zone, "--region", region, "--initial-position", "TRIM_HORIZON",
            "--heartbeat-seconds", "1", "--lease-expiry-seconds", "3", "--cycle-seconds", "1",
-           "--batch-seconds", "0.5",
-           # Workers forked from the forkserver fail in a region other than us-east-1 (KeyError: 'service', in
-           # their botocore set-up, whatever the sink): spawned workers are what this test can run there.
-           "--worker-start-method", "spawn"]
+           "--batch-seconds", "0.5"]
     return subprocess.Popen(cmd, env=env, stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
