@@ -1,0 +1,67 @@
+"""A stop while an asset's step runs cancels its run instead of failing it.
+
+Ctrl-C on `kcl-pipeline demo` or on `dagster dev` (and the demo's own stop, which signals `dagster dev`'s process
+group) reaches the run worker too: it is in the same process group. Dagster's handler then interrupts the step,
+and a run interrupted without a termination request is recorded as failed ("Execution was interrupted
+unexpectedly"): every stop during a window's transform left a failed run on the Runs page. `stop_cancels_run`
+marks the run CANCELING first, as a termination request from the UI does, so that Dagster records it CANCELED;
+the sensor requests a canceled window's run again (windows/followup.py), and the window is transformed by the
+next start.
+
+Only the signal handler runs when the signal arrives, and it does no I/O: it notes the stop and hands on to the
+handler it replaced (Dagster's, which raises the interrupt); the run is marked as the interrupt leaves the step.
+A stop outside a step's body (the run starting, between its steps) is Dagster's alone and still fails the run;
+the sensor requests that window again all the same.
+"""
+from __future__ import annotations
+
+import signal
+import threading
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextmanager
+def stop_cancels_run(context: Any) -> Iterator[None]:
+    """Run the block so that SIGINT/SIGTERM arriving in it end the run as CANCELED (see the module docstring).
+
+    `context`: the step's execution context (its `instance` and `dagster_run`). Outside the main thread no
+    handler can be installed: the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    stopped: list[int] = []
+
+    def on_stop(signum: int, frame: Any) -> None:
+        stopped.append(signum)
+        prior = previous.get(signum)
+        if callable(prior):
+            prior(signum, frame)  # Dagster's: raises its interrupt inside the step
+        raise KeyboardInterrupt  # the default action, or a handler that only noted it: the step stops here
+
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, on_stop)
+    try:
+        yield
+    except BaseException:
+        if stopped:
+            _mark_canceling(context, stopped[0])
+        raise
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _mark_canceling(context: Any, signum: int) -> None:
+    run = context.instance.get_run_by_id(context.dagster_run.run_id) or context.dagster_run
+    if run.is_finished:
+        return
+    try:
+        context.instance.report_run_canceling(
+            run, message=f"{signal.Signals(signum).name} (a stop: Ctrl-C on the demo or `dagster dev`) while "
+                         f"the run's step ran: the run is canceled, and the sensor requests its window again")
+    except Exception as exc:  # noqa: BLE001 - the storage gone with the stop: the interrupt goes on as Dagster's
+        context.log.warning(f"the stop could not mark the run canceling ({exc!r}); Dagster records it as failed")
