@@ -10,6 +10,8 @@ next start.
 
 Only the signal handler runs when the signal arrives, and it does no I/O: it notes the stop and hands on to the
 handler it replaced (Dagster's, which raises the interrupt); the run is marked as the interrupt leaves the step.
+An interrupt leaving the step counts as a stop too: a handler installed inside the block replaces this one
+(SparkContext's, made by the run's first Spark session, cancels the Spark jobs and raises KeyboardInterrupt).
 A stop outside a step's body (the run starting, between its steps) is Dagster's alone and still fails the run;
 the sensor requests that window again all the same.
 """
@@ -20,7 +22,10 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Iterator
 
+from dagster._core.errors import DagsterExecutionInterruptedError  # raised by Dagster's handler; not re-exported
+
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+INTERRUPTS = (KeyboardInterrupt, DagsterExecutionInterruptedError)
 
 
 @contextmanager
@@ -46,9 +51,9 @@ def stop_cancels_run(context: Any) -> Iterator[None]:
         signal.signal(sig, on_stop)
     try:
         yield
-    except BaseException:
-        if stopped:
-            _mark_canceling(context, stopped[0])
+    except BaseException as exc:
+        if stopped or isinstance(exc, INTERRUPTS):
+            _mark_canceling(context, stopped[0] if stopped else signal.SIGINT)
         raise
     finally:
         for sig, handler in previous.items():
