@@ -8,6 +8,12 @@ One entry point for the README command, the CLI (`kcl-pipeline local up`) and th
 - S3 and CloudWatch: one moto server, as a separate process (never in-process). The same server also
   answers DynamoDB, which the tests use as a second opinion on the lease table.
 
+With `data_dir`, Kinesis and DynamoDB keep their state across a restart (the demo and `local up`): dynalite in a
+LevelDB directory (each write on disk when it is answered), kinesis-local in one JSON file it rewrites every
+`KINESIS_PERSIST_SECONDS` and loads when it starts; `stop` gives it one more interval first,
+so what a stopped stack acknowledged is on disk. moto keeps nothing (its S3 and CloudWatch are in memory):
+the demo's zones are directories, not moto buckets.
+
 Every emulator is a child process in its own session, logs to a file under `log_dir`, is bound to
 127.0.0.1 on a free port, is ready only once it has answered a real API call, and exits by itself when the
 Python process that started it is gone.
@@ -46,6 +52,12 @@ _KINESIS_DURATIONS = (
     "DEREGISTER_STREAM_CONSUMER_DURATION", "START_STREAM_ENCRYPTION_DURATION", "STOP_STREAM_ENCRYPTION_DURATION",
 )
 _PORT_IN_USE_MARKERS = ("EADDRINUSE", "Address already in use")
+# Where a persistent stack's emulators keep their state, under its `data_dir`.
+KINESIS_DATA = "kinesis"  # kinesis-local's directory: KINESIS_DATA_FILE in it
+KINESIS_DATA_FILE = "kinesis-data.json"
+DYNAMODB_DATA = "dynamodb"  # dynalite's LevelDB directory
+# kinesis-local writes its whole state this often (and not on exit): a stop waits one interval and a bit more.
+KINESIS_PERSIST_SECONDS = 1
 
 
 class EmulatorError(RuntimeError):
@@ -190,6 +202,7 @@ class EmulatorStack:
         shard_limit: int = 1000,
         startup_timeout: float = 60.0,
         stop_grace: float = 2.0,
+        data_dir: str | os.PathLike | None = None,
     ) -> None:
         self.services = tuple(dict.fromkeys(services))
         unknown = [s for s in self.services if s not in SERVICES]
@@ -205,6 +218,8 @@ class EmulatorStack:
         self.shard_limit = shard_limit
         self.startup_timeout = startup_timeout
         self.stop_grace = stop_grace
+        # None: every emulator in memory (the tests); else Kinesis and DynamoDB keep their state in it.
+        self.data_dir = None if data_dir is None else Path(data_dir).resolve()
         self._children: list[_Child] = []
         self.endpoints: Endpoints | None = None
 
@@ -214,6 +229,9 @@ class EmulatorStack:
         if self.endpoints is not None:
             return self.endpoints
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        if self.data_dir is not None:
+            for name in (KINESIS_DATA, DYNAMODB_DATA):
+                (self.data_dir / name).mkdir(parents=True, exist_ok=True)
         needs_node = "kinesis" in self.services or "dynamodb" in self.services
         node_modules = find_node_modules() if needs_node else None
         node = shutil.which("node") if needs_node else None
@@ -249,6 +267,9 @@ class EmulatorStack:
     def stop(self) -> None:
         """SIGTERM every emulator, SIGKILL what is left after a short grace, reap them all."""
         running = [c for c in self._children if c.popen is not None and c.popen.poll() is None]
+        if self.data_dir is not None and any(c.name == "kinesis" for c in running):
+            # kinesis-local writes its state on a timer only: what it acknowledged last is written by the next one.
+            time.sleep(KINESIS_PERSIST_SECONDS + 0.5)
         for child in running:
             _signal_group(child.popen, signal.SIGTERM)
         deadline = time.monotonic() + self.stop_grace
@@ -305,6 +326,14 @@ class EmulatorStack:
         })
         if self.fast_resharding:
             env.update({name: "0ms" for name in _KINESIS_DURATIONS})
+        if self.data_dir is not None:
+            env.update({
+                "SHOULD_PERSIST_DATA": "true",
+                "LOAD_DATA_IF_EXISTS": "true",
+                "PERSIST_PATH": str(self.data_dir / KINESIS_DATA),
+                "PERSIST_FILE_NAME": KINESIS_DATA_FILE,
+                "PERSIST_INTERVAL": f"{KINESIS_PERSIST_SECONDS}s",
+            })
         command = [node, "-r", str(_LOOPBACK_JS), str(package / "main.js")]
         return _Child("kinesis", command, env, self.log_dir / "kinesis-local.log", port)
 
@@ -314,6 +343,8 @@ class EmulatorStack:
                    "--host", LOOPBACK, "--port", str(port)]
         if self.fast_resharding:
             command += ["--createTableMs", "0", "--deleteTableMs", "0", "--updateTableMs", "0"]
+        if self.data_dir is not None:
+            command += ["--path", str(self.data_dir / DYNAMODB_DATA)]
         return _Child("dynamodb", command, self._base_env(), self.log_dir / "dynalite.log", port)
 
     def _moto_child(self) -> _Child:
