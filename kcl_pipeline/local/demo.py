@@ -2,9 +2,9 @@
 
 Everything the demo makes outlives a run in its state directory, so a second start goes on where the first
 stopped: the Dagster home (runs, the sensor's cursor, and the first partition it was made with:
-deployment/home.py), the emulators' state (`emulators/`: the stream and its records, the lease table and its
-checkpoints; local/emulators.py) and the zones (`zones/landing`, `zones/output`: directories, which outlive any
-process, where moto's S3 would keep nothing). The windows a stopped run left unfinished complete with their data.
+deployment/home.py), the emulators' state (EMULATORS_DIR: the stream and its records, the lease table and its
+checkpoints; local/emulators.py) and the zones (ZONES_DIR: directories, which outlive any process, where moto's
+S3 would keep nothing). The windows a stopped run left unfinished complete with their data.
 A start on a kept home whose other parts are gone says once what the previous run's windows lost
 (`lost_state`). `kcl-pipeline local reset` deletes all of it to start afresh.
 
