@@ -472,7 +472,8 @@ def forget_incarnation(incarnation, application, table_name, region, endpoint_ur
 @click.option("--rate", type=float, default=40.0, show_default=True, help="Demo records per second.")
 @click.option("--window-minutes", type=int, default=2, show_default=True, help="Partition (window) length.")
 @click.option("--no-producer", is_flag=True, help="Do not run the demo producer (produce yourself).")
-@click.option("--state-dir", default=".kcl_local", show_default=True, help="Logs, DAGSTER_HOME, env.sh.")
+@click.option("--state-dir", default=".kcl_local", show_default=True,
+              help="Logs, env.sh, and what a restart starts again from: DAGSTER_HOME, the emulators' state, the zones.")
 @click.option("--dagster-storage", type=click.Choice(["sqlite", "postgres"]), default="sqlite", show_default=True,
               help="postgres: Dagster's storage in the PostgreSQL at DAGSTER_POSTGRES_URL.")
 @click.option("--code-servers", type=click.IntRange(1, 2), default=1, show_default=True,
@@ -733,8 +734,8 @@ def local() -> None:
 
 @local.command("up")
 @click.option("--state-dir", default=".kcl_local", show_default=True,
-              help="Logs, DAGSTER_HOME, the environment file (env.sh, for `source`) and the pid file used by "
-                   "`local down`.")
+              help="Logs, the environment file (env.sh, for `source`), the pid file used by `local down`, and "
+                   "what a restart starts again from: DAGSTER_HOME, the emulators' state, the zones.")
 @click.option("--stream", default="kcl-pipeline-demo", show_default=True)
 @click.option("--shards", type=int, default=4, show_default=True)
 @click.option("--rate", type=float, default=40.0, show_default=True, help="Demo records per second.")
@@ -821,20 +822,25 @@ def local_down(state_dir, wait_seconds):
 @click.option("--state-dir", default=".kcl_local", show_default=True)
 @friendly_errors
 def local_reset(state_dir):
-    """Start afresh: delete STATE_DIR's Dagster home (its runs, asset history, sensor cursors and the first partition
-    it keeps), so that the next `demo` or `local up` makes a new one from the current window. Refused while
-    `local up` runs on it; stop `dagster dev` on that home first."""
+    """Start afresh: delete what STATE_DIR keeps across runs: the Dagster home (its runs, asset history, sensor
+    cursors and the first partition it keeps), the emulators' state (the stream and its records, the lease table
+    and its checkpoints) and the zones (landed batches, the transform's output), so that the next `demo` or
+    `local up` makes new ones from the current window. Refused while `local up` runs on it; stop `dagster dev`
+    on that home first."""
     from pathlib import Path
 
-    from .local.demo import reset_home
+    from .local.demo import reset_state
 
     state = Path(state_dir)
     running = _running_pid(state / "local.pid")
     if running is not None:
         raise UserError(f"`kcl-pipeline local up` (pid {running}) is running on {state}: stop it first "
                         f"(`kcl-pipeline local down --state-dir {state}`)")
-    deleted = reset_home(state)
-    click.echo(deleted or f"nothing to reset: {state.resolve()} has no Dagster home")
+    deleted = reset_state(state)
+    for line in deleted:
+        click.echo(line)
+    if not deleted:
+        click.echo(f"nothing to reset: {state.resolve()} has no Dagster home, emulator state or zones")
 
 
 def _add_simulate() -> None:

@@ -43,7 +43,6 @@ from kcl_pipeline_tests.process_tree import descendants, process_table
 pytestmark = [pytest.mark.slow]
 
 STREAM, APP = "kcl-pipeline-demo", "kcl-pipeline"
-LANDING, OUTPUT = "s3://kcl-pipeline/landing", "s3://kcl-pipeline/output"
 WINDOW_MS = MINUTE_MS
 
 
@@ -97,6 +96,15 @@ class Stack:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
 
+    @property
+    def landing(self) -> str:
+        """The demo's landing zone: a directory in its state directory (env.sh names it)."""
+        return self.env["KCL_PIPELINE_LANDING_URI"]
+
+    @property
+    def output(self) -> str:
+        return self.env["KCL_PIPELINE_OUTPUT_URI"]
+
     def aws(self) -> AwsSettings:
         return AwsSettings(region=self.env.get("AWS_REGION"), endpoint_urls={
             s: self.env[f"AWS_ENDPOINT_URL_{s.upper()}"] for s in ("kinesis", "dynamodb", "s3", "cloudwatch")})
@@ -140,11 +148,11 @@ def _key(ms: int) -> str:
     return partition_key(ms)
 
 
-def _output_ids(aws, windows) -> tuple[list[int], list[bytes], list[str]]:
+def _output_ids(stack: Stack, aws, windows) -> tuple[list[int], list[bytes], list[str]]:
     s3 = S3Options.from_aws_settings(aws, env_credentials=True)
     good, quarantined, reasons = [], [], []
     for w in windows:
-        out = read_output(None, OUTPUT, w, s3=s3)
+        out = read_output(None, stack.output, w, s3=s3)
         good += [json.loads(p)["id"] for p in out.transformed.column("payload").to_pylist()]
         quarantined += out.quarantine.column("data").to_pylist()
         reasons += out.quarantine.column("reason").to_pylist()
@@ -345,7 +353,7 @@ def _start_member(stack: Stack, tmp_path: Path) -> subprocess.Popen:
     assert faketime, "install Debian's faketime (apt-get install faketime): .ci/run does"
     env = {**os.environ, **stack.env, "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
     cmd = [faketime, "-f", SKEW, sys.executable, "-m", "kcl_pipeline.cli", "consume", "--stream", STREAM,
-           "--application", APP, "--landing", LANDING, "--checkpoint-by", "dagster", "--worker-id", "skewed-host",
+           "--application", APP, "--landing", stack.landing, "--checkpoint-by", "dagster", "--worker-id", "skewed-host",
            "--heartbeat-seconds", "3", "--lease-expiry-seconds", "10", "--batch-seconds", "10"]
     return subprocess.Popen(cmd, env=env, stdout=open(tmp_path / "member.out", "wb"), stderr=subprocess.STDOUT,
                             start_new_session=True)
@@ -381,11 +389,11 @@ def test_pipeline_survives_chaos(stack, tmp_path):
     kinesis = client("kinesis", aws)
     wait_stream_active(kinesis, STREAM)
     instance = stack.instance()
-    # The landing bucket is made by the hosted consumer's first worker; `consume` refuses a zone that does not
+    # The landing zone is made by the hosted consumer's first worker; `consume` refuses a zone that does not
     # exist (a clear error, by design), so the second host starts once it is there (on a loaded machine the
     # sensor's first tick came after the member's start: the member exited, and the chaos test failed).
-    _wait(lambda: open_store(LANDING, aws).ensure_zone(create=False) is False, 180,
-          "the landing bucket, made by the hosted consumer's first worker", 1)
+    _wait(lambda: open_store(stack.landing, aws).ensure_zone(create=False) is False, 180,
+          "the landing zone, made by the hosted consumer's first worker", 1)
     member = _start_member(stack, tmp_path)
     try:
         _run_chaos(stack, member, kinesis, aws, instance)
@@ -416,7 +424,7 @@ def _run_chaos(stack: Stack, member: subprocess.Popen, kinesis, aws, instance) -
     assert chaos.killed_workers >= 5 and chaos.failed_run, chaos.log
     assert len(produced) + len(poison) == RECORDS
 
-    store = open_store(LANDING, aws)
+    store = open_store(stack.landing, aws)
 
     def landed_ids() -> list[int]:
         return [json.loads(d)["id"] for d in read_batches(store, STREAM).column("data").to_pylist()
@@ -452,7 +460,7 @@ def _run_chaos(stack: Stack, member: subprocess.Popen, kinesis, aws, instance) -
     assert len(ids) == len(set(ids)) == len(produced), (len(ids), len(set(ids)), len(produced))
 
     # The output is the good records exactly once; the poison ones are quarantined with their reasons.
-    good, quarantined, reasons = _output_ids(aws, windows)
+    good, quarantined, reasons = _output_ids(stack, aws, windows)
     assert sorted(good) == sorted(produced)
     assert sorted(int(q.split(b":")[1].split(b",")[0]) for q in quarantined) == sorted(poison)
     assert all(reasons), "every quarantined record says why"
@@ -483,7 +491,7 @@ def _run_chaos(stack: Stack, member: subprocess.Popen, kinesis, aws, instance) -
     span = f"{_iso(windows[0])}/{_iso(windows[-1] + WINDOW_MS)}"
     audit = stack.cli("audit", "--window", span)
     assert audit.returncode == 0, audit.stdout + audit.stderr
-    verify = stack.cli("landing", "verify", "--landing", LANDING, "--stream", STREAM, "--application", APP)
+    verify = stack.cli("landing", "verify", "--landing", stack.landing, "--stream", STREAM, "--application", APP)
     assert verify.returncode == 0, verify.stdout + verify.stderr
     _assert_checks_passed(instance)
 
@@ -491,18 +499,18 @@ def _run_chaos(stack: Stack, member: subprocess.Popen, kinesis, aws, instance) -
 def test_backfill_reproduces_a_past_window(stack):
     """A backfill of one past window (AT_TIMESTAMP re-read) reproduces the same output, without duplicates."""
     aws = stack.aws()
-    store = open_store(LANDING, aws)
+    store = open_store(stack.landing, aws)
     windows = sorted({b.minute_ms - b.minute_ms % WINDOW_MS for b in list_batches(store, STREAM)})
     assert windows, "the chaos test lands windows first"
     target = windows[1] if len(windows) > 2 else windows[0]
-    before = sorted(_output_ids(aws, [target])[0])
+    before = sorted(_output_ids(stack, aws, [target])[0])
     landed_before = read_batches(store, STREAM, target, target + WINDOW_MS).num_rows
     result = stack.cli("backfill", "--window", f"{_iso(target)}/PT1M", "--url", stack.url, "--window-minutes", "1",
                        "--timeout", "400")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert sorted(_output_ids(aws, [target])[0]) == before
+    assert sorted(_output_ids(stack, aws, [target])[0]) == before
     assert read_batches(store, STREAM, target, target + WINDOW_MS).num_rows == landed_before
-    verify = stack.cli("landing", "verify", "--landing", LANDING, "--stream", STREAM)
+    verify = stack.cli("landing", "verify", "--landing", stack.landing, "--stream", STREAM)
     assert verify.returncode == 0, verify.stdout + verify.stderr
 
 

@@ -208,7 +208,7 @@ class PipelineSettings(ConsumerSettings):
         if start_text:
             start = _parse_start(start_text)
         elif demo or not for_partitions:
-            start = _window_start(now, window)
+            start = window_start(now, window)
         else:
             raise ConfigError(
                 f"{PREFIX}PARTITIONS_START is required: the first window partition, fixed for the deployment's "
@@ -415,7 +415,8 @@ def check_window_minutes(minutes: int) -> None:
             f"dividing a day (60, 120, 180, 240, 360, 480, 720, 1440), got {minutes}")
 
 
-def _window_start(now: datetime, window_minutes: int) -> datetime:
+def window_start(now: datetime, window_minutes: int) -> datetime:
+    """The start of the window `now` falls in (UTC)."""
     seconds = int(now.timestamp())
     return datetime.fromtimestamp(seconds - seconds % (window_minutes * 60), tz=timezone.utc)
 

@@ -1,9 +1,12 @@
 """The one-command demo: emulators on loopback, a demo stream with a KPL producer, and `dagster dev`.
 
-A state directory's Dagster home outlives a run on purpose (runs, the sensor's cursor): it keeps the first
-partition it was made with (deployment/home.py), so the demo and `local up` start again on the same partitions
-and the windows a stopped run left unfinished complete. The emulators keep nothing: each start has a new stream,
-lease table and zones. `kcl-pipeline local reset` deletes the home to start afresh.
+Everything the demo makes outlives a run in its state directory, so a second start goes on where the first
+stopped: the Dagster home (runs, the sensor's cursor, and the first partition it was made with:
+deployment/home.py), the emulators' state (EMULATORS_DIR: the stream and its records, the lease table and its
+checkpoints; local/emulators.py) and the zones (ZONES_DIR: directories, which outlive any process, where moto's
+S3 would keep nothing). The windows a stopped run left unfinished complete with their data.
+A start on a kept home whose other parts are gone says once what the previous run's windows lost
+(`lost_state`). `kcl-pipeline local reset` deletes all of it to start afresh.
 
 `kcl-pipeline local up` runs the same thing but `dagster dev`: it writes the demo's environment (one source,
 `demo_vars`) into `<state dir>/env.sh`, so that a person who sources it runs `dagster dev` at the repository root
@@ -47,6 +50,11 @@ WORKSPACE_YAML = Path(__file__).resolve().parents[1] / "deploy" / "workspace.yam
 # Two code servers sharing the fleet: the pipeline location and a fleet-member location.
 TWO_HOSTS_WORKSPACE_YAML = WORKSPACE_YAML.with_name("workspace-two-hosts.yaml")
 ENV_FILE = "env.sh"  # in the state directory: the demo's environment, for `source`
+# In the state directory, kept across runs (deleted by `kcl-pipeline local reset`):
+HOME_DIR = "dagster_home"  # DAGSTER_HOME
+EMULATORS_DIR = "emulators"  # the emulators' state: EmulatorStack's data_dir
+ZONES_DIR = "zones"  # the landing zone and the transform's output, as directories
+LANDING_DIR, OUTPUT_DIR = "landing", "output"  # in ZONES_DIR
 
 
 @dataclass(frozen=True)
@@ -83,6 +91,7 @@ def demo_vars(endpoints: Endpoints, options: DemoOptions, dagster_home: Path,
     start = {} if partitions_start is None else {"KCL_PIPELINE_PARTITIONS_START": partitions_start.isoformat()}
     spark = {} if spark_remote is None else {"KCL_PIPELINE_SPARK_MASTER": spark_remote,
                                              "KCL_PIPELINE_SPARK_FALLBACK_MASTER": FALLBACK_MASTER}
+    zones = options.state_dir.resolve() / ZONES_DIR
     return {
         **endpoints.env(environ),
         "DAGSTER_HOME": str(dagster_home),
@@ -91,6 +100,9 @@ def demo_vars(endpoints: Endpoints, options: DemoOptions, dagster_home: Path,
         "KCL_PIPELINE_WINDOW_MINUTES": str(options.window_minutes),
         **start,
         **spark,
+        # Directories in the state directory: what a run landed and transformed is there for the next start.
+        "KCL_PIPELINE_LANDING_URI": str(zones / LANDING_DIR),
+        "KCL_PIPELINE_OUTPUT_URI": str(zones / OUTPUT_DIR),
         "KCL_PIPELINE_SENSOR_INTERVAL_SECONDS": str(options.sensor_interval_seconds),
         # The demo profile implies it; said here so that the env file shows it.
         "KCL_PIPELINE_HOST_WORKERS": "true",
@@ -121,17 +133,21 @@ def write_env_file(path: Path, variables: dict[str, str]) -> None:
 
 def stream_start_window(kinesis, stream: str, window_minutes: int) -> datetime:
     """The start of the window the stream was created in: where the demo's partitions start."""
+    from ..deployment.settings import window_start
+
     created = kinesis.describe_stream_summary(StreamName=stream)["StreamDescriptionSummary"]["StreamCreationTimestamp"]
-    seconds = int(created.timestamp())
-    return datetime.fromtimestamp(seconds - seconds % (window_minutes * 60), tz=timezone.utc)
+    return window_start(created, window_minutes)
 
 
-def ensure_stream(kinesis, stream: str, shards: int) -> None:
+def ensure_stream(kinesis, stream: str, shards: int) -> bool:
+    """The stream, created with `shards` unless it exists (kept by the emulators' state). True: created now."""
     try:
         wait_stream_active(kinesis, stream, timeout=30)
+        return False
     except StreamNotFound:
         kinesis.create_stream(StreamName=stream, ShardCount=shards)
         wait_stream_active(kinesis, stream, timeout=60)
+        return True
 
 
 def _producer_loop(kinesis, options: DemoOptions, stop: threading.Event) -> None:
@@ -211,9 +227,6 @@ def run_local_up(options: DemoOptions, *, ready: Callable[[Started], None] | Non
     return _run(options, serve=False, ready=ready, stop=stop)
 
 
-HOME_DIR = "dagster_home"  # in the state directory: DAGSTER_HOME
-
-
 def _start_spark_connect(options: DemoOptions, log_dir: Path, env: dict[str, str]) -> SparkConnectServer | None:
     """The warm Spark Connect server, started (not yet ready); None, said in one line, when there is none."""
     if not options.warm_spark:
@@ -248,22 +261,75 @@ def _spark_connect_ready(server: SparkConnectServer | None, stop: threading.Even
     return server
 
 
-def reset_home(state_dir: Path) -> str | None:
-    """Delete the state directory's Dagster home (a fresh one, with a new first partition, is made on the next
-    start). Returns what was deleted, in words (None: there was no home)."""
+def reset_state(state_dir: Path) -> list[str]:
+    """Delete what the state directory keeps across runs: the Dagster home (a fresh one, with a new first partition,
+    is made on the next start), the emulators' state and the zones. Returns what was deleted, a line each
+    (empty: there was nothing)."""
     from ..deployment.home import PARTITIONS_FILE, HomeMismatch, read_home_partitions
 
-    home = state_dir.resolve() / HOME_DIR
-    if not home.exists():
+    state = state_dir.resolve()
+    deleted = []
+    home = state / HOME_DIR
+    if home.exists():
+        try:
+            partitions = read_home_partitions(home)
+            made = "" if partitions is None else (f", and its first partition {partitions.start.isoformat()} "
+                                                  f"({partitions.window_minutes}-minute windows)")
+        except HomeMismatch:  # unreadable: deleted all the same
+            made = f", and {PARTITIONS_FILE}"
+        shutil.rmtree(home)
+        deleted.append(f"deleted {home}: Dagster's runs, asset history and the sensors' cursors{made}")
+    for directory, held in ((EMULATORS_DIR, "the emulators' stream with its records, and the lease table with its "
+                                            "checkpoints"),
+                            (ZONES_DIR, "the landing zone's batches and the transform's output")):
+        path = state / directory
+        if path.exists():
+            shutil.rmtree(path)
+            deleted.append(f"deleted {path}: {held}")
+    return deleted
+
+
+@dataclass(frozen=True)
+class KeptState:
+    """Which parts of a state directory a previous run left (looked at before the emulators start)."""
+
+    stream: bool  # kinesis-local's state file
+    lease_table: bool  # dynalite's LevelDB directory holds data
+    zones: bool  # the zones' directory
+
+
+def kept_state(state_dir: Path) -> KeptState:
+    from .emulators import DYNAMODB_DATA, KINESIS_DATA, KINESIS_DATA_FILE
+
+    emulators = state_dir / EMULATORS_DIR
+    leveldb = emulators / DYNAMODB_DATA
+    return KeptState(stream=(emulators / KINESIS_DATA / KINESIS_DATA_FILE).is_file(),
+                     lease_table=(leveldb / "CURRENT").is_file(),  # LevelDB's: the database exists
+                     zones=(state_dir / ZONES_DIR).is_dir())
+
+
+def lost_state(kept_partitions_start: datetime | None, kept: KeptState, now: datetime,
+               window_minutes: int) -> str | None:
+    """What a start on a kept Dagster home cannot find of the previous run (None: nothing is missing, or the home
+    is new and there was no previous run): one line naming the parts and the windows that lose what they held.
+
+    The home's windows (from its first partition to the current one) are the previous run's: without its stream
+    they lose the records not yet checkpointed, without its lease table the checkpoints (the consumer starts the
+    stream again), without the zones what was landed and transformed. Pure: the caller looks at the files."""
+    if kept_partitions_start is None:
         return None
-    try:
-        partitions = read_home_partitions(home)
-        made = "" if partitions is None else (f", and its first partition {partitions.start.isoformat()} "
-                                              f"({partitions.window_minutes}-minute windows)")
-    except HomeMismatch:  # unreadable: deleted all the same
-        made = f", and {PARTITIONS_FILE}"
-    shutil.rmtree(home)
-    return f"deleted {home}: Dagster's runs, asset history and the sensors' cursors{made}"
+    missing = [name for name, present in (("stream", kept.stream), ("lease table", kept.lease_table),
+                                          ("zones", kept.zones)) if not present]
+    if not missing:
+        return None
+    from ..deployment.settings import window_start
+
+    current = window_start(now, window_minutes)
+    parts = ", ".join(missing[:-1]) + (" and " if len(missing) > 1 else "") + missing[-1]
+    plural = len(missing) > 1 or missing == ["zones"]
+    return (f"the previous run's {parts} {'are' if plural else 'is'} not kept: windows "
+            f"{kept_partitions_start.isoformat()}..{current.isoformat()} lose what {'they' if plural else 'it'} held "
+            f"(`kcl-pipeline local reset` starts afresh)")
 
 
 def _run(options: DemoOptions, *, serve: bool, ready: Callable[[Started], None] | None,
@@ -278,9 +344,11 @@ def _run(options: DemoOptions, *, serve: bool, ready: Callable[[Started], None] 
     state.mkdir(parents=True, exist_ok=True)
     env_file = state / ENV_FILE
     env_file.unlink(missing_ok=True)  # a stale one (a killed run's) names endpoints that are gone
-    read_home_partitions(state / HOME_DIR, options.window_minutes)  # another window length: refused before starting
+    # another window length: refused before starting
+    previous = read_home_partitions(state / HOME_DIR, options.window_minutes)
+    kept = kept_state(state)  # before the emulators make their directories
     caller_env = dict(os.environ)  # before the emulators' endpoints and credentials go into it
-    stack = EmulatorStack(state / "logs")
+    stack = EmulatorStack(state / "logs", data_dir=state / EMULATORS_DIR)
     dagster = None
     producer = None
     spark: SparkConnectServer | None = None
@@ -293,8 +361,13 @@ def _run(options: DemoOptions, *, serve: bool, ready: Callable[[Started], None] 
             print(f"{name:<11} {url}", flush=True)
         spark = _start_spark_connect(options, state / "logs", endpoints.env(caller_env))  # starts while we go on
         kinesis = client("kinesis", endpoints.aws_settings())
-        ensure_stream(kinesis, options.stream, options.shards)
-        print(f"stream      {options.stream} ({options.shards} shards)", flush=True)
+        if ensure_stream(kinesis, options.stream, options.shards):
+            print(f"stream      {options.stream} ({options.shards} shards)", flush=True)
+        else:
+            open_shards = kinesis.describe_stream_summary(StreamName=options.stream)[
+                "StreamDescriptionSummary"]["OpenShardCount"]
+            print(f"stream      {options.stream} ({open_shards} shards, kept in {state / EMULATORS_DIR} with its "
+                  f"records and the lease table)", flush=True)
         if options.producer:
             producer = threading.Thread(target=_producer_loop, args=(kinesis, options, stop), daemon=True,
                                         name="demo-producer")
@@ -310,6 +383,10 @@ def _run(options: DemoOptions, *, serve: bool, ready: Callable[[Started], None] 
         spark = _spark_connect_ready(spark, stop)
         if stop.is_set():  # Ctrl-C while the server started
             return 0
+        lost = lost_state(None if previous is None else previous.start, kept, datetime.now(timezone.utc),
+                          options.window_minutes)
+        if lost:
+            print(f"warning     {lost}", file=sys.stderr, flush=True)
         variables = demo_vars(endpoints, options, home, partitions.start, environ=caller_env,
                               spark_remote=spark.url if spark else None)
         failure = initialise_storage({**caller_env, **variables})

@@ -228,3 +228,30 @@ def test_a_window_that_received_a_batch_after_its_run_is_requested_again(spark, 
     (start,) = tracked.request
     assert (partition_key(start), tracked.outstanding[start].run_key(window)) == \
         (window, reopen_run_key(window, [lost.key()]))
+
+
+def test_a_stop_during_the_transform_cancels_the_run_instead_of_failing_it(spark, pipeline, monkeypatch):
+    """Before: Ctrl-C on the demo or `dagster dev` while a window's transform ran reached the run worker (same
+    process group) and Dagster recorded the run as failed ("interrupted unexpectedly"): a failed run on the Runs
+    page after every such stop. Now the run ends CANCELED, which the sensor requests again on the next start."""
+    import signal
+
+    from dagster import DagsterRunStatus
+
+    from kcl_pipeline.transform import job
+
+    transform = job.transform_window
+
+    def stopped_while_transforming(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # what a terminal's Ctrl-C sends the run worker
+        return transform(*args, **kwargs)
+
+    monkeypatch.setattr(job, "transform_window", stopped_while_transforming)
+    p = pipeline
+    before = signal.getsignal(signal.SIGINT)
+    result = run(p, [AssetKey("transformed_records")])
+    assert not result.get_asset_materialization_events()
+    status = p["instance"].get_run_by_id(result.run_id).status
+    assert status == DagsterRunStatus.CANCELED, status
+    # the handler the step replaced is back: a later Ctrl-C is this process's own again
+    assert signal.getsignal(signal.SIGINT) is before

@@ -141,6 +141,58 @@ def test_stack_binds_only_loopback_and_stop_leaves_no_process(tmp_path):
     assert stack.endpoints is None
 
 
+def _stack_state(endpoints) -> tuple[list[str], list[str], list[dict]]:
+    """The stream names, the records of stream `kept` (sequence numbers) and the items of table `kept-table`."""
+    kinesis, dynamodb = client("kinesis", endpoints.aws_settings()), client("dynamodb", endpoints.aws_settings())
+    streams = kinesis.list_streams()["StreamNames"]
+    records: list[str] = []
+    if "kept" in streams:
+        iterator = kinesis.get_shard_iterator(StreamName="kept", ShardId="shardId-000000000000",
+                                              ShardIteratorType="TRIM_HORIZON")["ShardIterator"]
+        records = [r["SequenceNumber"] for r in kinesis.get_records(ShardIterator=iterator)["Records"]]
+    items = dynamodb.scan(TableName="kept-table")["Items"] if "kept-table" in dynamodb.list_tables()["TableNames"] \
+        else []
+    return streams, records, items
+
+
+def _put_then_stop(stack: EmulatorStack) -> tuple[str, dict]:
+    """A stream, a table, a record and an item; the stack is stopped the moment they are acknowledged."""
+    endpoints = stack.start()
+    kinesis, dynamodb = client("kinesis", endpoints.aws_settings()), client("dynamodb", endpoints.aws_settings())
+    kinesis.create_stream(StreamName="kept", ShardCount=1)
+    dynamodb.create_table(TableName="kept-table", KeySchema=[{"AttributeName": "k", "KeyType": "HASH"}],
+                          AttributeDefinitions=[{"AttributeName": "k", "AttributeType": "S"}],
+                          BillingMode="PAY_PER_REQUEST")
+    while kinesis.describe_stream_summary(StreamName="kept")["StreamDescriptionSummary"]["StreamStatus"] != "ACTIVE":
+        time.sleep(0.05)
+    sequence = kinesis.put_record(StreamName="kept", Data=b"yesterday", PartitionKey="p")["SequenceNumber"]
+    item = {"k": {"S": "leaseKey"}, "checkpoint": {"S": sequence}}
+    dynamodb.put_item(TableName="kept-table", Item=item)
+    stack.stop()
+    return sequence, item
+
+
+def test_a_stack_with_a_data_dir_keeps_the_stream_its_records_and_the_tables_across_a_restart(tmp_path):
+    """Before: every start of the emulators began empty (the demo's second start had a new stream and lease table).
+    With a data directory the record put and the item written just before the stop are there after a restart,
+    and a record put then follows them."""
+    sequence, item = _put_then_stop(EmulatorStack(tmp_path / "logs", services=("kinesis", "dynamodb"),
+                                                  data_dir=tmp_path / "data"))
+    again = EmulatorStack(tmp_path / "logs", services=("kinesis", "dynamodb"), data_dir=tmp_path / "data")
+    with again as endpoints:
+        streams, records, items = _stack_state(endpoints)
+        assert streams == ["kept"] and records == [sequence] and items == [item]
+        later = client("kinesis", endpoints.aws_settings()).put_record(StreamName="kept", Data=b"today",
+                                                                       PartitionKey="p")["SequenceNumber"]
+        assert int(later) > int(sequence)
+
+
+def test_a_stack_without_a_data_dir_keeps_nothing(tmp_path):
+    _put_then_stop(EmulatorStack(tmp_path / "logs", services=("kinesis", "dynamodb")))
+    with EmulatorStack(tmp_path / "logs", services=("kinesis", "dynamodb")) as endpoints:
+        assert _stack_state(endpoints) == ([], [], [])
+
+
 @pytest.mark.parametrize("service,target", [("dynamodb", "DynamoDB_20120810.ListTables"),
                                             ("kinesis", "Kinesis_20131202.ListStreams")])
 def test_a_client_gone_mid_request_does_not_kill_the_emulator(tmp_path, service, target):

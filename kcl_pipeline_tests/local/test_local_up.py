@@ -71,6 +71,9 @@ def test_the_env_file_holds_what_the_demo_sets(tmp_path):
         "DAGSTER_HOME": str(tmp_path / "home"),
         "KCL_PIPELINE_PROFILE": "demo", "KCL_PIPELINE_STREAM": "orders", "KCL_PIPELINE_WINDOW_MINUTES": "5",
         "KCL_PIPELINE_PARTITIONS_START": "2026-11-25T10:06:00+00:00",
+        # directories in the state directory: a restart finds what the previous run landed and transformed
+        "KCL_PIPELINE_LANDING_URI": str(tmp_path / "zones" / "landing"),
+        "KCL_PIPELINE_OUTPUT_URI": str(tmp_path / "zones" / "output"),
         "KCL_PIPELINE_SENSOR_INTERVAL_SECONDS": "7", "KCL_PIPELINE_HOST_WORKERS": "true",
         "KCL_PIPELINE_HEARTBEAT_SECONDS": "3", "KCL_PIPELINE_LEASE_EXPIRY_SECONDS": "10", "PYTHONUNBUFFERED": "1",
     }
@@ -268,6 +271,127 @@ def test_local_up_whose_stream_is_refused_exits_2_and_stops_the_emulators(tmp_pa
     assert "error: DescribeStreamSummary failed: InvalidArgumentException: Stream Name 'bad name!'" in result.stderr
     assert not (state / ENV_FILE).exists() and not (state / "local.pid").exists()
     assert "stopping the emulators" in result.stdout
+
+
+# -- what a restart finds: the emulators' state and the zones --------------------------------------------------
+
+def _records(kinesis, stream: str) -> list[str]:
+    """Every record's sequence number, from TRIM_HORIZON of each shard."""
+    found = []
+    for shard in kinesis.list_shards(StreamName=stream)["Shards"]:
+        iterator = kinesis.get_shard_iterator(StreamName=stream, ShardId=shard["ShardId"],
+                                              ShardIteratorType="TRIM_HORIZON")["ShardIterator"]
+        while iterator:
+            page = kinesis.get_records(ShardIterator=iterator, Limit=1000)
+            found += [r["SequenceNumber"] for r in page["Records"]]
+            if not page["Records"] and page.get("MillisBehindLatest", 0) == 0:
+                break
+            iterator = page.get("NextShardIterator")
+    return found
+
+
+def test_a_second_local_up_finds_the_first_ones_stream_records_and_checkpoints(tmp_path, capsys):
+    """Before: each start had a new stream and lease table, so what the previous run had landed but not
+    transformed was gone, and its checkpoints with it. Now the second start has the first one's stream with every
+    record it held, the lease table with its checkpoints, and the same zones in the state directory."""
+    from kcl_pipeline.kcl.core.model import Checkpoint, Lease
+    from kcl_pipeline.kcl.shells.lease_table import LeaseTable
+
+    state = tmp_path / "state"
+    options = DemoOptions(state_dir=state, stream="kept-demo", shards=1, rate=20.0)
+    thread, stop, started, result = _run_in_thread(options)
+    try:
+        wait_until(lambda: started or result, 120, "the first local up")
+        assert not result, result
+        (first,) = started
+        kinesis = client("kinesis", first.endpoints.aws_settings())
+        wait_until(lambda: len(_records(kinesis, "kept-demo")) >= 20, 60, "the demo producer's records")
+        table = LeaseTable("kcl-pipeline", client("dynamodb", first.endpoints.aws_settings()))
+        table.ensure_table()
+        checkpoint = Checkpoint(_records(kinesis, "kept-demo")[5])
+        assert table.create(Lease("shardId-000000000000", checkpoint, lease_owner="yesterday"))
+        zones = {k: _read_env_file(first.env_file)[k] for k in ("KCL_PIPELINE_LANDING_URI", "KCL_PIPELINE_OUTPUT_URI")}
+        landed = Path(zones["KCL_PIPELINE_LANDING_URI"]) / "a-batch"  # what the consumer lands (dagster dev's)
+        landed.parent.mkdir(parents=True)
+        landed.write_bytes(b"landed yesterday")
+    finally:
+        stop.set()
+        thread.join(60)
+    assert result == {"code": 0}
+    # read once stopped: the producer put nothing after the stack went down
+    capsys.readouterr()
+
+    thread, stop, started, result = _run_in_thread(DemoOptions(state_dir=state, stream="kept-demo", shards=4,
+                                                               producer=False))
+    try:
+        wait_until(lambda: started or result, 120, "the second local up")
+        assert not result, result
+        (second,) = started
+        kinesis = client("kinesis", second.endpoints.aws_settings())
+        kept = _records(kinesis, "kept-demo")
+        assert len(kept) >= 20 and len(kept) == len(set(kept))
+        assert len(kinesis.list_shards(StreamName="kept-demo")["Shards"]) == 1  # the kept stream, not a new one
+        table = LeaseTable("kcl-pipeline", client("dynamodb", second.endpoints.aws_settings()))
+        assert [(lease.lease_key, lease.checkpoint, lease.lease_owner) for lease in table.scan()] == \
+            [("shardId-000000000000", checkpoint, "yesterday")]
+        env = _read_env_file(second.env_file)
+        assert {k: env[k] for k in zones} == zones and landed.read_bytes() == b"landed yesterday"
+        assert Path(zones["KCL_PIPELINE_LANDING_URI"]).parent == state.resolve() / "zones"
+    finally:
+        stop.set()
+        thread.join(60)
+    assert result == {"code": 0}
+    out = capsys.readouterr()
+    assert "(1 shards, kept in " in out.out and "not kept" not in out.err
+
+    reset = CliRunner().invoke(main, ["local", "reset", "--state-dir", str(state)])
+    assert reset.exit_code == 0, reset.output
+    lines = reset.output.splitlines()
+    assert lines[0].startswith(f"deleted {state.resolve() / 'dagster_home'}: Dagster's runs")
+    assert lines[1:] == [
+        f"deleted {state.resolve() / 'emulators'}: the emulators' stream with its records, and the lease table with "
+        f"its checkpoints",
+        f"deleted {state.resolve() / 'zones'}: the landing zone's batches and the transform's output",
+    ]
+    assert sorted(p.name for p in state.iterdir()) == ["logs"]
+
+
+def test_a_start_on_a_kept_home_without_the_emulators_state_says_once_what_is_lost(tmp_path, capsys):
+    """A home whose emulators' state and zones are gone (deleted by hand, or a state directory made when the
+    emulators kept nothing): the windows it names lost what they held, and the start says so, once."""
+    from kcl_pipeline.deployment.home import home_partitions
+
+    state = tmp_path / "state"
+    (state / "dagster_home").mkdir(parents=True)
+    home_partitions(state / "dagster_home", 2, START)
+    thread, stop, started, result = _run_in_thread(DemoOptions(state_dir=state, stream="lost-demo", shards=1,
+                                                               producer=False))
+    try:
+        wait_until(lambda: started or result, 120, "local up")
+        assert not result, result
+    finally:
+        stop.set()
+        thread.join(60)
+    assert result == {"code": 0}
+    err = capsys.readouterr().err
+    assert err.count("not kept") == 1
+    assert "the previous run's stream, lease table and zones are not kept: windows 2026-11-25T10:06:00+00:00.." in err
+
+
+def test_what_a_start_lost_names_the_missing_parts_and_the_home_s_windows():
+    from kcl_pipeline.local.demo import KeptState, lost_state
+
+    now = datetime(2026, 11, 26, 9, 3, 30, tzinfo=timezone.utc)
+    everything = KeptState(stream=True, lease_table=True, zones=True)
+    assert lost_state(START, everything, now, 2) is None
+    assert lost_state(None, KeptState(False, False, False), now, 2) is None  # a new home: no previous run
+    assert lost_state(START, KeptState(stream=True, lease_table=True, zones=False), now, 2) == (
+        "the previous run's zones are not kept: windows 2026-11-25T10:06:00+00:00..2026-11-26T09:02:00+00:00 lose "
+        "what they held (`kcl-pipeline local reset` starts afresh)")
+    assert lost_state(START, KeptState(stream=False, lease_table=True, zones=True), now, 2).startswith(
+        "the previous run's stream is not kept: windows ")
+    assert lost_state(START, KeptState(stream=False, lease_table=True, zones=False), now, 2).startswith(
+        "the previous run's stream and zones are not kept: windows ")
 
 
 # -- the README's three lines ----------------------------------------------------------------------------------

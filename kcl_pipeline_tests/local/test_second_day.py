@@ -4,8 +4,11 @@ window; then the README's Dagster way on the same state directory: `kcl-pipeline
 
 The home made by the demo keeps its first partition, so the second start has the same partitions: every window of
 both runs (those the demo left unfinished, those between the two runs, the second run's first) is transformed and
-checkpointed, the Runs page (read through Dagster's GraphQL API) shows no failed run, and each stop returns within
-the bound the README states.
+checkpointed, the Runs page (read through Dagster's GraphQL API) shows no failed run (the demo is stopped while a
+window's run runs: that run is canceled, and its window transformed by the second start), and each stop returns
+within the bound the README states. The state directory keeps the emulators' state and the zones: the second start
+has the demo's stream (the one its partitions started with), and the output holds every window's commit, the
+demo's too.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from kcl_pipeline.deployment.fleet_hosting import STOP_SECONDS
 from kcl_pipeline.local.demo import ENV_FILE
 from kcl_pipeline.local.emulators import free_port
 from kcl_pipeline.windows.keys import partition_key
+from kcl_pipeline.windows.manifest import commit_key
 from kcl_pipeline_tests.kcl.fleet_support import wait_until
 from kcl_pipeline_tests.local.support import graphql_or_none
 from kcl_pipeline_tests.process_tree import descendants
@@ -30,8 +34,8 @@ from kcl_pipeline_tests.process_tree import descendants
 pytestmark = [pytest.mark.slow, pytest.mark.beside]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-# Two-minute windows: a window's run (about a minute on a busy two-core machine) leaves the stop an idle moment
-# inside each window.
+# Two-minute windows: a window's run takes about a minute on a busy two-core machine, so the stop soon finds one
+# in flight.
 WINDOW_MS = 120_000
 # A stop returns within the workers' release bound and Dagster's own shutdown (a few seconds) with margin for a
 # busy two-core machine.
@@ -122,7 +126,7 @@ def test_the_demo_then_local_up_and_dagster_dev_start_again_where_they_stopped(t
         return proc
 
     try:
-        # -- the first day: the demo, stopped in the middle of a window (no run in flight) --------------------------
+        # -- the first day: the demo, stopped while a window's run runs ---------------------------------------------
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         demo = start([sys.executable, "-m", "kcl_pipeline.cli", "demo", "--port", str(port), *flags], "demo.out",
@@ -132,15 +136,15 @@ def test_the_demo_then_local_up_and_dagster_dev_start_again_where_they_stopped(t
         first = _env_file(state / ENV_FILE)["KCL_PIPELINE_PARTITIONS_START"]
         wait_until(lambda: _materialised(home, "kinesis_checkpoints"), 720, "the demo's first window checkpointed", 3)
 
-        def inside_a_window_and_idle() -> bool:
-            # A Ctrl-C during a run fails that run (Dagster: "interrupted unexpectedly"); a window's run takes most
-            # of the next window on a busy two-core machine, so the stop waits for a moment between runs, away
-            # from the window's edges.
-            now = int(time.time() * 1000) % WINDOW_MS
-            busy = [r for r in _runs(url) if r["status"] in ("QUEUED", "NOT_STARTED", "STARTING", "STARTED")]
-            return 5_000 <= now <= WINDOW_MS - 5_000 and not busy
+        running: list[str] = []
 
-        wait_until(inside_a_window_and_idle, 480, "a moment inside a window with no run in flight", 0.5)
+        def a_run_started() -> bool:
+            # The stop comes while a window's run runs (its transform, most of a window on a busy two-core machine):
+            # the run ends canceled, not failed, and its window is requested again by the next start.
+            running[:] = [r["runId"] for r in _runs(url) if r["status"] == "STARTED"]
+            return bool(running)
+
+        wait_until(a_run_started, 480, "a window's run in flight", 0.5)
         stopped_at = int(time.time() * 1000)
         demo_stop = _stop(demo, STOP_BOUND_SECONDS)
         assert demo.returncode == 0, (tmp_path / "demo.out").read_text()[-3000:]
@@ -149,8 +153,10 @@ def test_the_demo_then_local_up_and_dagster_dev_start_again_where_they_stopped(t
         up = start([sys.executable, "-m", "kcl_pipeline.cli", "local", "up", *flags], "local-up.out", tmp_path)
         wait_until(lambda: (state / ENV_FILE).exists() or up.poll() is not None, 180, "local up's env file", 0.5)
         assert up.poll() is None, (tmp_path / "local-up.out").read_text()
-        assert _env_file(state / ENV_FILE)["KCL_PIPELINE_PARTITIONS_START"] == first  # the home kept it
-        assert "kept by this Dagster home" in (tmp_path / "local-up.out").read_text()
+        second_env = _env_file(state / ENV_FILE)
+        assert second_env["KCL_PIPELINE_PARTITIONS_START"] == first  # the home kept it
+        up_out = (tmp_path / "local-up.out").read_text()
+        assert "kept by this Dagster home" in up_out and "kept in " in up_out and "not kept" not in up_out, up_out
         restarted_at = int(time.time() * 1000)
         port = free_port()
         url = f"http://127.0.0.1:{port}"
@@ -169,6 +175,13 @@ def test_the_demo_then_local_up_and_dagster_dev_start_again_where_they_stopped(t
         runs = _runs(url)
         failed = [r for r in runs if r["status"] == "FAILURE"]
         assert runs and not failed, failed
+        # the run the Ctrl-C met: canceled (or done, had it finished within the stop), never failed
+        assert {r["status"] for r in runs if r["runId"] in running} <= {"CANCELED", "SUCCESS"}, running
+        # the output is the demo's too: the windows it transformed kept their commits across the restart
+        output = Path(second_env["KCL_PIPELINE_OUTPUT_URI"])
+        assert output.is_relative_to(state.resolve())
+        missing = [w for w in range(start_ms, last + WINDOW_MS, WINDOW_MS) if not (output / commit_key(w)).is_file()]
+        assert not missing, [partition_key(w) for w in missing]
         dev_stop = _stop(dev, STOP_BOUND_SECONDS + RESTARTED_CODE_SERVER_SECONDS)
         down = subprocess.run([sys.executable, "-m", "kcl_pipeline.cli", "local", "down", "--state-dir", str(state)],
                               env=clean, capture_output=True, text=True, timeout=120)

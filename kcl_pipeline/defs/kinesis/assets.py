@@ -39,6 +39,7 @@ from ...windows.report import RangeSummary, json_position, summarise_range
 from ...zone.store import S3Options, ZoneStore, open_store
 from .partitions import window_of
 from .resources import SPARK_POOL, AwsResource, KinesisConsumerResource, SparkResource
+from .stopping import stop_cancels_run
 
 if TYPE_CHECKING:
     from ...transform.job import TransformReport  # pyspark: imported by the runs that transform
@@ -139,23 +140,24 @@ def build_landed_records(partitions_def: TimeWindowPartitionsDefinition, window_
                                     " the same keys."))
     def landed_records(context: AssetExecutionContext, consumer: KinesisConsumerResource, aws: AwsResource,
                        s3: S3Resource) -> MaterializeResult:
-        span = window_range(context, partitions_def, window_ms)
-        store = landing_store(consumer, aws, s3)
-        consumer_settings = consumer.settings()
-        # leases and directory only: backfill_range lists the shards itself
-        view = target.read_slice(consumer, aws.settings(), live_leases(consumer, aws), shards=False)
-        report = backfill_range(target.configured(consumer), span.start_ms, span.end_ms, store,
-                                directory=view.directory, leases=view.leases_by_shard_id(),
-                                grace_ms=consumer_settings.grace_ms, aws=aws.settings(),
-                                pace=consumer_settings.backfill_pace(),
-                                deadline_seconds=consumer.backfill_deadline_seconds,
-                                on_progress=lambda p: context.log.info(p.describe()),
-                                application_start=consumer_settings.initial_checkpoint())
-        for _, shard in sorted(report.shards.items()):
-            context.log.info(shard.describe())
-        _fail_unless_whole(report, consumer.backfill_deadline_seconds)
-        summary = summarise_range(store, view.directory, span.starts, window_ms)
-        return MaterializeResult(metadata=_landed_metadata(report, summary))
+        with stop_cancels_run(context):  # a stop cancels the run, not fails it
+            span = window_range(context, partitions_def, window_ms)
+            store = landing_store(consumer, aws, s3)
+            consumer_settings = consumer.settings()
+            # leases and directory only: backfill_range lists the shards itself
+            view = target.read_slice(consumer, aws.settings(), live_leases(consumer, aws), shards=False)
+            report = backfill_range(target.configured(consumer), span.start_ms, span.end_ms, store,
+                                    directory=view.directory, leases=view.leases_by_shard_id(),
+                                    grace_ms=consumer_settings.grace_ms, aws=aws.settings(),
+                                    pace=consumer_settings.backfill_pace(),
+                                    deadline_seconds=consumer.backfill_deadline_seconds,
+                                    on_progress=lambda p: context.log.info(p.describe()),
+                                    application_start=consumer_settings.initial_checkpoint())
+            for _, shard in sorted(report.shards.items()):
+                context.log.info(shard.describe())
+            _fail_unless_whole(report, consumer.backfill_deadline_seconds)
+            summary = summarise_range(store, view.directory, span.starts, window_ms)
+            return MaterializeResult(metadata=_landed_metadata(report, summary))
 
     return landed_records
 
@@ -205,28 +207,29 @@ def build_transformed_records(partitions_def: TimeWindowPartitionsDefinition, wi
                                     "go to quarantine with the reason."))
     def transformed_records(context: AssetExecutionContext, consumer: KinesisConsumerResource, aws: AwsResource,
                             pyspark: SparkResource) -> MaterializeResult:
-        from ...transform.job import transform_window  # pyspark: imported by the runs that transform
+        with stop_cancels_run(context):  # a stop cancels the run, not fails it
+            from ...transform.job import transform_window  # pyspark: imported by the runs that transform
 
-        span = window_range(context, partitions_def, window_ms)
-        settings = aws.settings()
-        output_uri = target.output_uri(consumer.output_uri)
-        directory = target.directory(consumer, settings)
-        if consumer.create_zones:
-            open_store(output_uri, settings).ensure_zone(create=True)
-        s3_options = S3Options.from_aws_settings(
-            settings, env_credentials=S3Options.pins_credentials(settings, pyspark.aws_credentials))
-        spark = pyspark.spark_session
-        reports = []
-        for start in span.starts:
-            report = transform_window(spark, zone=consumer.landing_uri, stream=directory,
-                                      window_start_ms=start, window_end_ms=start + window_ms,
-                                      output_uri=output_uri, decoder=consumer.decoder,
-                                      s3_options=s3_options, landing_reader=consumer.landing_reader,
-                                      publish=False)  # the window's rows_reconcile check publishes the commit
-            context.log.info(f"window {start}: {report.rows_in} rows in, {report.rows_out} out, "
-                             f"{report.duplicates_dropped} duplicates, {report.quarantined} quarantined")
-            reports.append((start, report))
-        return MaterializeResult(metadata=_transformed_metadata(reports))
+            span = window_range(context, partitions_def, window_ms)
+            settings = aws.settings()
+            output_uri = target.output_uri(consumer.output_uri)
+            directory = target.directory(consumer, settings)
+            if consumer.create_zones:
+                open_store(output_uri, settings).ensure_zone(create=True)
+            s3_options = S3Options.from_aws_settings(
+                settings, env_credentials=S3Options.pins_credentials(settings, pyspark.aws_credentials))
+            spark = pyspark.spark_session
+            reports = []
+            for start in span.starts:
+                report = transform_window(spark, zone=consumer.landing_uri, stream=directory,
+                                          window_start_ms=start, window_end_ms=start + window_ms,
+                                          output_uri=output_uri, decoder=consumer.decoder,
+                                          s3_options=s3_options, landing_reader=consumer.landing_reader,
+                                          publish=False)  # the window's rows_reconcile check publishes the commit
+                context.log.info(f"window {start}: {report.rows_in} rows in, {report.rows_out} out, "
+                                 f"{report.duplicates_dropped} duplicates, {report.quarantined} quarantined")
+                reports.append((start, report))
+            return MaterializeResult(metadata=_transformed_metadata(reports))
 
     return transformed_records
 
@@ -275,16 +278,17 @@ def build_kinesis_checkpoints(partitions_def: TimeWindowPartitionsDefinition, wi
                                     "shard ends seen then); each commit covers every window materialised so far."))
     def kinesis_checkpoints(context: AssetExecutionContext, consumer: KinesisConsumerResource, aws: AwsResource,
                             s3: S3Resource) -> MaterializeResult:
-        settings, consumer_settings = aws.settings(), consumer.settings()
-        table = LeaseTable(consumer_settings.lease_table, client("dynamodb", settings))
-        span = window_range(context, partitions_def, window_ms)  # the window(s) whose run asked for this commit
-        report = commit_checkpoints(
-            table, target.read_slice(consumer, settings, table.scan()), landing_store(consumer, aws, s3),
-            output_store(consumer, aws, s3, target), window_ms=window_ms, first_window_ms=first_window_ms,
-            initial=consumer_settings.initial_checkpoint(), grace_ms=consumer_settings.grace_ms,
-            requested_for=(span.start_ms, span.end_ms))
-        _log_checkpoint_report(context, report, partitions_def)
-        return MaterializeResult(metadata=_checkpoints_metadata(report))
+        with stop_cancels_run(context):  # a stop cancels the run, not fails it
+            settings, consumer_settings = aws.settings(), consumer.settings()
+            table = LeaseTable(consumer_settings.lease_table, client("dynamodb", settings))
+            span = window_range(context, partitions_def, window_ms)  # the window(s) whose run asked for this commit
+            report = commit_checkpoints(
+                table, target.read_slice(consumer, settings, table.scan()), landing_store(consumer, aws, s3),
+                output_store(consumer, aws, s3, target), window_ms=window_ms, first_window_ms=first_window_ms,
+                initial=consumer_settings.initial_checkpoint(), grace_ms=consumer_settings.grace_ms,
+                requested_for=(span.start_ms, span.end_ms))
+            _log_checkpoint_report(context, report, partitions_def)
+            return MaterializeResult(metadata=_checkpoints_metadata(report))
 
     return kinesis_checkpoints
 

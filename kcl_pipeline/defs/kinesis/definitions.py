@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dagster import Definitions, in_process_executor
+from dagster import Definitions
 
 from ...deployment.settings import PipelineSettings
 from ...deployment.streams import PipelineStream, pipeline_streams
@@ -14,6 +14,7 @@ from .partitions import window_partitions
 from .resources import build_resources
 from .schedules import build_backfill_schedule
 from .sensors import build_consumer_sensor, build_member_sensor
+from .stopping import stop_cancels_run_executor
 
 
 def build_definitions(settings: PipelineSettings | None = None) -> Definitions:
@@ -36,8 +37,9 @@ def build_definitions(settings: PipelineSettings | None = None) -> Definitions:
         sensors=[build_consumer_sensor(partitions_def, sensor_jobs, settings.sensor_interval_seconds, targets)],
         schedules=schedules,
         resources=build_resources(settings),
-        # Steps run one after another in the run's process: one SparkSession per run, no per-step start-up.
-        executor=in_process_executor,
+        # Steps run one after another in the run's process: one SparkSession per run, no per-step start-up. A stop
+        # (Ctrl-C) during a run cancels it rather than failing it (stopping.py).
+        executor=stop_cancels_run_executor,
     )
 
 
