@@ -12,9 +12,7 @@ demo's too.
 """
 from __future__ import annotations
 
-import os
 import shlex
-import signal
 import subprocess
 import sys
 import time
@@ -28,12 +26,20 @@ from kcl_pipeline.local.emulators import free_port
 from kcl_pipeline.windows.keys import partition_key
 from kcl_pipeline.windows.manifest import commit_key
 from kcl_pipeline_tests.kcl.fleet_support import wait_until
-from kcl_pipeline_tests.local.support import graphql_or_none
-from kcl_pipeline_tests.process_tree import descendants
+from kcl_pipeline_tests.local.support import (
+    REPO_ROOT,
+    clean_environ,
+    env_file,
+    graphql_or_none,
+    group_alive,
+    kill_all,
+    materialised,
+    start_logged,
+    stop_group,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.beside]
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 # Two-minute windows: a window's run takes about a minute on a busy two-core machine, so the stop soon finds one
 # in flight.
 WINDOW_MS = 120_000
@@ -49,62 +55,13 @@ RUNS = """{ runsOrError { __typename ... on Runs { results { runId status jobNam
   tags { key value } } } } }"""
 
 
-def _default_signals() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
-
-
-
-
 def _runs(url: str) -> list[dict]:
     data = graphql_or_none(url, RUNS)
     return [] if data is None else data["runsOrError"]["results"]
 
 
-def _env_file(path: Path) -> dict[str, str]:
-    out = subprocess.run(["bash", "-c", 'source "$0" && env -0', str(path)], env={"PATH": os.environ["PATH"]},
-                         capture_output=True, check=True).stdout.decode()
-    return dict(item.split("=", 1) for item in out.split("\0") if item)
-
-
-def _group_alive(pgid: int) -> bool:
-    return subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True).returncode == 0
-
-
-def _stop(proc: subprocess.Popen, bound: float) -> float:
-    """Ctrl-C to the process group, as a terminal sends it; returns how long until no process of the group is
-    left (killed and failed past `bound`)."""
-    started = time.monotonic()
-    os.killpg(proc.pid, signal.SIGINT)
-    while time.monotonic() - started < bound:
-        proc.poll()  # the leader reaped: a zombie still counts for pgrep
-        if not _group_alive(proc.pid):
-            break
-        time.sleep(0.2)
-    took = time.monotonic() - started
-    if _group_alive(proc.pid):
-        os.killpg(proc.pid, signal.SIGKILL)
-        raise AssertionError(f"processes of group {proc.pid} still ran {bound:.0f}s after Ctrl-C")
-    proc.wait(5)
-    return took
-
-
-def _materialised(home: Path, asset: str) -> set[str]:
-    from dagster import AssetKey, DagsterInstance
-
-    if not (home / "history" / "runs.db").exists():
-        return set()
-    try:
-        with DagsterInstance.from_config(str(home)) as instance:
-            return set(instance.get_materialized_partitions(AssetKey(asset)))
-    except Exception:  # noqa: BLE001 - the demo's webserver and daemon may be creating the storage this moment
-        return set()
-
-
 def _done(home: Path, windows: list[str]) -> bool:
-    return all(set(windows) <= _materialised(home, asset) for asset in ("transformed_records", "kinesis_checkpoints"))
+    return all(set(windows) <= materialised(home, asset) for asset in ("transformed_records", "kinesis_checkpoints"))
 
 
 # Two starts of the whole stack and their windows: about 7 minutes alone, over 10 on CI's shared two cores (the
@@ -114,16 +71,12 @@ def test_the_demo_then_local_up_and_dagster_dev_start_again_where_they_stopped(t
     pytest.importorskip("dagster_webserver")
     state = tmp_path / "state"
     home = state / "dagster_home"
-    clean = {k: v for k, v in os.environ.items()
-             if not k.startswith(("KCL_PIPELINE_", "AWS_ENDPOINT_URL", "DAGSTER_"))}
+    clean = clean_environ()
     flags = ["--state-dir", str(state), "--window-minutes", str(WINDOW_MS // 60_000), "--shards", "1", "--rate", "5"]
     procs: list[subprocess.Popen] = []
 
     def start(cmd: list[str], log: str, cwd: Path) -> subprocess.Popen:
-        proc = subprocess.Popen(cmd, env=clean, cwd=cwd, stdout=open(tmp_path / log, "wb"), stderr=subprocess.STDOUT,
-                                start_new_session=True, preexec_fn=_default_signals)
-        procs.append(proc)
-        return proc
+        return start_logged(procs, cmd, tmp_path / log, cwd)
 
     try:
         # -- the first day: the demo, stopped while a window's run runs ---------------------------------------------
@@ -133,8 +86,8 @@ def test_the_demo_then_local_up_and_dagster_dev_start_again_where_they_stopped(t
                      tmp_path)
         wait_until(lambda: (state / ENV_FILE).exists() or demo.poll() is not None, 180, "the demo's env file", 0.5)
         assert demo.poll() is None, (tmp_path / "demo.out").read_text()
-        first = _env_file(state / ENV_FILE)["KCL_PIPELINE_PARTITIONS_START"]
-        wait_until(lambda: _materialised(home, "kinesis_checkpoints"), 720, "the demo's first window checkpointed", 3)
+        first = env_file(state / ENV_FILE)["KCL_PIPELINE_PARTITIONS_START"]
+        wait_until(lambda: materialised(home, "kinesis_checkpoints"), 720, "the demo's first window checkpointed", 3)
 
         running: list[str] = []
 
@@ -146,14 +99,14 @@ def test_the_demo_then_local_up_and_dagster_dev_start_again_where_they_stopped(t
 
         wait_until(a_run_started, 480, "a window's run in flight", 0.5)
         stopped_at = int(time.time() * 1000)
-        demo_stop = _stop(demo, STOP_BOUND_SECONDS)
+        demo_stop = stop_group(demo, STOP_BOUND_SECONDS)
         assert demo.returncode == 0, (tmp_path / "demo.out").read_text()[-3000:]
 
         # -- the second day: `local up`, `source .kcl_local/env.sh`, `dagster dev` at the root ---------------------
         up = start([sys.executable, "-m", "kcl_pipeline.cli", "local", "up", *flags], "local-up.out", tmp_path)
         wait_until(lambda: (state / ENV_FILE).exists() or up.poll() is not None, 180, "local up's env file", 0.5)
         assert up.poll() is None, (tmp_path / "local-up.out").read_text()
-        second_env = _env_file(state / ENV_FILE)
+        second_env = env_file(state / ENV_FILE)
         assert second_env["KCL_PIPELINE_PARTITIONS_START"] == first  # the home kept it
         up_out = (tmp_path / "local-up.out").read_text()
         assert "kept by this Dagster home" in up_out and "kept in " in up_out and "not kept" not in up_out, up_out
@@ -182,28 +135,15 @@ def test_the_demo_then_local_up_and_dagster_dev_start_again_where_they_stopped(t
         assert output.is_relative_to(state.resolve())
         missing = [w for w in range(start_ms, last + WINDOW_MS, WINDOW_MS) if not (output / commit_key(w)).is_file()]
         assert not missing, [partition_key(w) for w in missing]
-        dev_stop = _stop(dev, STOP_BOUND_SECONDS + RESTARTED_CODE_SERVER_SECONDS)
+        dev_stop = stop_group(dev, STOP_BOUND_SECONDS + RESTARTED_CODE_SERVER_SECONDS)
         down = subprocess.run([sys.executable, "-m", "kcl_pipeline.cli", "local", "down", "--state-dir", str(state)],
                               env=clean, capture_output=True, text=True, timeout=120)
         assert down.returncode == 0, down.stdout + down.stderr
         up.wait(30)
-        assert up.returncode == 0 and not _group_alive(up.pid)
+        assert up.returncode == 0 and not group_alive(up.pid)
         print(f"stop after Ctrl-C: demo {demo_stop:.1f}s, dagster dev {dev_stop:.1f}s; windows {len(windows)}")
     finally:
-        for proc in procs:
-            # A demo killed here cannot stop its `dagster dev` (a session of its own): its descendants go too.
-            children = descendants(proc.pid)
-            if proc.poll() is None or _group_alive(proc.pid):
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                proc.wait(10)
-            for pid in children:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        kill_all(procs)
         assert not list(REPO_ROOT.glob(".tmp_dagster_home_*"))
 
 
