@@ -28,7 +28,7 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructType
 
-from ..kcl.records.kpl import bad_aggregate_reason
+from ..kcl.records.kpl import MAGIC, bad_aggregate_reason
 from .names import JSON, JSON_SPARK
 
 REASON_INVALID_UTF8 = "invalid_utf8"
@@ -37,6 +37,9 @@ REASON_NOT_OBJECT = "not_a_json_object"
 # A record that starts with the KPL's magic but did not deaggregate (the consumer delivered it whole): its
 # bytes are not UTF-8 from byte 0, and the KPL's reason says what is wrong with it.
 REASON_BAD_KPL_AGGREGATE = "bad_kpl_aggregate"
+# Spark SQL alone sees the magic (never valid UTF-8) but cannot verify an aggregate to say what is wrong with it.
+_SPARK_BAD_KPL_REASON = (f"{REASON_BAD_KPL_AGGREGATE}: starts with the KPL's magic but was not deaggregated (the "
+                         f"\"json\" decoder names the KPL's reason)")
 REASON_CODES = (REASON_INVALID_UTF8, REASON_INVALID_JSON, REASON_NOT_OBJECT, REASON_BAD_KPL_AGGREGATE)
 
 DecoderFn = Callable[[Column], Column]
@@ -125,7 +128,8 @@ def json_spark_decoder_with(schema: StructType | str | None = None) -> DecoderFn
         text = data.cast("string")
         variant = F.try_parse_json(text)
         reason = (
-            F.when(~F.is_valid_utf8(data), F.lit(f"{REASON_INVALID_UTF8}: not valid UTF-8"))
+            F.when(F.substring(data, 1, len(MAGIC)) == F.lit(bytearray(MAGIC)), F.lit(_SPARK_BAD_KPL_REASON))
+            .when(~F.is_valid_utf8(data), F.lit(f"{REASON_INVALID_UTF8}: not valid UTF-8"))
             .when(variant.isNull(), F.lit(f"{REASON_INVALID_JSON}: Spark cannot parse it"))
             .when(~F.schema_of_variant(variant).startswith("OBJECT"),
                   F.concat(F.lit(f"{REASON_NOT_OBJECT}: top-level value is "), F.schema_of_variant(variant)))

@@ -5,6 +5,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from kcl_pipeline.transform.decoders import (
+    REASON_BAD_KPL_AGGREGATE,
     REASON_INVALID_JSON,
     REASON_INVALID_UTF8,
     REASON_NOT_OBJECT,
@@ -132,3 +133,14 @@ def test_a_bad_kpl_aggregate_is_quarantined_with_the_kpl_reason_not_as_invalid_u
     assert json_object_reason(too_short) == "bad_kpl_aggregate: too_short: 20 bytes"
     assert json_object_reasons(pa.array([md5_mismatch, b"\xff", b"{}"], pa.binary())).to_pylist() == \
         ["bad_kpl_aggregate: md5_mismatch", "invalid_utf8: invalid start byte at byte 0", None]
+
+
+def test_a_bad_kpl_aggregate_is_quarantined_as_one_by_the_spark_decoder_too(spark):
+    """json_spark quarantined a bad aggregate delivered whole as `invalid_utf8`, the bytes' symptom; it says
+    what the record is (Spark SQL cannot check an aggregate: the "json" decoder names the KPL's reason)."""
+    from kcl_pipeline.kcl.records.kpl import MAGIC, aggregate
+
+    md5_mismatch = aggregate([("pk", None, b'{"a": 1}')])[:-16] + b"\x00" * 16
+    decoded = _decode(spark, json_spark_decoder, [md5_mismatch, MAGIC + b"0123", b"\xff", b"{}"])
+    assert [code(d["reason"]) for d in decoded] == [REASON_BAD_KPL_AGGREGATE, REASON_BAD_KPL_AGGREGATE,
+                                                     REASON_INVALID_UTF8, None]
