@@ -25,3 +25,12 @@ def descendants(root: int, procs: dict[int, tuple[int, str]] | None = None) -> l
         found += children
         frontier += children
     return found
+
+
+def alive(pid: int) -> bool:
+    """True while the process exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -22,27 +22,18 @@ from kcl_pipeline.local.emulators import (
     NodeModulesMissing,
     find_node_modules,
 )
+from kcl_pipeline_tests.process_tree import alive
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def _alive(pid: int) -> bool:
-    """True while the process exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def _wait_gone(pids, deadline_s: float = 20.0) -> list[int]:
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
-        alive = [p for p in pids if _alive(p)]
-        if not alive:
+        if not [p for p in pids if alive(p)]:
             return []
         time.sleep(0.1)
-    return [p for p in pids if _alive(p)]
+    return [p for p in pids if alive(p)]
 
 
 def _listening_addresses(pid: int) -> list[tuple[str, int]]:
@@ -136,7 +127,7 @@ def test_stack_binds_only_loopback_and_stop_leaves_no_process(tmp_path):
         assert ports <= seen_ports
         assert all(_port_open(p) for p in ports)
         assert {p.name for p in (tmp_path / "logs").iterdir()} == {"kinesis-local.log", "dynalite.log", "moto.log"}
-    assert not [p for p in pids.values() if _alive(p)]  # stop() reaps them: no grace needed
+    assert not [p for p in pids.values() if alive(p)]  # stop() reaps them: no grace needed
     assert not [p for p in ports if _port_open(p)]
     assert stack.endpoints is None
 
@@ -209,7 +200,7 @@ def test_a_client_gone_mid_request_does_not_kill_the_emulator(tmp_path, service,
                         f"X-Amz-Target: {target}\r\nContent-Length: 100\r\n\r\n{{\"a\":".encode())
             time.sleep(0.3)
         time.sleep(0.5)
-        assert _alive(stack.pids()[service]) and _port_open(port), f"the {service} emulator exited"
+        assert alive(stack.pids()[service]) and _port_open(port), f"the {service} emulator exited"
 
 
 def test_services_subset_starts_only_what_is_asked(tmp_path):
@@ -233,7 +224,7 @@ def test_fixed_port_in_use_fails_with_the_emulator_log(tmp_path):
         stack = EmulatorStack(tmp_path, services=["dynamodb"], ports={"dynamodb": port})
         with pytest.raises(EmulatorError, match=r"(?s)dynamodb emulator exited with code .*EADDRINUSE"):
             stack.start()
-    assert stack.pids() and not [p for p in stack.pids().values() if _alive(p)]
+    assert stack.pids() and not [p for p in stack.pids().values() if alive(p)]
 
 
 def test_random_port_taken_meanwhile_is_retried_on_another(tmp_path, monkeypatch):

@@ -33,27 +33,12 @@ from kcl_pipeline.local.demo import (
 from kcl_pipeline.local.emulators import Endpoints, free_port
 from kcl_pipeline.transform.connect import probe
 from kcl_pipeline_tests.kcl.fleet_support import wait_until
-from kcl_pipeline_tests.local.support import graphql_or_none
+from kcl_pipeline_tests.local.support import REPO_ROOT, env_file, graphql_or_none
+from kcl_pipeline_tests.process_tree import alive
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 ENDPOINTS = Endpoints(kinesis="http://127.0.0.1:1", dynamodb="http://127.0.0.1:2", s3="http://127.0.0.1:3",
                       cloudwatch="http://127.0.0.1:3")
 START = datetime(2026, 11, 25, 10, 6, tzinfo=timezone.utc)
-
-
-def _read_env_file(path: Path) -> dict[str, str]:
-    """What a shell that sources the file exports (bash itself reads it: quoting included)."""
-    out = subprocess.run(["bash", "-c", 'source "$0" && env -0', str(path)], env={"PATH": os.environ["PATH"]},
-                         capture_output=True, check=True).stdout.decode()
-    return dict(item.split("=", 1) for item in out.split("\0") if item)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 
@@ -108,7 +93,7 @@ def test_the_env_file_is_valid_shell_for_any_value(tmp_path):
     variables = {"DAGSTER_HOME": str(tmp_path / "a dir with 'quotes' and $dollars"), "X": "plain:1/2,3+4"}
     path = tmp_path / ENV_FILE
     write_env_file(path, variables)
-    assert _read_env_file(path).items() >= variables.items()
+    assert env_file(path).items() >= variables.items()
     assert env_file_lines({"X": "plain:1/2,3+4"}) == ["export X=plain:1/2,3+4"]  # simple values stay unquoted
     assert [p.name for p in tmp_path.iterdir()] == [ENV_FILE]  # no partial file left
 
@@ -178,7 +163,7 @@ def test_local_up_creates_the_stream_feeds_it_and_writes_the_demo_environment(tm
         assert not result, result
         (up,) = started
         assert up.url is None and up.env_file == state.resolve() / ENV_FILE
-        env = _read_env_file(up.env_file)
+        env = env_file(up.env_file)
         assert env["KCL_PIPELINE_STREAM"] == "local-up-demo" and env["KCL_PIPELINE_PROFILE"] == "demo"
         assert env["KCL_PIPELINE_HOST_WORKERS"] == "true"
         assert "KCL_PIPELINE_SPARK_MASTER" not in env and up.spark_connect_pid is None  # cold: a session per run
@@ -202,7 +187,7 @@ def test_local_up_creates_the_stream_feeds_it_and_writes_the_demo_environment(tm
         thread.join(60)
     assert result == {"code": 0}
     assert not up.env_file.exists()  # its endpoints are gone
-    assert not any(_alive(pid) for pid in up.emulator_pids.values())
+    assert not any(alive(pid) for pid in up.emulator_pids.values())
 
 
 @pytest.mark.slow
@@ -215,10 +200,10 @@ def test_local_up_starts_a_warm_spark_connect_server_env_sh_points_runs_at_and_s
         wait_until(lambda: started or result, 300, "local up with its Spark Connect server")
         assert not result, result
         (up,) = started
-        env = _read_env_file(up.env_file)
+        env = env_file(up.env_file)
         remote = env["KCL_PIPELINE_SPARK_MASTER"]
         assert remote.startswith("sc://127.0.0.1:") and env["KCL_PIPELINE_SPARK_FALLBACK_MASTER"] == "local[*]"
-        assert up.spark_connect_pid is not None and _alive(up.spark_connect_pid)
+        assert up.spark_connect_pid is not None and alive(up.spark_connect_pid)
         assert probe(remote) is None  # it answers where env.sh points
         log = state.resolve() / "logs" / "spark-connect.log"
         assert "SparkConnectServer" in log.read_text(errors="replace")
@@ -229,7 +214,7 @@ def test_local_up_starts_a_warm_spark_connect_server_env_sh_points_runs_at_and_s
         stop.set()
         thread.join(120)
     assert result == {"code": 0}
-    assert not _alive(up.spark_connect_pid)
+    assert not alive(up.spark_connect_pid)
     assert probe(remote) is not None
 
 
@@ -259,7 +244,7 @@ def test_local_up_exits_1_when_an_emulator_dies(tmp_path, capsys):
     assert result == {"code": 1}
     assert "the dynamodb emulator exited with code -9" in capsys.readouterr().err
     assert not up.env_file.exists()
-    assert not any(_alive(pid) for pid in up.emulator_pids.values())
+    assert not any(alive(pid) for pid in up.emulator_pids.values())
 
 
 def test_local_up_whose_stream_is_refused_exits_2_and_stops_the_emulators(tmp_path):
@@ -310,7 +295,7 @@ def test_a_second_local_up_finds_the_first_ones_stream_records_and_checkpoints(t
         table.ensure_table()
         checkpoint = Checkpoint(_records(kinesis, "kept-demo")[5])
         assert table.create(Lease("shardId-000000000000", checkpoint, lease_owner="yesterday"))
-        zones = {k: _read_env_file(first.env_file)[k] for k in ("KCL_PIPELINE_LANDING_URI", "KCL_PIPELINE_OUTPUT_URI")}
+        zones = {k: env_file(first.env_file)[k] for k in ("KCL_PIPELINE_LANDING_URI", "KCL_PIPELINE_OUTPUT_URI")}
         landed = Path(zones["KCL_PIPELINE_LANDING_URI"]) / "a-batch"  # what the consumer lands (dagster dev's)
         landed.parent.mkdir(parents=True)
         landed.write_bytes(b"landed yesterday")
@@ -334,7 +319,7 @@ def test_a_second_local_up_finds_the_first_ones_stream_records_and_checkpoints(t
         table = LeaseTable("kcl-pipeline", client("dynamodb", second.endpoints.aws_settings()))
         assert [(lease.lease_key, lease.checkpoint, lease.lease_owner) for lease in table.scan()] == \
             [("shardId-000000000000", checkpoint, "yesterday")]
-        env = _read_env_file(second.env_file)
+        env = env_file(second.env_file)
         assert {k: env[k] for k in zones} == zones and landed.read_bytes() == b"landed yesterday"
         assert Path(zones["KCL_PIPELINE_LANDING_URI"]).parent == state.resolve() / "zones"
     finally:

@@ -18,6 +18,7 @@ from kcl_pipeline.local.demo import DemoOptions, Started, run_local_up
 from kcl_pipeline.local.spark_connect import SparkConnectError, SparkConnectServer
 from kcl_pipeline.transform.connect import probe
 from kcl_pipeline_tests.kcl.fleet_support import wait_until
+from kcl_pipeline_tests.process_tree import alive
 
 LISTEN = ("import socket, sys, time; s = socket.socket(); s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(8); "
           "time.sleep(600)")
@@ -113,14 +114,6 @@ time.sleep(600)
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 @pytest.mark.skipif(sys.platform != "linux", reason="the parent-death signal is Linux's")
 def test_a_killed_demo_leaves_no_server_behind(tmp_path):
     """`kill -9` of the demo or `local up`: the server is not their child any more, and must not run on for ever."""
@@ -132,12 +125,12 @@ def test_a_killed_demo_leaves_no_server_behind(tmp_path):
                               env={**os.environ, "PYTHONPATH": str(repo)})
     try:
         server_pid = int(parent.stdout.readline())
-        assert _alive(server_pid)
+        assert alive(server_pid)
         parent.kill()
         parent.wait()
-        wait_until(lambda: not _alive(server_pid), 30, "the orphaned server to exit")
+        wait_until(lambda: not alive(server_pid), 30, "the orphaned server to exit")
     finally:
         parent.kill()
         parent.wait()
-        if _alive(server_pid):
+        if alive(server_pid):
             os.kill(server_pid, signal.SIGKILL)
