@@ -12,18 +12,15 @@ from dagster import (
     AssetKey,
     AssetMaterialization,
     AssetObservation,
-    AssetSelection,
     DagsterInstance,
     SensorResult,
     TimeWindowPartitionsDefinition,
     build_sensor_context,
-    define_asset_job,
 )
-from dagster_aws.s3 import S3Resource
 
 from kcl_pipeline.defs.kinesis.assets import build_assets
 from kcl_pipeline.defs.kinesis.jobs import CHECKPOINTS_JOB, SHARD_END_TAG, WINDOW_JOB
-from kcl_pipeline.defs.kinesis.resources import SPARK_RUN_TAG, AwsResource, KinesisConsumerResource
+from kcl_pipeline.defs.kinesis.resources import SPARK_RUN_TAG, KinesisConsumerResource
 from kcl_pipeline.defs.kinesis.sensors import build_consumer_sensor, build_member_sensor
 from kcl_pipeline.deployment import fleet_hosting as hosting
 from kcl_pipeline.deployment.fleet_hosting import consumer_name, shutdown_hosted
@@ -34,6 +31,7 @@ from kcl_pipeline.windows.keys import PARTITION_FMT, partition_key
 from kcl_pipeline.windows.tick.cursor import Cursor
 from kcl_pipeline.zone.chain import read_batches
 from kcl_pipeline.zone.store import open_store
+from kcl_pipeline_tests.defs.support import pipeline_jobs, sensor_resources
 
 pytestmark = pytest.mark.slow
 W = 60_000
@@ -52,17 +50,12 @@ def setup(emulators, aws_settings, unique_name, tmp_path):
         start=datetime.fromtimestamp((before - before % W) / 1000 - 3600, tz=timezone.utc).replace(tzinfo=None),
         fmt=PARTITION_FMT, cron_schedule="* * * * *", timezone="UTC")
     _, transformed, checkpoints = build_assets(partitions, W)
-    jobs = [define_asset_job(WINDOW_JOB, selection=AssetSelection.assets(transformed, checkpoints),
-                             partitions_def=partitions, tags={SPARK_RUN_TAG: "true"}),
-            define_asset_job(CHECKPOINTS_JOB, selection=AssetSelection.assets(checkpoints), partitions_def=partitions)]
+    jobs = pipeline_jobs(transformed, checkpoints)
     consumer = KinesisConsumerResource(
         stream=stream, application=unique_name("app"), window_minutes=1, landing_uri=str(tmp_path / "zone"),
         output_uri=str(tmp_path / "out"), create_zones=True, heartbeat_seconds=1.0, lease_expiry_seconds=3.0,
         leases_to_acquire=2, grace_seconds=1.0)
-    resources = {"consumer": consumer, "s3": S3Resource(endpoint_url=emulators.s3, region_name=emulators.region),
-                 "aws": AwsResource(region=emulators.region, kinesis_endpoint_url=emulators.kinesis,
-                                    dynamodb_endpoint_url=emulators.dynamodb, s3_endpoint_url=emulators.s3,
-                                    cloudwatch_endpoint_url=emulators.cloudwatch)}
+    resources = sensor_resources(emulators, consumer)
     sensor = build_consumer_sensor(partitions, jobs, INTERVAL)
     table = LeaseTable(consumer.application, client("dynamodb", aws_settings))
     yield dict(sensor=sensor, resources=resources, consumer=consumer, table=table, produced=produced,

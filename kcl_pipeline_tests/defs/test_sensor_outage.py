@@ -7,23 +7,20 @@ from datetime import datetime, timezone
 
 import pytest
 from dagster import (
-    AssetSelection,
     DagsterInstance,
     SensorResult,
     TimeWindowPartitionsDefinition,
     build_sensor_context,
-    define_asset_job,
 )
-from dagster_aws.s3 import S3Resource
 
 from kcl_pipeline.defs.kinesis.assets import build_assets
-from kcl_pipeline.defs.kinesis.jobs import CHECKPOINTS_JOB, WINDOW_JOB
-from kcl_pipeline.defs.kinesis.resources import SPARK_RUN_TAG, AwsResource, KinesisConsumerResource
+from kcl_pipeline.defs.kinesis.resources import AwsResource, KinesisConsumerResource
 from kcl_pipeline.defs.kinesis.sensors import build_consumer_sensor
 from kcl_pipeline.deployment.fleet_hosting import shutdown_hosted
 from kcl_pipeline.kcl.shells.aws import client
 from kcl_pipeline.local.producer import produce
 from kcl_pipeline.windows.keys import PARTITION_FMT
+from kcl_pipeline_tests.defs.support import pipeline_jobs, sensor_resources
 
 pytestmark = [pytest.mark.emulator, pytest.mark.slow]
 W = 60_000
@@ -42,17 +39,12 @@ def test_the_hosting_sensors_tick_fails_once_no_cycle_succeeded_for_the_stall_ti
         start=datetime.fromtimestamp((now - now % W) / 1000 - 3600, tz=timezone.utc).replace(tzinfo=None),
         fmt=PARTITION_FMT, cron_schedule="* * * * *", timezone="UTC")
     _, transformed, checkpoints = build_assets(partitions, W)
-    jobs = [define_asset_job(WINDOW_JOB, selection=AssetSelection.assets(transformed, checkpoints),
-                             tags={SPARK_RUN_TAG: "true"}),
-            define_asset_job(CHECKPOINTS_JOB, selection=AssetSelection.assets(checkpoints))]
+    jobs = pipeline_jobs(transformed, checkpoints)
     consumer = KinesisConsumerResource(
         stream=stream, application=app, window_minutes=1, landing_uri=str(tmp_path / "zone"),
         output_uri=str(tmp_path / "out"), create_zones=True, heartbeat_seconds=1.0, lease_expiry_seconds=3.0,
         grace_seconds=1.0, stall_seconds=4.0)
-    resources = {"consumer": consumer, "s3": S3Resource(endpoint_url=emulators.s3, region_name=emulators.region),
-                 "aws": AwsResource(region=emulators.region, kinesis_endpoint_url=emulators.kinesis,
-                                    dynamodb_endpoint_url=emulators.dynamodb, s3_endpoint_url=emulators.s3,
-                                    cloudwatch_endpoint_url=emulators.cloudwatch)}
+    resources = sensor_resources(emulators, consumer)
     sensor = build_consumer_sensor(partitions, jobs, INTERVAL)
     instance = DagsterInstance.ephemeral()
 
