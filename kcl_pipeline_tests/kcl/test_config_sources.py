@@ -64,8 +64,10 @@ def test_stream_arn_is_accepted_by_the_dagster_settings():
     assert PipelineSettings(stream=ARN, partitions_start=start).stream == ARN
 
 
-def test_stream_arn_lands_under_the_stream_name():
-    assert minute_prefix(ARN, 0) == minute_prefix("orders", 0) == "orders/dt=1970-01-01/hh=00/mm=00/"
+def test_a_stream_named_by_its_arn_lands_under_its_identity_and_one_named_by_its_name_under_the_name():
+    """Two streams named alike in other accounts or regions never share a directory (docs/landing.md)."""
+    assert minute_prefix(ARN, 0) == "orders@eu-west-1@123456789012/dt=1970-01-01/hh=00/mm=00/"
+    assert minute_prefix("orders", 0) == "orders/dt=1970-01-01/hh=00/mm=00/"
 
 
 @pytest.mark.parametrize("bad", ["arn:aws:kinesis:eu-west-1:123:stream/orders",
