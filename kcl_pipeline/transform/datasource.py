@@ -390,10 +390,8 @@ def read_native(spark, zone: str, stream: str, batches: Sequence[WindowBatch]):
 
 
 def register(spark) -> None:
-    """Register both data sources with `spark` (once per session object)."""
-    # No sparkContext: a Spark Connect session has none. A stopped session's successor is a new object.
-    if getattr(spark, "_kcl_pipeline_sources", False):
-        return
+    """Register both data sources with `spark`, at every window's run: a registration lives in the JVM session's
+    state, which a session object can outlive (a test run met a session whose object was marked registered while
+    Spark no longer knew `kcl_window_output`); registering again replaces it, in a few hundred milliseconds."""
     spark.dataSource.register(LandingDataSource)
     spark.dataSource.register(WindowOutputDataSource)
-    spark._kcl_pipeline_sources = True

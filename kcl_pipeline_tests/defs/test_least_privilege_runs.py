@@ -131,11 +131,10 @@ def test_the_code_location_and_the_executors_call_only_what_their_policies_allow
     # The window run on the other stream: backfill, transform, checkpoints, checks.
     run_calls, executor_calls = tmp_path / "run.jsonl", tmp_path / "executors.jsonl"
     monkeypatch.setenv(AWS_CALL_LOG_ENV, str(run_calls))
-    # The data sources carry the executor environment of their registration: registered again now with the
-    # recording variable, and again after the run without it (transform/datasource.py registers once per session).
+    # The data sources carry the executor environment of their registration, which every window run makes
+    # (transform/datasource.py): this run's with the recording variable, the next one's without it.
     environment = spark.sparkContext.environment
     environment[AWS_CALL_LOG_ENV] = str(executor_calls)
-    spark._kcl_pipeline_sources = False
     try:
         settings = PipelineSettings.from_env({"KCL_PIPELINE_WINDOW_MINUTES": "1",
                                               "KCL_PIPELINE_PARTITIONS_START": "2026-11-15"})
@@ -169,7 +168,6 @@ def test_the_code_location_and_the_executors_call_only_what_their_policies_allow
         assert all(e.passed for e in done.get_asset_check_evaluations())
     finally:
         del environment[AWS_CALL_LOG_ENV]
-        spark._kcl_pipeline_sources = False
 
     values = {"region": emulators.region, "account": EMULATOR_ACCOUNT, "application": hosted_app,
               "lease-table": hosted_app, "stream": hosted_stream, "landing-bucket": landing_bucket,

@@ -25,7 +25,6 @@ from kcl_pipeline.kcl.shells.shards import wait_stream_active
 from kcl_pipeline.local.demo import ENV_FILE
 from kcl_pipeline.local.emulators import free_port
 from kcl_pipeline.local.producer import produce
-from kcl_pipeline.transform.job import read_output
 from kcl_pipeline.windows.keys import partition_key
 from kcl_pipeline.zone.chain import list_batches, read_batches
 from kcl_pipeline.zone.store import S3Options, open_store
@@ -155,6 +154,8 @@ def test_a_permission_removed_mid_run_fails_the_sensors_ticks_and_the_pipeline_r
         # Nothing lost, nothing twice: landed exactly once, transformed exactly once.
         ids = landed_ids()
         assert len(ids) == len(set(ids)) and set(ids) == set(produced), (len(ids), len(set(ids)), len(produced))
+        from kcl_pipeline.transform.job import read_output  # here: a core install (no pyspark) collects this file
+
         s3 = S3Options.from_aws_settings(aws, env_credentials=True)
         good = [json.loads(p)["id"] for w in windows
                 for p in read_output(None, settings.output_uri, w, s3=s3).transformed.column("payload").to_pylist()]
