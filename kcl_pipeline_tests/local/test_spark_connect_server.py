@@ -29,6 +29,9 @@ class StandIn(SparkConnectServer):
 
     behaviour = "listen"
 
+    def environment(self) -> dict[str, str]:
+        return dict(os.environ)  # no SPARK_HOME: these run where pyspark is not installed too
+
     def command(self) -> list[str]:
         if self.behaviour == "exit":
             return [sys.executable, "-c", "import sys; print('no Java here'); sys.exit(3)"]
