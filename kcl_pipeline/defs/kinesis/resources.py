@@ -167,10 +167,11 @@ def fallback_spark_config(settings: PipelineSettings, python: str = sys.executab
 
 
 def _spark_config(settings: PipelineSettings, python: str, master: str | None = None) -> dict[str, Any]:
+    from ...transform.connect import is_connect
     from ...transform.job import is_local_master, loopback_conf, spark_session_conf
 
     master = master or settings.spark_master
-    if master.startswith("sc://"):  # Spark Connect: the server's context; session settings only
+    if is_connect(master):  # Spark Connect: the server's context; session settings only
         return {"spark.remote": master,
                 **{k: v for k, v in {**spark_session_conf(None), **dict(settings.spark_conf)}.items()
                    if k.startswith("spark.sql.")}}
