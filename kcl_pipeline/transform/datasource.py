@@ -395,3 +395,14 @@ def register(spark) -> None:
     Spark no longer knew `kcl_window_output`); registering again replaces it, in a few hundred milliseconds."""
     spark.dataSource.register(LandingDataSource)
     spark.dataSource.register(WindowOutputDataSource)
+
+
+def activate(spark) -> None:
+    """Make `spark` the JVM's active session for the calling thread, before a read or write names one of the data
+    sources: Spark finds a Python data source by name in the thread's active session, not the writer's own
+    session, and a py4j thread can have another or none (a thread pinned anew after its connection was reset:
+    both cluster tests failed so with DATA_SOURCE_NOT_FOUND). A Spark Connect session keeps its own state on the
+    server: nothing to do."""
+    jvm = getattr(spark, "_jvm", None)
+    if jvm is not None and getattr(spark, "_jsparkSession", None) is not None:
+        jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)

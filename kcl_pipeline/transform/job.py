@@ -51,6 +51,7 @@ from .datasource import (
     OUTPUT_FORMAT,
     WindowBatch,
     WindowRead,
+    activate,
     batches_option,
     check_window,
     overlapping_shards,
@@ -288,6 +289,7 @@ def transform_window(
     batches = WindowRead.from_options(options).list_batches()
     options[BATCHES_OPTION] = batches_option(batches)
 
+    activate(spark)
     raw = (read_native(spark, zone, stream, batches) if native
            else spark.read.format(LANDING_FORMAT).options(**options).load())
     distinct = distinct_records(raw, batches, max_partition_bytes or DEFAULT_MAX_PARTITION_BYTES)
@@ -312,6 +314,7 @@ def transform_window(
         quarantine = decoded.where(F.col("reason").isNotNull()).select(*OUTPUT_BASE, "reason", "data")
         partition = window_partition(window_start_ms)
         for frame, name in ((transformed, TRANSFORMED), (quarantine, QUARANTINE)):
+            activate(spark)
             (frame.write.format(OUTPUT_FORMAT).mode("overwrite")
              .options(path=_dataset_uri(output_uri, name), partition=partition, **s3.to_options()).save())
     finally:

@@ -88,6 +88,24 @@ def test_transform_local_window(spark, landed, tmp_path):
     assert report.quarantine_path == f"{out}/quarantine/{window_partition(T0)}/"
 
 
+@pytest.mark.parametrize("thread_state", ["another session active", "no session active"])
+def test_a_window_transforms_when_the_jvm_thread_has_another_active_session_or_none(spark, landed, tmp_path,
+                                                                                     thread_state):
+    """Spark finds a Python data source in the calling thread's active JVM session: a py4j thread pinned anew (its
+    connection reset) has another or none, and the window's write failed with DATA_SOURCE_NOT_FOUND."""
+    jvm_session = spark._jvm.org.apache.spark.sql.SparkSession
+    try:
+        if thread_state == "another session active":
+            jvm_session.setActiveSession(spark._jsparkSession.newSession())
+        else:
+            jvm_session.clearActiveSession()
+        report = run(spark, landed, tmp_path / "out")
+    finally:
+        jvm_session.setActiveSession(spark._jsparkSession)
+    assert (report.rows_in, report.rows_out) == (15, 10)
+    assert read_output(None, str(tmp_path / "out"), T0).transformed.num_rows == 10
+
+
 def test_rerun_replaces_the_window_never_duplicates(spark, landed, tmp_path):
     out = tmp_path / "out"
     first = run(spark, landed, out)
