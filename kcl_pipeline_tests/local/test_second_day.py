@@ -60,6 +60,24 @@ def _runs(url: str) -> list[dict]:
     return [] if data is None else data["runsOrError"]["results"]
 
 
+def _what_the_stack_shows(home: Path, url: str, state: Path, logs: Path) -> str:
+    """What a failed wait needs to be understood from CI's output alone: each asset's materialised windows, every
+    run with its window and status, the sensor's and the runs' lines of `dagster dev`, the Spark server's tail."""
+    lines = [f"{asset}: {sorted(materialised(home, asset))}"
+             for asset in ("transformed_records", "kinesis_checkpoints")]
+    for run in _runs(url):
+        tags = {t["key"]: t["value"] for t in run["tags"]}
+        lines.append(f"run {run['runId'][:8]} {tags.get('dagster/partition', '-')} {run['status']}")
+    dagster = (logs / "dagster.out").read_text(errors="replace").splitlines()
+    told = [line for line in dagster if (" - kinesis_consumer - " in line and " cycle: " not in line)
+            or "RUN_" in line or "ERROR" in line or "Error" in line]
+    lines += ["-- dagster dev (sensor, runs, errors):", *told[-60:]]
+    spark_log = state / "logs" / "spark-connect.log"
+    if spark_log.is_file():
+        lines += ["-- spark-connect.log:", *spark_log.read_text(errors="replace").splitlines()[-20:]]
+    return "\n".join(lines)
+
+
 def _done(home: Path, windows: list[str]) -> bool:
     return all(set(windows) <= materialised(home, asset) for asset in ("transformed_records", "kinesis_checkpoints"))
 
@@ -122,12 +140,17 @@ def test_the_demo_then_local_up_and_dagster_dev_start_again_where_they_stopped(t
         last = restarted_at - restarted_at % WINDOW_MS
         windows = [partition_key(w) for w in range(start_ms, last + WINDOW_MS, WINDOW_MS)]
         assert partition_key(stopped_at - stopped_at % WINDOW_MS) in windows
-        wait_until(lambda: _done(home, windows) or dev.poll() is not None, 720,
-                   f"windows {windows[0]}..{windows[-1]}", 3)
+        try:
+            # a failed run ends the wait: its window may be requested again, but the test fails on it anyway
+            wait_until(lambda: _done(home, windows) or dev.poll() is not None
+                       or any(r["status"] == "FAILURE" for r in _runs(url)), 720,
+                       f"windows {windows[0]}..{windows[-1]}", 3)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{_what_the_stack_shows(home, url, state, tmp_path)}") from None
         assert dev.poll() is None, (tmp_path / "dagster.out").read_text()[-3000:]
         runs = _runs(url)
         failed = [r for r in runs if r["status"] == "FAILURE"]
-        assert runs and not failed, failed
+        assert runs and not failed, f"{failed}\n{_what_the_stack_shows(home, url, state, tmp_path)}"
         # the run the Ctrl-C met: canceled (or done, had it finished within the stop), never failed
         assert {r["status"] for r in runs if r["runId"] in running} <= {"CANCELED", "SUCCESS"}, running
         # the output is the demo's too: the windows it transformed kept their commits across the restart
