@@ -306,8 +306,12 @@ def test_zombie_with_the_same_worker_id_delivers_nothing_after_a_new_incarnation
     the SAME worker id takes the lease; on thaw the zombie delivers nothing more, its fenced heartbeat fails,
     and its release cannot free the new holder's lease."""
     config, table, (shard,) = setup(records=5)
+    # The worker's clock runs (a frozen one stalls its reader for good whenever the emulator answers the first
+    # poll with fewer than the five records: its next call is never due), with an expiry long enough for the
+    # first reads of a loaded machine; the freeze's length is then a jump of that clock.
+    config = config.with_(lease_expiry_seconds=30.0)
     thaw = threading.Event()
-    clock = [time.monotonic()]
+    jumped = [0.0]
 
     class Freezes(Recorder):
         def process_records(self, batch):
@@ -316,7 +320,7 @@ def test_zombie_with_the_same_worker_id_delivers_nothing_after_a_new_incarnation
                 thaw.wait()  # frozen mid-delivery
 
     proc = Freezes(checkpoint=False)
-    worker = LeaseWorker(config, Spawn(table.get(shard)), proc, monotonic=lambda: clock[0])
+    worker = LeaseWorker(config, Spawn(table.get(shard)), proc, monotonic=lambda: time.monotonic() + jumped[0])
     real_heartbeat = worker.table.heartbeat
     worker.table.heartbeat = lambda *a, **k: (thaw.wait(), real_heartbeat(*a, **k))[1]
     t, out = _start(worker)
@@ -324,7 +328,7 @@ def test_zombie_with_the_same_worker_id_delivers_nothing_after_a_new_incarnation
     take(table, shard, "me")  # the new incarnation, same id, after the lease looked expired
     new_counter = table.get(shard).lease_counter
     kinesis_client.put_records(StreamName=config.stream, Records=[{"Data": b"after", "PartitionKey": "x"}])
-    clock[0] += config.lease_expiry_seconds * 2.5  # the freeze lasted 2.5 expiries
+    jumped[0] += config.lease_expiry_seconds * 2.5  # the freeze lasted 2.5 expiries
     thaw.set()
     t.join(15)
     assert out[0].outcome is LifeOutcome.LEASE_LOST
