@@ -10,6 +10,9 @@ in its run workers' memory (docs/deployment.md).
 The decision (`choose_master`) is a pure function of the configured masters and what the probe saw; `probe`
 is the I/O (one TCP connection, a few seconds at most): the Spark Connect client itself retries an
 unreachable server with backoff for at least 10 minutes (pyspark's default retry policy) before it gives up.
+A server that stops answering during a run is met by the client: a run's session retries it for about 25 s
+(`RETRY_POLICY`), then the run transforms its window again in the fallback session, or fails naming the server
+(`server_gone` tells that error from the transform's own).
 No pyspark here: the code location and the CLI decide before Spark is imported.
 """
 from __future__ import annotations
@@ -22,6 +25,13 @@ from urllib.parse import urlsplit
 CONNECT_SCHEME = "sc://"
 DEFAULT_CONNECT_PORT = 15002  # Spark Connect's own default (spark.connect.grpc.binding.port)
 PROBE_TIMEOUT_SECONDS = 3.0
+
+
+# The Spark Connect client's retries of a server that stopped answering, in pyspark's DefaultPolicy terms: waits
+# of 0.05, 0.2, 0.8, 3.2 s, then 5 s four times (about 25 s with jitter). pyspark's own policy waits at least
+# 10 minutes, which a window's run whose server died would spend before its fallback or its failure; a server
+# restarted in place (`local up` again) answers within these retries.
+RETRY_POLICY = {"max_retries": 8, "initial_backoff": 50, "backoff_multiplier": 4.0, "max_backoff": 5000}
 
 
 class SparkUnreachable(RuntimeError):
@@ -78,3 +88,17 @@ def resolve_master(master: str, fallback: str | None,
                    probe_fn: Callable[[str], str | None] = probe) -> MasterChoice:
     """choose_master with an sc:// master probed (the only I/O); other masters are used as they are."""
     return choose_master(master, fallback, probe_fn(master) if is_connect(master) else None)
+
+
+def server_gone(error: BaseException) -> bool:
+    """Did a Spark Connect call fail because its server stopped answering (gRPC UNAVAILABLE once the client's
+    retries were spent), rather than on the transform's own account? Read off the error pyspark raises
+    (`SparkConnectGrpcException.getGrpcStatusCode`), so no pyspark import is needed to ask."""
+    status = getattr(error, "getGrpcStatusCode", None)
+    if not callable(status):
+        return False
+    try:
+        code = status()
+    except Exception:  # noqa: BLE001 - an error without a status is not the server's absence
+        return False
+    return getattr(code, "name", None) == "UNAVAILABLE"

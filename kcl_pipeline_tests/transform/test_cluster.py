@@ -223,3 +223,71 @@ def test_a_window_through_the_warm_server_and_through_the_cold_fallback_is_the_s
         assert warm_table.schema == cold_table.schema, dataset
         assert _rows(warm_table) == _rows(cold_table), dataset
         assert warm_table.num_rows > 0, dataset
+
+
+DYING_SERVER_RUN = """
+import json, os, sys
+from dagster import build_resources
+from kcl_pipeline.defs.kinesis.resources import SparkResource
+from kcl_pipeline.transform.connect import server_gone
+from kcl_pipeline.transform.job import transform_window
+url, pid, zone, out, t0, t1 = sys.argv[1:7]
+warnings = []
+
+class RunLog:  # the run's log as the resource sees it (Dagster's context.log)
+    def warning(self, message):
+        warnings.append(message)
+
+def window(name):
+    return lambda session: transform_window(session, zone=zone, stream="s1", window_start_ms=int(t0),
+                                            window_end_ms=int(t1), output_uri=os.path.join(out, name)).as_dict()
+
+# Two runs' resources on one server (one session: pyspark keeps one Spark Connect session per process): one
+# with a fallback, one without.
+with_fallback = SparkResource(spark_config={"spark.remote": url}, fallback_spark_config={"spark.master": "local[2]"})
+alone = SparkResource(spark_config={"spark.remote": url})
+reports, error = {}, None
+with build_resources({"fallback": with_fallback, "alone": alone}) as resources:
+    reports["warm"] = resources.fallback.run(RunLog(), window("warm"))
+    os.kill(int(pid), 9)  # the server dies; the runs go on to their next window
+    try:
+        resources.alone.run(RunLog(), window("alone"))
+    except Exception as exc:
+        error = {"type": type(exc).__name__, "server_gone": server_gone(exc), "warnings": len(warnings)}
+    reports["cold"] = resources.fallback.run(RunLog(), window("cold"))
+    session = type(resources.fallback.spark_session).__module__
+print(json.dumps({"reports": reports, "warnings": warnings, "error": error, "session": session}))
+"""
+
+
+def test_a_run_whose_spark_connect_server_dies_midway_transforms_its_window_again_in_the_cold_fallback(
+        zone, tmp_path):
+    """The server killed between two windows of a run: with a fallback, the second window is transformed in the
+    cold session, with one WARNING, row for row as the server transformed the first; without one, the run fails
+    on the server's error. Both clients gave up on the dead server within the runs' retries (pyspark's own would
+    wait ten minutes: the subprocess's timeout would cut it). In a process of its own: a Spark Connect client
+    cannot start beside this process's local session."""
+    pytest.importorskip("grpc", reason="the Spark Connect client needs pyspark's [connect] dependencies")
+    server = SparkConnectServer(tmp_path / "spark-connect", master="local[1]", driver_memory="1g")
+    server.start()
+    try:
+        server.wait_ready(timeout=180)
+        done = subprocess.run([sys.executable, "-c", DYING_SERVER_RUN, server.url, str(server.pid), str(zone),
+                               str(tmp_path / "out"), str(WINDOW[0]), str(WINDOW[1])],
+                              env=spark_env(), capture_output=True, timeout=600, cwd=REPO)
+    finally:
+        server.stop()
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-4000:]
+    seen = json.loads(done.stdout.decode().strip().splitlines()[-1])
+
+    assert seen["error"] == {"type": "SparkConnectGrpcException", "server_gone": True, "warnings": 0}
+    assert seen["session"] == "pyspark.sql.session"  # the cold, classic one
+    (warning,) = seen["warnings"]
+    assert warning.startswith("the Spark Connect server sc://127.0.0.1:") and "stopped answering during this run" \
+        in warning and warning.endswith("cold local[2] session (KCL_PIPELINE_SPARK_FALLBACK_MASTER)")
+    warm, cold = seen["reports"]["warm"], seen["reports"]["cold"]
+    paths = {"output_path": "", "quarantine_path": ""}
+    assert {**cold, **paths} == {**warm, **paths} and warm["rows_in"] > 0
+    for dataset in ("transformed", "quarantine"):
+        assert _rows(read_partition(str(tmp_path / "out" / "cold"), dataset, T0)[0]) \
+            == _rows(read_partition(str(tmp_path / "out" / "warm"), dataset, T0)[0])

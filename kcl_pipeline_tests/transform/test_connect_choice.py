@@ -7,12 +7,14 @@ import pytest
 
 from kcl_pipeline.transform.connect import (
     DEFAULT_CONNECT_PORT,
+    RETRY_POLICY,
     MasterChoice,
     SparkUnreachable,
     choose_master,
     connect_address,
     probe,
     resolve_master,
+    server_gone,
 )
 
 
@@ -62,3 +64,42 @@ def test_the_probe_sees_a_listening_server_and_names_a_refused_one():
         assert probe(f"sc://127.0.0.1:{port}") is None
     refused = probe(f"sc://127.0.0.1:{port}")  # closed now
     assert refused is not None and refused.startswith(f"127.0.0.1:{port}: ") and "refused" in refused.lower()
+
+
+class _Code:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class _GrpcError(Exception):
+    """The shape of pyspark's SparkConnectGrpcException: its gRPC status behind getGrpcStatusCode()."""
+
+    def __init__(self, code: str | None) -> None:
+        super().__init__(code)
+        self.code = code
+
+    def getGrpcStatusCode(self):  # noqa: N802 - pyspark's name
+        if self.code is None:
+            raise AttributeError("no status")
+        return _Code(self.code)
+
+
+@pytest.mark.parametrize("error,gone", [
+    (_GrpcError("UNAVAILABLE"), True),  # the server stopped answering: the client's retries are spent
+    (_GrpcError("INTERNAL"), False),  # the server answered with the transform's own failure
+    (_GrpcError("INVALID_ARGUMENT"), False),
+    (_GrpcError(None), False),
+    (ValueError("UNAVAILABLE"), False),  # an error that merely says the word
+    (ConnectionResetError(), False),
+])
+def test_only_a_server_that_stopped_answering_counts_as_gone_not_the_transforms_own_errors(error, gone):
+    assert server_gone(error) is gone
+
+
+def test_a_runs_connect_client_gives_up_on_a_silent_server_in_about_25_seconds_not_pyspark_s_ten_minutes():
+    policy = RETRY_POLICY
+    waits, wait = [], policy["initial_backoff"]
+    for _ in range(policy["max_retries"]):
+        waits.append(min(wait, policy["max_backoff"]))
+        wait *= policy["backoff_multiplier"]
+    assert 15_000 <= sum(waits) <= 40_000, waits  # pyspark's own default: at least 600,000 ms

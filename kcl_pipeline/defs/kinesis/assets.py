@@ -218,14 +218,13 @@ def build_transformed_records(partitions_def: TimeWindowPartitionsDefinition, wi
                 open_store(output_uri, settings).ensure_zone(create=True)
             s3_options = S3Options.from_aws_settings(
                 settings, env_credentials=S3Options.pins_credentials(settings, pyspark.aws_credentials))
-            spark = pyspark.spark_session
             reports = []
             for start in span.starts:
-                report = transform_window(spark, zone=consumer.landing_uri, stream=directory,
-                                          window_start_ms=start, window_end_ms=start + window_ms,
-                                          output_uri=output_uri, decoder=consumer.decoder,
-                                          s3_options=s3_options, landing_reader=consumer.landing_reader,
-                                          publish=False)  # the window's rows_reconcile check publishes the commit
+                report = pyspark.run(context.log, lambda spark, start=start: transform_window(
+                    spark, zone=consumer.landing_uri, stream=directory, window_start_ms=start,
+                    window_end_ms=start + window_ms, output_uri=output_uri, decoder=consumer.decoder,
+                    s3_options=s3_options, landing_reader=consumer.landing_reader,
+                    publish=False))  # the window's rows_reconcile check publishes the commit
                 context.log.info(f"window {start}: {report.rows_in} rows in, {report.rows_out} out, "
                                  f"{report.duplicates_dropped} duplicates, {report.quarantined} quarantined")
                 reports.append((start, report))

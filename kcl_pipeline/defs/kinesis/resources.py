@@ -9,7 +9,7 @@ import json
 import os
 import sys
 from dataclasses import MISSING, Field, fields
-from typing import Any, Mapping, Optional, get_type_hints
+from typing import Any, Callable, Mapping, Optional, TypeVar, get_type_hints
 
 from dagster import ConfigurableResource, EnvVar, InitResourceContext
 from dagster_aws.s3 import S3Resource
@@ -29,6 +29,8 @@ ENV_TEXT_FIELDS = ("stream", "application", "table_name", "landing_uri", "output
 
 SPARK_RUN_TAG = "kcl_pipeline/spark"  # dagster.yaml limits runs with this tag (one SparkSession at a time)
 SPARK_POOL = "spark"  # and the Spark step's pool (one slot): covers runs launched without the tag
+
+T = TypeVar("T")
 
 
 class AwsResource(ConfigurableResource):
@@ -112,6 +114,7 @@ class SparkResource(PySparkResource):
         "With a Spark Connect spark_config (spark.remote): the settings of the cold session a run starts "
         "when the server does not answer (KCL_PIPELINE_SPARK_FALLBACK_MASTER); unset, such a run fails."))
     _started_here: bool = PrivateAttr(default=False)
+    _remote: bool = PrivateAttr(default=False)  # the session is a Spark Connect server's
 
     def session_config(self, config: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """`config` (default: spark_config) with the secret settings' values in place of their `***`."""
@@ -138,13 +141,45 @@ class SparkResource(PySparkResource):
         return self.session_config(fallback)
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
+        self._start(self.chosen_config(context))
+
+    def _start(self, config: Mapping[str, Any]) -> None:
         import dagster_pyspark.resources
         from pyspark import SparkContext
 
-        config = self.chosen_config(context)
+        from ...transform.connect import RETRY_POLICY
+
         existed = SparkContext._active_spark_context is not None
-        self._spark_session = dagster_pyspark.resources.spark_session_from_config(config)
+        session = dagster_pyspark.resources.spark_session_from_config(dict(config))
+        self._remote = bool(config.get("spark.remote"))
+        if self._remote:
+            from pyspark.sql.connect.client.retries import DefaultPolicy
+
+            session.client.set_retry_policies([DefaultPolicy(**RETRY_POLICY)])
+        self._spark_session = session
         self._started_here = not existed
+
+    def run(self, log: Any, work: Callable[[Any], T]) -> T:
+        """`work(session)`. When the session's Spark Connect server stops answering during it and a fallback is
+        configured, `work` again in a cold fallback session (one WARNING in `log`; the rest of the run uses
+        it): a window's transform replaces its partition and commits last, so a second try writes what the
+        first would have. Any other error, or no fallback, is raised as it came."""
+        from ...transform.connect import server_gone
+
+        try:
+            return work(self.spark_session)
+        except Exception as exc:
+            if not (self._remote and self.fallback_spark_config and server_gone(exc)):
+                raise
+            log.warning(f"the Spark Connect server {self.spark_config.get('spark.remote')} stopped answering "
+                        f"during this run: it transforms again in a cold "
+                        f"{self.fallback_spark_config.get('spark.master')} session "
+                        f"(KCL_PIPELINE_SPARK_FALLBACK_MASTER)")
+        # pyspark marks a process that built a Spark Connect session (SPARK_CONNECT_MODE_ENABLED), and a classic
+        # builder in a marked process builds another Connect session: the mark goes with the dead server.
+        os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
+        self._start(self.session_config(self.fallback_spark_config))
+        return work(self.spark_session)
 
     def teardown_after_execution(self, context: InitResourceContext) -> None:
         session = self.spark_session
