@@ -553,6 +553,9 @@ def _pipeline_settings():
 @click.option("--landing", "zone", default=None, help="Landing zone URI [default: KCL_PIPELINE_LANDING_URI].")
 @click.option("--output", default=None, help="Transform output URI [default: KCL_PIPELINE_OUTPUT_URI].")
 @click.option("--stream", default=None, help="[default: KCL_PIPELINE_STREAM]")
+@click.option("--stream-arn", default=None,
+              help="The stream every batch must be of, for a stream landing under its bare name (a stream given "
+                   "by its ARN is expected already); batches of another stream, or a directory naming two, fail.")
 @click.option("--application", default=None, help="Lease table for the checkpoint check [default: the pipeline's].")
 @click.option("--window-minutes", type=int, default=None, help="[default: KCL_PIPELINE_WINDOW_MINUTES]")
 @click.option("--transform-grace", type=click.FloatRange(min=0), default=300.0, show_default=True,
@@ -561,10 +564,11 @@ def _pipeline_settings():
 @click.option("--json", "as_json", is_flag=True, help="One JSON object (every check's outcome), for scripts.")
 @aws_options
 @friendly_errors
-def audit(window, full, sweep_temporaries, zone, output, stream, application, window_minutes, transform_grace, as_json,
-          region, endpoint_url):
+def audit(window, full, sweep_temporaries, zone, output, stream, stream_arn, application, window_minutes,
+          transform_grace, as_json, region, endpoint_url):
     """The lineage audit: chain per shard, landed = transformed + duplicates + quarantined, checkpoints ≤
-    materialised; over the whole history unless --window. Exit 1 when a check fails."""
+    materialised, every batch of its directory's stream (as `landing verify`); over the whole history unless
+    --window. Exit 1 when a check fails."""
     import os
 
     from .audit.stream import audit as run_audit
@@ -593,7 +597,11 @@ def audit(window, full, sweep_temporaries, zone, output, stream, application, wi
                        err=True)
     if len(settings.streams) == 1:
         report = run_audit(zone or settings.landing_uri, output or settings.output_uri, stream or settings.stream,
-                           window_ms, application=application or settings.application, **options)
+                           window_ms, application=application or settings.application, stream_arn=stream_arn,
+                           **options)
+    elif stream_arn is not None:
+        raise UserError("--stream-arn names one stream's ARN: a multi-stream deployment's directories are its "
+                        "incarnations' (<name>@<creationEpoch>), which record no ARN")
     else:
         report = _audit_streams([stream] if stream else settings.streams, zone or settings.landing_uri,
                                 output or settings.output_uri, application or settings.application, window_ms,
