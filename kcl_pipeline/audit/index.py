@@ -10,8 +10,8 @@ audit reads only the objects that are new or replaced.
 Per object, the facts its audit needs — a batch's footer (its predecessor position and key, its rows, the
 stream it names, or why it is unreadable), a window commit's named batches and row counts (or why it cannot be
 read) — under the object's version tag (store.list_versions: an ETag, a file's inode and modification time).
-A fact is reused only while the listed tag is the same; an object replaced, added or removed is seen in the listing, so every
-check is re-judged on the whole history each run, from facts that are each read once. Nothing is trusted
+A fact is reused only while the listed tag is the same; an object replaced, added or removed is seen in the
+listing, so every check is re-judged on the whole history each run, from facts that are each read once. Nothing is trusted
 beyond the tag: `kcl-pipeline audit --full` ignores the index and reads every object again.
 
 An index that cannot be read (truncated, another format, another zone's) is ignored with a note, and the
