@@ -11,8 +11,8 @@ Per object, the facts its audit needs — a batch's footer (its predecessor posi
 stream it names, or why it is unreadable), a window commit's named batches and row counts (or why it cannot be
 read) — under the object's version tag (store.list_versions: an ETag, a file's inode and modification time).
 A fact is reused only while the listed tag is the same; an object replaced, added or removed is seen in the
-listing, so every check is re-judged on the whole history each run, from facts that are each read once. Nothing is trusted
-beyond the tag: `kcl-pipeline audit --full` ignores the index and reads every object again.
+listing, so every check is re-judged on the whole history each run, from facts that are each read once.
+Nothing is trusted beyond the tag: `kcl-pipeline audit --full` ignores the index and reads every object again.
 
 An index that cannot be read (truncated, another format, another zone's) is ignored with a note, and the
 audit reads everything: it is a cache, never a source of truth. It is written whole (`put`): two audits at
