@@ -20,6 +20,7 @@ from ..kcl.core.model import Lease
 from ..windows.checkpoints.record import RECORD_KEY
 from ..windows.manifest import COMMITS
 from ..zone.batch import read_batch_info, rewrite_batch
+from ..zone.errors import ZoneNotFoundError
 from ..zone.layout import split_batch_keys
 from ..zone.migration import (
     COPY,
@@ -123,7 +124,10 @@ def migrate_zone(store: ZoneStore, output: ZoneStore | None, migration: Migratio
     for i in range(0, len(source), DELETE_CHUNK):
         store.delete(source[i:i + DELETE_CHUNK])
     if output is not None:
-        output.delete([index_key(migration.source)])  # a cache of the old directory's footers
+        try:
+            output.delete([index_key(migration.source)])  # a cache of the old directory's footers
+        except ZoneNotFoundError:
+            pass  # nothing transformed yet: no index either
     store.delete([marker_key(migration.target)])
     return report
 
@@ -173,8 +177,6 @@ def _output_rewrites(output: ZoneStore | None, migration: Migration) -> dict[str
     or pending) and the checkpoint record. MigrationRefused on one that is not JSON."""
     if output is None:
         return {}
-    from ..zone.errors import ZoneNotFoundError
-
     try:
         keys = [k for k in output.list_keys(f"{COMMITS}/") if k.endswith(".json")]
         keys += [RECORD_KEY] if output.exists(RECORD_KEY) else []

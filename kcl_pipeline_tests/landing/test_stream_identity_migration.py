@@ -212,3 +212,19 @@ def test_a_lease_whose_counter_moves_during_the_watch_is_a_live_consumer():
         check_no_live_consumer(lambda: next(scans), 0.0, sleep=lambda s: None)
     scans = iter([held, held])
     assert check_no_live_consumer(lambda: next(scans), 0.0, sleep=lambda s: None) == 2
+
+
+@pytest.mark.emulator
+def test_a_migrated_s3_zone_is_resumed_by_the_arn_configured_consumer(s3_zone, tmp_path):
+    """The same on S3 (moto): the copies, the output's commit (a directory that was never created: no output
+    written yet) and the deletes go through the S3 store."""
+    from kcl_pipeline.zone.store import open_store
+
+    store = s3_zone.store
+    land(store, "orders", A, RECORDS[:20])
+    output = open_store(str(tmp_path / "never-created"), what="transform output")
+    migrate_zone(store, output, Migration.of("orders", A))
+    assert store.list_dirs("") == [TARGET] and not (tmp_path / "never-created").exists()
+    land(store, A, A, RECORDS)
+    assert read_batches(store, A).column("data").to_pylist() == [r.data for r in RECORDS]
+    assert verify_zone(s3_zone.uri, store=store, stream=A, deep=True).ok
