@@ -186,7 +186,7 @@ def _output_rewrites(output: ZoneStore | None, migration: Migration) -> dict[str
     for key in keys:
         try:
             data = json.loads(output.get(key))
-            moved = migration.commit(data) if isinstance(data, dict) else None
+            moved = migration.output_object(data) if isinstance(data, dict) else None
         except ValueError as exc:
             raise MigrationRefused(f"transform output {output.uri}: {key} is not JSON ({exc}); nothing was "
                                    f"moved") from None

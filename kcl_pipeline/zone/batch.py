@@ -181,11 +181,10 @@ def rewrite_batch(body: bytes, info: BatchInfo, directory: str, prev_key: str | 
     if body[-len(ROWS_MAGIC):] == ROWS_MAGIC:
         return encode_batch(directory, info.key.shard_id, records, info.prev, prev_key=prev_key,
                             batch_format=ROWS_FORMAT, stream_arn=stream_arn)
-    column = pq.read_metadata(pa.BufferReader(body)).row_group(0).column(0)
-    compression = column.compression.lower()
-    return encode_batch(directory, info.key.shard_id, records, info.prev,
-                        compression=compression if compression in COMPRESSIONS else "none" if
-                        compression == "uncompressed" else "zstd", prev_key=prev_key, stream_arn=stream_arn)
+    written = pq.read_metadata(pa.BufferReader(body)).row_group(0).column(0).compression.lower()
+    compression = "none" if written == "uncompressed" else written if written in COMPRESSIONS else "zstd"
+    return encode_batch(directory, info.key.shard_id, records, info.prev, compression=compression,
+                        prev_key=prev_key, stream_arn=stream_arn)
 
 
 _OPTIONAL_COLUMNS = frozenset({"stream", "explicit_hash_key"})

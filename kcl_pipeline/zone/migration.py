@@ -99,7 +99,7 @@ class Migration:
         why = foreign_stream(self.source, footer_arn, self.stream_arn)
         return None if why is None else f"batch {key}: {why}"
 
-    def commit(self, data: Mapping) -> dict | None:
+    def output_object(self, data: Mapping) -> dict | None:
         """A window commit's JSON (or the checkpoint record's) with the batch keys it names moved; None when it
         names none of the source directory."""
         return _moved_keys(data, self)

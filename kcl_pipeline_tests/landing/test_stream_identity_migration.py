@@ -228,3 +228,49 @@ def test_a_migrated_s3_zone_is_resumed_by_the_arn_configured_consumer(s3_zone, t
     land(store, A, A, RECORDS)
     assert read_batches(store, A).column("data").to_pylist() == [r.data for r in RECORDS]
     assert verify_zone(s3_zone.uri, store=store, stream=A, deep=True).ok
+
+
+@pytest.mark.parametrize("batch_format,compression", [("parquet", "zstd"), ("parquet", "snappy"),
+                                                      ("parquet", "none"), ("rows", "zstd")])
+def test_a_rewritten_batch_holds_the_same_records_in_its_own_encoding_naming_the_new_directory(
+        batch_format, compression):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from kcl_pipeline.zone.batch import decode_batch, encode_batch, rewrite_batch
+
+    records = RECORDS[:10]
+    old = encode_batch("orders", SHARD, records, Checkpoint(RECORDS[0].sequence_number, 0), compression,
+                       prev_key="orders/dt=x/prev.parquet", batch_format=batch_format)
+    info = read_batch_info(_OneObject(old.key.key(), old.body), old.key)
+    new = rewrite_batch(old.body, info, TARGET, f"{TARGET}/dt=x/prev.parquet", A)
+    assert new.key.key() == f"{TARGET}/{old.key.key().partition('/')[2]}"
+    moved = read_batch_info(_OneObject(new.key.key(), new.body), new.key)
+    assert (moved.prev, moved.rows, moved.first_arrival_ms, moved.last_arrival_ms) == \
+        (info.prev, info.rows, info.first_arrival_ms, info.last_arrival_ms)
+    assert (moved.prev_key, moved.stream_arn) == (f"{TARGET}/dt=x/prev.parquet", A)
+    before, after = decode_batch(old.body), decode_batch(new.body)
+    assert after.drop(["stream"]).equals(before.drop(["stream"]))
+    assert set(after.column("stream").to_pylist()) == {TARGET}
+    if batch_format == "parquet":
+        codec = pq.read_metadata(pa.BufferReader(new.body)).row_group(0).column(7).compression.lower()
+        assert codec == ("uncompressed" if compression == "none" else compression)
+    else:
+        assert new.body.endswith(b"KCLROWS1")
+
+
+class _OneObject:
+    """A store holding one object (the footer reader's ranged reads)."""
+
+    uri = "memory://one"
+
+    def __init__(self, key: str, body: bytes):
+        self.key, self.body = key, body
+
+    def get_tail(self, key, nbytes):
+        assert key == self.key
+        return self.body[-nbytes:], len(self.body)
+
+    def get(self, key):
+        assert key == self.key
+        return self.body
