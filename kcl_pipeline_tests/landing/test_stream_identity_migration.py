@@ -274,3 +274,22 @@ class _OneObject:
     def get(self, key):
         assert key == self.key
         return self.body
+
+
+@pytest.mark.parametrize("extra,says", [
+    ([], "exactly one of --output URI or --no-output"),
+    (["--no-output", "--output", "out"], "exactly one of --output URI or --no-output"),
+    (["--no-output", "--stream-arn", "orders"], "is not a stream ARN"),
+    (["--no-output", "--stream", "payments"], "names stream orders, not payments"),
+])
+def test_the_command_refuses_bad_arguments_in_one_line_before_touching_anything(local_zone, extra, says):
+    from click.testing import CliRunner
+
+    from kcl_pipeline.cli import main
+
+    args = ["landing", "migrate", "--landing", local_zone.uri, "--stream", "orders", "--stream-arn", A,
+            "--application", "app"]
+    result = CliRunner().invoke(main, [*args, *extra])
+    assert result.exit_code == 2 and says in result.output and len(result.output.strip().splitlines()) == 1, \
+        result.output
+    assert list(local_zone.store.list_keys("")) == []
