@@ -553,6 +553,9 @@ def _pipeline_settings():
 @click.option("--landing", "zone", default=None, help="Landing zone URI [default: KCL_PIPELINE_LANDING_URI].")
 @click.option("--output", default=None, help="Transform output URI [default: KCL_PIPELINE_OUTPUT_URI].")
 @click.option("--stream", default=None, help="[default: KCL_PIPELINE_STREAM]")
+@click.option("--stream-arn", default=None,
+              help="The stream every batch must be of, for a stream landing under its bare name (a stream given "
+                   "by its ARN is expected already); batches of another stream, or a directory naming two, fail.")
 @click.option("--application", default=None, help="Lease table for the checkpoint check [default: the pipeline's].")
 @click.option("--window-minutes", type=int, default=None, help="[default: KCL_PIPELINE_WINDOW_MINUTES]")
 @click.option("--transform-grace", type=click.FloatRange(min=0), default=300.0, show_default=True,
@@ -561,10 +564,11 @@ def _pipeline_settings():
 @click.option("--json", "as_json", is_flag=True, help="One JSON object (every check's outcome), for scripts.")
 @aws_options
 @friendly_errors
-def audit(window, full, sweep_temporaries, zone, output, stream, application, window_minutes, transform_grace, as_json,
-          region, endpoint_url):
+def audit(window, full, sweep_temporaries, zone, output, stream, stream_arn, application, window_minutes,
+          transform_grace, as_json, region, endpoint_url):
     """The lineage audit: chain per shard, landed = transformed + duplicates + quarantined, checkpoints ≤
-    materialised; over the whole history unless --window. Exit 1 when a check fails."""
+    materialised, every batch of its directory's stream (as `landing verify`); over the whole history unless
+    --window. Exit 1 when a check fails."""
     import os
 
     from .audit.stream import audit as run_audit
@@ -593,7 +597,11 @@ def audit(window, full, sweep_temporaries, zone, output, stream, application, wi
                        err=True)
     if len(settings.streams) == 1:
         report = run_audit(zone or settings.landing_uri, output or settings.output_uri, stream or settings.stream,
-                           window_ms, application=application or settings.application, **options)
+                           window_ms, application=application or settings.application, stream_arn=stream_arn,
+                           **options)
+    elif stream_arn is not None:
+        raise UserError("--stream-arn names one stream's ARN: a multi-stream deployment's directories are its "
+                        "incarnations' (<name>@<creationEpoch>), which record no ARN")
     else:
         report = _audit_streams([stream] if stream else settings.streams, zone or settings.landing_uri,
                                 output or settings.output_uri, application or settings.application, window_ms,
@@ -672,7 +680,8 @@ def backfill(window, url, window_minutes, wait, timeout, as_json, progress):
 
 @main.group()
 def landing() -> None:
-    """The landing zone: verify the chain of landed batches."""
+    """The landing zone: verify the chain of landed batches; migrate a bare-name directory to its stream's
+    identity."""
 
 
 @landing.command("verify")
@@ -724,6 +733,61 @@ def landing_verify(zone, window, stream, stream_arn, shard, deep, application, a
     for line in report.lines():
         click.echo(line)
     sys.exit(0 if report.ok else 1)
+
+
+MIGRATE_WATCH_SECONDS = _default("lease_expiry_seconds") + 5.0  # a live holder renews within an expiry
+
+
+@landing.command("migrate")
+@click.option("--landing", "zone", required=True, help="s3://bucket/prefix or a local directory.")
+@click.option("--stream", required=True, help="The stream's name: its directory <name>/ is moved.")
+@click.option("--stream-arn", required=True,
+              help="The stream's ARN: the directory moves into <name>@<region>@<account>/, where a consumer "
+                   "configured by this ARN lands.")
+@click.option("--application", required=True, help="The consumer application (its lease table is watched).")
+@click.option("--table-name", default=None, help="The lease table [default: the application's name].")
+@click.option("--output", default=None,
+              help="The transform's output location: its window commits and checkpoint record name the batches.")
+@click.option("--no-output", is_flag=True, help="The stream has no transform output (landing only).")
+@click.option("--watch-seconds", type=click.FloatRange(min=0), default=MIGRATE_WATCH_SECONDS, show_default=True,
+              help="How long the lease table is watched: a lease whose counter moves meanwhile is a live consumer, "
+                   "and the migration is refused.")
+@click.option("--dry-run", is_flag=True, help="Check everything and print what would be done; write nothing.")
+@aws_options
+@friendly_errors
+def landing_migrate(zone, stream, stream_arn, application, table_name, output, no_output, watch_seconds, dry_run,
+                    region, endpoint_url):
+    """Move a zone's <name>/ directory (landed before stream identity, or by a consumer configured by the stream's
+    name) into <name>@<region>@<account>/ for --stream-arn, so that a consumer configured by that ARN resumes
+    where the old one stopped: nothing lost, nothing landed twice.
+
+    Rewrites every batch (key, footer, the rows' stream column), link (key and the batch its body names), the
+    window commits and the checkpoint record in --output; refuses (exit 2) while a consumer of --application
+    holds a live lease, or when a batch is of another stream. Copy, then delete; stopped anywhere, run it again
+    to finish. Rows already in the transform's output keep the old stream value (docs/landing.md)."""
+    from .audit.migrate import check_no_live_consumer, migrate_zone
+    from .kcl.core.table.lease_codec import LeaseTableMissing
+    from .kcl.shells.aws import client
+    from .kcl.shells.lease_table import LeaseTable
+    from .zone.migration import Migration
+    from .zone.store import open_store
+
+    if bool(output) == no_output:
+        raise UserError("give exactly one of --output URI or --no-output")
+    migration = Migration.of(stream, stream_arn)
+    aws = _settings(region, endpoint_url)
+    store = open_store(zone, aws)
+    out = None if no_output else open_store(output, aws, what="transform output")
+    table = LeaseTable(table_name or application, client("dynamodb", aws))
+    try:
+        watched = check_no_live_consumer(table.scan, watch_seconds)
+    except LeaseTableMissing:
+        raise UserError(f"lease table {table_name or application} does not exist: give the application whose "
+                        f"consumer landed {migration.source}/ (--application, --table-name)") from None
+    report = migrate_zone(store, out, migration, dry_run=dry_run)
+    report.leases_watched = watched
+    for line in report.lines():
+        click.echo(line)
 
 
 @main.group()

@@ -11,7 +11,8 @@ from click.testing import CliRunner
 
 from kcl_pipeline.cli import main
 
-COMMANDS = [[], ["consume"], ["produce"], ["leases"], ["local"], ["local", "up"], ["local", "down"]]
+COMMANDS = [[], ["consume"], ["produce"], ["leases"], ["local"], ["local", "up"], ["local", "down"],
+            ["landing", "migrate"]]
 
 
 @pytest.mark.parametrize("args", COMMANDS, ids=lambda a: " ".join(a) or "main")

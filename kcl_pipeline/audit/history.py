@@ -40,7 +40,7 @@ from ..kcl.core.table.lease_rules import held_by_another_protocol
 from ..windows.manifest import COMMITS, CommitFormatError, WindowCommit, is_commit_key
 from ..windows.scan import window_floor
 from ..zone.batch import BatchInfo, format_position, parse_position, read_batch_info
-from ..zone.chain import verify_batches, verify_chain
+from ..zone.chain import ChainReport, foreign_batch, mixed_streams, verify_batches, verify_chain
 from ..zone.errors import CorruptBatchError, LandingError, ZoneNotFoundError
 from ..zone.layout import BatchKey, iso, overlapping_batches, split_batch_keys
 from ..zone.progress import ShardProgress, progress_from_leases
@@ -92,12 +92,12 @@ class HistoryScope:
 def audit_history(store: ZoneStore, output: ZoneStore, directory: str, window_ms: int, *,
                   leases: Sequence[Lease] | None = None, now_ms: int | None = None, transform_grace_ms: int = 300_000,
                   full: bool = False, first_window_ms: int | None = None, workers: int = DEFAULT_WORKERS,
-                  save: bool = True) -> AuditReport:
+                  save: bool = True, stream_arn: str | None = None) -> AuditReport:
     """Audit every window of `directory` (a stream's landing directory) against `output` (its transform output,
     where the index is kept). `leases`: the stream's leases by shard id (the checkpoints check; None skips it).
     `full`: ignore the index and read every object again. `first_window_ms`: the first partition's start (a
     batch before it belongs to no window run: never transformed by design, not counted, stepped over by the
-    checkpoint plan)."""
+    checkpoint plan). `stream_arn`: the stream every batch must be of (besides an identity directory's own)."""
     if window_ms <= 0 or window_ms % 60_000:
         raise ValueError(f"window_ms must be a positive whole number of minutes, got {window_ms}")
     if transform_grace_ms < 0:
@@ -150,7 +150,7 @@ def audit_history(store: ZoneStore, output: ZoneStore, directory: str, window_ms
     duplicates = _duplicates(store, batches, commits, window_ms)
     outcomes, windows = judge_history(batches, commits, window_ms, leases=leases, now_ms=now_ms,
                                       transform_grace_ms=transform_grace_ms, first_window_ms=first_window_ms,
-                                      duplicates=duplicates, malformed=malformed,
+                                      duplicates=duplicates, malformed=malformed, stream_arn=stream_arn,
                                       missing_files={commit_window(k): v for k, v in lost.items() if v})
     scope = HistoryScope(directory, len(windows), windows[0] if windows else None,
                          windows[-1] + window_ms if windows else None, len(batches), len(commits),
@@ -277,7 +277,8 @@ def _batch_facts(store: ZoneStore, key: BatchKey, tag: str) -> BatchFacts:
         info = read_batch_info(reads, key)
     except CorruptBatchError as exc:
         return BatchFacts(reads.tag(), error=str(exc))  # it keeps its place in the chain, which it breaks
-    return BatchFacts(reads.tag(), format_position(info.prev), info.prev_key or "", info.rows)
+    return BatchFacts(reads.tag(), format_position(info.prev), info.prev_key or "", info.rows,
+                      stream_arn=info.stream_arn or "")
 
 
 def _commit_facts(output: ZoneStore, key: str, tag: str) -> CommitFacts:
@@ -350,13 +351,15 @@ def judge_history(batches: Mapping[str, tuple[BatchKey, BatchFacts]], commits: M
                   window_ms: int, *, leases: Sequence[Lease] | None, now_ms: int, transform_grace_ms: int,
                   first_window_ms: int | None = None, duplicates: Mapping[int, int] | None = None,
                   malformed: Sequence[str] = (), missing_files: Mapping[int, Sequence[str]] | None = None,
-                  ) -> tuple[list[CheckOutcome], list[int]]:
+                  stream_arn: str | None = None) -> tuple[list[CheckOutcome], list[int]]:
     """Every window's three checks from the facts: the outcomes of the failed ones, then one summary per check
     over the history; and the windows judged (every window with a landed batch or a commit), in order.
-    `missing_files`: per window, the output files its commit names that the output does not hold."""
+    `missing_files`: per window, the output files its commit names that the output does not hold. Stream
+    identity, as `landing verify` judges it (zone/chain.py): a batch of another stream than its directory's (or
+    `stream_arn`) fails its window's chain check; a directory whose batches name two streams fails the history."""
     windows = sorted({window_floor(k.minute_ms, window_ms) for k, _ in batches.values()} | set(commits))
     failed: dict[str, dict[int, list[str]]] = {check: {} for check in CHECKS}
-    _judge_chains(batches, window_ms, failed["chain"])
+    mixed = _judge_chains(batches, window_ms, failed["chain"], stream_arn)
     counts = _judge_counts(batches, commits, windows, window_ms, now_ms, transform_grace_ms, first_window_ms,
                            duplicates or {}, missing_files or {})
     if leases is not None:
@@ -372,6 +375,9 @@ def judge_history(batches: Mapping[str, tuple[BatchKey, BatchFacts]], commits: M
         outcomes.append(_summary("chain", windows, window_ms, False,
                                  f"{len(malformed)} .parquet objects are not batch keys: {malformed[0]} …",
                                  tuple(f"not a batch key: {k}" for k in malformed), {"bad_keys": len(malformed)}))
+    if mixed is not None:
+        outcomes.append(_summary("chain", windows, window_ms, False, f"mixed streams: {mixed}",
+                                 (f"mixed streams: {mixed}",), {"mixed_streams": 1}))
     shards = {k.shard_id for k, _ in batches.values()}
     rows = sum(f.rows for _, f in batches.values())
     outcomes.append(_summary("chain", windows, window_ms, not failed["chain"],
@@ -412,9 +418,10 @@ def _summary(check: str, windows: Sequence[int], window_ms: int, ok: bool, summa
 
 
 def _judge_chains(batches: Mapping[str, tuple[BatchKey, BatchFacts]], window_ms: int,
-                  failed: dict[int, list[str]]) -> None:
-    """Each shard's chain over the whole history (verify.verify_chain on the footers' facts): every problem
-    is charged to the window of the batch that shows it."""
+                  failed: dict[int, list[str]], stream_arn: str | None = None) -> str | None:
+    """Each shard's chain over the whole history (chain.verify_chain on the footers' facts): every problem
+    is charged to the window of the batch that shows it. Returns the directory's mixed streams (chain.mixed_streams)
+    when its batches name more than one."""
     by_shard: dict[str, list[tuple[BatchKey, BatchFacts]]] = {}
     for key, f in batches.values():
         by_shard.setdefault(key.shard_id, []).append((key, f))
@@ -423,15 +430,19 @@ def _judge_chains(batches: Mapping[str, tuple[BatchKey, BatchFacts]], window_ms:
         minute = batches[key][0].minute_ms if key in batches else 0
         failed.setdefault(window_floor(minute, window_ms), []).append(problem)
 
+    reports: dict[str, ChainReport] = {}
     for shard_id, items in sorted(by_shard.items()):
-        infos = [BatchInfo(k, parse_position(f.prev), f.rows, 0, 0, 0, f.prev_key or None)
+        infos = [BatchInfo(k, parse_position(f.prev), f.rows, 0, 0, 0, f.prev_key or None, f.stream_arn or None)
                  for k, f in items if not f.error]
-        report = verify_chain(infos, {k.key(): f.error for k, f in items if f.error})[shard_id]
+        report = reports[shard_id] = verify_chain(infos, {k.key(): f.error for k, f in items if f.error},
+                                                  stream_arn)[shard_id]
         for gap in report.gaps:
             named = batches[gap.next_key][1].prev_key
             why = (f"it follows {named}, which the zone does not hold (deleted?)" if named and named not in batches
                    else f"it follows {gap.next_prev}")
             charge(gap.next_key, f"{shard_id}: gap after {gap.after}: {gap.next_key}: {why}")
+        for line in report.foreign:
+            charge(foreign_batch(line), f"{shard_id}: foreign: {line}")
         for overlap in report.overlaps:
             charge(overlap.second_key, f"{shard_id}: overlap: {overlap.first_key} and {overlap.second_key}")
         for bad, why in sorted(report.corrupt.items()):
@@ -440,6 +451,8 @@ def _judge_chains(batches: Mapping[str, tuple[BatchKey, BatchFacts]], window_ms:
         if report.starts_after_key is not None and report.starts_after_key not in batches:
             charge(first[0].key(), f"{shard_id}: the first batch {first[0].key()} follows "
                                    f"{report.starts_after_key}, which the zone does not hold (deleted?)")
+    directories = sorted({k.stream for k, _ in batches.values()})
+    return mixed_streams(directories[0], reports.values()) if len(directories) == 1 else None
 
 
 def _judge_counts(batches: Mapping[str, tuple[BatchKey, BatchFacts]], commits: Mapping[int, CommitFacts],

@@ -2,16 +2,17 @@
 audit reads only the objects that are new or replaced.
 
     <output>/_audit/<stream directory>.json.gz    {"format", "zone", "directory", "audited_at_ms",
-                                                   "batches": {key: [tag, prev, prev_key, rows, error]},
+                                                   "batches": {key: [tag, prev, prev_key, rows, error,
+                                                                     stream_arn]},
                                                    "commits": {key: [tag, [batch keys], transformed,
                                                                      quarantined, error, [output files]]}}
 
-Per object, the facts its audit needs — a batch's footer (its predecessor position and key, its rows, or why
-it is unreadable), a window commit's named batches and row counts (or why it cannot be read) — under the
-object's version tag (store.list_versions: an ETag, a file's inode and modification time). A fact is reused
-only while the listed tag is the same; an object replaced, added or removed is seen in the listing, so every
-check is re-judged on the whole history each run, from facts that are each read once. Nothing is trusted
-beyond the tag: `kcl-pipeline audit --full` ignores the index and reads every object again.
+Per object, the facts its audit needs — a batch's footer (its predecessor position and key, its rows, the
+stream it names, or why it is unreadable), a window commit's named batches and row counts (or why it cannot be
+read) — under the object's version tag (store.list_versions: an ETag, a file's inode and modification time).
+A fact is reused only while the listed tag is the same; an object replaced, added or removed is seen in the
+listing, so every check is re-judged on the whole history each run, from facts that are each read once.
+Nothing is trusted beyond the tag: `kcl-pipeline audit --full` ignores the index and reads every object again.
 
 An index that cannot be read (truncated, another format, another zone's) is ignored with a note, and the
 audit reads everything: it is a cache, never a source of truth. It is written whole (`put`): two audits at
@@ -25,7 +26,7 @@ import zlib
 from dataclasses import dataclass, field
 
 INDEX_PREFIX = "_audit"
-INDEX_FORMAT = 1
+INDEX_FORMAT = 2  # 2: a batch's facts name its stream (stream identity); an index of 1 is read anew
 
 
 def index_key(directory: str) -> str:
@@ -46,6 +47,7 @@ class BatchFacts:
     prev_key: str = ""  # the key of the batch ending there ("" unknown, or a starting position)
     rows: int = 0
     error: str = ""  # why the batch could not be read ("" when it was)
+    stream_arn: str = ""  # the stream its footer names ("" none: landed before stream identity)
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,8 @@ class AuditIndex:
         body = {
             "format": INDEX_FORMAT, "zone": self.zone, "directory": self.directory,
             "audited_at_ms": self.audited_at_ms,
-            "batches": {k: [f.tag, f.prev, f.prev_key, f.rows, f.error] for k, f in sorted(self.batches.items())},
+            "batches": {k: [f.tag, f.prev, f.prev_key, f.rows, f.error, f.stream_arn]
+                        for k, f in sorted(self.batches.items())},
             "commits": {k: [f.tag, sorted(f.batches), f.transformed, f.quarantined, f.error, sorted(f.files)]
                         for k, f in sorted(self.commits.items())},
         }
@@ -86,7 +89,7 @@ class AuditIndex:
             if body.get("format") != INDEX_FORMAT:
                 raise IndexFormatError(f"{where}: index format {body.get('format')!r}, this audit reads "
                                        f"{INDEX_FORMAT}")
-            batches = {str(k): BatchFacts(str(v[0]), str(v[1]), str(v[2]), int(v[3]), str(v[4]))
+            batches = {str(k): BatchFacts(str(v[0]), str(v[1]), str(v[2]), int(v[3]), str(v[4]), str(v[5]))
                        for k, v in body["batches"].items()}
             commits = {str(k): CommitFacts(str(v[0]), frozenset(str(b) for b in v[1]), int(v[2]), int(v[3]),
                                            str(v[4]), frozenset(str(f) for f in v[5]))

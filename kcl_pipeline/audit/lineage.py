@@ -34,9 +34,9 @@ from ..kcl.core.model import Checkpoint, Lease
 from ..kcl.core.table.lease_rules import held_by_another_protocol
 from ..windows.manifest import COMMITS, CommitFormatError, WindowCommit, commit_key, is_commit_key
 from ..zone.batch import BatchInfo, read_batch_info
-from ..zone.chain import ChainReport, list_batches, verify_batches, verify_chain
+from ..zone.chain import ChainReport, list_batches, mixed_streams, verify_batches, verify_chain
 from ..zone.errors import CorruptBatchError, ZoneNotFoundError
-from ..zone.layout import BatchKey, iso, overlapping_batches, parse_batch_key
+from ..zone.layout import BatchKey, iso, landing_directory, overlapping_batches, parse_batch_key
 from ..zone.progress import ShardProgress, progress_from_leases
 from ..zone.store import ZoneStore
 
@@ -126,13 +126,15 @@ class AuditReport:
 
 def check_chain(t0: int, t1: int, reports: Mapping[str, ChainReport],
                 previous_last: Mapping[str, Checkpoint],
-                missing_predecessors: Mapping[str, str] | None = None) -> CheckOutcome:
+                missing_predecessors: Mapping[str, str] | None = None, directory: str | None = None) -> CheckOutcome:
     """`previous_last`: per shard, the last position of its batches in the previous window (when it has any);
     `missing_predecessors`: per shard, the predecessor key its first batch names but the zone does not hold.
 
     A first batch that names its predecessor (footer `prev_key`) is linked to it directly, across any number
     of empty windows; one that follows a starting position AT_TIMESTAMP (a backfill) starts a chain of its
-    own. Only batches landed before predecessor keys existed fall back to the previous window's last batch."""
+    own. Only batches landed before predecessor keys existed fall back to the previous window's last batch.
+    Stream identity as `landing verify` judges it: a batch of another stream (`ChainReport.foreign`) breaks its
+    shard's chain; batches of `directory` naming two streams (chain.mixed_streams) fail the check."""
     details: list[str] = []
     broken: list[str] = []
     missing = missing_predecessors or {}
@@ -140,6 +142,7 @@ def check_chain(t0: int, t1: int, reports: Mapping[str, ChainReport],
         problems = [f"gap after {g.after}: {g.next_key} follows {g.next_prev}" for g in r.gaps]
         problems += [f"overlap: {o.first_key} and {o.second_key}" for o in r.overlaps]
         problems += [f"unreadable: {k}: {why}" for k, why in sorted(r.corrupt.items())]
+        problems += [f"foreign: {line}" for line in r.foreign]
         before = previous_last.get(shard_id)
         link = "no batch in the previous window"
         if shard_id in missing:
@@ -159,9 +162,13 @@ def check_chain(t0: int, t1: int, reports: Mapping[str, ChainReport],
             broken.append(shard_id)
         details.append(f"{shard_id}: {r.batches} batches, {r.rows} rows, {r.first}..{r.last}; {link}")
         details += [f"  {p}" for p in problems]
+    mixed = mixed_streams(directory, reports.values()) if directory is not None else None
     summary = (f"{len(reports)} shards, chains unbroken" if not broken
                else f"chain broken in {', '.join(broken)}")
-    return CheckOutcome("chain", t0, t1, not broken, summary, tuple(details),
+    if mixed is not None:
+        details.append(f"mixed streams: {mixed}")
+        summary = f"mixed streams: {mixed}" if not broken else f"{summary}; mixed streams: {mixed}"
+    return CheckOutcome("chain", t0, t1, not broken and mixed is None, summary, tuple(details),
                         {"shards": len(reports), "broken_shards": len(broken),
                          "batches": sum(r.batches for r in reports.values()),
                          "rows": sum(r.rows for r in reports.values())})
@@ -354,10 +361,11 @@ def _read_infos(store: ZoneStore, batches: Sequence[BatchKey]) -> tuple[dict[str
 def audit_window(store: ZoneStore, output: ZoneStore, stream: str, t0: int, t1: int, *,
                  leases: Sequence[Lease] | None = None, transform: Mapping[str, int] | None = None,
                  checks: Sequence[str] = CHECKS, now_ms: int | None = None,
-                 transform_grace_ms: int = 0) -> list[CheckOutcome]:
+                 transform_grace_ms: int = 0, stream_arn: str | None = None) -> list[CheckOutcome]:
     """Run `checks` for one window. `leases`: a lease-table snapshot (the checkpoints check needs it).
     `now_ms`: the time of the audit; a window (or a batch landed after its run) still untransformed
-    `transform_grace_ms` after the window's end fails the counts check (without `now_ms`, never overdue)."""
+    `transform_grace_ms` after the window's end fails the counts check (without `now_ms`, never overdue).
+    `stream_arn`: the stream every batch must be of (besides an identity directory's own)."""
     unknown = set(checks) - set(CHECKS)
     if unknown:
         raise ValueError(f"unknown audit checks {sorted(unknown)}; known: {', '.join(CHECKS)}")
@@ -368,9 +376,10 @@ def audit_window(store: ZoneStore, output: ZoneStore, stream: str, t0: int, t1: 
     if "chain" in checks or "counts" in checks:
         infos, corrupt = _read_infos(store, batches)
     if "chain" in checks:
-        reports = verify_chain(list(infos.values()), corrupt)
+        reports = verify_chain(list(infos.values()), corrupt, stream_arn)
         previous = _last_positions(list_batches(store, stream, t0 - (t1 - t0), t0))
-        outcomes.append(check_chain(t0, t1, reports, previous, missing_predecessors(store, reports)))
+        outcomes.append(check_chain(t0, t1, reports, previous, missing_predecessors(store, reports),
+                                    landing_directory(stream)))
     output_counts: OutputCounts | None = None
     output_error: str | None = None
     if "counts" in checks or "checkpoints" in checks:

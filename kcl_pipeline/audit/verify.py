@@ -12,7 +12,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 from ..kcl.aws_settings import AwsSettings
 from ..kcl.core.model import Lease
 from ..kcl.core.streams import STREAM_ARN_RE, identifier_parts, parse_multi_stream_key, pinned_scope
-from ..zone.chain import ChainReport, check_window, iso, scan_batches, verify_batches
+from ..zone.chain import ChainReport, check_window, iso, mixed_streams, scan_batches, verify_batches
 from ..zone.layout import (
     HOUR_MS,
     MINUTE_MS,
@@ -197,7 +197,7 @@ def verify_zone(uri: str, window: tuple[int, int] | str | None = None, *, stream
         if listing.batches:
             report.streams[name] = verify_batches(store, listing.batches, deep=deep, on_batch=one_batch,
                                                   stream_arn=stream_arn)
-            mixed = _mixed_streams(name, report.streams[name].values())
+            mixed = mixed_streams(name, report.streams[name].values())
             if mixed is not None:
                 report.mixed_streams.append(mixed)
             # With or without a lease table (one HEAD a shard): a first batch whose footer names a predecessor the
@@ -229,19 +229,6 @@ def verify_zone(uri: str, window: tuple[int, int] | str | None = None, *, stream
             report.lease_problems += [f"{name}/{p}" if multi_stream else p for p in found]
             report.leases_checked += len(mine)
     return report
-
-
-def _mixed_streams(directory: str, chains: Iterable[ChainReport]) -> str | None:
-    """Pure: the streams a directory's batches name, when they are more than one (batches that name none,
-    landed before stream identity, are of no stream in particular)."""
-    shards_of: dict[str, list[str]] = {}
-    for chain in chains:
-        for arn in chain.stream_arns:
-            shards_of.setdefault(arn, []).append(chain.shard_id)
-    if len(shards_of) < 2:
-        return None
-    return f"{directory} holds batches of {len(shards_of)} streams: " + "; ".join(
-        f"{arn} (shards {', '.join(sorted(shards))})" for arn, shards in sorted(shards_of.items()))
 
 
 # -- windows ----------------------------------------------------------------------------------------------

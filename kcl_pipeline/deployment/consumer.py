@@ -112,13 +112,35 @@ class ConsumerSettings:
             # a resharded stream. SHARD_END itself still waits for materialisation.
             parent_drained_attribute=SHARD_END_LANDED, more_streams=self.more_streams)
 
-    def processor_spec(self, aws: AwsSettings) -> ProcessorSpec:
-        """The landing sink in pipeline mode: it never checkpoints (kinesis_checkpoints does)."""
+    def stream_arn(self, aws: AwsSettings) -> str | None:
+        """The one stream's ARN, recorded in every batch so that a chain of another stream of this name is refused
+        (resolved once: DescribeStreamSummary for a name); None for a multi-stream application, whose directories
+        are its incarnations'."""
         from ..kcl.shells.aws import client
         from ..kcl.shells.shards import resolve_stream_arn
+
+        return None if self.more_streams else resolve_stream_arn(client("kinesis", aws), self.stream)
+
+    def processor_spec(self, aws: AwsSettings, stream_arn: str | None = None) -> ProcessorSpec:
+        """The landing sink in pipeline mode: it never checkpoints (kinesis_checkpoints does). `stream_arn`:
+        `stream_arn(aws)`, resolved here when not given."""
         from ..zone.sink import landing_spec
 
-        # One stream: its ARN goes into every batch, so a chain of another stream of this name is refused.
-        arn = None if self.more_streams else resolve_stream_arn(client("kinesis", aws), self.stream)
+        arn = stream_arn if stream_arn is not None else self.stream_arn(aws)
         return landing_spec(self.landing_uri, self.stream, aws=aws, standalone=False, stream_arn=arn,
                             create_zone=self.create_zones)
+
+    def check_stream_chains(self, aws: AwsSettings, stream_arn: str | None) -> None:
+        """Before the first worker starts: ForeignStreamError (one line, the one `kcl-pipeline consume` exits 2
+        with) when a chain of the stream's directory is another stream's (sink.check_stream_chains). Reads only:
+        a zone not created yet holds no chain to refuse."""
+        from ..zone.errors import ZoneNotFoundError
+        from ..zone.sink import check_stream_chains
+        from ..zone.store import open_store
+
+        if stream_arn is None:
+            return
+        try:
+            check_stream_chains(open_store(self.landing_uri, aws), self.stream, stream_arn)
+        except ZoneNotFoundError:
+            return  # the sink creates it (create_zones) or fails naming it

@@ -96,8 +96,13 @@ def hosted_consumer(consumer: ConsumerSettings, aws: AwsSettings, worker_id: str
             hosted.manager.shutdown(timeout=min(20.0, interval_seconds))
             del _REGISTRY[key]
         name = consumer_name(worker_id)
+        arn = consumer.stream_arn(aws)
+        spec = consumer.processor_spec(aws, arn)
+        # A directory whose chains are another stream's of the name fails the tick, before any worker is spawned
+        # or anything written (each tick looks again until the zone is put right).
+        consumer.check_stream_chains(aws, arn)
         manager = LeaseManager(consumer.consumer_config(aws, worker_id, float(interval_seconds)),
-                               consumer.processor_spec(aws), keepalive_timeout=3.0 * interval_seconds,
+                               spec, keepalive_timeout=3.0 * interval_seconds,
                                predecessor=lambda owner: owner != worker_id and consumer_name(owner) == name)
         manager.start()  # a missing stream fails the tick here, with a message naming it
         hosted = _REGISTRY[key] = HostedConsumer(manager, worker_id)

@@ -165,6 +165,28 @@ def encode_batch(stream: str, shard_id: str, records: Sequence[UserRecord], prev
     return EncodedBatch(key, sink.getvalue(), n, prev, max(arrivals))
 
 
+def rewrite_batch(body: bytes, info: BatchInfo, directory: str, prev_key: str | None,
+                  stream_arn: str | None) -> EncodedBatch:
+    """The batch `body` (its footer `info`) as landed under `directory` (`kcl-pipeline landing migrate`): the same
+    records after the same predecessor, its key, footer and rows' `stream` column naming `directory`, its
+    `prev_key` and `stream_arn` as given; in its own encoding (and compression, for Parquet)."""
+    where = info.key.key()
+    table = decode_batch(body, where, info.key.stream)
+    arrivals = table.column("approximate_arrival_timestamp").cast(pa.int64()).to_pylist()
+    records = [UserRecord(info.key.shard_id, seq, sub, pk, ehk, ms, data)
+               for seq, sub, pk, ehk, ms, data in zip(
+                   table.column("sequence_number").to_pylist(), table.column("sub_sequence_number").to_pylist(),
+                   table.column("partition_key").to_pylist(), table.column("explicit_hash_key").to_pylist(),
+                   arrivals, table.column("data").to_pylist(), strict=True)]
+    if body[-len(ROWS_MAGIC):] == ROWS_MAGIC:
+        return encode_batch(directory, info.key.shard_id, records, info.prev, prev_key=prev_key,
+                            batch_format=ROWS_FORMAT, stream_arn=stream_arn)
+    written = pq.read_metadata(pa.BufferReader(body)).row_group(0).column(0).compression.lower()
+    compression = "none" if written == "uncompressed" else written if written in COMPRESSIONS else "zstd"
+    return encode_batch(directory, info.key.shard_id, records, info.prev, compression=compression,
+                        prev_key=prev_key, stream_arn=stream_arn)
+
+
 _OPTIONAL_COLUMNS = frozenset({"stream", "explicit_hash_key"})
 _REQUIRED_VALUES = ("shard_id", "sequence_number", "sub_sequence_number", "data")
 

@@ -166,6 +166,25 @@ def verify_chain(infos: Sequence[BatchInfo], corrupt: Mapping[str, str] | None =
     return reports
 
 
+def mixed_streams(directory: str, chains: Iterable[ChainReport]) -> str | None:
+    """Pure: the streams a directory's batches name (its shards' chain reports, `verify_chain`), when they are
+    more than one — two streams of one name landed in it (`landing verify`, the audit); batches that name none,
+    landed before stream identity, are of no stream in particular."""
+    shards_of: dict[str, list[str]] = {}
+    for chain in chains:
+        for arn in chain.stream_arns:
+            shards_of.setdefault(arn, []).append(chain.shard_id)
+    if len(shards_of) < 2:
+        return None
+    return f"{directory} holds batches of {len(shards_of)} streams: " + "; ".join(
+        f"{arn} (shards {', '.join(sorted(shards))})" for arn, shards in sorted(shards_of.items()))
+
+
+def foreign_batch(line: str) -> str:
+    """The key a `ChainReport.foreign` line names (`<key>: <why>`; keys hold no ': ')."""
+    return line.partition(": ")[0]
+
+
 def _joins_by_backfill(info: BatchInfo) -> bool:
     """A backfill's first batch (it follows AT_TIMESTAMP) after batches of the live chain: the backfill read
     from a time, not from a batch, so it cannot name one; the fencing link and the exclusion kept it from

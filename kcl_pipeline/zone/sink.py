@@ -74,6 +74,7 @@ from .layout import (
     split_landed_keys,
     stream_directory,
 )
+from .migration import marker_key
 from .progress import ShardProgress, merge_progress
 from .store import ZoneStore, open_store
 
@@ -830,8 +831,12 @@ def _refuse_foreign(store: ZoneStore, directory: str, info: BatchInfo, stream_ar
 def check_stream_chains(store: ZoneStore, stream: str, stream_arn: str | None) -> None:
     """Before a consumer starts: ForeignStreamError when a chain of the stream's directory begins with another
     stream's batch (its start links, one LIST and a GET and a footer read per shard that has one), so that a
-    second stream of the name is refused in one line rather than by every worker, lease after lease."""
+    second stream of the name is refused in one line rather than by every worker, lease after lease. A migration
+    into the directory left unfinished (`landing migrate`'s marker) is refused too: its chains are half moved."""
     directory = landing_directory(stream)
+    if store.exists(marker_key(directory)):
+        raise LandingError(f"landing zone {store.uri}: a migration into {directory}/ is unfinished "
+                           f"({marker_key(directory)}): run `kcl-pipeline landing migrate` again to finish it")
     for link in store.list_keys(f"{directory}/{START_DIR}/"):
         if parse_link_key(link) is None:
             continue

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from kcl_pipeline.audit.history import AuditIncompleteError, audit_history
-from kcl_pipeline.audit.index import index_key
+from kcl_pipeline.audit.index import INDEX_FORMAT, index_key
 from kcl_pipeline.audit.stream import audit
 from kcl_pipeline.kcl.core.model import Checkpoint, Lease
 from kcl_pipeline.windows.manifest import commit_key
@@ -288,7 +288,7 @@ def test_an_index_of_another_format_is_not_used(history):
     store, output, _ = history
     output.put(index_key(STREAM), gzip.compress(json.dumps({"format": 99}).encode()))
     report = run(store, output)
-    assert report.ok and "index format 99, this audit reads 1" in report.scopes[0].note
+    assert report.ok and f"index format 99, this audit reads {INDEX_FORMAT}" in report.scopes[0].note
 
 
 def test_an_old_windows_output_files_removed_after_its_audit_fail_the_next_one(history):
