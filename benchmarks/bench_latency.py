@@ -6,7 +6,7 @@ Spark Connect server), then with `--cold-spark` (every run starts its own sessio
 `--windows` windows, starting from the first whole window after the UI answered plus one (the sensor and the
 workers settled), have every stage recorded, then stops the demo. The stage times come from what a deployment
 has too — the landing batches (their records' arrivals, their modification times), Dagster's event log (the
-sensor's `landed_records` report, the run's queue and start events, the `transformed_records` step and
+sensor's `landed_records` report, the run's launch and start events, the `transformed_records` step and
 materialisations, the `kinesis_checkpoints` commit) — and are computed by latency_stages.py (unit-tested).
 
     .venv/bin/python benchmarks/bench_latency.py [--windows 10] [--window-minutes 1] [--rate 20] [--only warm|cold]
@@ -61,7 +61,13 @@ def asset_events(instance, name: str) -> list:
     keys = [k for k in instance.get_asset_keys() if k.path[-1] == name] or [AssetKey(name)]
     out = []
     for key in keys:
-        out += instance.fetch_materializations(key, limit=100_000, ascending=True).records
+        cursor = None
+        while True:  # pages of Dagster's largest (10,000 records)
+            page = instance.fetch_materializations(key, limit=10_000, cursor=cursor, ascending=True)
+            out += page.records
+            if not page.has_more:
+                break
+            cursor = page.cursor
     return sorted(out, key=lambda r: r.timestamp)
 
 
@@ -81,14 +87,14 @@ def window_times(instance, starts: list[int], window_ms: int) -> dict[int, Windo
         complete = first(landed, key)
         done = first(transformed, key)
         if complete is not None and done is not None:
-            logs = instance.all_logs(done.run_id, of_type={DagsterEventType.RUN_DEQUEUED, DagsterEventType.RUN_START,
+            logs = instance.all_logs(done.run_id, of_type={DagsterEventType.RUN_STARTING, DagsterEventType.RUN_START,
                                                            DagsterEventType.STEP_START})
-            dequeued = next((e.timestamp for e in logs if e.dagster_event_type == DagsterEventType.RUN_DEQUEUED), None)
+            launched = next((e.timestamp for e in logs if e.dagster_event_type == DagsterEventType.RUN_STARTING), None)
             started = next((e.timestamp for e in logs if e.dagster_event_type == DagsterEventType.RUN_START), None)
             step = next((e.timestamp for e in logs if e.dagster_event_type == DagsterEventType.STEP_START
                          and (e.step_key or "").endswith(TRANSFORMED)), None)
             committed = first(checkpoints, key, done.timestamp)
-            times = WindowTimes(start, start + window_ms, complete.timestamp, dequeued, started, step, done.timestamp,
+            times = WindowTimes(start, start + window_ms, complete.timestamp, launched, started, step, done.timestamp,
                                 committed.timestamp if committed else None)
         out[start] = times
     return out

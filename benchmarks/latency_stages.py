@@ -6,13 +6,13 @@ The inputs are what a deployment has too, not the benchmark's own clocks:
 * landed: when the batch holding it was written (the object's modification time; S3's LastModified);
 * the window complete: the sensor's `landed_records` materialisation of the window (it reports a window when
   the completeness rule passes it, in the tick that requests its run);
-* the run dequeued and started: the window run's RUN_DEQUEUED and RUN_START events (the daemon's queue, then
-  the run worker process);
+* the run launched and started: the window run's RUN_STARTING event (the daemon took it from the queue and
+  launched its process) and RUN_START (the run worker process began executing);
 * the transform step started, transformed and checkpointed: the run's STEP_START of `transformed_records`, the
   `transformed_records` and `kinesis_checkpoints` materialisations of the window (Dagster's event log).
 
 Per record: produced → landed, landed → window complete, and the totals from produced. Per window: window end →
-complete, complete → dequeued → run started → transform step started → transformed → checkpointed. A window counts
+complete, complete → launched → run started → transform step started → transformed → checkpointed. A window counts
 only with every stage recorded. Percentiles are nearest-rank (p99 of fewer than 100 windows is their maximum).
 """
 from __future__ import annotations
@@ -38,7 +38,7 @@ class WindowTimes:
     start_ms: int
     end_ms: int
     complete_s: float | None = None
-    dequeued_s: float | None = None
+    launched_s: float | None = None
     run_started_s: float | None = None
     step_started_s: float | None = None
     transformed_s: float | None = None
@@ -46,7 +46,7 @@ class WindowTimes:
 
     @property
     def recorded(self) -> bool:
-        return None not in (self.complete_s, self.dequeued_s, self.run_started_s, self.step_started_s,
+        return None not in (self.complete_s, self.launched_s, self.run_started_s, self.step_started_s,
                             self.transformed_s, self.checkpointed_s)
 
 
@@ -55,8 +55,8 @@ STAGES: tuple[tuple[str, str], ...] = (
     ("produced → landed", "record"),
     ("landed → window complete", "record"),
     ("window end → complete", "window"),
-    ("complete → run dequeued", "window"),
-    ("dequeued → run started", "window"),
+    ("complete → run launched", "window"),
+    ("launched → run started", "window"),
     ("run started → transform step", "window"),
     ("transform step → transformed", "window"),
     ("transformed → checkpointed", "window"),
@@ -72,11 +72,11 @@ def stage_samples(windows: Iterable[WindowTimes], batches: Iterable[LandedBatch]
     by_start = {w.start_ms: w for w in windows if w.recorded}
     out: dict[str, list[float]] = {name: [] for name, _ in STAGES}
     for w in sorted(by_start.values(), key=lambda w: w.start_ms):
-        assert w.complete_s is not None and w.dequeued_s is not None and w.run_started_s is not None
+        assert w.complete_s is not None and w.launched_s is not None and w.run_started_s is not None
         assert w.step_started_s is not None and w.transformed_s is not None and w.checkpointed_s is not None
         out["window end → complete"].append(w.complete_s - w.end_ms / 1000)
-        out["complete → run dequeued"].append(w.dequeued_s - w.complete_s)
-        out["dequeued → run started"].append(w.run_started_s - w.dequeued_s)
+        out["complete → run launched"].append(w.launched_s - w.complete_s)
+        out["launched → run started"].append(w.run_started_s - w.launched_s)
         out["run started → transform step"].append(w.step_started_s - w.run_started_s)
         out["transform step → transformed"].append(w.transformed_s - w.step_started_s)
         out["transformed → checkpointed"].append(w.checkpointed_s - w.transformed_s)

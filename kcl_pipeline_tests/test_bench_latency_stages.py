@@ -30,7 +30,7 @@ def window(stages, start_ms, **times):
     return stages.WindowTimes(start_ms, start_ms + W, **{k: end_s + v for k, v in times.items()})
 
 
-FULL = dict(complete_s=4, dequeued_s=5, run_started_s=7, step_started_s=9, transformed_s=12, checkpointed_s=14)
+FULL = dict(complete_s=4, launched_s=5, run_started_s=7, step_started_s=9, transformed_s=12, checkpointed_s=14)
 
 
 def test_each_stage_takes_its_samples_from_its_events(stages):
@@ -41,8 +41,8 @@ def test_each_stage_takes_its_samples_from_its_events(stages):
     assert samples["produced → landed"] == [21, 1, 2]
     assert samples["landed → window complete"] == [33, 33, 3]
     assert samples["window end → complete"] == [4]
-    assert samples["complete → run dequeued"] == [1]
-    assert samples["dequeued → run started"] == [2]
+    assert samples["complete → run launched"] == [1]
+    assert samples["launched → run started"] == [2]
     assert samples["run started → transform step"] == [2]
     assert samples["transform step → transformed"] == [3]
     assert samples["transformed → checkpointed"] == [2]
