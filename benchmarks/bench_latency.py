@@ -3,8 +3,9 @@
 Runs `kcl-pipeline demo` (emulators, KPL producer, `dagster dev`; 1-minute windows, 2 shards, sensor every 10 s)
 twice in one invocation, each from a fresh state directory: first as shipped (window runs attach to the demo's
 Spark Connect server), then with `--cold-spark` (every run starts its own session). Each phase waits until
-`--windows` windows, starting from the first whole window after the UI answered plus one (the sensor and the
-workers settled), have every stage recorded, then stops the demo. The stage times come from what a deployment
+`--windows` windows have every stage recorded, then stops the demo. The first `--settle-windows` whole windows
+after the UI answered are not measured: the demo starts with the windows of its start-up still to transform, one
+Spark run at a time, and their queue is the start-up's, not the pipeline's. The stage times come from what a deployment
 has too — the landing batches (their records' arrivals, their modification times), Dagster's event log (the
 sensor's `landed_records` report, the run's launch and start events, the `transformed_records` step and
 materialisations, the `kinesis_checkpoints` commit) — and are computed by latency_stages.py (unit-tested).
@@ -130,7 +131,7 @@ def run_phase(mode: str, args: argparse.Namespace) -> dict[str, list[float]]:
     try:
         wait_for_ui(port, proc)
         now_ms = int(time.time() * 1000)
-        first = now_ms - now_ms % window_ms + 2 * window_ms  # the first whole window after the UI, plus one
+        first = now_ms - now_ms % window_ms + (1 + args.settle_windows) * window_ms
         starts = [first + i * window_ms for i in range(args.windows)]
         print(f"{mode}: measuring {args.windows} windows from {time.strftime('%H:%M:%S', time.gmtime(first / 1000))}"
               f" UTC (demo log {state.parent / 'demo.log'})", flush=True)
@@ -168,12 +169,14 @@ def main() -> None:
     ap.add_argument("--window-minutes", type=int, default=1)
     ap.add_argument("--rate", type=float, default=20)
     ap.add_argument("--shards", type=int, default=2)
+    ap.add_argument("--settle-windows", type=int, default=4,
+                    help="whole windows after the UI answered that are not measured (the start-up's queue)")
     ap.add_argument("--only", choices=["warm", "cold"], default=None, help="one phase only")
     ap.add_argument("--patience-minutes", type=float, default=5,
                     help="how long after the last window's end its stages may take to be recorded")
     args = ap.parse_args()
-    if args.windows < 1:
-        raise SystemExit("--windows must be >= 1")
+    if args.windows < 1 or args.settle_windows < 0:
+        raise SystemExit("--windows must be >= 1 and --settle-windows >= 0")
     print(f"load before: {os.getloadavg()}", flush=True)
     results = {}
     for mode in ("warm", "cold"):
