@@ -1,10 +1,16 @@
-"""Record → transformed latency in the demo profile (p50, p95), against the window length.
+"""Record → checkpoint latency in the demo profile, per stage, warm Spark and cold side by side.
 
-Runs `kcl-pipeline demo` (emulators, producer, dagster dev) for a few minutes, then, for every record in
-the transformed output, latency = the time its window's `transformed_records` materialisation was recorded
-minus the record's ApproximateArrivalTimestamp. Peer: none (the figure is read against the window length).
+Runs `kcl-pipeline demo` (emulators, KPL producer, `dagster dev`; 1-minute windows, 2 shards, sensor every 10 s)
+twice in one invocation, each from a fresh state directory: first as shipped (window runs attach to the demo's
+Spark Connect server), then with `--cold-spark` (every run starts its own session). Each phase waits until
+`--windows` windows have every stage recorded, then stops the demo. The first `--settle-windows` whole windows
+after the UI answered are not measured: the demo starts with the windows of its start-up still to transform, one
+Spark run at a time, and their queue is the start-up's, not the pipeline's. The stage times come from what a deployment
+has too — the landing batches (their records' arrivals, their modification times), Dagster's event log (the
+sensor's `landed_records` report, the run's launch and start events, the `transformed_records` step and
+materialisations, the `kinesis_checkpoints` commit) — and are computed by latency_stages.py (unit-tested).
 
-    .venv/bin/python benchmarks/bench_latency.py [--minutes 6] [--window-minutes 1]
+    .venv/bin/python benchmarks/bench_latency.py [--windows 10] [--window-minutes 1] [--rate 20] [--only warm|cold]
 """
 from __future__ import annotations
 
@@ -12,7 +18,6 @@ import argparse
 import os
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -21,70 +26,166 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
 
-from kcl_pipeline.kcl.aws_settings import AwsSettings  # noqa: E402
-from kcl_pipeline.transform.job import read_output  # noqa: E402
-from kcl_pipeline.zone.store import S3Options  # noqa: E402
+from latency_stages import LandedBatch, WindowTimes, render, stage_samples  # noqa: E402
 
-OUTPUT = "s3://kcl-pipeline/output"
+from kcl_pipeline.zone.batch import decode_batch  # noqa: E402
+from kcl_pipeline.zone.layout import parse_batch_key  # noqa: E402
+
+LANDED, TRANSFORMED, CHECKPOINTS = "landed_records", "transformed_records", "kinesis_checkpoints"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_ui(port: int, proc: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"the demo exited ({proc.returncode}) before its UI answered")
+        try:
+            if urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=5).status == 200:
+                return
+        except OSError:
+            time.sleep(2)
+    raise SystemExit(f"the demo's UI did not answer within {timeout:.0f} s")
+
+
+def asset_events(instance, name: str) -> list:
+    """Every materialisation of the asset whose key ends in `name` (the demo's one stream), oldest first."""
+    from dagster import AssetKey
+
+    keys = [k for k in instance.get_asset_keys() if k.path[-1] == name] or [AssetKey(name)]
+    out = []
+    for key in keys:
+        cursor = None
+        while True:  # pages of Dagster's largest (10,000 records)
+            page = instance.fetch_materializations(key, limit=10_000, cursor=cursor, ascending=True)
+            out += page.records
+            if not page.has_more:
+                break
+            cursor = page.cursor
+    return sorted(out, key=lambda r: r.timestamp)
+
+
+def window_times(instance, starts: list[int], window_ms: int) -> dict[int, WindowTimes]:
+    from dagster import DagsterEventType
+
+    from kcl_pipeline.windows.keys import partition_key
+
+    def first(events, key, after: float = 0.0):
+        return next((e for e in events if e.partition_key == key and e.timestamp >= after), None)
+
+    landed, transformed, checkpoints = (asset_events(instance, n) for n in (LANDED, TRANSFORMED, CHECKPOINTS))
+    out = {}
+    for start in starts:
+        key = partition_key(start)
+        times = WindowTimes(start, start + window_ms)
+        complete = first(landed, key)
+        done = first(transformed, key)
+        if complete is not None and done is not None:
+            logs = instance.all_logs(done.run_id, of_type={DagsterEventType.RUN_STARTING, DagsterEventType.RUN_START,
+                                                           DagsterEventType.STEP_START})
+            launched = next((e.timestamp for e in logs if e.dagster_event_type == DagsterEventType.RUN_STARTING), None)
+            started = next((e.timestamp for e in logs if e.dagster_event_type == DagsterEventType.RUN_START), None)
+            step = next((e.timestamp for e in logs if e.dagster_event_type == DagsterEventType.STEP_START
+                         and (e.step_key or "").endswith(TRANSFORMED)), None)
+            committed = first(checkpoints, key, done.timestamp)
+            times = WindowTimes(start, start + window_ms, complete.timestamp, launched, started, step, done.timestamp,
+                                committed.timestamp if committed else None)
+        out[start] = times
+    return out
+
+
+def landed_batches(landing: Path, starts: set[int], window_ms: int) -> list[LandedBatch]:
+    out = []
+    for path in landing.rglob("*.parquet"):
+        key = parse_batch_key(path.relative_to(landing).as_posix())
+        if key is None:
+            continue
+        start = key.minute_ms - key.minute_ms % window_ms
+        if start not in starts:
+            continue
+        table = decode_batch(path.read_bytes(), key.key())
+        arrivals = [int(ts.timestamp() * 1000) for ts in table.column("approximate_arrival_timestamp").to_pylist()]
+        out.append(LandedBatch(start, path.stat().st_mtime, arrivals))
+    return out
+
+
+def run_phase(mode: str, args: argparse.Namespace) -> dict[str, list[float]]:
+    from dagster import DagsterInstance
+
+    window_ms = args.window_minutes * 60_000
+    state = Path(tempfile.mkdtemp(prefix=f"bench-latency-{mode}-")) / "state"
+    port = free_port()
+    command = [sys.executable, "-m", "kcl_pipeline.cli", "demo", "--port", str(port), "--state-dir", str(state),
+               "--window-minutes", str(args.window_minutes), "--shards", str(args.shards), "--rate", str(args.rate)]
+    if mode == "cold":
+        command.append("--cold-spark")
+    log = open(state.parent / "demo.log", "wb")
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for_ui(port, proc)
+        now_ms = int(time.time() * 1000)
+        first = now_ms - now_ms % window_ms + (1 + args.settle_windows) * window_ms
+        starts = [first + i * window_ms for i in range(args.windows)]
+        print(f"{mode}: measuring {args.windows} windows from {time.strftime('%H:%M:%S', time.gmtime(first / 1000))}"
+              f" UTC (demo log {state.parent / 'demo.log'})", flush=True)
+        deadline = (starts[-1] + window_ms) / 1000 + args.patience_minutes * 60
+        times: dict[int, WindowTimes] = {}
+        while time.time() < deadline:
+            time.sleep(15)
+            if proc.poll() is not None:
+                raise SystemExit(f"{mode}: the demo exited ({proc.returncode}); see {state.parent / 'demo.log'}")
+            if time.time() * 1000 < starts[-1] + window_ms:
+                continue
+            with DagsterInstance.from_config(str(state / "dagster_home")) as instance:
+                times = window_times(instance, starts, window_ms)
+            if all(t.recorded for t in times.values()):
+                break
+        missing = [s for s, t in times.items() if not t.recorded]
+        if missing:
+            print(f"{mode}: {len(missing)} of {len(starts)} windows without every stage recorded in time: left out",
+                  flush=True)
+        batches = landed_batches(state / "zones" / "landing", set(starts), window_ms)
+        return stage_samples(times.values(), batches)
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+        log.close()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--minutes", type=float, default=6)
+    ap.add_argument("--windows", type=int, default=10, help="windows measured per phase")
     ap.add_argument("--window-minutes", type=int, default=1)
     ap.add_argument("--rate", type=float, default=20)
+    ap.add_argument("--shards", type=int, default=2)
+    ap.add_argument("--settle-windows", type=int, default=4,
+                    help="whole windows after the UI answered that are not measured (the start-up's queue)")
+    ap.add_argument("--only", choices=["warm", "cold"], default=None, help="one phase only")
+    ap.add_argument("--patience-minutes", type=float, default=5,
+                    help="how long after the last window's end its stages may take to be recorded")
     args = ap.parse_args()
-    state = Path(tempfile.mkdtemp()) / "state"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "kcl_pipeline.cli", "demo", "--port", str(port), "--state-dir",
-                             str(state), "--window-minutes", str(args.window_minutes), "--shards", "2", "--rate",
-                             str(args.rate)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    try:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            try:
-                if urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=5).status == 200:
-                    break
-            except OSError:
-                time.sleep(2)
-        time.sleep(args.minutes * 60)
-        env = dict(line.removeprefix("export ").split("=", 1) for line in (state / "env.sh").read_text().splitlines())
-        from dagster import AssetKey, DagsterInstance
-
-        instance = DagsterInstance.from_config(str(state / "dagster_home"))
-        records = instance.fetch_materializations(AssetKey("transformed_records"), limit=10_000).records
-        materialised_at = {}
-        for r in records:
-            materialised_at[r.partition_key] = min(materialised_at.get(r.partition_key, float("inf")), r.timestamp)
-        aws = AwsSettings(region=env.get("AWS_REGION"), endpoint_urls={"s3": env["AWS_ENDPOINT_URL_S3"]})
-        os.environ.setdefault("AWS_ACCESS_KEY_ID", env.get("AWS_ACCESS_KEY_ID", "test"))
-        os.environ.setdefault("AWS_SECRET_ACCESS_KEY", env.get("AWS_SECRET_ACCESS_KEY", "test"))
-        s3 = S3Options.from_aws_settings(aws, env_credentials=True)
-        from datetime import datetime, timezone
-
-        from kcl_pipeline.windows.keys import PARTITION_FMT
-
-        latencies = []
-        for key, at in materialised_at.items():
-            start_ms = int(datetime.strptime(key, PARTITION_FMT).replace(tzinfo=timezone.utc).timestamp() * 1000)
-            out = read_output(None, OUTPUT, start_ms, s3=s3).transformed
-            for ts in out.column("approximate_arrival_timestamp").to_pylist():
-                latencies.append(at - ts.timestamp())
-        if not latencies:
-            raise SystemExit("no transformed records yet: run longer (--minutes)")
-        latencies.sort()
-        p50 = statistics.median(latencies)
-        p95 = latencies[int(0.95 * (len(latencies) - 1))]
-        w = args.window_minutes * 60
-        print(f"{len(latencies)} records in {len(materialised_at)} windows of {w} s: "
-              f"p50 {p50:.1f} s ({p50 / w:.2f}x window), p95 {p95:.1f} s ({p95 / w:.2f}x window)")
-    finally:
-        os.killpg(proc.pid, signal.SIGINT)
-        proc.wait(120)
+    if args.windows < 1 or args.settle_windows < 0:
+        raise SystemExit("--windows must be >= 1 and --settle-windows >= 0")
+    print(f"load before: {os.getloadavg()}", flush=True)
+    results = {}
+    for mode in ("warm", "cold"):
+        if args.only in (None, mode):
+            results[mode] = run_phase(mode, args)
+            print(f"{mode} done; load {os.getloadavg()}", flush=True)
+    w = args.window_minutes * 60
+    print(f"\n{args.windows} windows of {w} s per phase, {args.shards} shards at {args.rate:g} records/s; seconds\n")
+    print(render(results))
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@ A shard is done with the window when one of these holds (checked in this order):
 1. it has ended: its lease is SHARD_END, or its progress says the shard's last record landed;
 2. it landed a record that arrived at or after t1 (arrival timestamps grow with the sequence within a
    shard, so every record before it, and so every record of the window, is landed);
+   or it has read, and holds, the record right after its last landed one, and that record arrived at or
+   after t1 (`next_arrival_ms`: the same argument, one record on — see "The next record" below);
 3. it is caught up: a poll at or after t1 + grace found MillisBehindLatest 0 with everything delivered
    landed (grace covers the gap between the service's arrival clock and the worker's clock, and records
    becoming readable slightly after they arrive);
@@ -24,6 +26,30 @@ child waiting for its parent's SHARD_END). Note the consequence for the checkpoi
 
 Progress may come from several consumers and arrive late: merge it first (progress.merge_all); every
 fact used here only ever becomes true, so a merged view never wrongly un-completes a window.
+
+The next record. A landing sink publishes, with its last landed record L, the arrival H of the first
+record it holds and has not landed, and only when that record is the one right after L in the shard
+(zone/sink.py `_publish_next`: the held records are consecutive from the record after the buffer's
+predecessor, and it publishes only when that predecessor is L). So the fact is "the successor of L
+arrived at H", and it is a fact about the shard, not about the holder:
+
+* L is landed, and so is every record of the chain before L (batches are written in chain order, each
+  fenced by the link after its predecessor) — the fact rule 2 already rests on;
+* a position of a shard has exactly one successor, whoever reads it, so any holder that read it saw the
+  same H; a window ending at or before H ends before the successor arrived, so each of its records
+  arrived before it, comes before it in the shard and is at or before L: landed.
+
+Across hand-offs: a lease's new holder re-reads from the checkpoint or from the last landed batch, and
+publishes the fact only once its own held records follow its own L again; a previous holder's report
+(merged late, or held in its lease item until the new holder's first heartbeat) says the same of its L,
+which stays landed whoever holds the lease. What is never published is the arrival of a record whose
+predecessor is not landed: a holder that has landed nothing yet holds the chain's first records, but the
+chain's start is settled only when a holder's first batch claims its start link (another holder, reading
+LATEST at another moment, may claim it from earlier records that arrived in the window and are not landed
+yet), and a holder resuming after a lease checkpoint beyond the last landed batch it found does not know
+that the records between are in the zone. Merging keeps the fact with the `landed` it follows; when
+`landed` moves past the successor, `landed_arrival_ms` is at least H, so rule 2 takes over and a window
+that passed stays passed.
 """
 from __future__ import annotations
 
@@ -101,6 +127,10 @@ def window_complete(window_start_ms: int, window_end_ms: int, shards: Sequence[S
         elif p is not None and p.landed_arrival_ms is not None and p.landed_arrival_ms >= t1:
             done = f"landed {p.landed} arriving at {p.landed_arrival_ms} >= window end"
             coverage.hit("completeness.passed.landed-past-the-end")
+        elif (p is not None and p.landed is not None and p.next_arrival_ms is not None
+              and p.next_arrival_ms >= t1):
+            done = f"holds the record after {p.landed}, arriving at {p.next_arrival_ms} >= window end"
+            coverage.hit("completeness.passed.next-record-past-the-end")
         elif p is not None and (caught_up := p.caught_up_at()) is not None and caught_up >= t1 + grace_ms:
             done = f"caught up at {p.polled_at_ms} >= window end + grace"
             coverage.hit("completeness.passed.caught-up-after-the-grace")

@@ -7,6 +7,9 @@ which no Java KCL (2.x or 3.x) lease attribute does:
     landingSequenceNumber S, landingSubSequenceNumber N   the last landed record (every record of the
                                                           shard before it is landed too)
     landingArrivalMillis N                                its ApproximateArrivalTimestamp
+    landingNextArrivalMillis N                            the ApproximateArrivalTimestamp of the record right
+                                                          after the last landed one, read and held by the
+                                                          sink but not landed yet (absent: none held)
     landingPolledAtMillis N, landingMillisBehindLatest N  the newest poll all of whose records are landed
                                                           (wall clock of the worker; MillisBehindLatest)
     landingShardEnd BOOL                                  the shard's last record is landed
@@ -14,6 +17,13 @@ which no Java KCL (2.x or 3.x) lease attribute does:
 
 Every fact is monotone and true "as of" its time, so progress from several sources (the lease table,
 a local worker, a late report of a previous owner) merges field group by field group (`merge_progress`).
+
+The next record's arrival belongs to the landed group: it is a fact about the shard's record that follows
+`landed` (a position of the shard has one successor, whoever reads it), so it is true for every holder
+and merges with `landed`. It is never published without `landed` (a holder that has landed nothing cannot
+say which record follows the chain's start: another holder may claim that start from other first records).
+When `landed` moves past that record, `landingArrivalMillis` is at least its arrival, so what it proved
+stays proved (windows/completeness.py).
 """
 from __future__ import annotations
 
@@ -29,7 +39,8 @@ A_POLLED_AT = "landingPolledAtMillis"
 A_BEHIND = "landingMillisBehindLatest"
 A_SHARD_END = "landingShardEnd"
 A_LAST_BATCH = "landingLastBatchKey"
-ATTRIBUTES = (A_SEQUENCE, A_SUB_SEQUENCE, A_ARRIVAL, A_POLLED_AT, A_BEHIND, A_SHARD_END, A_LAST_BATCH)
+A_NEXT_ARRIVAL = "landingNextArrivalMillis"
+ATTRIBUTES = (A_SEQUENCE, A_SUB_SEQUENCE, A_ARRIVAL, A_POLLED_AT, A_BEHIND, A_SHARD_END, A_LAST_BATCH, A_NEXT_ARRIVAL)
 
 
 @dataclass(frozen=True)
@@ -41,6 +52,7 @@ class ShardProgress:
     millis_behind_latest: int | None = None
     shard_end_landed: bool = False
     last_batch_key: str | None = None
+    next_arrival_ms: int | None = None  # arrival of the record right after `landed`, held but not landed
 
     def to_attributes(self) -> dict[str, Any]:
         """Heartbeat attributes; None removes an attribute (so the item always says exactly this)."""
@@ -52,6 +64,7 @@ class ShardProgress:
             A_BEHIND: self.millis_behind_latest,
             A_SHARD_END: True if self.shard_end_landed else None,
             A_LAST_BATCH: self.last_batch_key,
+            A_NEXT_ARRIVAL: self.next_arrival_ms if self.landed else None,
         }
 
     @classmethod
@@ -80,6 +93,7 @@ class ShardProgress:
             millis_behind_latest=_int(values[A_BEHIND]),
             shard_end_landed=values[A_SHARD_END] is True,
             last_batch_key=values[A_LAST_BATCH] if isinstance(values[A_LAST_BATCH], str) and landed else None,
+            next_arrival_ms=_int(values[A_NEXT_ARRIVAL]) if landed else None,
         )
 
     @classmethod
@@ -119,7 +133,11 @@ def merge_progress(a: ShardProgress | None, b: ShardProgress | None) -> ShardPro
         raise ValueError(f"cannot merge progress of {a.shard_id} and {b.shard_id}")
     out = a
     if b.landed is not None and (a.landed is None or b.landed.key() > a.landed.key()):
-        out = replace(out, landed=b.landed, landed_arrival_ms=b.landed_arrival_ms, last_batch_key=b.last_batch_key)
+        out = replace(out, landed=b.landed, landed_arrival_ms=b.landed_arrival_ms, last_batch_key=b.last_batch_key,
+                      next_arrival_ms=b.next_arrival_ms)
+    elif (b.landed is not None and a.landed is not None and b.landed.key() == a.landed.key()
+          and b.next_arrival_ms is not None and a.next_arrival_ms is None):
+        out = replace(out, next_arrival_ms=b.next_arrival_ms)  # the same record follows: one report read it
     if b.polled_at_ms is not None and (a.polled_at_ms is None or b.polled_at_ms > a.polled_at_ms):
         out = replace(out, polled_at_ms=b.polled_at_ms, millis_behind_latest=b.millis_behind_latest)
     if b.shard_end_landed and not a.shard_end_landed:

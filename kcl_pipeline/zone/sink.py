@@ -26,7 +26,10 @@ landed, because batches are written in shard order from a point at or before the
 A typical hand-over costs 1-5 small LIST calls.
 
 Progress (progress.py) is published through `heartbeat_attributes()`, which the worker calls from its
-heartbeat thread: the sink only ever swaps an immutable ShardProgress there. The caught-up fact
+heartbeat thread: the sink only ever swaps an immutable ShardProgress there, each one true as a whole.
+With it goes the arrival of the first record it holds but has not landed, when that record follows the last
+landed one (`_publish_next`): a window closes as soon as a record after it has been read, not when that
+record's batch lands (at the next minute's end, or when the buffer is old enough). The caught-up fact
 (polled_at, millis_behind_latest) is published only for polls all of whose records are landed; the
 worker should call `process_records` for empty polls too (or `tick()`), so idle shards report polls
 and old buffers flush on age.
@@ -272,6 +275,7 @@ class LandingProcessor(RecordProcessor):
         self._flush_if_due()
         if not self._buffer_count:
             self._settle_poll()
+        self._publish_next()
 
     def tick(self) -> None:
         """Flush a buffer that is old enough (for workers that do not deliver empty polls)."""
@@ -279,6 +283,7 @@ class LandingProcessor(RecordProcessor):
             self._flush_if_due()
             if not self._buffer_count:
                 self._settle_poll()
+            self._publish_next()
 
     def flush(self) -> None:
         if self._buffer_count and not self._closed:
@@ -340,6 +345,7 @@ class LandingProcessor(RecordProcessor):
         # Nothing was checkpointed past what landed: the next owner re-reads the buffered records.
         dropped = self._buffer_count
         self._set_buffer(None)
+        self._publish_next()
         self._closed = True
         log.info("%s: lease lost; %d buffered records dropped (the next owner re-reads them)", self.shard_id, dropped)
 
@@ -520,6 +526,22 @@ class LandingProcessor(RecordProcessor):
         if poll is not None and poll[1] == 0 and self._buffer_minute + MINUTE_MS <= poll[0]:
             self._flush("minute_over")
 
+    def _publish_next(self) -> None:
+        """Publish the arrival of the first held record when it is the record right after the last landed one
+        (progress.py, `next_arrival_ms`): every record of the chain before it is landed then, so a window
+        ending at or before its arrival has passed (windows/completeness.py). Nothing is published while the
+        held records follow anything else: the chain's start before anything landed (another holder may claim
+        that start from other first records), or a lease checkpoint beyond the last landed batch found."""
+        progress = self._progress
+        if progress is None:
+            return
+        prev = self._buffer_prev
+        follows = (self._buffer_count > 0 and progress.landed is not None and prev is not None
+                   and not prev.is_sentinel and prev == progress.landed)
+        arrival = self._segments[0][0].approximate_arrival_timestamp_ms if follows else None
+        if arrival != progress.next_arrival_ms:
+            self._progress = replace(progress, next_arrival_ms=arrival)
+
     def _settle_poll(self) -> None:
         """Every record of every poll so far is landed: publish the newest poll."""
         poll = self._last_poll
@@ -579,7 +601,8 @@ class LandingProcessor(RecordProcessor):
             self._progress = replace(
                 progress, landed=end,
                 landed_arrival_ms=arrival if prior is None or arrival > prior else prior,
-                last_batch_key=final_key.key() if final_key else progress.last_batch_key)
+                last_batch_key=final_key.key() if final_key else progress.last_batch_key,
+                next_arrival_ms=None)  # published again for what stays held (`_publish_next`, below)
             if end.key() > last.position():
                 # Another writer landed further than we have read: drop those records when they come.
                 self._skip_key = end.key() if self._skip_key is None or end.key() > self._skip_key else self._skip_key
@@ -587,6 +610,7 @@ class LandingProcessor(RecordProcessor):
         if kept:
             self._buffer_prev = kept_prev
             self._buffer_started = self._monotonic()
+        self._publish_next()
         self.stats.flushes[reason] = self.stats.flushes.get(reason, 0) + 1
         if self.settings.checkpoint_after_flush and self._checkpointer is not None and landed_records:
             # On the next heartbeat write when the worker offers it (no extra DynamoDB write): a checkpoint

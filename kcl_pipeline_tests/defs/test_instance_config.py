@@ -83,3 +83,16 @@ def test_a_run_killed_from_outside_does_not_hold_the_spark_slot_for_ever(tmp_pat
                                                               logging.getLogger("test")))
         assert storage.get_concurrency_info(SPARK_POOL).claimed_slots == []
         assert instance.run_monitoring_enabled  # the daemon runs that pass only when monitoring is on
+
+
+@pytest.mark.parametrize("storage", ["sqlite", "postgres"])
+def test_a_requested_window_run_leaves_the_queue_within_a_second(tmp_path, monkeypatch, storage):
+    """The daemon's run queue is on every window's critical path: at Dagster's default it looked every 5 s, so a
+    run the sensor requested waited up to 5 s before it started."""
+    monkeypatch.setenv(POSTGRES_URL_ENV, "postgresql+psycopg2://user:password@127.0.0.1:1/dagster")
+    home = prepare_dagster_home(tmp_path / "home", storage=storage)
+    config, _ = dagster_instance_config(str(home))  # validated against Dagster's schema; connects to nothing
+    assert config["run_coordinator"]["config"]["dequeue_interval_seconds"] == 1
+    if storage == "sqlite":
+        with DagsterInstance.from_config(str(home)) as instance:
+            assert instance.run_coordinator.dequeue_interval_seconds == 1

@@ -27,6 +27,12 @@ def landed(key: str, arrival: int, *, end: bool = False) -> ShardProgress:
     return ShardProgress(key, Checkpoint(seq(arrival % 1000 + 1)), arrival, shard_end_landed=end)
 
 
+def holding(key: str, landed_arrival: int, next_arrival: int | None) -> ShardProgress:
+    """Landed up to a record arriving at `landed_arrival`; holds (read, not landed) the one after, arriving at
+    `next_arrival`."""
+    return ShardProgress(key, Checkpoint(seq(3)), landed_arrival, next_arrival_ms=next_arrival)
+
+
 def polled(key: str, at: int, behind: int = 0, arrival: int | None = None) -> ShardProgress:
     return ShardProgress(key, Checkpoint(seq(2)) if arrival else None, arrival, at, behind)
 
@@ -45,6 +51,18 @@ CASES = [
      [Shard(D)], [lease(D)], {D: landed(D, T1)}, []),
     ("landed just before t1: waiting",
      [Shard(D)], [lease(D)], {D: landed(D, T1 - 1)}, [D]),
+    ("the record after the last landed one is held and arrived past t1",
+     [Shard(D)], [lease(D)], {D: holding(D, T1 - 5, T1 + 10)}, []),
+    ("the held record arrived exactly at t1 counts",
+     [Shard(D)], [lease(D)], {D: holding(D, T1 - 5, T1)}, []),
+    ("the held record arrived just before t1: waiting",
+     [Shard(D)], [lease(D)], {D: holding(D, T1 - 5, T1 - 1)}, [D]),
+    ("nothing held after the last landed record: waiting",
+     [Shard(D)], [lease(D)], {D: holding(D, T1 - 5, None)}, [D]),
+    ("a held arrival without a landed record (the chain's start not settled) is no proof: waiting",
+     [Shard(D)], [lease(D)], {D: ShardProgress(D, next_arrival_ms=T1 + 10)}, [D]),
+    ("split mid-window: one child holds a record past t1, the other landed one",
+     GRAPH[:3], [Lease(A, ENDED), lease(B), lease(C)], {B: holding(B, T0, T1 + 1), C: landed(C, T1 + 1)}, []),
     ("idle shard caught up after t1 + grace",
      [Shard(D)], [lease(D)], {D: polled(D, T1 + GRACE)}, []),
     ("idle shard caught up inside the grace: waiting",
@@ -120,6 +138,25 @@ def test_late_progress_from_another_consumer():
         merged = merge_all(*sources)
         assert window_complete(T0, T1, [Shard(D)], merged, [lease(D)], GRACE).complete
     assert not window_complete(T0, T1, [Shard(D)], stale, [lease(D)], GRACE).complete
+
+
+def test_a_held_record_says_why():
+    status = window_complete(T0, T1, [Shard(D)], {D: holding(D, T1 - 5, T1 + 10)}, [lease(D)], GRACE)
+    assert status.reasons[D].startswith(f"holds the record after {seq(3)}")
+
+
+def test_the_next_record_stays_proof_when_its_batch_lands_or_a_late_report_comes():
+    """Progress from two holders, in either order: the held record's report, and one after its batch landed
+    (`landed` moved past it: its arrival at least the held record's). Neither order un-completes the window."""
+    held = {D: holding(D, T1 - 5, T1 + 10)}
+    flushed = {D: ShardProgress(D, Checkpoint(seq(9)), T1 + 20)}
+    for sources in [(held, flushed), (flushed, held)]:
+        assert window_complete(T0, T1, [Shard(D)], merge_all(*sources), [lease(D)], GRACE).complete
+    # a report that has landed less, from a holder that re-read from an older checkpoint and holds nothing
+    # yet, does not take the held record's proof away
+    behind = {D: ShardProgress(D, Checkpoint(seq(2)), T1 - 30)}
+    for sources in [(held, behind), (behind, held)]:
+        assert window_complete(T0, T1, [Shard(D)], merge_all(*sources), [lease(D)], GRACE).complete
 
 
 def test_an_earlier_window_is_complete_whenever_a_later_one_is():

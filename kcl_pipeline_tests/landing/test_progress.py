@@ -18,7 +18,7 @@ from kcl_pipeline.zone.progress import (
 
 from .helpers import SHARD, seq
 
-FULL = ShardProgress(SHARD, Checkpoint(seq(42), 3), 1_000, 2_000, 0, True, "s/dt=…/k.parquet")
+FULL = ShardProgress(SHARD, Checkpoint(seq(42), 3), 1_000, 2_000, 0, True, "s/dt=…/k.parquet", 1_500)
 
 # Every attribute Java KCL 2.x/3.x writes on a lease item (KCL 3 adds these beside the 2.x ones).
 JAVA_NAMES = set(LEASE_ATTRIBUTES) | set(JAVA_HANDOVER_ATTRIBUTES) | {
@@ -38,6 +38,7 @@ def test_names_never_collide_with_java():
     FULL,
     ShardProgress(SHARD, polled_at_ms=5, millis_behind_latest=10),
     ShardProgress(SHARD, Checkpoint(seq(1)), 7, last_batch_key="k"),
+    ShardProgress(SHARD, Checkpoint(seq(1)), 7, next_arrival_ms=9),
 ])
 def test_round_trip_plain_and_dynamodb_typed(progress):
     attrs = progress.to_attributes()
@@ -55,6 +56,23 @@ def test_absent_and_malformed():
         "landingSequenceNumber": "007", "landingArrivalMillis": "soon", "landingPolledAtMillis": 1.5,
         "landingMillisBehindLatest": 0, "landingShardEnd": "yes"})
     assert odd == ShardProgress(SHARD, None, None, None, 0, False, None)
+
+
+def test_a_next_arrival_without_the_landed_record_it_follows_is_dropped():
+    """The next record's arrival says something only about the record after `landed`: alone (a holder that
+    landed nothing, a malformed item) it is never read, nor written."""
+    assert ShardProgress.from_attributes(SHARD, {"landingNextArrivalMillis": 5, "landingPolledAtMillis": 1}) == \
+        ShardProgress(SHARD, polled_at_ms=1)
+    assert ShardProgress(SHARD, next_arrival_ms=5).to_attributes()["landingNextArrivalMillis"] is None
+
+
+def test_merge_keeps_the_next_arrival_with_the_landed_record_it_follows():
+    held = ShardProgress(SHARD, Checkpoint(seq(5)), 100, next_arrival_ms=130)
+    flushed = ShardProgress(SHARD, Checkpoint(seq(9)), 200)  # landed past the held record: no next held
+    assert merge_progress(held, flushed) == flushed and merge_progress(flushed, held) == flushed
+    other = ShardProgress(SHARD, Checkpoint(seq(5)), 100, polled_at_ms=50, millis_behind_latest=0)
+    for a, b in [(held, other), (other, held)]:  # the same landed record: the report that read its successor
+        assert merge_progress(a, b).next_arrival_ms == 130
 
 
 def test_from_leases_reads_extra():

@@ -88,6 +88,8 @@ REQUIRED: dict[str, str] = {
     "completeness.passed.lease-ended": "a shard passed a window: its lease is SHARD_END",
     "completeness.passed.last-record-landed": "a shard passed a window: its last record landed",
     "completeness.passed.landed-past-the-end": "a shard passed a window: it landed a record arriving after the end",
+    "completeness.passed.next-record-past-the-end": "a shard passed a window: the record after its last landed "
+                                                    "one, read and held, arrived after the end",
     "completeness.passed.caught-up-after-the-grace": "a shard passed a window: caught up after its end and grace",
     "completeness.passed.born-after": "a shard passed a window: born after it (an ancestor was open then)",
     "completeness.passed.descendant-leased": "a shard without a lease passed a window: a descendant is leased",

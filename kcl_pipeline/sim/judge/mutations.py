@@ -26,7 +26,8 @@ link (`dead-start-link`), rows_reconcile publishing before its check (`reconcile
 refill under an unfenced start chain (`unfenced-refill`), a refill naming no predecessor key
 (`refill-forgets-predecessor-key`) and a window failing for good that nothing flags
 (`stall-unreported`). The sensor's: the completeness rule taking a shard caught up before the window's end for
-one that has passed it (`completeness-caught-up-any-time`).
+one that has passed it (`completeness-caught-up-any-time`), or a shard holding a record of the window for one
+past it (`completeness-any-held-record`).
 """
 from __future__ import annotations
 import __future__
@@ -146,6 +147,10 @@ MUTATIONS: dict[str, Mutation] = {m.name: m for m in (
     Mutation("completeness-caught-up-any-time", "the completeness rule counts a shard caught up at any time as done "
              "with the window (windows/completeness.py without `caught_up >= t1 + grace_ms`): a shard idle before "
              "the window's end has not passed it, and the window is reported before its records land", 100),
+    Mutation("completeness-any-held-record", "the completeness rule counts a shard holding any record read after "
+             "its last landed one as done with the window, wherever that record arrived (windows/completeness.py "
+             "`p.next_arrival_ms >= t1` made `>= window_start_ms`): a shard whose held records arrived in the "
+             "window has not landed them, and the window is reported before they land", 100),
 )}
 
 
@@ -333,6 +338,9 @@ def _plant(name: str, stack: contextlib.ExitStack, world: Any) -> None:
             completeness.window_complete,
             "(caught_up := p.caught_up_at()) is not None and caught_up >= t1 + grace_ms",
             "(caught_up := p.caught_up_at()) is not None")))
+    elif name == "completeness-any-held-record":
+        stack.enter_context(mock.patch.object(scan, "window_complete", _edited(
+            completeness.window_complete, "and p.next_arrival_ms >= t1)", "and p.next_arrival_ms >= window_start_ms)")))
     elif name == "dead-start-link":
         _patch(stack, sink.LandingProcessor, "_follow_chain", "        self._adopt = claim\n", "        pass\n")
     elif name == "plan-past-unmaterialised-window":
