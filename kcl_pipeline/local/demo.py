@@ -182,23 +182,41 @@ def _default_signals() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def stop_process_group(proc: subprocess.Popen, grace: float = 30.0) -> None:
-    if proc.poll() is not None:
-        return
-    for sig, wait in ((signal.SIGINT, grace), (signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+# Dagster's own services stop within a few seconds of their code server (webserver, daemon, a run cancelled).
+DAGSTER_SHUTDOWN_SECONDS = 5.0
+
+
+def dagster_stop_seconds() -> float:
+    """How long a Ctrl-C'd `dagster dev` is given before what is left of its group is killed: its code server's
+    own bound (its workers' release, then its forced exit) and Dagster's shutdown after it. A daemon whose main
+    thread waits on a code server that is gone (a workspace refresh's gRPC retries, half a minute on a loaded
+    host) would otherwise hold the stop past anything the README states; killed, it loses nothing (its state
+    is in the instance's storage, and a run it had not launched yet stays queued for the next start)."""
+    from ..deployment.fleet_hosting import EXIT_GRACE_SECONDS, STOP_SECONDS
+
+    return STOP_SECONDS + EXIT_GRACE_SECONDS + DAGSTER_SHUTDOWN_SECONDS
+
+
+def stop_process_group(proc: subprocess.Popen, grace: float) -> None:
+    """SIGINT to the process group (Ctrl-C, as a terminal sends it); what has not exited `grace` seconds later is
+    killed, the group's other processes (a code server, its workers) included."""
+    if proc.poll() is None:
         try:
-            os.killpg(proc.pid, sig)
+            os.killpg(proc.pid, signal.SIGINT)
+            proc.wait(grace)
         except ProcessLookupError:
             return
-        try:
-            proc.wait(wait)
-            break
         except subprocess.TimeoutExpired:
-            continue
+            log.warning("dagster dev still running %.0f s after Ctrl-C: killing its process group (leases not "
+                        "released expire by themselves)", grace)
     # Children that outlived the group leader (e.g. the code server) still carry the group id.
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
+        pass
+    try:
+        proc.wait(10.0)
+    except subprocess.TimeoutExpired:
         pass
 
 
@@ -432,7 +450,7 @@ def _run(options: DemoOptions, *, serve: bool, ready: Callable[[Started], None] 
         env_file.unlink(missing_ok=True)
         if dagster is not None:
             print("stopping dagster …", flush=True)
-            stop_process_group(dagster)
+            stop_process_group(dagster, dagster_stop_seconds())
         if spark is not None:
             print("stopping the Spark Connect server …", flush=True)
             spark.terminate()  # its JVM shuts down while the producer and the emulators stop

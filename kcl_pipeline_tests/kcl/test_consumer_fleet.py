@@ -111,8 +111,10 @@ def test_fleet_failover_resharding_rebalance(emulators, kinesis_client, dynamodb
         os.killpg(procs["c1"].pid, signal.SIGKILL)
         procs["c1"].wait()
         killed_at = time.monotonic()
-        wait_until(lambda: all(monitor.owners.get(k) not in (None, "c1") for k in victims), EXPIRY + 4 * CYCLE + 20,
-              "c1's leases taken by the survivors")
+        # A liveness wait, not a bound (the figure is printed): the survivors see the leases expire at their
+        # cycles and take each through a worker process they spawn, whose start took tens of seconds in CI's load.
+        wait_until(lambda: all(monitor.owners.get(k) not in (None, "c1") for k in victims), 180,
+                   "c1's leases taken by the survivors")
         failover = time.monotonic() - killed_at
         print(f"failover after SIGKILL: {failover:.1f}s = {failover / EXPIRY:.2f}x the lease expiry")
 

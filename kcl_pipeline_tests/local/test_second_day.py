@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from kcl_pipeline.deployment.fleet_hosting import STOP_SECONDS
-from kcl_pipeline.local.demo import ENV_FILE
+from kcl_pipeline.local.demo import ENV_FILE, dagster_stop_seconds
 from kcl_pipeline.local.emulators import free_port
 from kcl_pipeline.windows.keys import partition_key
 from kcl_pipeline.windows.manifest import commit_key
@@ -46,6 +46,9 @@ WINDOW_MS = 120_000
 # A stop returns within the workers' release bound and Dagster's own shutdown (a few seconds) with margin for a
 # busy two-core machine.
 STOP_BOUND_SECONDS = STOP_SECONDS + 20
+# The demo stops `dagster dev` within its bound (killing what is left), then the Spark Connect server, the
+# producer and the emulators (kinesis-local waits for its next write, up to 5 s).
+DEMO_STOP_BOUND_SECONDS = dagster_stop_seconds() + 15
 # `dagster dev` watches its code server every 5 s and restarts one that exited; a code server that exited on the
 # Ctrl-C before `dagster dev` began its own shutdown is started again (a race inside dagster dev: CI met it under
 # load). The new one hosts no worker (no sensor ticks any more) and exits by itself once its heartbeats stop:
@@ -117,7 +120,7 @@ def test_the_demo_then_local_up_and_dagster_dev_start_again_where_they_stopped(t
 
         wait_until(a_run_started, 480, "a window's run in flight", 0.5)
         stopped_at = int(time.time() * 1000)
-        demo_stop = stop_group(demo, STOP_BOUND_SECONDS)
+        demo_stop = stop_group(demo, DEMO_STOP_BOUND_SECONDS)
         assert demo.returncode == 0, (tmp_path / "demo.out").read_text()[-3000:]
 
         # -- the second day: `local up`, `source .kcl_local/env.sh`, `dagster dev` at the root ---------------------
