@@ -102,20 +102,21 @@ def _longest_cycle(log: str) -> float:
 
 
 def _slowest_worker_start(log: str) -> float:
-    """The longest time from a manager's spawn of a lease's worker process to that worker's first line: the
-    worker takes the lease itself once it runs, so a taker's lease stays still for its start too (seconds on a
-    loaded two-core machine, where a Python process importing boto3 waits for a core)."""
+    """The longest time from a manager's spawn of a lease's worker process to a worker of that lease showing its
+    first line: the worker takes the lease itself once it runs, so a taker's lease stays still for its start too
+    (tens of seconds on a loaded two-core machine, where a Python process importing boto3 waits for a core; a
+    worker that has not shown its take within the manager's start patience is killed and spawned again, so the
+    time counts from the first spawn of such a series)."""
     stamp = lambda line: datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()  # noqa: E731
-    spawned: dict[str, list[float]] = {}
+    first_spawn: dict[str, float] = {}
     longest = 0.0
     for line in log.splitlines():
         if "spawned worker pid" in line:
-            spawned.setdefault(line.split(" for ")[1].split()[0], []).append(stamp(line))
+            first_spawn.setdefault(line.split(" for ")[1].split()[0], stamp(line))
         elif "[worker " in line:
             shard = line.split("[worker ", 1)[1].split("]", 1)[0]
-            if spawned.get(shard):
-                longest = max(longest, stamp(line) - spawned[shard].pop(0))
-                spawned[shard].clear()  # the same process's later lines are not starts
+            if shard in first_spawn:
+                longest = max(longest, stamp(line) - first_spawn.pop(shard))
     return longest
 
 
