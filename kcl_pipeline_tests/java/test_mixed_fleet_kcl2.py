@@ -189,7 +189,7 @@ def test_kill9_each_kind_resumes_from_the_others_checkpoint(mixed_fleet):
 
         # And the other way round: a Java worker joins, takes one lease; ours is killed; Java takes the rest.
         j2 = fleet.start_java("j2")
-        wait_until(lambda: sorted(watch.owners().values()) == ["c1", "j2"], 2 * TAKER_INTERVAL + 10,
+        wait_until(lambda: sorted(o or "" for o in watch.owners().values()) == ["c1", "j2"], 2 * TAKER_INTERVAL + 10,
                    "j2 taking one lease from c1")
         our_shard = next(k for k, o in watch.owners().items() if o == "c1")
         fleet.producer.put(150, 1)
@@ -234,7 +234,7 @@ def test_our_sigterm_releases_and_java_takes_at_once(mixed_fleet):
         wait_until(lambda: list(watch.owners().values()) == ["c1", "c1"], 40, "both leases held by c1")
         _wait_all_delivered(fleet, 40, "every record delivered by c1")
         java = fleet.start_java("j1", extra=["--max-leases", "2"])
-        wait_until(lambda: sorted(watch.owners().values()) == ["c1", "j1"], 2 * TAKER_INTERVAL + 10,
+        wait_until(lambda: sorted(o or "" for o in watch.owners().values()) == ["c1", "j1"], 2 * TAKER_INTERVAL + 10,
                    "j1 taking one lease from c1")
         our_shard = next(k for k, o in watch.owners().items() if o == "c1")
         fleet.producer.put(100, 1)
@@ -308,7 +308,7 @@ def test_split_mid_run_parents_before_children_across_kinds(mixed_fleet):
         # KCL 2.x's graceful shutdown waits for the processor of a SHARD_END lease it still holds, which never
         # answers: past 5 s the peer shuts down by force (exit 3).
         java = fleet.start_java("j1", extra=["--shutdown-timeout-millis", "5000"])
-        wait_until(lambda: sorted(watch.owners().values()) == ["c1", "j1"], 2 * TAKER_INTERVAL + 10,
+        wait_until(lambda: sorted(o or "" for o in watch.owners().values()) == ["c1", "j1"], 2 * TAKER_INTERVAL + 10,
                    "j1 taking one lease from c1")
         parents_held = dict(watch.owners())
         _wait_all_delivered(fleet, 40, "every record delivered before the splits")
