@@ -1,8 +1,13 @@
 """Records, checkpointers and drivers for the landing tests."""
 from __future__ import annotations
 
+import os
 import random
+import signal
+import subprocess
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from kcl_pipeline.kcl.core.model import Checkpoint, UserRecord
 from kcl_pipeline.kcl.processor import InitializationInput, ProcessRecordsInput
@@ -209,3 +214,25 @@ class RecordingLeaseTable:
     def end(self, key: str) -> bool:
         self.ended.append(key)
         return True
+
+
+def stop_consumer(proc: subprocess.Popen) -> int:
+    """SIGTERM a `kcl-pipeline consume` process group; SIGKILL it after 40 s. Its exit code."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        return proc.wait(40)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        return proc.wait()
+
+
+def wait_logged(pred, timeout: float, what: str, log: Path) -> None:
+    """Wait for `pred`; on a timeout, fail with the consumer's log's end."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; the consumer's log ends:\n"
+                         f"{log.read_text(errors='replace')[-4000:]}")

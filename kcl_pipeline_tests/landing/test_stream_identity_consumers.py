@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +24,7 @@ from kcl_pipeline.kcl.shells.shards import wait_stream_active
 from kcl_pipeline.zone.chain import read_batches
 from kcl_pipeline.zone.layout import landing_directory
 from kcl_pipeline.zone.store import open_store
+from kcl_pipeline_tests.landing.helpers import stop_consumer, wait_logged
 
 pytestmark = [pytest.mark.emulator, pytest.mark.slow]
 
@@ -38,26 +37,6 @@ def _consume(env, stream: str, app: str, zone: str, region: str, log: Path) -> s
            "--heartbeat-seconds", "1", "--lease-expiry-seconds", "3", "--cycle-seconds", "1",
            "--batch-seconds", "0.5"]
     return subprocess.Popen(cmd, env=env, stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _stop(proc: subprocess.Popen) -> int:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        return proc.wait(40)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        return proc.wait()
-
-
-def _wait(pred, timeout: float, what: str, log: Path) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; the consumer's log ends:\n"
-                         f"{log.read_text(errors='replace')[-4000:]}")
 
 
 def _sources(store, directory: str) -> list[tuple[str, int]]:
@@ -93,9 +72,9 @@ def test_a_second_stream_of_the_same_name_in_another_region_lands_everything_bes
     # A lands its 100 records under the bare name (named by its name: the layout zones were written in).
     a = _consume(env, name, app_a, zone, regions["A"], tmp_path / "a.log")
     try:
-        _wait(lambda: len(_sources(store, name)) >= COUNT, 120, "A's records landed", tmp_path / "a.log")
+        wait_logged(lambda: len(_sources(store, name)) >= COUNT, 120, "A's records landed", tmp_path / "a.log")
     finally:
-        _stop(a)
+        stop_consumer(a)
     assert _sources(store, name) == [("A", i) for i in range(COUNT)]
     landed_by_a = sorted(store.list_keys(""))
 
@@ -104,9 +83,9 @@ def test_a_second_stream_of_the_same_name_in_another_region_lands_everything_bes
     b_log = tmp_path / "b-by-name.log"
     b = _consume(env, name, app_b, zone, regions["B"], b_log)
     try:
-        _wait(lambda: b.poll() is not None, 120, "B refusing A's chain", b_log)
+        wait_logged(lambda: b.poll() is not None, 120, "B refusing A's chain", b_log)
     finally:
-        code = _stop(b)
+        code = stop_consumer(b)
     (refusal,) = b_log.read_text().splitlines()
     assert code == 2 and "is not of this consumer's stream" in refusal, refusal
     assert arns["A"] in refusal and arns["B"] in refusal
@@ -117,10 +96,10 @@ def test_a_second_stream_of_the_same_name_in_another_region_lands_everything_bes
     assert directory_b == f"{name}@{regions['B']}@{arns['B'].split(':')[4]}"
     b = _consume(env, arns["B"], app_b, zone, regions["B"], tmp_path / "b-by-arn.log")
     try:
-        _wait(lambda: store.list_dirs("") == sorted([name, directory_b])
+        wait_logged(lambda: store.list_dirs("") == sorted([name, directory_b])
               and len(_sources(store, directory_b)) >= COUNT, 120, "B's records landed", tmp_path / "b-by-arn.log")
     finally:
-        _stop(b)
+        stop_consumer(b)
     assert _sources(store, directory_b) == [("B", i) for i in range(COUNT)]
     assert _sources(store, name) == [("A", i) for i in range(COUNT)]  # A's untouched
 

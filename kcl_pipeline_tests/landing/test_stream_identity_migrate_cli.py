@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from kcl_pipeline.kcl.shells.shards import wait_stream_active
 from kcl_pipeline.zone.chain import read_batches
 from kcl_pipeline.zone.layout import landing_directory
 from kcl_pipeline.zone.store import open_store
+from kcl_pipeline_tests.landing.helpers import stop_consumer, wait_logged
 
 pytestmark = [pytest.mark.emulator, pytest.mark.slow]
 
@@ -28,26 +28,6 @@ def _consume(env, stream: str, app: str, zone: str, log: Path) -> subprocess.Pop
            "--worker-id", f"{app}-w1", "--landing", zone, "--initial-position", "TRIM_HORIZON",
            "--heartbeat-seconds", "1", "--lease-expiry-seconds", "3", "--cycle-seconds", "1", "--batch-seconds", "0.5"]
     return subprocess.Popen(cmd, env=env, stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _stop(proc: subprocess.Popen) -> int:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        return proc.wait(40)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        return proc.wait()
-
-
-def _wait(pred, timeout: float, what: str, log: Path) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; the consumer's log ends:\n"
-                         f"{log.read_text(errors='replace')[-4000:]}")
 
 
 def _ids(store, directory: str) -> list[int]:
@@ -82,12 +62,12 @@ def test_a_consumer_configured_by_the_arn_resumes_a_migrated_zone_landing_only_t
 
     by_name = _consume(env, name, app, zone, tmp_path / "by-name.log")
     try:
-        _wait(lambda: len(_ids(store, name)) >= 50, 120, "the name-configured consumer's records",
+        wait_logged(lambda: len(_ids(store, name)) >= 50, 120, "the name-configured consumer's records",
               tmp_path / "by-name.log")
         landed = {k: store.get(k) for k in store.list_keys("")}
         refused = _cli(env, *migrate, "--watch-seconds", "4")  # its lease is renewed every second
     finally:
-        _stop(by_name)
+        stop_consumer(by_name)
     assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
     assert "live leases" in refused.stderr and refused.stdout == ""
     assert {k: store.get(k) for k in store.list_keys("")} == landed
@@ -103,11 +83,11 @@ def test_a_consumer_configured_by_the_arn_resumes_a_migrated_zone_landing_only_t
     _put(kinesis, name, range(50, 100))
     by_arn = _consume(env, arn, app, zone, tmp_path / "by-arn.log")
     try:
-        _wait(lambda: len(_ids(store, directory)) >= 100, 120, "the ARN-configured consumer's records",
+        wait_logged(lambda: len(_ids(store, directory)) >= 100, 120, "the ARN-configured consumer's records",
               tmp_path / "by-arn.log")
         time.sleep(2)  # a record landed twice would show by now
     finally:
-        _stop(by_arn)
+        stop_consumer(by_arn)
     assert _ids(store, directory) == list(range(100))
     verified = _cli(env, "landing", "verify", "--no-progress", "--landing", zone, "--deep", "--stream", arn)
     assert verified.returncode == 0 and verified.stdout.splitlines()[-1] == "OK: 100 rows", verified.stdout
