@@ -188,7 +188,8 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("sim.aws",),                           # simulated DynamoDB, Kinesis and zone store
     ("sim.judge",),                         # the invariant checker and the planted bugs
     ("sim.actors",),                        # the shipped consumer and pipeline in the simulation; the Java peers
-    ("defs", "sim"),                        # Dagster wiring; the simulated world, its runner and CLI
+    ("defs", "sim", "instance"),            # Dagster wiring; the simulated world, its runner and CLI; the
+                                            # Dagster instance's own parts (its run launcher)
     ("local", "log_format"),                # the local deployment (drives a Dagster webserver); JSON logs
     ("cli", "definitions", "fleet_member"),  # the entry points: the CLI and the two Dagster code locations
 )

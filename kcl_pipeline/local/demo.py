@@ -220,6 +220,20 @@ def stop_process_group(proc: subprocess.Popen, grace: float) -> None:
         pass
 
 
+def _cancel_runs_the_stop_ended(home: Path) -> None:
+    """The runs whose worker went with `dagster dev`'s group are canceled (instance/stopped.py), each said."""
+    from ..instance.stopped import cancel_runs_the_stop_ended
+
+    try:
+        lines = cancel_runs_the_stop_ended(home)
+    except Exception as exc:  # noqa: BLE001 - the stop goes on; run monitoring fails such a run at the next start
+        print(f"the runs dagster left in flight could not be canceled ({exc!r}): run monitoring fails them at the "
+              f"next start, and they are retried", file=sys.stderr, flush=True)
+        return
+    for line in lines:
+        print(line, flush=True)
+
+
 @dataclass(frozen=True)
 class Started:
     """What `run_demo` / `run_local_up` started, handed to their `ready` callback once everything is up."""
@@ -451,6 +465,7 @@ def _run(options: DemoOptions, *, serve: bool, ready: Callable[[Started], None] 
         if dagster is not None:
             print("stopping dagster …", flush=True)
             stop_process_group(dagster, dagster_stop_seconds())
+            _cancel_runs_the_stop_ended(state / HOME_DIR)
         if spark is not None:
             print("stopping the Spark Connect server …", flush=True)
             spark.terminate()  # its JVM shuts down while the producer and the emulators stop
