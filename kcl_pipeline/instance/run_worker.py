@@ -9,9 +9,10 @@ about each STARTED run (`check_run_worker_health`); `worker_health` is the answe
 - the code server that launched the run (its address is in the run's tags) still runs it: running;
 - the run worker's process (its pid is in the run's "Started process for run" event) is on this host: running
   while a process with that pid exists and started before the event (a pid reused since is not the worker);
-- otherwise, a code server that answers but does not run it has been restarted since: the worker is gone;
-- a code server that does not answer, on another host, cannot be told from one that is restarting: running
-  (a wrong "gone" would fail a live run; Dagster's `dagster/max_runtime` tag bounds such a run if wanted).
+- otherwise the worker cannot be seen, and it is taken as running: a code server on another host that does not
+  answer may be restarting, and one that answers but does not run it may be a code-server proxy (`dagster dev`,
+  `dagster code-server start`) answering for the server it reloaded to, while the runs of the one before go on.
+  A wrong "gone" would fail a live run; Dagster's `dagster/max_runtime` tag bounds such a run if wanted.
 """
 from __future__ import annotations
 
@@ -59,10 +60,7 @@ def worker_health(sight: WorkerSight) -> WorkerHealth:
         return WorkerHealth(False, f"{where}; its run worker (pid {sight.pid}) is still running on this host")
     if sight.pid_alive is False:
         return WorkerHealth(True, f"its run worker (pid {sight.pid}) has exited without ending the run, and {where}")
-    if sight.answer is ServerAnswer.DOES_NOT_RUN_IT:
-        return WorkerHealth(True, f"{where} (it was restarted since the run started), and its run worker cannot be "
-                                  f"seen from this host")
-    return WorkerHealth(False, f"{where} and its run worker cannot be seen from this host: taken as still running")
+    return WorkerHealth(False, f"{where}, and its run worker cannot be seen from this host: taken as still running")
 
 
 def is_this_host(host: str | None, via_socket: bool) -> bool:

@@ -48,8 +48,10 @@ LOG = logging.getLogger("test")
     (ServerAnswer.DOES_NOT_RUN_IT, True, False),  # a server restarted at the same address; the worker lives on
     (ServerAnswer.NO_ANSWER, False, True),
     (ServerAnswer.DOES_NOT_RUN_IT, False, True),
-    (ServerAnswer.DOES_NOT_RUN_IT, None, True),
-    (ServerAnswer.NO_ANSWER, None, False),  # another host's server that may be restarting: never failed on a guess
+    # a proxy answering for the server it reloaded to, or another host's server that may be restarting: the
+    # worker cannot be seen, and a live run is never failed on a guess
+    (ServerAnswer.DOES_NOT_RUN_IT, None, False),
+    (ServerAnswer.NO_ANSWER, None, False),
 ])
 def test_worker_health_decision(answer, pid_alive, gone):
     health = worker_health(WorkerSight("localhost:4000", answer, 123 if pid_alive is not None else None, pid_alive))
@@ -124,8 +126,9 @@ def test_a_run_whose_worker_still_runs_is_left_running(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_code_server_that_answers_but_does_not_run_the_run_fails_it(tmp_path):
-    """A real code server (`dagster api grpc`) restarted since the run started: it answers and does not run it."""
+def test_a_code_server_that_answers_but_does_not_run_the_run_is_judged_by_the_workers_process(tmp_path):
+    """A real code server (`dagster api grpc`) that answers and does not run the run (restarted since, or a proxy
+    answering for the server it reloaded to): the run's worker process decides, and without one it stays."""
     home = prepare_dagster_home(tmp_path / "home")
     module = tmp_path / "nothing.py"
     module.write_text("from dagster import Definitions\ndefs = Definitions()\n")
@@ -136,12 +139,14 @@ def test_a_code_server_that_answers_but_does_not_run_the_run_fails_it(tmp_path):
                               stderr=subprocess.DEVNULL)
     try:
         with DagsterInstance.from_config(str(home)) as instance:
-            run = _started_run(instance, {"host": "127.0.0.1", "port": port}, None)
+            gone = _started_run(instance, {"host": "127.0.0.1", "port": port}, _exited_process())
+            unseen = _started_run(instance, {"host": "127.0.0.1", "port": port}, None)
             wait_until(lambda: server.poll() is not None
-                       or look_at_worker(instance, run).answer is not ServerAnswer.NO_ANSWER, 120,
+                       or look_at_worker(instance, gone).answer is not ServerAnswer.NO_ANSWER, 120,
                        "the code server answering", 1)
-            assert look_at_worker(instance, run).answer is ServerAnswer.DOES_NOT_RUN_IT
-            assert _monitor(instance, run.run_id) == DagsterRunStatus.FAILURE
+            assert look_at_worker(instance, gone).answer is ServerAnswer.DOES_NOT_RUN_IT
+            assert _monitor(instance, gone.run_id) == DagsterRunStatus.FAILURE
+            assert _monitor(instance, unseen.run_id) == DagsterRunStatus.STARTED
     finally:
         server.kill()
         server.wait()
