@@ -332,7 +332,7 @@ def test_a_worker_whose_spawn_took_seconds_is_not_killed_as_stuck_a_cycle_later(
         if isinstance(effect, fx.ListShards):
             return [Shard("s-0")]
         if isinstance(effect, fx.Spawn):
-            clock[0] += 2.5  # the worker server starting
+            clock[0] += 5.5  # the worker server starting (longer than the start patience less a cycle)
         if isinstance(effect, (fx.Spawn, fx.Abandon)):
             acted.append(effect)
         return None

@@ -39,7 +39,7 @@ from ..table.worker_metrics import MAX_VALUES as METRIC_VALUES
 from ..table.worker_metrics import live_workers
 from . import fleet_mode, retry
 from .balance import confirmed_overloaded, reported_load, still_overloaded
-from .planner import LeaseAges, leases_to_acquire, stuck_local_leases, take_shown, waits_for_take
+from .planner import LeaseAges, leases_to_acquire, stuck_local_leases, take_shown
 
 
 @dataclass(frozen=True)
@@ -242,7 +242,7 @@ def manager_cycle(state: ManagerState, settings: CycleSettings, locally_worked: 
     state.spawned_at = {key: at for key, at in state.spawned_at.items() if key in locally_worked}
     stuck = stuck_local_leases(settings.worker_id, leases, locally_worked, state.ages, now, settings.expiry_seconds,
                                state.spawned_at, state.slow_starts)
-    _count_slow_starts(state, settings.worker_id, leases, locally_worked, stuck, now)
+    _count_slow_starts(state, leases, locally_worked, stuck, now)
     for lease in stuck:
         yield from Abandon(lease).ask()
         result.abandoned.append(lease.lease_key)
@@ -338,7 +338,7 @@ def _see_fleet(state: ManagerState, scanned: Scanned) -> str | None:
     return fleet_mode.change(before, state.fleet)
 
 
-def _count_slow_starts(state: ManagerState, worker_id: str, leases: Sequence[Lease],
+def _count_slow_starts(state: ManagerState, leases: Sequence[Lease],
                        locally_worked: Collection[str], stuck: Sequence[Lease], now: float) -> None:
     """A worker killed before its take showed makes the lease's next one more patient; a shown take resets it."""
     killed = {lease.lease_key for lease in stuck}
@@ -346,7 +346,7 @@ def _count_slow_starts(state: ManagerState, worker_id: str, leases: Sequence[Lea
     for lease in leases:
         key = lease.lease_key
         before = state.slow_starts.get(key, 0)
-        if key in killed and waits_for_take(lease, worker_id, state.ages, now, state.spawned_at):
+        if key in killed and not take_shown(key, state.ages, now, state.spawned_at):
             counts[key] = before + 1
         elif before and not (key in locally_worked and take_shown(key, state.ages, now, state.spawned_at)):
             counts[key] = before

@@ -88,15 +88,16 @@ def stuck_local_leases(worker_id: str, leases: Sequence[Lease], locally_worked: 
     counts as worked here), and every other consumer may be gone.
 
     Never a worker spawned less than two expiries ago (`start_patience`, longer after `slow_starts` such kills of
-    the lease in a row) for a free lease or one of ours:
-    it is taking the lease (a stale one of ours, left by an earlier incarnation under the same id, is unchanged
-    past the expiry until its take shows), and a scan from before its take must not kill it (killed a second after
-    its spawn, before its release, it would leave the lease held through a graceful stop). On a loaded host a
-    worker's start alone can take longer than an expiry: with one expiry's patience every respawn was killed
-    before its take the same way, and the lease was never worked. A worker frozen before its take is found an
-    expiry later instead; one frozen after its take (a change seen since its spawn), an expiry after it. For a
-    lease another holds, one expiry: that holder works it meanwhile, or, having dropped it, leaves it to this
-    kill."""
+    the lease in a row) while nothing of its lease changed since its spawn: it is taking the lease as it found
+    it — free, a stale one of ours (left by an earlier incarnation under the same id), or one expired in another
+    consumer's name (a consumer that stopped or died with it) — and each is unchanged past the expiry until its
+    take shows. A scan from before its take must not kill it (killed a second after its spawn, before its release,
+    it would leave the lease held through a graceful stop). On a loaded host a worker's start alone can take longer
+    than an expiry: with one expiry's patience every respawn is killed before its take the same way, and the lease
+    is never worked. A worker frozen before its take is found after its patience instead; one frozen after its
+    take (a change seen since its spawn), an expiry after it. For a lease another holder moved since the spawn
+    (took it from this worker), one expiry: that holder works it meanwhile, or, having dropped it, leaves it to
+    this kill."""
     spawned_at = spawned_at or {}
     slow_starts = slow_starts or {}
     stuck = []
@@ -105,22 +106,16 @@ def stuck_local_leases(worker_id: str, leases: Sequence[Lease], locally_worked: 
         if key not in locally_worked or lease.is_ended or not ages.expired(key, now, expiry_seconds):
             continue
         spawned = spawned_at.get(key)
-        # Just spawned: its take may not show yet. Once a change after the spawn shows (its take), or while another
-        # holds the lease (working it, or, having dropped it, leaving it to this kill): one expiry.
-        waiting = waits_for_take(lease, worker_id, ages, now, spawned_at)
-        patience = start_patience(slow_starts.get(key, 0)) if waiting else 1
+        # Just spawned: its take may not show yet, whoever's name the lease was left in. Once a change after the spawn
+        # shows (its take, or another holder's move: working it, or, having dropped it, leaving it to this kill):
+        # one expiry.
+        shown = take_shown(key, ages, now, spawned_at)
+        patience = 1 if shown else start_patience(slow_starts.get(key, 0))
         if spawned is not None and now - spawned <= patience * expiry_seconds:
             continue
         if lease.lease_owner == worker_id or spawned is not None:
             stuck.append(lease)
     return stuck
-
-
-def waits_for_take(lease: Lease, worker_id: str, ages: "LeaseAges", now: float,
-                   spawned_at: Mapping[str, float]) -> bool:
-    """Whether the lease's local worker may still be starting: nothing changed since its spawn and the lease is
-    free or ours (its take is what would show)."""
-    return not take_shown(lease.lease_key, ages, now, spawned_at) and lease.lease_owner in (None, worker_id)
 
 
 # -- acquiring and stealing ------------------------------------------------------------------------
@@ -255,4 +250,4 @@ def _load_aware_steal(worker_id: str, reported: Mapping[str, float | None], owne
 
 
 __all__ = ["START_PATIENCE_DOUBLINGS", "START_PATIENCE_EXPIRIES", "AcquirePlan", "LeaseAges", "leases_to_acquire",
-           "start_patience", "stuck_local_leases", "take_shown", "waits_for_take"]
+           "start_patience", "stuck_local_leases", "take_shown"]
