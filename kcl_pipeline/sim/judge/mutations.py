@@ -15,7 +15,7 @@ The classes, as the issue that asked for them names them: fencing (`no-counter-f
 `deliver-until-full-expiry`, `no-check-before-delivery`), steals (`steal-waits-a-heartbeat`,
 `shell-spawn-forgets-steal`), hand-offs (`handoff-without-wait`, `handoff-timeout-taken-warm`), release and
 shutdown (`shutdown-without-release`, `shell-shutdown-without-terminate`), and the manager's and the
-landing's own (`ages-stamped-early`, `spawn-stamped-before-it-returned`, `start-patience-never-grows`,
+landing's own (`ages-stamped-early`, `start-patience-never-grows`,
 `no-parent-gate`, `land-without-fence`,
 `delete-foreign`), and the table a KCL 2.x fleet shares (`metrics-in-a-2x-table`). The pipeline's,
 as issue 20 names them: the audit trusting manifests (`audit-trusts-manifest`), the checkpoint plan past a
@@ -102,9 +102,6 @@ MUTATIONS: dict[str, Mutation] = {m.name: m for m in (
              "they are killed at the timeout, holding their leases", 100, ("graceful-stop", "crash")),
     # -- the manager and the landing
     Mutation("ages-stamped-early", "lease ages stamped when the cycle started, not when the scan returned", 400),
-    Mutation("spawn-stamped-before-it-returned", "a spawn stamped with the time read before it, not when it "
-             "returned: a worker whose start blocked its manager is judged stuck before its take can show", 400,
-             ("slow-spawns", "crash", "graceful-stop")),
     Mutation("start-patience-never-grows", "a worker killed before its take leaves the lease's next worker as "
              "patient as it was (planner.start_patience ignores the kills): on a host whose worker starts outlast the "
              "patience every respawn is killed the same way and the lease is never worked", 400, ("slow-spawns",)),
@@ -284,12 +281,6 @@ def _plant(name: str, stack: contextlib.ExitStack, world: Any) -> None:
         _patch(stack, cycle, "manager_cycle",
                "older than they are.\n    state.ages.observe(leases, scanned.returned_at)",
                "older than they are.\n    state.ages.observe(leases, result.started_at)")
-    elif name == "spawn-stamped-before-it-returned":
-        _patch(stack, cycle, "_spawn",
-               "    yield from spawn.ask()\n    key = spawn.lease.lease_key\n"
-               "    state.spawned_at[key] = yield from Now().ask()",
-               "    key = spawn.lease.lease_key\n    state.spawned_at[key] = yield from Now().ask()\n"
-               "    yield from spawn.ask()")
     elif name == "start-patience-never-grows":
         _patch(stack, planner, "start_patience",
                "START_PATIENCE_EXPIRIES * 2 ** min(max(slow_starts, 0), START_PATIENCE_DOUBLINGS)",
