@@ -19,7 +19,11 @@ child = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.sig
                           "print('ready', flush=True); time.sleep(600)"], stdout=sys.stdout)
 time.sleep(600)
 """
-POLITE = "import time\ntry:\n    print('ready', flush=True); time.sleep(600)\nexcept KeyboardInterrupt:\n    pass\n"
+# A leader that stops on Ctrl-C. Its handler is installed outright: Python leaves SIGINT ignored in a process started
+# with it ignored (a CI lane run in the background by a non-interactive shell), as `dagster dev` never is
+# (demo.py restores the default in the child).
+POLITE = ("import signal, time\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+          "try:\n    print('ready', flush=True); time.sleep(600)\nexcept KeyboardInterrupt:\n    pass\n")
 
 
 def _group(script: str) -> subprocess.Popen:
