@@ -18,18 +18,21 @@ EXPIRY = 3.0
 SETTINGS = cyc.CycleSettings("me", Checkpoint(TRIM_HORIZON), EXPIRY, 1, 10)
 
 
-def _run(start_seconds: float | None, until: float) -> tuple[list[float], list[float], cyc.ManagerState]:
-    """Cycles every second over one free lease; each spawned worker takes it `start_seconds` after its spawn
-    (None: never). Returns the spawn times, the kill times and the state."""
+FREE = Lease("s-0", Checkpoint(TRIM_HORIZON), None, 0)
+
+
+def _run(start_seconds: float | None, until: float,
+         lease: Lease = FREE) -> tuple[list[float], list[float], cyc.ManagerState]:
+    """Cycles every second over one lease not ours (free by default); each spawned worker takes it `start_seconds`
+    after its spawn (None: never). Returns the spawn times, the kill times and the state."""
     state = cyc.ManagerState(shards=[Shard("s-0")], list_next=False)
-    lease = Lease("s-0", Checkpoint(TRIM_HORIZON), None, 0)
     worked: set[str] = set()
     spawns: list[float] = []
     kills: list[float] = []
     now = 0.0
     while now < until:
         if start_seconds is not None and spawns and "s-0" in worked and now >= spawns[-1] + start_seconds \
-                and lease.lease_owner is None:
+                and lease.lease_owner != "me":
             lease = Lease("s-0", lease.checkpoint, "me", lease.lease_counter + 1)  # the take
         if lease.lease_owner == "me" and "s-0" in worked:
             lease = Lease("s-0", lease.checkpoint, "me", lease.lease_counter + 1)  # its heartbeat
@@ -76,32 +79,9 @@ def test_a_worker_frozen_after_its_take_is_still_killed_an_expiry_after_it():
     assert stuck_local_leases("me", [taken], {"s-0"}, ages, 14.5, EXPIRY, {"s-0": 10.0}, {"s-0": 3}) == [taken]
 
 
-def _run_stale(start_seconds: float, until: float) -> tuple[list[float], list[float]]:
-    """Cycles every second over one lease left expired in the name of a consumer that stopped (a worker of its
-    hung through its shutdown and was killed there); each worker spawned for it takes it `start_seconds` after its
-    spawn. Returns the spawn times and the kill times."""
-    state = cyc.ManagerState(shards=[Shard("s-0")], list_next=False)
-    lease = Lease("s-0", Checkpoint("5"), "gone", 7)
-    worked: set[str] = set()
-    spawns: list[float] = []
-    kills: list[float] = []
-    now = 0.0
-    while now < until:
-        if spawns and "s-0" in worked and now >= spawns[-1] + start_seconds and lease.lease_owner != "me":
-            lease = Lease("s-0", lease.checkpoint, "me", lease.lease_counter + 1)  # the take
-        elif lease.lease_owner == "me" and "s-0" in worked:
-            lease = Lease("s-0", lease.checkpoint, "me", lease.lease_counter + 1)  # its heartbeat
-
-        def seen(effect, at=now):
-            if isinstance(effect, fx.Spawn):
-                spawns.append(at)
-                worked.add(effect.lease.lease_key)
-            elif isinstance(effect, fx.Abandon):
-                kills.append(at)
-                worked.discard(effect.lease.lease_key)
-        drive_cycle(state, SETTINGS, [lease], now, locally_worked=frozenset(worked), seen=seen)
-        now += 1.0
-    return spawns, kills
+# A lease left expired in the name of a consumer that stopped (a worker of its hung through its shutdown and was
+# killed there).
+STALE = Lease("s-0", Checkpoint("5"), "gone", 7)
 
 
 def test_a_lease_expired_in_a_stopped_consumers_name_gets_its_slow_starting_workers_the_start_patience():
@@ -110,8 +90,8 @@ def test_a_lease_expired_in_a_stopped_consumers_name_gets_its_slow_starting_work
     expiry instead of the start patience, and no growing patience after each kill, every worker whose start
     outlasted the expiry was killed before its take, for as long as the host stayed slow: the lease stayed in the
     stopped consumer's name, worked by nobody."""
-    spawns, kills = _run_stale(5.0, 60.0)  # a start longer than one expiry, shorter than the first patience
+    spawns, kills, _ = _run(5.0, 60.0, STALE)  # a start longer than one expiry, shorter than the first patience
     assert kills == [] and len(spawns) == 1, f"workers killed before their take at {kills}"
-    spawns, kills = _run_stale(10.0, 90.0)  # longer than the first patience: the second, twice as patient, takes
+    spawns, kills, _ = _run(10.0, 90.0, STALE)  # longer than the first patience: the second, twice as patient, takes
     assert len(kills) == 1 and len(spawns) == 2
     assert kills[0] - spawns[0] > START_PATIENCE_EXPIRIES * EXPIRY
