@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
+from dagster._core.storage.tags import PARTITION_NAME_TAG  # not re-exported
 
 from .run_launcher import look_at_worker
 from .run_worker import worker_health
@@ -28,7 +29,7 @@ def cancel_runs_the_stop_ended(home: Path) -> list[str]:
             instance.report_run_canceled(run, message=(
                 f"the stop ended the run's worker before it could end the run ({health.reason}): canceled; the "
                 f"sensor requests its window again"))
-            window = run.tags.get("dagster/partition")
+            window = run.tags.get(PARTITION_NAME_TAG)
             lines.append(f"run {run.run_id}{f' of window {window}' if window else ''} canceled: the stop ended "
                          f"its worker before it could end the run")
     return lines
