@@ -21,10 +21,11 @@ SETTINGS = cyc.CycleSettings("me", Checkpoint(TRIM_HORIZON), EXPIRY, 1, 10)
 FREE = Lease("s-0", Checkpoint(TRIM_HORIZON), None, 0)
 
 
-def _run(start_seconds: float | None, until: float,
-         lease: Lease = FREE) -> tuple[list[float], list[float], cyc.ManagerState]:
+def _run(start_seconds: float | None, until: float, lease: Lease = FREE, *, renews: bool = True,
+         abandons: list[fx.Abandon] | None = None) -> tuple[list[float], list[float], cyc.ManagerState]:
     """Cycles every second over one lease not ours (free by default); each spawned worker takes it `start_seconds`
-    after its spawn (None: never). Returns the spawn times, the kill times and the state."""
+    after its spawn (None: never), then renews it every second (`renews`) or freezes. Returns the spawn times, the
+    kill times and the state; the Abandon effects go to `abandons`."""
     state = cyc.ManagerState(shards=[Shard("s-0")], list_next=False)
     worked: set[str] = set()
     spawns: list[float] = []
@@ -34,7 +35,7 @@ def _run(start_seconds: float | None, until: float,
         if start_seconds is not None and spawns and "s-0" in worked and now >= spawns[-1] + start_seconds \
                 and lease.lease_owner != "me":
             lease = Lease("s-0", lease.checkpoint, "me", lease.lease_counter + 1)  # the take
-        if lease.lease_owner == "me" and "s-0" in worked:
+        if renews and lease.lease_owner == "me" and "s-0" in worked:
             lease = Lease("s-0", lease.checkpoint, "me", lease.lease_counter + 1)  # its heartbeat
 
         def seen(effect, at=now):
@@ -43,6 +44,8 @@ def _run(start_seconds: float | None, until: float,
                 worked.add(effect.lease.lease_key)
             elif isinstance(effect, fx.Abandon):
                 kills.append(at)
+                if abandons is not None:
+                    abandons.append(effect)
                 worked.discard(effect.lease.lease_key)
         drive_cycle(state, SETTINGS, [lease], now, locally_worked=frozenset(worked), seen=seen)
         now += 1.0
@@ -95,3 +98,24 @@ def test_a_lease_expired_in_a_stopped_consumers_name_gets_its_slow_starting_work
     spawns, kills, _ = _run(10.0, 90.0, STALE)  # longer than the first patience: the second, twice as patient, takes
     assert len(kills) == 1 and len(spawns) == 2
     assert kills[0] - spawns[0] > START_PATIENCE_EXPIRIES * EXPIRY
+
+
+def test_a_worker_killed_before_its_take_is_not_logged_as_a_lease_that_stopped_being_renewed():
+    """A worker killed because its take never showed was logged as "its lease was not renewed for longer than the
+    expiry", which sends an operator looking for a frozen worker when the host starts workers too slowly."""
+    from kcl_pipeline.kcl.shells.fleet.manager import abandon_line
+
+    abandons: list[fx.Abandon] = []
+    _run(None, 10.0, abandons=abandons)  # never takes: killed after its start patience
+    before = abandons[0]
+    assert before.before_take and before.waited_seconds > START_PATIENCE_EXPIRIES * EXPIRY
+    line = abandon_line(before, 42, EXPIRY)
+    assert "before its take" in line and "not renewed" not in line, line
+    assert f"{before.waited_seconds:.0f}s after its spawn" in line
+
+    abandons.clear()
+    _run(1.0, 10.0, renews=False, abandons=abandons)  # takes a second after its spawn, then never renews
+    after = abandons[0]
+    assert not after.before_take and EXPIRY < after.waited_seconds <= EXPIRY + 1
+    line = abandon_line(after, 42, EXPIRY)
+    assert "not renewed for" in line and "before its take" not in line, line

@@ -244,7 +244,7 @@ def manager_cycle(state: ManagerState, settings: CycleSettings, locally_worked: 
                                state.spawned_at, state.slow_starts)
     _count_slow_starts(state, leases, locally_worked, stuck, now)
     for lease in stuck:
-        yield from Abandon(lease).ask()
+        yield from _abandon(state, lease, now)
         result.abandoned.append(lease.lease_key)
     if stuck:
         locally_worked = set(locally_worked) - {lease.lease_key for lease in stuck}
@@ -351,6 +351,17 @@ def _count_slow_starts(state: ManagerState, leases: Sequence[Lease],
         elif before and not (key in locally_worked and take_shown(key, state.ages, now, state.spawned_at)):
             counts[key] = before
     state.slow_starts = counts
+
+
+def _abandon(state: ManagerState, lease: Lease, now: float) -> CycleCoroutine[None]:
+    """Stop a stuck worker, saying which kind it is: one that never showed its take (its start outlasted the
+    patience) or one whose lease stopped changing after it."""
+    key = lease.lease_key
+    spawned = state.spawned_at.get(key)
+    if spawned is not None and not take_shown(key, state.ages, now, state.spawned_at):
+        yield from Abandon(lease, before_take=True, waited_seconds=now - spawned).ask()
+    else:
+        yield from Abandon(lease, waited_seconds=state.ages.age(key, now) or 0.0).ask()
 
 
 def _spawn(state: ManagerState, spawn: Spawn) -> CycleCoroutine[None]:

@@ -334,9 +334,12 @@ class Spawn(CycleEffect[None]):
 @dataclass(frozen=True)
 class Abandon(CycleEffect[None]):
     """Stop, for good, the local worker of a lease whose heartbeats stopped longer than the expiry ago (a
-    frozen or stuck process): until it exits nobody works the lease."""
+    frozen or stuck process), or that never showed its take within its start patience: until it exits nobody
+    works the lease."""
 
     lease: Lease
+    before_take: bool = False  # spawned and never seen taking the lease (a frozen or very slow start)
+    waited_seconds: float = 0.0  # since its spawn (before its take), or since the lease last changed
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,18 @@ def log_trimmed_unfinished(trimmed: Sequence[tuple[str, Checkpoint]]) -> None:
                   key, checkpoint)
 
 
+def abandon_line(effect: fx.Abandon, pid: int | None, expiry_seconds: float) -> str:
+    """The log line for a stuck worker killed: before its take (a start that outlasted its patience, after which
+    the lease's next worker is given longer), or after its lease stopped changing."""
+    key = effect.lease.lease_key
+    if effect.before_take:
+        return (f"killed the worker of lease {key} (pid {pid}) before its take: {effect.waited_seconds:.0f}s after "
+                f"its spawn the lease still showed no take (a frozen or very slow start); a new worker takes the "
+                f"lease, given longer to start")
+    return (f"killed the worker of lease {key} (pid {pid}): its lease was not renewed for "
+            f"{effect.waited_seconds:.0f}s, longer than the expiry ({expiry_seconds:.0f}s); the lease is taken again")
+
+
 class ManagerStalled(RuntimeError):
     """No lease-manager cycle succeeded for the configured time (ConsumerConfig.stall_seconds): the consumer
     makes no progress and says so, in one line, instead of logging an error every cycle."""
@@ -259,8 +271,7 @@ class LeaseManager:
             yield Join(proc, 5)
             coverage.hit("shell.manager.abandoned-a-stuck-worker")
             self.metrics.count_many({"stuck_workers_killed": 1}, None)
-            log.error("killed the worker of lease %s (pid %s): its lease was not renewed for longer than the "
-                      "expiry (%.0fs); the lease is taken again", key, proc.pid, self.config.lease_expiry_seconds)
+            log.error("%s", abandon_line(effect, proc.pid, self.config.lease_expiry_seconds))
 
     def _renew_held(self, effect: fx.RenewHeld) -> Steps:
         key, counter = effect.lease_key, effect.counter
