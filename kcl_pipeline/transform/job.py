@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Union
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -39,6 +38,7 @@ from pyspark.sql.types import StringType, StructType
 from ..kcl.core.model import Checkpoint
 from ..windows.commit import begin_window
 from ..windows.manifest import QUARANTINE, TRANSFORMED, window_partition
+from ..zone.batch import read_parquet
 from ..zone.errors import ZoneNotFoundError
 from ..zone.layout import parse_batch_key
 from ..zone.store import S3Options, ZoneStore, open_store
@@ -361,7 +361,7 @@ def read_partition(output_uri: str, dataset: str, window_start_ms: int,
     for name in manifest["files"]:
         key = f"{partition}/{name}"
         path = store.local_path(key)
-        tables.append(pq.read_table(path if path else pa.BufferReader(store.get(key))))
+        tables.append(read_parquet(path if path else store.get(key)))
     return pa.concat_tables(tables), manifest
 
 

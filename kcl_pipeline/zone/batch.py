@@ -191,6 +191,15 @@ _OPTIONAL_COLUMNS = frozenset({"stream", "explicit_hash_key"})
 _REQUIRED_VALUES = ("shard_id", "sequence_number", "sub_sequence_number", "data")
 
 
+def read_parquet(source: bytes | str) -> pa.Table:
+    """A whole Parquet file (its bytes, or a local file path), read on the calling thread. Arrow's threaded
+    readers start native pool threads, and one of those alive at the process's exit aborts it (SIGABRT,
+    "terminate called without an active exception"): a command that printed its whole report then failed. A
+    batch is small enough that one thread reads it as fast (measured: a 10 MB zstd file, 85 ms against 97 ms)."""
+    with (pa.OSFile(source) if isinstance(source, str) else pa.BufferReader(source)) as file:
+        return pq.ParquetFile(file, pre_buffer=False).read(use_threads=False)
+
+
 def decode_batch(body: bytes | str, key: str = "?", stream: str | None = None) -> pa.Table:
     """The rows of a batch object (its bytes, or a local file path), in SCHEMA: the one batch decoder
     (`landing verify`, the audit, the Spark reader). CorruptBatchError if it is not readable Parquet."""
@@ -209,7 +218,7 @@ def decode_batch(body: bytes | str, key: str = "?", stream: str | None = None) -
         raise CorruptBatchError(f"landed batch {key}: a truncated rows batch ({len(body)} bytes, its end is "
                                 f"missing: no {ROWS_MAGIC.decode()} magic)")
     try:
-        table = pq.read_table(body if isinstance(body, str) else pa.BufferReader(body))
+        table = read_parquet(body)
     except Exception as exc:
         raise CorruptBatchError(f"landed batch {key} is not readable Parquet: {exc}") from exc
     return conform(table, key, stream)

@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 import io
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -166,3 +170,35 @@ def test_the_encoded_body_is_written_once_and_arrow_holds_one_row_group_at_a_tim
     assert pq.read_metadata(pa.BufferReader(batch.body)).num_row_groups == 8
     assert pool.max_memory() < len(batch.body) / 2
     assert decode_batch(batch.body).column("data").to_pylist() == [r.data for r in records]
+
+
+_THREADS_AFTER_DECODING = """
+import os, sys
+from kcl_pipeline.zone.batch import decode_batch
+
+def threads():
+    return len(os.listdir("/proc/self/task"))
+
+before = threads()
+path = sys.argv[1]
+decode_batch(path, "k")
+with open(path, "rb") as file:
+    decode_batch(file.read(), "k")
+print(before, threads())
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
+def test_decoding_a_batch_starts_no_native_thread_that_aborts_the_command_at_its_exit(tmp_path):
+    """`landing verify --deep` printed its whole, correct report and then died of SIGABRT ("terminate called
+    without an active exception"): Arrow's threaded Parquet reader had started pool threads, and one of those
+    alive at the interpreter's exit aborts the process (a few runs in a hundred on a loaded host). A batch is
+    decoded on the calling thread: no native thread is left to abort anything."""
+    batch = encode_batch(STREAM, SHARD, make_records(500), Checkpoint(seq(1), 2), "zstd")
+    path = tmp_path / "batch.parquet"
+    path.write_bytes(batch.body)
+    out = subprocess.run([sys.executable, "-c", _THREADS_AFTER_DECODING, str(path)], capture_output=True, text=True,
+                         timeout=120, cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0, out.stderr
+    before, after = map(int, out.stdout.split())
+    assert after == before, f"decoding a batch left {after - before} more threads in the process"
