@@ -14,7 +14,9 @@ from kcl_pipeline.sim.aws.kinesis import SimStream
 from kcl_pipeline.sim.aws.landing import SimZone
 from kcl_pipeline.sim.judge.checker import Checker
 from kcl_pipeline.sim.world import base_config
+from kcl_pipeline.windows.followup import Outstanding
 from kcl_pipeline.windows.manifest import WindowCommit, commit_key
+from kcl_pipeline.windows.tick.cursor import Cursor
 from kcl_pipeline.zone.batch import encode_batch
 from kcl_pipeline.zone.layout import BatchKey
 from kcl_pipeline.zone.store import MemoryZoneStore
@@ -305,6 +307,30 @@ def test_a_window_whose_commit_was_deleted_after_the_checkpoints_passed_it_is_re
     assert lost not in pipeline.outstanding  # the sensor forgot it once its commit was there
     pipeline.heal()
     assert pipeline.queue == [lost]  # re-run by hand; the window committed again since is left alone
+
+
+def test_a_given_up_window_whose_commit_lacks_its_refilled_batches_is_rerun_when_the_faults_stop():
+    """10,000-seed run, seed 8346 ("the fleet did not settle: shardId-000000000001's checkpoint TRIM_HORIZON is
+    before its last landed record"): refills landed batches in a committed window, the sensor asked for it again
+    (its commit must name them), and every run failed for good until the fix; the sensor gave up and named it
+    stalled. Its old commit stayed, so the operator, who re-ran given-up windows without a commit only, never
+    re-ran it, and the checkpoint plan rightly stayed before the refilled batches. The operator re-runs what the
+    sensor waits for: a given-up window whose commit does not name every batch it needs."""
+    window_ms = 60_000
+    first = 1_699_999_980_000
+    store = MemoryZoneStore("zone-8346", "landing")
+    pipeline = SimPipeline(store=store, output_name="output-8346", table=None, kinesis=None, stream="simstream",
+                           window_ms=window_ms, first_window_ms=first, grace_ms=15_000, overdue_ms=120_000)
+    lacking, complete = first, first + window_ms
+    old, refilled = "simstream/old.parquet", "simstream/refilled.parquet"
+    for start, named in ((lacking, {old}), (complete, {old, refilled})):
+        pipeline.output.put(commit_key(start), WindowCommit(start, start + window_ms, "run-1", frozenset(named),
+                                                            {}).to_json())
+    given_up = Outstanding(3, "window-reopened", (refilled,), first + 85_000, gave_up=True)
+    pipeline.sensor_cursor = Cursor(next_window_ms=first + 2 * window_ms,
+                                    outstanding={lacking: given_up, complete: given_up}).to_json()
+    pipeline.heal()  # nothing fails for good any more: the person re-runs at once
+    assert pipeline.queue == [lacking]  # the window whose commit names every batch it needs is done
 
 
 def test_a_worker_the_world_paused_inside_a_put_during_a_stop_is_no_release_violation():

@@ -260,13 +260,16 @@ class SimPipeline:
     def _observe(self, window: int, entry: Outstanding) -> WindowObservation:
         """A followed window's state as the sensor observes it (defs/kinesis/tick.py `observe_windows`): done when
         its commit names every batch its entry needs, else its newest run's state (none for a given-up window)."""
-        try:
-            done = window_done(read_commit(self.output, window), entry.need)
-        except CommitFormatError:
-            done = False
-        if done:
+        if self._done(window, entry):
             return WindowObservation(True, RunState.SUCCEEDED)
         return WindowObservation(False, RunState.NONE if entry.gave_up else self.runs.get(window, RunState.NONE))
+
+    def _done(self, window: int, entry: Outstanding) -> bool:
+        """Whether a followed window's commit names every batch its entry needs (what the sensor waits for)."""
+        try:
+            return window_done(read_commit(self.output, window), entry.need)
+        except CommitFormatError:
+            return False
 
     def _checkpoint_record(self) -> CheckpointRecord | None:
         try:
@@ -446,14 +449,16 @@ class SimPipeline:
                 self.rerun_by_hand(start)
 
     def _rerun_given_up(self) -> None:
-        """A person re-runs each window the sensor gave up on and that has no commit — at the heal, and later ones
+        """A person re-runs each window the sensor gave up on and that is not done — at the heal, and later ones
         as the sensor gives up on them (seed 3125: a window failing for good was still being asked again when the
         faults stopped and was given up on after), again while its runs fail (a batch the operator has yet to
-        repair)."""
+        repair). Not done is the sensor's own judgement (`_done`): no commit, or one that does not name every batch
+        the window needs (seed 8346: a committed window asked again for refilled batches, whose runs failed for good
+        before the fix, keeps its old commit, and the checkpoints stay before those batches until a run names them)."""
         if self.faults.fail_always:
             return  # not before the cause is fixed: the runs would fail again
         for start, entry in self.outstanding.items():
-            if entry.gave_up and start not in self.queue and read_commit(self.output, start) is None:
+            if entry.gave_up and start not in self.queue and not self._done(start, entry):
                 self.queue.append(start)
 
     def committed(self) -> dict[int, WindowCommit]:
