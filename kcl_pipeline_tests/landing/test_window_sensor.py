@@ -101,6 +101,18 @@ def test_a_window_whose_run_failed_for_good_is_requested_again_and_one_done_is_f
     assert set(end.cursor.outstanding) == {T0}
 
 
+def test_a_window_asked_again_for_late_batches_is_not_said_to_have_no_commit_when_its_run_fails_again():
+    """Seed 8346 of the simulation: a committed window asked again for refilled batches kept its commit while each
+    run failed; the status line said it had no commit, sending the operator after the wrong thing. It names what
+    the commit lacks."""
+    late = ("stream/late-1.parquet", "stream/late-2.parquet")
+    cursor = Cursor(next_window_ms=T0 + W, outstanding={T0: Outstanding(1, "window-reopened", late, T0 + W)})
+    _, followed, _ = tick(cursor, now_ms=T0 + W + 1, leases=[lease(landed_at=T0 + W)],
+                          observed={T0: WindowObservation(False, RunState.FAILED)})
+    assert followed.notes[0].startswith(f"window {partition_key(T0)} has no commit naming the 2 batch(es) landed "
+                                        "after its run, and its last run ended: transform requested again")
+
+
 def test_a_checkpoint_report_is_acted_on_once():
     report = CheckpointRecord(frontier={}, uncommitted=(T0,), report=7)
     cursor = Cursor(next_window_ms=T0 + W)

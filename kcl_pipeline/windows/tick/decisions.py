@@ -148,7 +148,10 @@ def follow_windows(cursor: Cursor, start: TickStart, rules: SensorRules, *, now_
         coverage.hit("sensor.failed-run-requested-again")
         key, entry = partition_key(window), followed.outstanding[window]
         runs.append(WindowRun(key, entry.run_key(key)))
-        notes.append(f"window {key} has no commit and its last run ended: transform requested again "
+        # A window asked again for late batches may still have its earlier commit: what it lacks is their naming.
+        missing = (f"no commit naming the {len(entry.need)} batch(es) landed after its run," if entry.need
+                   else "no commit")
+        notes.append(f"window {key} has {missing} and its last run ended: transform requested again "
                      f"(request {entry.requests} of {rules.max_window_requests})")
     outstanding = dict(followed.outstanding)
     acted_on = cursor.checkpoint_report
