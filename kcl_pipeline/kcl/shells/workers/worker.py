@@ -376,7 +376,7 @@ class LeaseWorker:
                 # The average goes on from the report the lease carries as taken (its previous holder's
                 # last): the one observed when the take was decided is a scan, a spawn and a start older,
                 # and on a quieting stream that older, higher load made the taker look overloaded.
-                self.throughput = ThroughputMeter(smoothed=reported_load(lease))
+                self.throughput.continue_from(reported_load(lease))
             log.info("acquired lease %s (counter %d, checkpoint %s, previous owner %s)", self.lease_key,
                      lease.lease_counter, lease.checkpoint, self.observed.lease_owner)
         return lease
