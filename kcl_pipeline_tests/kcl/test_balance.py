@@ -185,6 +185,29 @@ def test_a_new_holder_continues_the_previous_holders_average_instead_of_reportin
     assert meter.take(3.0) < 4.0
 
 
+def test_a_taker_continues_the_load_the_lease_carries_at_its_take_not_the_older_one_it_was_spawned_with():
+    """The manager decides a steal on its scan; a slow spawn, the worker's start and the hand-off later the
+    holder has reported a lower load on a quieting stream. Continuing from the scan's report, the taker wrote
+    the moved lease back up (0.026 → 0.031 KB/s while every other lease decayed), its consumer looked
+    overloaded and the lease was stolen back: the fleet never settled."""
+    from kcl_pipeline.kcl.aws_settings import AwsSettings
+    from kcl_pipeline.kcl.config import ConsumerConfig
+    from kcl_pipeline.kcl.core.lease.effects import Spawn
+    from kcl_pipeline.kcl.shells.workers.worker import LeaseWorker
+
+    config = ConsumerConfig("stream", "app", worker_id="me", aws=AwsSettings(region="eu-west-1"))
+    seen_at_scan = _lease("shardId-000000000003", "peer", 0.0345)
+    worker = LeaseWorker(config, Spawn(seen_at_scan, stolen=True, handoff=True), object())  # type: ignore[arg-type]
+    as_taken = Lease("shardId-000000000003", Checkpoint(TRIM_HORIZON), "me", 7, extra={"throughputKBps": 0.0256})
+    acquire = worker._acquire(fx.Acquire())
+    next(acquire)  # the take's request
+    with pytest.raises(StopIteration):
+        acquire.send(as_taken)
+    worker.throughput.take(0.0)  # the first heartbeat: no interval yet
+    report = worker.throughput.take(3.0)  # a quiet interval: nothing delivered
+    assert report is not None and report < 0.0256
+
+
 def test_an_idle_lease_reports_zero_instead_of_its_old_load_for_ever():
     """An average never reaches 0: without the idle floor an idle stream kept its old load ratios, and
     the balance kept weighing leases that carried nothing."""

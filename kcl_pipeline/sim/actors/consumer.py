@@ -129,6 +129,9 @@ class _Silent:
     def take(self, now: float) -> None:
         return None
 
+    def continue_from(self, report: float | None) -> None:
+        pass
+
 
 class Process:
     """What a consumer's manager and its workers share: the world, the host, and the transport's steps."""

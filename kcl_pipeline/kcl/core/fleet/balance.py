@@ -76,6 +76,10 @@ class ThroughputMeter:
     def add(self, delivered_bytes: int) -> None:
         self.bytes += delivered_bytes
 
+    def continue_from(self, report: float | None) -> None:
+        """Go on from a lease's report (its previous holder's) instead of the average so far."""
+        self.smoothed = report
+
     def take(self, now: float) -> float | None:
         """The smoothed rate up to now (None on the first take, or when no time passed); starts anew."""
         since, delivered = self.since, self.bytes

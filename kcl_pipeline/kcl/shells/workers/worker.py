@@ -310,7 +310,8 @@ class LeaseWorker:
         self.pending_lock = threading.Lock()
         self.heartbeat_attribute_errors = 0
         # delivered bytes → throughputKBps on heartbeats (balance.py), continuing the previous holder's average
-        self.throughput = ThroughputMeter(smoothed=reported_load(observed))
+        # from the lease as taken (`_acquire`)
+        self.throughput = ThroughputMeter()
         self._throughput_lock = threading.Lock()
         self._heartbeats: Any = None  # the heartbeat's concurrent activity, once started
         self._checkpointer = _Checkpointer(self)
@@ -371,6 +372,11 @@ class LeaseWorker:
                                                                  claim=self.claim))
         if lease is not None:
             self.lease.install(lease, sent_at)
+            with self._throughput_lock:
+                # The average goes on from the report the lease carries as taken (its previous holder's
+                # last): the one observed when the take was decided is a scan, a spawn and a start older,
+                # and on a quieting stream that older, higher load made the taker look overloaded.
+                self.throughput.continue_from(reported_load(lease))
             log.info("acquired lease %s (counter %d, checkpoint %s, previous owner %s)", self.lease_key,
                      lease.lease_counter, lease.checkpoint, self.observed.lease_owner)
         return lease
