@@ -289,19 +289,31 @@ def test_a_worker_the_world_killed_at_a_landing_step_during_a_stop_is_no_release
     assert _exit_after_a_stop_without_release(killed_at_landing=True) == []
 
 
+WINDOW = 60_000
+FIRST_WINDOW = 1_699_999_980_000
+
+
+def _pipeline_of_an_empty_zone(name: str, *, overdue_ms: int) -> SimPipeline:
+    """A simulated pipeline of 1-minute windows from FIRST_WINDOW over an empty in-memory zone."""
+    return SimPipeline(store=MemoryZoneStore(f"zone-{name}", "landing"), output_name=f"output-{name}", table=None,
+                       kinesis=None, stream="simstream", window_ms=WINDOW, first_window_ms=FIRST_WINDOW,
+                       grace_ms=15_000, overdue_ms=overdue_ms)
+
+
+def _commit(pipeline: SimPipeline, start: int, run: str, batches) -> None:
+    """Window `start`'s commit by `run`, naming `batches`, in the pipeline's output."""
+    pipeline.output.put(commit_key(start), WindowCommit(start, start + pipeline.window_ms, run, frozenset(batches),
+                                                        {}).to_json())
+
+
 def test_a_window_whose_commit_was_deleted_after_the_checkpoints_passed_it_is_rerun_when_the_faults_stop():
     """Seeds 819 and 1229 (10,000-seed run): the world deleted a window's commit after the checkpoints had passed
     the window. No checkpoint run waits on it and the sensor follows it no more (its commit had been there), so
     nothing but the shipped audit, which fails it, names it: the world's operator must re-run it, as a person
     does what the audit names, or the fleet never settles ('window ... is not committed')."""
-    window_ms = 60_000
-    first = 1_699_999_980_000
-    store = MemoryZoneStore("zone-h20", "landing")
-    pipeline = SimPipeline(store=store, output_name="output-h20", table=None, kinesis=None, stream="simstream",
-                           window_ms=window_ms, first_window_ms=first, grace_ms=15_000, overdue_ms=300_000)
-    lost, recommitted = first, first + window_ms
-    pipeline.output.put(commit_key(recommitted), WindowCommit(recommitted, recommitted + window_ms, "run-2",
-                                                              frozenset(), {}).to_json())
+    pipeline = _pipeline_of_an_empty_zone("h20", overdue_ms=300_000)
+    lost, recommitted = FIRST_WINDOW, FIRST_WINDOW + WINDOW
+    _commit(pipeline, recommitted, "run-2", set())
     pipeline.deleted = {lost, recommitted}
     pipeline.deleted_audits = [(lost, False), (recommitted, False)]  # the shipped audit failed both
     assert lost not in pipeline.outstanding  # the sensor forgot it once its commit was there
@@ -316,18 +328,13 @@ def test_a_given_up_window_whose_commit_lacks_its_refilled_batches_is_rerun_when
     stalled. Its old commit stayed, so the operator, who re-ran given-up windows without a commit only, never
     re-ran it, and the checkpoint plan rightly stayed before the refilled batches. The operator re-runs what the
     sensor waits for: a given-up window whose commit does not name every batch it needs."""
-    window_ms = 60_000
-    first = 1_699_999_980_000
-    store = MemoryZoneStore("zone-8346", "landing")
-    pipeline = SimPipeline(store=store, output_name="output-8346", table=None, kinesis=None, stream="simstream",
-                           window_ms=window_ms, first_window_ms=first, grace_ms=15_000, overdue_ms=120_000)
-    lacking, complete = first, first + window_ms
+    pipeline = _pipeline_of_an_empty_zone("8346", overdue_ms=120_000)
+    lacking, complete = FIRST_WINDOW, FIRST_WINDOW + WINDOW
     old, refilled = "simstream/old.parquet", "simstream/refilled.parquet"
     for start, named in ((lacking, {old}), (complete, {old, refilled})):
-        pipeline.output.put(commit_key(start), WindowCommit(start, start + window_ms, "run-1", frozenset(named),
-                                                            {}).to_json())
-    given_up = Outstanding(3, "window-reopened", (refilled,), first + 85_000, gave_up=True)
-    pipeline.sensor_cursor = Cursor(next_window_ms=first + 2 * window_ms,
+        _commit(pipeline, start, "run-1", named)
+    given_up = Outstanding(3, "window-reopened", (refilled,), FIRST_WINDOW + 85_000, gave_up=True)
+    pipeline.sensor_cursor = Cursor(next_window_ms=FIRST_WINDOW + 2 * WINDOW,
                                     outstanding={lacking: given_up, complete: given_up}).to_json()
     pipeline.heal()  # nothing fails for good any more: the person re-runs at once
     assert pipeline.queue == [lacking]  # the window whose commit names every batch it needs is done
@@ -401,8 +408,7 @@ def test_a_commit_deleted_before_its_window_ended_or_of_an_empty_window_owes_no_
     pipeline.cursor = 2 * window_ms
 
     def commit(start, batches):
-        pipeline.output.put(commit_key(start), WindowCommit(start, start + window_ms, "run-1", frozenset(batches),
-                                                            {}).to_json())
+        _commit(pipeline, start, "run-1", batches)
 
     stream = SimStream("simstream", random.Random(0), 1, lambda: 10.0)
     checker = Checker(stream=stream, zone=SimZone(stream), items={}, foreign={}, fleet=Fleet([]), config=CONFIG,
