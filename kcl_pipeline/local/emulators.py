@@ -47,6 +47,8 @@ LOOPBACK = "127.0.0.1"
 DEFAULT_REGION = "us-east-1"
 
 _LOOPBACK_JS = Path(__file__).with_name("loopback.js")
+# kinesis-local's clock of the day follows the wall clock across a suspend (see the file).
+_WALL_CLOCK_JS = Path(__file__).with_name("wall_clock.js")
 # kinesis-local state transitions; "0ms" makes stream creation and resharding immediate.
 _KINESIS_DURATIONS = (
     "CREATE_STREAM_DURATION", "DELETE_STREAM_DURATION", "SPLIT_SHARD_DURATION", "MERGE_SHARDS_DURATION",
@@ -365,7 +367,7 @@ class EmulatorStack:
                 "PERSIST_FILE_NAME": KINESIS_DATA_FILE,
                 "PERSIST_INTERVAL": f"{KINESIS_PERSIST_SECONDS}s",
             })
-        command = [node, "-r", str(_LOOPBACK_JS), str(package / "main.js")]
+        command = [node, "-r", str(_LOOPBACK_JS), "-r", str(_WALL_CLOCK_JS), str(package / "main.js")]
         return _Child("kinesis", command, env, self.log_dir / "kinesis-local.log", port)
 
     def _dynalite_child(self, node: str, node_modules: Path) -> _Child:

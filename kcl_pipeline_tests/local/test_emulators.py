@@ -184,6 +184,45 @@ def test_a_stack_without_a_data_dir_keeps_nothing(tmp_path):
         assert _stack_state(endpoints) == ([], [], [])
 
 
+def _libfaketime() -> str:
+    found = sorted(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"))
+    assert found, "install Debian's faketime (apt-get install faketime): .ci/run does"
+    return str(found[0])
+
+
+def test_kinesis_stamps_records_with_the_wall_clock_after_the_machine_slept(tmp_path, monkeypatch):
+    """Found by CI: after the machine was paused, kinesis-local's record timestamps lagged the wall clock by the
+    pause (its clock of the day was the monotonic clock, which stops during a suspend), so every AT_TIMESTAMP read
+    of records put after the timestamp came back empty. libfaketime gives the emulator a suspend's signature: its
+    wall clock jumps ten minutes ahead while its monotonic clock does not."""
+    wall_offset = tmp_path / "wall-offset"
+    wall_offset.write_text("+0")
+    for name, value in {"LD_PRELOAD": _libfaketime(), "FAKETIME_TIMESTAMP_FILE": str(wall_offset),
+                        "FAKETIME_NO_CACHE": "1", "FAKETIME_DONT_FAKE_MONOTONIC": "1"}.items():
+        monkeypatch.setenv(name, value)
+    stack = EmulatorStack(tmp_path / "logs", services=["kinesis"])
+    with stack as endpoints:
+        for name in ("LD_PRELOAD", "FAKETIME_TIMESTAMP_FILE"):
+            monkeypatch.delenv(name)  # only the emulator's clock is faked
+        kinesis = client("kinesis", endpoints.aws_settings())
+        kinesis.create_stream(StreamName="slept", ShardCount=1)
+        while kinesis.describe_stream_summary(StreamName="slept")["StreamDescriptionSummary"]["StreamStatus"] \
+                != "ACTIVE":
+            time.sleep(0.05)
+        wall_offset.write_text("+600")  # ten minutes asleep
+        put_at = time.time() + 600
+        kinesis.put_record(StreamName="slept", Data=b"after the sleep", PartitionKey="p")
+        iterator = kinesis.get_shard_iterator(StreamName="slept", ShardId="shardId-000000000000",
+                                              ShardIteratorType="TRIM_HORIZON")["ShardIterator"]
+        [record] = kinesis.get_records(ShardIterator=iterator)["Records"]
+        stamped = record["ApproximateArrivalTimestamp"].timestamp()
+        assert abs(stamped - put_at) < 5, f"stamped {put_at - stamped:.0f} s before the emulator's wall clock"
+        iterator = kinesis.get_shard_iterator(StreamName="slept", ShardId="shardId-000000000000",
+                                              ShardIteratorType="AT_TIMESTAMP",
+                                              Timestamp=put_at - 2)["ShardIterator"]
+        assert [r["Data"] for r in kinesis.get_records(ShardIterator=iterator)["Records"]] == [b"after the sleep"]
+
+
 @pytest.mark.parametrize("service,target", [("dynamodb", "DynamoDB_20120810.ListTables"),
                                             ("kinesis", "Kinesis_20131202.ListStreams")])
 def test_a_client_gone_mid_request_does_not_kill_the_emulator(tmp_path, service, target):
