@@ -55,6 +55,7 @@ WINDOW_OVERDUE_MS = 120_000
 # stream's retention runs out"): within any span of the stream's retention, the fleet (a consumer able to take a
 # lease, or a Java peer) runs this many cycles in one piece — long enough to take its leases again after a freeze
 # past the expiry cost it all of them (`World.freeze_allowance`; docs/simulation.md has the seeds that showed it).
+# A cycle that spawns a worker is blocked for the spawn (`slow-spawns`), so the stretch counts one per cycle.
 FLEET_RUN_CYCLES = 3
 # A freeze the promise would cut shorter than this is not struck at all.
 SHORTEST_FREEZE_SECONDS = 1.0
@@ -156,7 +157,7 @@ class World(Stage):
         self._repairs: dict[str, float] = {}  # damaged batch -> when the operator repairs it
         # The freezes' promise (`freeze_allowance`): since when the fleet has been able to work without a break, and
         # when it last had been for `_fleet_run` seconds (the start counts as such a moment).
-        self._fleet_run = FLEET_RUN_CYCLES * self.config.cycle_seconds
+        self._fleet_run = FLEET_RUN_CYCLES * (self.config.cycle_seconds + scenario.spawn_seconds)
         self._able_since: float | None = None
         self._ran_until = 0.0
 

@@ -58,6 +58,23 @@ def test_a_freeze_of_the_only_consumer_ends_while_the_retention_leaves_the_fleet
     assert world.freeze_allowance([consumer], 200.0) == pytest.approx(143 + 172 - 2 * x - 143)
 
 
+def test_the_stretch_a_lone_consumer_of_slow_spawns_is_promised_counts_a_spawn_in_each_of_its_cycles():
+    # Seed 7312: spawns block the manager 9.3 s, so three cycles that each take a lease last 58 s, not 30; a promise
+    # counting 10-s cycles let freezes and a partition leave a merged child shard too few such stretches to be
+    # taken before its retention ran out (153.9 s), and it left the stream unread.
+    scenario = dataclasses.replace(Scenario.generate(7312, 1000, FAULTS), consumers=1, java=False, retention=153.9,
+                                   spawn_seconds=9.3)
+    world = World(scenario)
+    consumer = world.add_consumer()
+    x = FLEET_RUN_CYCLES * (world.config.cycle_seconds + 9.3)
+    _tick(world, 20)
+    # A fleet that never ran X in one piece (the start counts) must run so again from R - 2X = 37.9 s on.
+    assert world.freeze_allowance([consumer], 40.0) == pytest.approx(153.9 - 2 * x - 20)
+    _tick(world, 80)  # ran X in one piece (from t=1, at t=58.9) and on: the next such stretch by now + R - 2X
+    assert world.freeze_allowance([consumer], 40.0) == pytest.approx(153.9 - 2 * x)
+    assert 153.9 - 2 * x < 40.0 < 153.9 - 2 * FLEET_RUN_CYCLES * world.config.cycle_seconds
+
+
 def test_a_freeze_leaving_another_consumer_able_to_work_or_a_java_peer_is_never_cut():
     world = _lone_consumer_world()
     frozen, other = world.consumers[0], world.add_consumer()
