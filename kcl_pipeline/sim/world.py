@@ -336,7 +336,7 @@ class World(Stage):
         return SimPipeline(store=self.zone.view("pipeline"), output_name=f"{self.zone.name}-output", table=table,
                            kinesis=SimKinesisClient(self.stream, self.child_rng()), stream=STREAM, window_ms=WINDOW_MS,
                            first_window_ms=first, grace_ms=WINDOW_GRACE_MS, overdue_ms=WINDOW_OVERDUE_MS,
-                           rng=self.child_rng(), note=self.note)
+                           retention_ms=int(self.scenario.retention * 1000), rng=self.child_rng(), note=self.note)
 
     def every(self, period: float, action: Callable[[], None]) -> None:
         """Run `action` every `period` virtual seconds from now on (a tick of the world, not of a process)."""

@@ -14,7 +14,7 @@ from kcl_pipeline.sim.aws.kinesis import SimStream
 from kcl_pipeline.sim.aws.landing import SimZone
 from kcl_pipeline.sim.judge.checker import Checker
 from kcl_pipeline.sim.world import base_config
-from kcl_pipeline.windows.followup import Outstanding
+from kcl_pipeline.windows.followup import Outstanding, RunState
 from kcl_pipeline.windows.manifest import WindowCommit, commit_key
 from kcl_pipeline.windows.tick.cursor import Cursor
 from kcl_pipeline.zone.batch import encode_batch
@@ -338,6 +338,42 @@ def test_a_given_up_window_whose_commit_lacks_its_refilled_batches_is_rerun_when
                                     outstanding={lacking: given_up, complete: given_up}).to_json()
     pipeline.heal()  # nothing fails for good any more: the person re-runs at once
     assert pipeline.queue == [lacking]  # the window whose commit names every batch it needs is done
+
+
+def test_a_window_failing_for_good_is_fixed_within_half_the_retention_while_the_faults_go_on():
+    """10,000-seed run, seed 2278 ("shardId-000000000001 left the stream (retention) with 13 records never
+    delivered"): a window failed for good from t=158 s and held back its shard's end, so the children of the split
+    at t=183 s could not be taken; the person fixed the cause only FIX_SECONDS after the faults stopped (t=430 s),
+    and a child's first records left the stream (retention 257 s) before they were read. A person fixes a window
+    failing for good within half the retention of its first failed run, faults or not, and re-runs what the sensor
+    gave up on."""
+    pipeline = _pipeline_of_an_empty_zone("2278", overdue_ms=120_000)
+    pipeline.retention_ms, pipeline.period_ms = 257_000, 14_360
+    failing = FIRST_WINDOW  # t=-20 s: the window ends at t=40 s and is overdue at t=160 s
+    failed_at = FIRST_WINDOW + 178_000  # t=158 s
+    pipeline.faults.fail_always.add(failing)
+    pipeline.now_ms = failed_at
+    pipeline._run(failing)
+    assert pipeline.runs[failing] is RunState.FAILED and pipeline.fix_due_ms() == failed_at + 128_500
+    pipeline.sensor_cursor = Cursor(next_window_ms=FIRST_WINDOW + WINDOW, outstanding={
+        failing: Outstanding(3, "", (), None, gave_up=True)}).to_json()
+    pipeline._fix_when_due(failed_at + 128_499)
+    assert pipeline.failing_for_good() == {failing} and pipeline.queue == []
+    pipeline._fix_when_due(failed_at + 128_500)
+    assert pipeline.failing_for_good() == set() and pipeline.queue == [failing] and not pipeline.healed
+    assert pipeline.fix_due_ms() is None
+
+
+def test_a_window_failing_for_good_stays_failing_until_the_checker_can_judge_its_stall_report():
+    """The fix within the retention comes no earlier than a tick past the checker's bound for the window's stall
+    report, or a sensor that never names a stalled window (the `stall-unreported` mutation) would go unjudged."""
+    pipeline = _pipeline_of_an_empty_zone("stall", overdue_ms=120_000)
+    pipeline.retention_ms, pipeline.period_ms = 150_000, 14_360
+    failing = FIRST_WINDOW
+    pipeline.faults.fail_always.add(failing)
+    pipeline.now_ms = FIRST_WINDOW + 80_000  # failed 20 s after its end: half the retention is 5 s before overdue
+    pipeline._run(failing)
+    assert pipeline.fix_due_ms() == FIRST_WINDOW + WINDOW + 120_000 + 2 * 14_360
 
 
 def test_a_worker_the_world_paused_inside_a_put_during_a_stop_is_no_release_violation():

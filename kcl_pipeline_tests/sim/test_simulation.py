@@ -115,9 +115,11 @@ def test_a_few_seeds_keep_every_invariant():
 # re-runs every given-up window whose commit does not name the batches the sensor waits for). 7312, the world's
 # promise: a lone consumer whose spawns block 9.3 s was promised three 10-s cycles in one piece within a retention,
 # too few to take a merged child's lease (it waited on its parents' windows) before the child left the stream (the
-# stretch now counts a spawn in each cycle).
-@pytest.mark.parametrize("seed", [13, 278, 353, 554, 1068, 1147, 1183, 1394, 1935, 2222, 2399, 2604, 3125, 3149, 3407,
-                                  3451, 3593, 3670, 5722, 6043, 6056, 6197, 6446, 6811, 7312, 7995, 8346])
+# stretch now counts a spawn in each cycle). 2278, the world's operator: a window failing for good held back its
+# shard's end until the fix after the faults stopped, and a child of the shard's split left the stream unread (the
+# person now fixes within half the retention of the first failed run).
+@pytest.mark.parametrize("seed", [13, 278, 353, 554, 1068, 1147, 1183, 1394, 1935, 2222, 2278, 2399, 2604, 3125, 3149,
+                                  3407, 3451, 3593, 3670, 5722, 6043, 6056, 6197, 6446, 6811, 7312, 7995, 8346])
 def test_seeds_the_long_runs_failed_on_keep_every_invariant(seed):
     outcome = run_seed(seed, STEPS)
     assert outcome.violation is None, f"{outcome.violation}\n" + "\n".join(outcome.trace)

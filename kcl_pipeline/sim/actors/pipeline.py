@@ -142,6 +142,11 @@ def write_window(store: ZoneStore, output: ZoneStore, directory: str, t0: int, t
 
 # How long after the faults stop the person fixes what made windows fail for good (and re-runs them).
 FIX_SECONDS = 90.0
+# What the person fixes at the latest, faults or not: a window failing for good holds back its shards' ends, and so
+# their children, whose records leave the stream with its retention; the fix comes within this share of the
+# retention after a run first failed for good (never before the window is overdue and the sensor's stall report
+# can be judged).
+FIX_WITHIN_RETENTION = 0.5
 
 
 @dataclass
@@ -159,7 +164,8 @@ class SimPipeline:
 
     def __init__(self, *, store: ZoneStore, output_name: str, table: Any, kinesis: Any, stream: str,
                  window_ms: int, first_window_ms: int, grace_ms: int, overdue_ms: int, max_requests: int = 3,
-                 rng: random.Random | None = None, note: Callable[[str], None] = lambda text: None) -> None:
+                 retention_ms: int | None = None, rng: random.Random | None = None,
+                 note: Callable[[str], None] = lambda text: None) -> None:
         self.store = store
         self.output = MemoryZoneStore(output_name, "output")
         self.output.ensure_zone(create=True)
@@ -187,6 +193,8 @@ class SimPipeline:
         self.runs_started = 0
         self.healed = False  # the faults stopped (heal): a person re-runs what the sensor gives up on
         self.fixed_at_ms: int | None = None  # when the person has fixed what made windows fail for good
+        self.retention_ms = retention_ms
+        self.first_failed_for_good: tuple[int, int] | None = None  # (window, when its run failed for good)
         # Committed windows whose re-run withdrew the commit (a run deletes it before writing, as the shipped
         # transform does) and has not published a new one: their records wait for the re-run, not lost.
         self.withdrawn: set[int] = set()
@@ -251,11 +259,38 @@ class SimPipeline:
         # end.shard_end needs no run of its own here: the world runs the checkpoint plan every tick (_checkpoint),
         # which ends the shards whose last record landed.
         self.sensor_cursor = end.cursor.to_json()
-        if self.healed and self.faults.fail_always and self.fixed_at_ms is not None and now_ms >= self.fixed_at_ms:
-            self.faults = PipelineFaults()
-            self._person_reruns()
+        self._fix_when_due(now_ms)
         if self.healed:
             self._rerun_given_up()
+
+    def fix_due_ms(self) -> int | None:
+        """When the person fixes what makes windows fail for good: FIX_SECONDS after the faults stop, and, faults
+        or not, within FIX_WITHIN_RETENTION of the retention after a run first failed for good (a fix that waited
+        for the faults' end let a split shard's child leave the stream unread while its parent's end waited on the
+        failed window), but not before that window is overdue and a tick past the checker's bound for its stall
+        report; None: nothing to fix."""
+        if not self.faults.fail_always:
+            return None
+        due = [self.fixed_at_ms] if self.fixed_at_ms is not None else []
+        if self.first_failed_for_good is not None and self.retention_ms is not None:
+            window, failed_ms = self.first_failed_for_good
+            due.append(max(failed_ms + int(FIX_WITHIN_RETENTION * self.retention_ms),
+                           window + self.window_ms + self.overdue_ms + 2 * self.period_ms))
+        return min(due, default=None)
+
+    def _fix_when_due(self, now_ms: int) -> None:
+        due = self.fix_due_ms()
+        if due is None or now_ms < due:
+            return
+        if self.healed:
+            self.faults = PipelineFaults()
+            self._person_reruns()
+            return
+        # While the other faults go on: only the cause is fixed, and the windows the sensor gave up on run again.
+        self.faults.fail_always.clear()
+        self.first_failed_for_good = None
+        self.note("pipeline: a person fixed what made windows fail for good (before the faults stopped)")
+        self._rerun_given_up()
 
     def _observe(self, window: int, entry: Outstanding) -> WindowObservation:
         """A followed window's state as the sensor observes it (defs/kinesis/tick.py `observe_windows`): done when
@@ -320,6 +355,8 @@ class SimPipeline:
             self.withdrawn_named |= previous.batches
         try:
             if t0 in faults.fail_always:
+                if self.first_failed_for_good is None:
+                    self.first_failed_for_good = (t0, self.now_ms)
                 raise RunFailed("fails for good")
             if t0 in faults.fail_once:
                 faults.fail_once.discard(t0)
@@ -434,8 +471,9 @@ class SimPipeline:
         not launch, of a window it follows no more).
 
         What made windows fail for good (a bad release, a bad row the transform cannot read) is fixed by that
-        person FIX_SECONDS after the other faults stopped, and those windows fail until then: meanwhile the
-        pipeline goes on with later windows, and the checkpoints must not pass the failed ones."""
+        person FIX_SECONDS after the other faults stopped, or earlier within the retention (`fix_due_ms`), and
+        those windows fail until then: meanwhile the pipeline goes on with later windows, and the checkpoints must
+        not pass the failed ones."""
         self.faults = PipelineFaults(fail_always=set(self.faults.fail_always))
         self.healed = True
         self.fixed_at_ms = self.now_ms + int(FIX_SECONDS * 1000)
