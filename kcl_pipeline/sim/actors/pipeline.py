@@ -274,9 +274,20 @@ class SimPipeline:
         due = [self.fixed_at_ms] if self.fixed_at_ms is not None else []
         if self.first_failed_for_good is not None and self.retention_ms is not None:
             window, failed_ms = self.first_failed_for_good
-            due.append(max(failed_ms + int(FIX_WITHIN_RETENTION * self.retention_ms),
-                           window + self.window_ms + self.overdue_ms + 2 * self.period_ms))
+            judged = self.stall_report_due_ms(window)
+            if judged is None:  # never reported complete: the bound as from its overdue time
+                judged = window + self.window_ms + self.overdue_ms + self.period_ms
+            due.append(max(failed_ms + int(FIX_WITHIN_RETENTION * self.retention_ms), judged + self.period_ms))
         return min(due, default=None)
+
+    def stall_report_due_ms(self, window: int) -> int | None:
+        """By when a window failing for good must have been reported stalled (the checker's bound): a tick past
+        its overdue time, or past the tick after its first report when that is later; None: never reported
+        complete (the sensor never ran it)."""
+        reported_at = self.reported_at.get(window)
+        if reported_at is None:
+            return None
+        return max(window + self.window_ms + self.overdue_ms, reported_at + self.period_ms) + self.period_ms
 
     def _fix_when_due(self, now_ms: int) -> None:
         due = self.fix_due_ms()

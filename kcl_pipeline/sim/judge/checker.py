@@ -536,11 +536,9 @@ class Checker:
                 return
         now_ms = pipeline.now_ms
         for start in sorted(pipeline.failing_for_good()):
-            reported_at = pipeline.reported_at.get(start)
-            if reported_at is None:
+            due = pipeline.stall_report_due_ms(start)
+            if due is None:
                 continue  # not reported (complete) yet, or before the sensor's first window: never run (seed 278)
-            due = max(start + pipeline.window_ms + pipeline.overdue_ms, reported_at + pipeline.period_ms) \
-                + pipeline.period_ms
             if now_ms >= due and start not in pipeline.stalled and start not in commits:
                 self.violation(f"window {start} failed for good and was not reported stalled {now_ms - start} ms "
                                f"after its start")
