@@ -218,6 +218,82 @@ def test_a_lease_a_lost_worker_left_in_our_name_is_released_when_the_consumer_st
     assert table.get(shard).lease_owner == (None if since is None else "me")
 
 
+class _Worker:
+    """A local worker process as the manager sees it: `on_kill` runs what the process wrote just before dying."""
+
+    pid = 4242
+    exitcode = None
+
+    def __init__(self, on_kill=lambda: None):
+        self.alive, self.on_kill = True, on_kill
+
+    def is_alive(self):
+        return self.alive
+
+    def terminate(self):
+        self.alive = False  # stopped before its take: it wrote nothing
+
+    def kill(self):
+        self.on_kill()
+        self.alive, self.exitcode = False, -9
+
+    def join(self, timeout=None):
+        return None
+
+
+@pytest.mark.parametrize("after_kill", ["nothing", "taken-by-a-peer"])
+def test_a_lease_a_worker_took_just_before_its_manager_killed_it_is_released_when_the_consumer_stops(fleet, caplog,
+                                                                                                   after_kill):
+    """Simulation seed 4450: a worker's take raced the scan that judged it stuck before its take (a consumer
+    thawed after a long freeze); its manager killed it just after the take, spawned the next worker, and was
+    stopped gracefully before that worker's take: it exited with the lease in its name and no worker, and every
+    peer waited an expiry for it. The stopping manager now reads
+    the leases of the workers it killed and releases each still in its name, at the counter it read — never one
+    another consumer took since."""
+    caplog.set_level("INFO")
+    manager, table, clock, spawned, (shard,) = fleet(shards=1)
+    taken: list[Lease] = []
+
+    def take():  # the worker's take lands just before its SIGKILL
+        taken.append(table.acquire(shard, "me", None, 0))
+
+    manager._spawn = lambda spawn: manager.workers.__setitem__(spawn.lease.lease_key, _Worker(take))
+    manager.run_cycle()  # creates the lease and spawns its worker, which never shows its take
+    assert shard in manager.workers
+    clock[0] += 3 * EXPIRY  # past its start patience (two expiries)
+    manager.run_cycle()  # kills it, its take landing just before the kill, and spawns the next worker
+    assert taken and taken[0] is not None and "before its take" in caplog.text, "the stuck worker was not killed"
+    assert shard in manager.workers  # the next worker: stopped below before its own take
+    if after_kill == "taken-by-a-peer":
+        assert table.acquire(shard, "peer", "me", taken[0].lease_counter) is not None
+    manager.shutdown(timeout=1.0)
+    owner = table.get(shard).lease_owner
+    if after_kill == "nothing":
+        assert owner is None, "the lease a killed worker took stayed in the stopped consumer's name"
+        assert "released lease" in caplog.text and "a worker this consumer killed" in caplog.text
+    else:
+        assert owner == "peer", "the stopping consumer released a lease a peer had taken"
+
+
+def test_a_stopping_manager_that_cannot_read_the_leases_of_its_killed_workers_says_so_and_exits(fleet, caplog):
+    """The table unreachable at the stop: one warning naming the leases and when they expire; the stop completes."""
+    from kcl_pipeline.kcl.core.fleet import cycle as cyc
+
+    manager, table, clock, spawned, (shard,) = fleet(shards=1)
+    assert table.create(Lease(shard, Checkpoint(TRIM_HORIZON)))
+    assert table.acquire(shard, "me", None, 0) is not None  # the take of the worker killed as stuck
+    cyc.note_killed(manager.state, shard)
+
+    def unreachable():
+        raise ConnectionError("Could not connect to the endpoint URL")
+
+    manager.table.scan = unreachable
+    manager.shutdown(timeout=1.0)
+    assert f"could not read the lease table for the leases of the workers this consumer killed ({shard})" \
+        in caplog.text and "ConnectionError" in caplog.text and f"expires {EXPIRY:.0f}s after" in caplog.text
+    assert table.get(shard).lease_owner == "me" and manager.state.killed == set()
+
+
 def test_a_manager_whose_cycles_fail_gives_up_with_one_line_after_the_stall_time_and_counts_each(fleet, tmp_path,
                                                                                                 dynamodb_client):
     """An outage looked healthy: with the lease table deleted, the manager logged an error every cycle forever."""

@@ -119,3 +119,17 @@ def test_a_worker_killed_before_its_take_is_not_logged_as_a_lease_that_stopped_b
     assert not after.before_take and EXPIRY < after.waited_seconds <= EXPIRY + 1
     line = abandon_line(after, 42, EXPIRY)
     assert "not renewed for" in line and "before its take" not in line, line
+
+
+def test_a_killed_workers_lease_is_watched_while_in_our_name_and_never_once_another_process_writes_under_our_id():
+    """What a stopping manager may release of its killed workers' leases: only those still in our name, not ended,
+    and not moving under our id by another process (a duplicate worker id: never touched)."""
+    leases = [Lease("ours", Checkpoint("5"), "me", 3), Lease("taken", Checkpoint("5"), "peer", 4),
+              Lease("ended", Checkpoint("SHARD_END"), "me", 5), Lease("copied-id", Checkpoint("5"), "me", 9)]
+    killed = {"ours", "taken", "ended", "copied-id", "deleted"}
+    assert cyc.killed_still_ours(killed, "me", leases, written_by_another={"copied-id"}) == {"ours"}
+    state = cyc.ManagerState(killed=set(killed), left_at={})
+    assert cyc.killed_left_in_our_name(state, "me", leases[:1] + leases[1:3]) == [("ours", 3)]
+    assert state.killed == set()
+    state = cyc.ManagerState(killed={"ours"}, left_at={"ours": 2})  # a finished worker's report: released at its own
+    assert cyc.killed_left_in_our_name(state, "me", leases) == []

@@ -86,6 +86,10 @@ class ManagerState:
     handoff_asked: dict[str, float] = field(default_factory=dict)  # lease → when this cycle asked for it
     # Leases finished workers may have left in our name (LifeResult.left_at): lease → the counter to release at.
     left_at: dict[str, int] = field(default_factory=dict)
+    # Leases whose local worker this manager killed as stuck, still in our name at the last scan: the kill may have
+    # followed a take no scan showed, and a worker spawned after it may be stopped before its own take, leaving the
+    # lease in our name.
+    killed: set[str] = field(default_factory=set)
     # A Java 3.x fleet on this application: what its tables said last (the mode this consumer runs in).
     fleet: fleet_mode.FleetView = field(default_factory=fleet_mode.FleetView)
     # Leases whose worker failed: held (renewed) by this manager until their retry (retry.py).
@@ -238,6 +242,7 @@ def manager_cycle(state: ManagerState, settings: CycleSettings, locally_worked: 
         state.duplicate_worker_id_sightings += 1
         result.duplicate_worker_id = moved
         yield from DuplicateWorkerId(tuple(moved)).ask()
+    state.killed = killed_still_ours(state.killed, settings.worker_id, leases, moved)
     now = yield from Now().ask()
     state.spawned_at = {key: at for key, at in state.spawned_at.items() if key in locally_worked}
     stuck = stuck_local_leases(settings.worker_id, leases, locally_worked, state.ages, now, settings.expiry_seconds,
@@ -357,6 +362,7 @@ def _abandon(state: ManagerState, lease: Lease, now: float) -> CycleCoroutine[No
     """Stop a stuck worker, saying which kind it is: one that never showed its take (its start outlasted the
     patience) or one whose lease stopped changing after it."""
     key = lease.lease_key
+    note_killed(state, key)
     spawned = state.spawned_at.get(key)
     if spawned is not None and not take_shown(key, state.ages, now, state.spawned_at):
         yield from Abandon(lease, before_take=True, waited_seconds=now - spawned).ask()
@@ -473,6 +479,34 @@ def releases_at_stop(state: ManagerState) -> list[tuple[str, int]]:
     return sorted(state.left_at.items())
 
 
+def note_killed(state: ManagerState, key: str) -> None:
+    """This manager killed the local worker of `key` as stuck (before or after its take)."""
+    state.killed.add(key)
+
+
+def killed_still_ours(killed: Collection[str], worker_id: str, leases: Sequence[Lease],
+                      written_by_another: Collection[str] = ()) -> set[str]:
+    """The leases of killed workers still to watch after a scan: those in our name, not ended, and not written
+    by another process under our id (watch_our_id). A lease another consumer took, or that ended, no longer
+    carries anything a kill of ours left."""
+    return {lease.lease_key for lease in leases
+            if lease.lease_key in killed and lease.lease_owner == worker_id and not lease.is_ended
+            and lease.lease_key not in written_by_another}
+
+
+def killed_left_in_our_name(state: ManagerState, worker_id: str, leases: Sequence[Lease]) -> list[tuple[str, int]]:
+    """What a stopping manager releases of the leases whose worker it killed, from a scan read once every worker
+    is gone: each still in our name, at the counter that scan read. A worker killed before its take showed may
+    have taken the lease just before the kill (its take raced the scan that judged it stuck), and a worker spawned
+    after the kill may have been stopped before its own take. No process of ours writes them any more, so the
+    counter read is the last of ours, and a write by anyone since refuses the release. Leases a finished worker
+    reported are released at their own counter (releases_at_stop). A worker that hangs through the stop itself and
+    is killed there is not among them: a stop that cannot end its workers leaves their leases to expire, as it says."""
+    killed, state.killed = killed_still_ours(state.killed, worker_id, leases), set()
+    return sorted((lease.lease_key, lease.lease_counter) for lease in leases
+                  if lease.lease_key in killed and lease.lease_key not in state.left_at)
+
+
 def note_worker_ends(state: ManagerState, ends: Iterable[LifeResult], now: float, rng: random.Random,
                      policy: retry.RetryPolicy = retry.DEFAULT_POLICY) -> None:
     """Fold finished workers into the back-offs: a failed one backs its lease off (held where it left it in our
@@ -516,7 +550,7 @@ def note_results(state: ManagerState, outcomes: Iterable[tuple[str, LifeOutcome]
 
 __all__ = [
     "Cycle", "CycleResult", "CycleSettings", "ManagerState", "handoffs_backing_off", "manager_cycle", "note_results",
-    "held_at_stop", "note_worker_ends", "releases_at_stop", "renew_held",
-    "wakes_manager",
+    "held_at_stop", "killed_left_in_our_name", "killed_still_ours", "note_killed", "note_worker_ends",
+    "releases_at_stop", "renew_held", "wakes_manager",
     "watch_for_expiry", "watch_interval", "watch_our_id",
 ]

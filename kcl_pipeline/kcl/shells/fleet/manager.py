@@ -74,6 +74,13 @@ class ManagerStalled(RuntimeError):
     makes no progress and says so, in one line, instead of logging an error every cycle."""
 
 
+# Why a stopping manager releases a lease in its name that no live worker of its holds (its log lines).
+LEFT_HELD = "its manager through a back-off after its worker failed"
+LEFT_UNREACHABLE = "a worker that could not reach the lease table"
+LEFT_KILLED = ("a worker this consumer killed as stuck (its take came just before the kill, or the next worker was "
+               "stopped before its own)")
+
+
 def one_line(exc: BaseException) -> str:
     """An exception as the one line a log or an exit shows: its type and its first line."""
     text = str(exc).strip().splitlines()
@@ -458,7 +465,7 @@ class LeaseManager:
         leases held through a back-off are released first: nothing works them, and while the workers are waited for
         nobody renews them."""
         for key, counter in cyc.held_at_stop(self.state, frozenset(self.workers)):
-            yield from self._release_left(key, counter)
+            yield from self._release_left(key, counter, LEFT_HELD)
         for proc in self.workers.values():
             if proc.is_alive():
                 coverage.hit("shell.manager.shutdown-terminated")
@@ -474,24 +481,42 @@ class LeaseManager:
                 yield Join(proc, 5)
         results = self._reap()
         self.workers.clear()
+        killed = yield from self._killed_left_in_our_name()
         for key, counter in cyc.releases_at_stop(self.state):
-            yield from self._release_left(key, counter)
+            yield from self._release_left(key, counter, LEFT_UNREACHABLE)
+        for key, counter in killed:
+            yield from self._release_left(key, counter, LEFT_KILLED)
         self.metrics.flush()
         return results
 
-    def _release_left(self, key: str, counter: int) -> Steps:
+    def _killed_left_in_our_name(self) -> Steps:
+        """The leases whose worker this manager killed that are still in its name, read by one scan once every
+        worker is gone (none when it killed none)."""
+        if not self.state.killed:
+            return []
+        try:
+            leases = yield Call("scan", self.table.scan)
+        except Exception as exc:  # unreachable: those leases expire
+            log.warning("could not read the lease table for the leases of the workers this consumer killed (%s): "
+                        "%s: %s; any left in its name expires %.0fs after its last heartbeat",
+                        ", ".join(sorted(self.state.killed)), type(exc).__name__, exc,
+                        self.config.lease_expiry_seconds)
+            self.state.killed.clear()
+            return []
+        return cyc.killed_left_in_our_name(self.state, self.config.worker_id, leases)
+
+    def _release_left(self, key: str, counter: int, why: str) -> Steps:
         try:
             released = yield Call("release", lambda: self.table.release(key, self.config.worker_id, counter))
         except Exception as exc:  # unreachable still: the lease expires
-            log.warning("could not release lease %s, left in this consumer's name by a worker that could not reach "
-                        "the lease table: %s: %s; it expires %.0fs after its last heartbeat", key,
-                        type(exc).__name__, exc, self.config.lease_expiry_seconds)
+            log.warning("could not release lease %s, left in this consumer's name by %s: %s: %s; it expires %.0fs "
+                        "after its last heartbeat", key, why, type(exc).__name__, exc,
+                        self.config.lease_expiry_seconds)
             return
         self.state.left_at.pop(key, None)
         if released:
             coverage.hit("shell.manager.released-left-at-stop")
-            log.info("released lease %s, left in this consumer's name by a worker that could not reach the lease "
-                     "table (counter %d)", key, counter)
+            log.info("released lease %s, left in this consumer's name by %s (counter %d)", key, why, counter)
 
     # -- workers -----------------------------------------------------------------------------
     def _spawn(self, spawn: fx.Spawn) -> None:
