@@ -220,6 +220,33 @@ def test_an_idle_lease_reports_zero_instead_of_its_old_load_for_ever():
     assert reports[-1] == 0.0 and reports.index(0.0) * 3 < 600
 
 
+def test_a_stream_gone_quiet_reports_idle_a_smoothing_time_later_not_minutes_later_lease_by_lease():
+    """Simulation seed 3579: production stopped, each lease's average decayed towards the idle floor over minutes
+    (≈ 30 s × ln(load / floor)), keeping its ratios, and the fleet went on balancing that history by load, steal
+    after steal, then by count once the last lease reached the floor — not settled within 240 s. A lease that
+    delivered nothing for a whole smoothing time now reports idle."""
+    from kcl_pipeline.kcl.core.fleet.balance import SMOOTHING_SECONDS, ThroughputMeter
+    meter = ThroughputMeter()
+    meter.take(0.0)
+    meter.add(300 * 1024)
+    assert meter.take(3.0) == 100.0
+    reports = {3.0 * t: meter.take(3.0 * t) for t in range(2, 30)}  # nothing delivered after t = 3 s
+    assert all(load > 0 for at, load in reports.items() if at - 3.0 < SMOOTHING_SECONDS)
+    assert all(load == 0.0 for at, load in reports.items() if at - 3.0 >= SMOOTHING_SECONDS)
+    meter.add(3 * 1024)  # traffic again: the average starts over from the idle report
+    assert 0 < meter.take(90.0) < 1.0
+
+
+def test_a_taker_continuing_a_quiet_leases_report_reports_idle_a_smoothing_time_after_its_take():
+    """A new holder that delivers nothing goes idle like any other holder, from its first heartbeat."""
+    from kcl_pipeline.kcl.core.fleet.balance import SMOOTHING_SECONDS, ThroughputMeter
+    meter = ThroughputMeter()
+    meter.continue_from(0.2)
+    meter.take(0.0)
+    assert meter.take(3.0) > 0
+    assert meter.take(SMOOTHING_SECONDS + 0.1) == 0.0
+
+
 def test_an_unreported_lease_in_an_idle_fleet_weighs_as_little_as_the_idle_ones():
     """Every report 0 (the stream went quiet) and one fresh lease unreported: it weighed 100x the others,
     and a consumer holding it looked overloaded to the whole fleet."""

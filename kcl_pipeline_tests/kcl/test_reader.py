@@ -148,6 +148,21 @@ def test_resume_mid_aggregate_keeps_higher_sub_sequences(kinesis, clock):
     assert reader.position == Checkpoint(C, 0)
 
 
+@pytest.mark.parametrize("checkpoint_sub, new", [(3, False), (1, True)])
+def test_an_aggregate_read_again_only_for_what_follows_a_checkpoint_inside_it_is_not_new_traffic(
+        kinesis, clock, checkpoint_sub, new):
+    """Simulation seed 3579: a taker resuming at a checkpoint on an aggregate's last user record reads the aggregate
+    again, keeps none of it, and counted its bytes as the shard's traffic: on a stream gone quiet, the lease's
+    reported load jumped from 0 at every take, and the fleet balanced that. `new_bytes` counts only the Kinesis
+    records that gave a user record (the whole aggregate when some of it follows the checkpoint)."""
+    blob = aggregate([("pk", None, f"u{i}".encode()) for i in range(4)])
+    expect_iterator(kinesis, "it-1", ShardIteratorType="AT_SEQUENCE_NUMBER", StartingSequenceNumber=B)
+    expect_records(kinesis, "it-1", [rec(B, blob), rec(C, b"plain")])
+    batch = reader_for(kinesis, clock, Checkpoint(B, checkpoint_sub)).poll()
+    assert batch.bytes == len(blob) + len(b"plain")  # what the shard served (pacing, metrics)
+    assert batch.new_bytes == (len(blob) if new else 0) + len(b"plain")
+
+
 def test_position_stays_at_start_until_a_record_is_delivered(kinesis, clock):
     expect_iterator(kinesis, "it-1", ShardIteratorType="AT_SEQUENCE_NUMBER", StartingSequenceNumber=B)
     expect_records(kinesis, "it-1", [rec(B)], next_iterator="it-2")

@@ -58,7 +58,10 @@ class Steal:
 # and the balance must act on its load, not on when its polls fell relative to the heartbeats.
 SMOOTHING_SECONDS = 30.0
 # Below this (KB/s, about one byte a second) a lease that delivered nothing is reported idle: the average
-# only decays, and without a floor an idle stream would keep its old load ratios for ever.
+# only decays, and without a floor an idle stream would keep its old load ratios for ever. A lease that
+# delivered nothing for a whole SMOOTHING_SECONDS is reported idle too: once a stream goes quiet, the decaying
+# averages would take minutes to reach the floor (≈ 30 s × ln(load / floor)), reaching it one lease at a time,
+# and the fleet would go on balancing the history of its traffic, then again by count.
 IDLE_KBPS = 0.001
 
 
@@ -72,6 +75,7 @@ class ThroughputMeter:
     since: float | None = None
     bytes: int = 0
     smoothed: float | None = None
+    quiet_since: float | None = None  # the start of the takes in a row that delivered nothing
 
     def add(self, delivered_bytes: int) -> None:
         self.bytes += delivered_bytes
@@ -94,7 +98,9 @@ class ThroughputMeter:
         else:
             weight = 1.0 - math.exp(-(now - since) / SMOOTHING_SECONDS)
             smoothed = weight * rate + (1.0 - weight) * self.smoothed
-        self.smoothed = 0.0 if delivered == 0 and smoothed < IDLE_KBPS else smoothed
+        self.quiet_since = None if delivered else (since if self.quiet_since is None else self.quiet_since)
+        quiet = self.quiet_since is not None and (smoothed < IDLE_KBPS or now - self.quiet_since >= SMOOTHING_SECONDS)
+        self.smoothed = 0.0 if quiet else smoothed
         return self.smoothed
 
 

@@ -424,7 +424,7 @@ class FanOutReader(PositionedReader):
             return ReadBatch.empty()
         self._failures = 0
         self._consumer_missing = 0
-        users, size = take_records(self._read, records, self.shard_id, self.kpl_stats, self.stats)
+        users, size, new_size = take_records(self._read, records, self.shard_id, self.kpl_stats, self.stats)
         if continuation:
             self._read.given(continuation)
         if continuation is None:
@@ -433,7 +433,7 @@ class FanOutReader(PositionedReader):
             self.close()
             log.info("shard %s of %s ended; children %s", self.shard_id, self.stream, children or "not reported")
         return ReadBatch(users, body.get("MillisBehindLatest"), self._read.ended, list(self._read.child_shards),
-                         len(records), size, self._service_time(item, subscription))
+                         len(records), size, self._service_time(item, subscription), new_size)
 
     def _service_time(self, item: _Event, subscription: _Subscription) -> int | None:
         """The service's time when the event was sent, never later (see the module's docstring)."""

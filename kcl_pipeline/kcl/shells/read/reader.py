@@ -60,7 +60,12 @@ class ReadBatch:
 
     `records` are the user records after deaggregation and the (sequence, sub-sequence) filter;
     `kinesis_records` and `bytes` count what Kinesis returned (records and payload bytes, before the
-    filter): what the shard served. `millis_behind_latest` is None when no GetRecords succeeded.
+    filter): what the shard served. `new_bytes` counts the payload bytes of the Kinesis records that gave a
+    user record: the shard's traffic this poll added, which the lease's reported load (`throughputKBps`) is
+    made of. A reader resuming inside an aggregate (a checkpoint's sub-sequence) reads that aggregate again
+    for its later user records only; when there are none, its bytes are not traffic, and counted as such they
+    made every take on a quiet stream look like load. `millis_behind_latest` is None when no GetRecords
+    succeeded.
     """
 
     records: Sequence[UserRecord]
@@ -73,6 +78,7 @@ class ReadBatch:
     # None when no GetRecords succeeded or the header is missing. "Caught up as of" is judged by this, never
     # by the host's wall clock, which may be skewed.
     service_time_ms: int | None = None
+    new_bytes: int = 0
 
     @classmethod
     def empty(cls, shard_ended: bool = False) -> "ReadBatch":
@@ -198,7 +204,7 @@ class ShardReader(PositionedReader):
         children = [c["ShardId"] for c in resp.get("ChildShards") or []]
         if records:
             self._read.given(records[-1]["SequenceNumber"])
-        users, size = take_records(self._read, records, self.shard_id, self.kpl_stats, self.stats)
+        users, size, new_size = take_records(self._read, records, self.shard_id, self.kpl_stats, self.stats)
         if records:
             self._record_bytes = size / len(records)
         if not self._iterator or children:
@@ -210,7 +216,7 @@ class ShardReader(PositionedReader):
         self._schedule(paced_delay(self.idle_interval if caught_up else self.polling_interval, size,
                                    self.max_bytes_per_second))
         return ReadBatch(users, millis, self._read.ended, list(self._read.child_shards), len(records), size,
-                         service_time_ms(resp))
+                         service_time_ms(resp), new_size)
 
     def limit(self) -> int:
         """The Limit of the next GetRecords (see Prefetch in the module's docstring)."""
@@ -355,18 +361,22 @@ def already_ended(stream: str, shard_id: str, read: ReadPosition) -> ReaderError
 
 
 def take_records(read: ReadPosition, records: list[dict], shard_id: str, kpl_stats: "KplStats | None",
-                 stats: ReaderStats) -> tuple[Sequence[UserRecord], int]:
+                 stats: ReaderStats) -> tuple[Sequence[UserRecord], int, int]:
     """A response's (or an event's) Kinesis records, delivered: their user records past the position (deaggregated,
-    the resume filter applied) and their payload bytes; the position and the reader's counters follow."""
-    size = 0
+    the resume filter applied), their payload bytes, and the payload bytes of those that gave a user record
+    (ReadBatch.new_bytes); the position and the reader's counters follow."""
+    size = new_size = 0
     users: Sequence[UserRecord] = []
     if records:
         size = sum(len(r["Data"]) for r in records)
-        users = deaggregate_batch(records, shard_id, read.after, kpl_stats)
+        batch = deaggregate_batch(records, shard_id, read.after, kpl_stats)
+        given = set(batch.run_sequence_numbers)  # the Kinesis records that gave a user record
+        new_size = sum(len(r["Data"]) for r in records if r["SequenceNumber"] in given)
+        users = batch
         read.deliver(users)
     stats.kinesis_records += len(records)
     stats.user_records += len(users)
-    return users, size
+    return users, size, new_size
 
 
 def backoff_delay(attempt: int, rng: random.Random) -> float:

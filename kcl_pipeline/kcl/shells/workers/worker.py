@@ -493,7 +493,7 @@ class LeaseWorker:
                                                            self._checkpointer, batch.service_time_ms))
         self.metrics.record_lease(self.lease_key, batch.millis_behind_latest, batch.bytes, len(batch.records))
         with self._throughput_lock:
-            self.throughput.add(batch.bytes)
+            self.throughput.add(batch.new_bytes)
         if self.reader is not None:
             self._count_operational(self.reader)
         self.metrics.flush_due()
