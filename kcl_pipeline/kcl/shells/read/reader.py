@@ -63,9 +63,8 @@ class ReadBatch:
     filter): what the shard served. `new_bytes` counts the payload bytes of the Kinesis records that gave a
     user record: the shard's traffic this poll added, which the lease's reported load (`throughputKBps`) is
     made of. A reader resuming inside an aggregate (a checkpoint's sub-sequence) reads that aggregate again
-    for its later user records only; when there are none, its bytes are not traffic, and counted as such they
-    made every take on a quiet stream look like load. `millis_behind_latest` is None when no GetRecords
-    succeeded.
+    for its later user records only; when there are none, its bytes are not traffic (counted, every take on a
+    quiet stream would report load). `millis_behind_latest` is None when no GetRecords succeeded.
     """
 
     records: Sequence[UserRecord]
@@ -370,8 +369,12 @@ def take_records(read: ReadPosition, records: list[dict], shard_id: str, kpl_sta
     if records:
         size = sum(len(r["Data"]) for r in records)
         batch = deaggregate_batch(records, shard_id, read.after, kpl_stats)
-        given = set(batch.run_sequence_numbers)  # the Kinesis records that gave a user record
-        new_size = sum(len(r["Data"]) for r in records if r["SequenceNumber"] in given)
+        runs = batch.run_sequence_numbers  # one per Kinesis record that gave a user record (a suffix of its own)
+        if len(runs) == len(records):
+            new_size = size
+        else:
+            given = set(runs)
+            new_size = sum(len(r["Data"]) for r in records if r["SequenceNumber"] in given)
         users = batch
         read.deliver(users)
     stats.kinesis_records += len(records)
