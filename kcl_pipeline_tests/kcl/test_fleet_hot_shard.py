@@ -98,7 +98,10 @@ def test_a_10x_hot_shard_is_balanced_by_load_and_then_nothing_moves(
 
         def steady():
             held = within()
-            return held and (not moves.moves or time.monotonic() - moves.moves[-1] >= STEADY) and held
+            # The poller must have seen this ownership: on a starved host it can lag behind the moves, and a
+            # fleet judged steady on a poller that had recorded none of them yet was not.
+            seen = held and all(moves.owners.get(key) == owner for owner, leases in held.items() for key in leases)
+            return seen and (not moves.moves or time.monotonic() - moves.moves[-1] >= STEADY) and held
 
         held = wait_until(steady, 240, f"the fleet within the load tolerance, with no move for {STEADY:.0f}s",
                           interval=1.0)
