@@ -129,7 +129,7 @@ def test_a_killed_workers_lease_is_watched_while_in_our_name_and_never_once_anot
     killed = {"ours", "taken", "ended", "copied-id", "deleted"}
     assert cyc.killed_still_ours(killed, "me", leases, written_by_another={"copied-id"}) == {"ours"}
     state = cyc.ManagerState(killed=set(killed), left_at={})
-    assert cyc.killed_left_in_our_name(state, "me", leases[:1] + leases[1:3]) == [("ours", 3)]
+    assert cyc.killed_left_in_our_name(state, "me", leases[:3]) == [("ours", 3)]
     assert state.killed == set()
     state = cyc.ManagerState(killed={"ours"}, left_at={"ours": 2})  # a finished worker's report: released at its own
     assert cyc.killed_left_in_our_name(state, "me", leases) == []

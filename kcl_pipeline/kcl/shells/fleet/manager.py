@@ -495,7 +495,7 @@ class LeaseManager:
         if not self.state.killed:
             return []
         try:
-            leases = yield Call("scan", self.table.scan)
+            scanned = yield from self._scan(fx.ScanTable())
         except Exception as exc:  # unreachable: those leases expire
             log.warning("could not read the lease table for the leases of the workers this consumer killed (%s): "
                         "%s: %s; any left in its name expires %.0fs after its last heartbeat",
@@ -503,7 +503,7 @@ class LeaseManager:
                         self.config.lease_expiry_seconds)
             self.state.killed.clear()
             return []
-        return cyc.killed_left_in_our_name(self.state, self.config.worker_id, leases)
+        return cyc.killed_left_in_our_name(self.state, self.config.worker_id, scanned.leases)
 
     def _release_left(self, key: str, counter: int, why: str) -> Steps:
         try:
